@@ -1,0 +1,208 @@
+"""The `cockpit` command.
+
+Exit codes: 0 the run finished; 1 it failed; 2 bad input (profile, arguments, unknown run);
+3 it was stopped; 4 it stalled.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from cockpit.profiles import DEFAULT_PROFILE, ProfileError, check_runnable, load_profile
+
+EXIT_CODES = {"finished": 0, "failed": 1, "stopped": 3, "stalled": 4}
+EXIT_BAD_INPUT = 2
+
+console = Console(stderr=True, highlight=False)
+
+
+class UsageError(Exception):
+    """Bad input from the user: reported in one line, exit 2."""
+
+
+def _runs_dir(args: argparse.Namespace) -> Path:
+    return Path(args.runs_dir)
+
+
+# --- run -----------------------------------------------------------------------------------------
+def cmd_run(args: argparse.Namespace) -> int:
+    from cockpit.runs import create_run
+    from cockpit.supervisor import spawn_detached
+
+    try:
+        profile, path = load_profile(args.profile)
+        check_runnable(profile, str(path))
+    except ProfileError as exc:
+        raise UsageError(str(exc)) from None
+    run_dir = create_run(_runs_dir(args), profile, path, list(sys.argv))
+    supervisor = spawn_detached(run_dir)
+    console.print(f"run [bold]{run_dir.name}[/] started (profile {profile.name}); record: {run_dir}")
+    if args.detach:
+        console.print(f"detached: follow with `cockpit ls`, stop with `cockpit stop {run_dir.name}`")
+        print(run_dir)
+        return 0
+    return _follow_headless(run_dir, supervisor.poll)
+
+
+def _follow_headless(run_dir: Path, poll: Any) -> int:
+    """Follow in the foreground; Ctrl-C (or SIGTERM) asks for a stop, a second one kills."""
+    from cockpit.control import request_kill, request_stop
+    from cockpit.headless import HeadlessViewer
+
+    interrupts = 0
+
+    def on_interrupt(signum: int, _frame: Any) -> None:
+        nonlocal interrupts
+        interrupts += 1
+        if interrupts == 1:
+            request_stop(run_dir)
+            console.print("\n[yellow]stopping: the trainer saves a checkpoint and exits (Ctrl-C again to kill)[/]")
+        else:
+            request_kill(run_dir)
+            console.print("\n[red]killing the training processes[/]")
+
+    previous = {s: signal.signal(s, on_interrupt) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        viewer = HeadlessViewer(run_dir, console=console, alive=lambda: poll() is None)
+        status = viewer.follow()
+        for line in viewer.summary():
+            console.print(line)
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    if status not in EXIT_CODES:
+        console.print("[red]the supervisor ended without writing a final status (see supervisor.log)[/]")
+        return 1
+    return EXIT_CODES[status]
+
+
+# --- ls, stop, resume ------------------------------------------------------------------------------
+def cmd_ls(args: argparse.Namespace) -> int:
+    from cockpit.record import read_events
+    from cockpit.runs import list_run_dirs, manifest_or_none
+
+    table = Table(box=None, header_style="bold")
+    for col in ("run", "status", "step", "age", "diagnosis"):
+        table.add_column(col)
+    now = time.time()
+    for run_dir in list_run_dirs(_runs_dir(args)):
+        manifest = manifest_or_none(run_dir) or {}
+        steps = [e for e in read_events(run_dir, "step") if e.get("rank", 0) == 0]
+        step = f"{steps[-1]['step']}/{steps[-1].get('max_steps', '?')}" if steps else "-"
+        age = now - (manifest.get("created_at") or now)
+        table.add_row(
+            run_dir.name,
+            str(manifest.get("status", "?")),
+            step,
+            f"{age / 3600:.1f} h" if age >= 3600 else f"{age / 60:.0f} min",
+            (manifest.get("diagnosis") or "")[:60],
+        )
+    Console().print(table)
+    return 0
+
+
+def _find(args: argparse.Namespace) -> Path:
+    from cockpit.runs import find_run
+
+    try:
+        return find_run(_runs_dir(args), args.run)
+    except LookupError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def cmd_stop(args: argparse.Namespace) -> int:
+    from cockpit.control import request_kill, request_stop
+
+    run_dir = _find(args)
+    if args.kill or not request_stop(run_dir):
+        request_kill(run_dir)
+        console.print(f"{run_dir.name}: kill requested")
+    else:
+        console.print(f"{run_dir.name}: stop requested (checkpoint, then exit); run stop again to kill")
+    return 0
+
+
+def cmd_resume(args: argparse.Namespace) -> int:
+    from cockpit.record import load_manifest
+    from cockpit.supervisor import spawn_detached
+
+    run_dir = _find(args)
+    status = load_manifest(run_dir).get("status")
+    if status in ("running", "planned"):
+        raise UsageError(f"{run_dir.name} is {status}; only an ended run can be resumed")
+    supervisor = spawn_detached(run_dir, resume=True)
+    console.print(f"run [bold]{run_dir.name}[/] resumed from its last checkpoint")
+    if args.detach:
+        return 0
+    return _follow_headless(run_dir, supervisor.poll)
+
+
+# --- parser ----------------------------------------------------------------------------------------
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="cockpit",
+        description=(
+            "Plan, launch, watch and report QLoRA fine-tuning of large Mixture-of-Experts models "
+            "under DeepSpeed ZeRO-3 with CPU offload. Every run writes a record under --runs-dir."
+        ),
+        epilog="Exit codes: 0 finished, 1 failed, 2 bad input, 3 stopped, 4 stalled.",
+    )
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--runs-dir",
+        default=os.environ.get("COCKPIT_RUNS_DIR", "runs"),
+        help="where run records live (default: $COCKPIT_RUNS_DIR or ./runs)",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    run = sub.add_parser(
+        "run",
+        parents=[common],
+        help="start a training run",
+        description="Validate the profile, create a run record and start a detached supervisor that "
+        "launches the trainer. Closing the terminal never stops the run; Ctrl-C asks it to save a "
+        "checkpoint and stop (a second Ctrl-C kills).",
+    )
+    run.add_argument("--profile", default=DEFAULT_PROFILE, help=f"profile name or TOML path (default: {DEFAULT_PROFILE})")
+    run.add_argument("--no-ui", action="store_true", help="headless: a progress line instead of the full-screen app")
+    run.add_argument("--detach", action="store_true", help="start the run and return at once (prints the run dir)")
+    run.set_defaults(func=cmd_run)
+
+    ls = sub.add_parser("ls", parents=[common], help="list runs with status, step and age")
+    ls.set_defaults(func=cmd_ls)
+
+    stop = sub.add_parser("stop", parents=[common], help="ask a run to checkpoint and stop; a second stop kills")
+    stop.add_argument("run", help="run id, unique id prefix, path, or 'latest'")
+    stop.add_argument("--kill", action="store_true", help="kill the training processes at once")
+    stop.set_defaults(func=cmd_stop)
+
+    resume = sub.add_parser("resume", parents=[common], help="continue an ended run from its last checkpoint, in the same record")
+    resume.add_argument("run", help="run id, unique id prefix, path, or 'latest'")
+    resume.add_argument("--no-ui", action="store_true", help="headless progress line")
+    resume.add_argument("--detach", action="store_true", help="return at once")
+    resume.set_defaults(func=cmd_resume)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args))
+    except UsageError as exc:
+        console.print(f"[red]error:[/] {exc}")
+        return EXIT_BAD_INPUT
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,67 @@
+"""Facts about this machine and its libraries, for the manifest. Cheap: imports no torch."""
+
+from __future__ import annotations
+
+import platform
+import socket
+import sys
+from importlib import metadata
+from typing import Any
+
+import psutil
+
+LIBRARIES = ("cockpit", "torch", "transformers", "peft", "bitsandbytes", "deepspeed", "accelerate", "textual")
+
+
+def library_versions() -> dict[str, str | None]:
+    """Installed versions of the libraries a run depends on (None where missing)."""
+    versions: dict[str, str | None] = {"python": platform.python_version()}
+    for name in LIBRARIES:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = None
+    return versions
+
+
+def gpu_inventory() -> list[dict[str, Any]]:
+    """Name and memory of every GPU NVML sees; empty without a GPU or without NVML."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception:
+        return []
+    gpus = []
+    try:
+        for index in range(pynvml.nvmlDeviceGetCount()):
+            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+            name = pynvml.nvmlDeviceGetName(handle)
+            memory = pynvml.nvmlDeviceGetMemoryInfo(handle)
+            gpus.append(
+                {
+                    "index": index,
+                    "name": name.decode() if isinstance(name, bytes) else name,
+                    "mem_total_mib": round(memory.total / 2**20),
+                }
+            )
+    except Exception:
+        pass
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except Exception:
+            pass
+    return gpus
+
+
+def host_facts() -> dict[str, Any]:
+    """Hostname, CPUs, RAM and GPUs of this machine."""
+    return {
+        "hostname": socket.gethostname(),
+        "platform": platform.platform(),
+        "python_executable": sys.executable,
+        "cpu_count": psutil.cpu_count(logical=True),
+        "ram_total_mib": round(psutil.virtual_memory().total / 2**20),
+        "gpus": gpu_inventory(),
+    }

@@ -1,0 +1,255 @@
+"""Run profiles: one TOML file per run, validated field by field before anything starts.
+
+A profile says which model to tune on which hardware, how to quantize it, where DeepSpeed puts
+parameters and optimizer state, and what to train and evaluate on. `load_profile` turns a file (or a
+name from `profiles/`) into a `Profile`, or raises `ProfileError` whose message names the file, the
+field and what was expected.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+PROFILES_DIR = Path(__file__).resolve().parent.parent / "profiles"
+DEFAULT_PROFILE = "tiny-cpu"
+BUILTIN_PREFIX = "builtin:"
+BUILTIN_MODELS = ("builtin:tiny-qwen3-moe",)
+BUILTIN_DATA = ("builtin:tiny-tenants",)
+
+PositiveInt = Annotated[int, Field(gt=0)]
+NonNegInt = Annotated[int, Field(ge=0)]
+PositiveFloat = Annotated[float, Field(gt=0)]
+Fraction = Annotated[float, Field(ge=0, lt=1)]
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ModelSpec(_Section):
+    """The base model: a local directory with `config.json` and weights, or `builtin:tiny-qwen3-moe`."""
+
+    path: str = Field(min_length=1, description="Local model directory, or builtin:tiny-qwen3-moe.")
+    config: str = Field(
+        default="",
+        description="A config.json to plan from when the weights are elsewhere; relative to the profile file.",
+    )
+    name: str = Field(default="", description="Human name shown in the app and reports.")
+    trust_remote_code: bool = False
+
+
+class HardwareSpec(_Section):
+    """The machine the run is planned for. `gpus = 0` trains on the CPU."""
+
+    gpus: NonNegInt = 0
+    gpu_name: str = ""
+    gpu_mem_gib: Annotated[float, Field(ge=0)] = 0.0
+    host_ram_gib: Annotated[float, Field(ge=0)] = 0.0
+
+
+class QuantizationSpec(_Section):
+    """bitsandbytes 4-bit loading of the frozen base weights."""
+
+    load_in_4bit: bool = True
+    quant_type: Literal["nf4", "fp4"] = "nf4"
+    double_quant: bool = True
+    compute_dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"
+    storage_dtype: Literal["uint8", "bfloat16", "float16", "float32"] = Field(
+        default="bfloat16",
+        description="Dtype the packed 4-bit data is stored in; ZeRO-3 partitions float storage.",
+    )
+    quantize_experts: bool = Field(
+        default=False,
+        description="Quantize fused MoE expert tensors too (bitsandbytes only replaces nn.Linear).",
+    )
+
+
+class LoraSpec(_Section):
+    """PEFT LoRA adapters on the frozen quantized model."""
+
+    r: PositiveInt = 16
+    alpha: PositiveFloat = 32.0
+    dropout: Annotated[float, Field(ge=0, lt=1)] = 0.05
+    target_modules: list[str] = Field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"], min_length=1)
+
+
+class DeepSpeedSpec(_Section):
+    """DeepSpeed ZeRO stage and where parameters and optimizer state live."""
+
+    stage: Literal[0, 1, 2, 3] = 3
+    offload_param: Literal["none", "cpu", "nvme"] = "cpu"
+    offload_optimizer: Literal["none", "cpu", "nvme"] = "cpu"
+    nvme_path: str = ""
+
+    @model_validator(mode="after")
+    def _offload_needs_stage(self) -> DeepSpeedSpec:
+        if self.offload_param != "none" and self.stage != 3:
+            raise ValueError("offload_param needs stage = 3")
+        if "nvme" in (self.offload_param, self.offload_optimizer) and not self.nvme_path:
+            raise ValueError("nvme offload needs nvme_path")
+        return self
+
+
+class TrainingSpec(_Section):
+    """Optimization and schedule."""
+
+    seq_len: PositiveInt = 1024
+    micro_batch_size: PositiveInt = 1
+    grad_accum: PositiveInt = 1
+    learning_rate: PositiveFloat = 2e-4
+    weight_decay: Annotated[float, Field(ge=0)] = 0.0
+    warmup_ratio: Fraction = 0.03
+    lr_scheduler: Literal["linear", "cosine", "constant", "constant_with_warmup"] = "cosine"
+    epochs: PositiveFloat = 1.0
+    max_steps: int = Field(default=-1, ge=-1, description="-1: run `epochs` epochs.")
+    max_grad_norm: PositiveFloat = 1.0
+    gradient_checkpointing: bool = True
+    bf16: bool = True
+    save_steps: NonNegInt = Field(default=0, description="Checkpoint every N optimizer steps; 0 = only at the end.")
+    save_total_limit: PositiveInt = 2
+    seed: int = 0
+    stall_timeout_s: PositiveFloat = Field(default=1800.0, description="Stop a run with no step for this long.")
+
+
+class DataSpec(_Section):
+    """Chat-formatted training data: a JSONL file, or the built-in generated tenants."""
+
+    source: str = Field(min_length=1, description="A .jsonl file, or builtin:tiny-tenants.")
+    train_examples_per_tenant: PositiveInt = 320
+    eval_examples_per_tenant: PositiveInt = 40
+    seed: int = 0
+
+
+class EvalSpec(_Section):
+    """Held-out evaluation after training."""
+
+    enabled: bool = True
+    max_think_tokens: PositiveInt = 64
+    bootstrap_samples: PositiveInt = 1000
+    base_models: list[str] = Field(default_factory=list, description="Extra base models to score.")
+
+
+class CostSpec(_Section):
+    """Prices for the serving-cost comparison."""
+
+    gpu_hour_usd: Annotated[float, Field(ge=0)] = 0.0
+    api_usd_per_mtok: Annotated[float, Field(ge=0)] = 0.0
+    api_name: str = ""
+
+
+class Profile(_Section):
+    """A whole run profile."""
+
+    name: str = Field(min_length=1)
+    description: str = ""
+    model: ModelSpec
+    hardware: HardwareSpec = HardwareSpec()
+    quantization: QuantizationSpec = QuantizationSpec()
+    lora: LoraSpec = LoraSpec()
+    deepspeed: DeepSpeedSpec = DeepSpeedSpec()
+    training: TrainingSpec = TrainingSpec()
+    data: DataSpec
+    eval: EvalSpec = EvalSpec()
+    cost: CostSpec = CostSpec()
+
+    @model_validator(mode="after")
+    def _nvme_needs_gpu(self) -> Profile:
+        if self.hardware.gpus == 0 and "nvme" in (self.deepspeed.offload_param, self.deepspeed.offload_optimizer):
+            raise ValueError("deepspeed: nvme offload needs a GPU (hardware.gpus > 0)")
+        return self
+
+    @property
+    def world_size(self) -> int:
+        """Number of training ranks: one per GPU, or one on the CPU."""
+        return max(1, self.hardware.gpus)
+
+
+class ProfileError(Exception):
+    """A profile that cannot be used; the message names the file and field."""
+
+
+def resolve_profile_path(name_or_path: str) -> Path:
+    """Find a profile by path, or by name in `profiles/` (with or without `.toml`)."""
+    candidate = Path(name_or_path).expanduser()
+    if candidate.is_file():
+        return candidate
+    for directory in (Path.cwd() / "profiles", PROFILES_DIR):
+        for name in (name_or_path, f"{name_or_path}.toml"):
+            path = directory / name
+            if path.is_file():
+                return path
+    known = ", ".join(sorted(p.stem for p in PROFILES_DIR.glob("*.toml")))
+    raise ProfileError(f"{name_or_path}: no such profile file or name (known: {known})")
+
+
+def _describe(error: dict[str, Any]) -> str:
+    loc = ".".join(str(part) for part in error["loc"]) or "(top level)"
+    kind = error["type"]
+    if kind == "extra_forbidden":
+        return f"{loc}: unknown key"
+    if kind == "missing":
+        return f"{loc}: required field is missing"
+    given = error.get("input")
+    shown = "" if isinstance(given, dict) else f" (got {given!r})"
+    return f"{loc}: {error['msg']}{shown}"
+
+
+def parse_profile(data: dict[str, Any], source: str) -> Profile:
+    """Validate a profile mapping; `source` names it in errors."""
+    try:
+        return Profile.model_validate(data)
+    except ValidationError as exc:
+        lines = [_describe(err) for err in exc.errors(include_url=False)]
+        raise ProfileError(f"{source}: invalid profile\n  " + "\n  ".join(lines)) from None
+
+
+def load_profile(name_or_path: str = DEFAULT_PROFILE) -> tuple[Profile, Path]:
+    """Read and validate a profile; returns it with the file it came from.
+
+    Relative `model.config` and `data.source` paths are taken relative to the profile's folder.
+    """
+    path = resolve_profile_path(name_or_path)
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as exc:
+        raise ProfileError(f"{path}: not valid TOML: {exc}") from None
+    except OSError as exc:
+        raise ProfileError(f"{path}: cannot read: {exc.strerror}") from None
+    profile = parse_profile(data, str(path))
+    return _anchor_paths(profile, path.parent), path
+
+
+def _anchor_paths(profile: Profile, base: Path) -> Profile:
+    def anchor(value: str) -> str:
+        if not value or value.startswith(BUILTIN_PREFIX) or Path(value).expanduser().is_absolute():
+            return value
+        return str((base / value).resolve())
+
+    model = profile.model.model_copy(update={"config": anchor(profile.model.config)})
+    data = profile.data.model_copy(update={"source": anchor(profile.data.source)})
+    return profile.model_copy(update={"model": model, "data": data})
+
+
+def check_runnable(profile: Profile, source: str) -> None:
+    """What a run needs on this machine before it starts: the model and data must exist here."""
+    spec = profile.model.path
+    if spec.startswith(BUILTIN_PREFIX):
+        if spec not in BUILTIN_MODELS:
+            raise ProfileError(f"{source}: model.path: unknown built-in model {spec!r} (known: {', '.join(BUILTIN_MODELS)})")
+    elif not (Path(spec).expanduser() / "config.json").is_file():
+        raise ProfileError(f"{source}: model.path: no config.json in {spec!r} on this machine")
+    data = profile.data.source
+    if data.startswith(BUILTIN_PREFIX):
+        if data not in BUILTIN_DATA:
+            raise ProfileError(f"{source}: data.source: unknown built-in data {data!r} (known: {', '.join(BUILTIN_DATA)})")
+    elif not Path(data).expanduser().is_file():
+        raise ProfileError(f"{source}: data.source: no such file {data!r}")
+
+
+def profile_to_dict(profile: Profile) -> dict[str, Any]:
+    """The resolved profile as plain JSON-able data (for run.json)."""
+    return profile.model_dump(mode="json")

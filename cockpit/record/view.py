@@ -1,0 +1,151 @@
+"""The state of a run, folded from its events: what every viewer (headless, TUI, replay) shows.
+
+Feed it events in time order with `apply`; read its fields. Live viewing is replay with the clock at
+now: the same fold, fed as lines arrive.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+from typing import Any
+
+from cockpit.record.reader import Event
+
+
+@dataclass
+class StepPoint:
+    """One optimizer step as seen by rank 0."""
+
+    t: float
+    step: int
+    loss: float | None
+    tokens_per_s: float | None
+    step_time_s: float | None
+    learning_rate: float | None
+    grad_norm: float | None
+    epoch: float | None
+
+
+@dataclass
+class RunView:
+    """Everything a viewer needs, updated event by event."""
+
+    phase: str = "starting"
+    max_steps: int | None = None
+    start_step: int = 0
+    train_started_t: float | None = None
+    first_t: float | None = None
+    last_t: float | None = None
+    steps: list[StepPoint] = field(default_factory=list)
+    audit: dict[str, Any] | None = None
+    load_peaks: dict[int, dict[str, Any]] = field(default_factory=dict)
+    memory: dict[int, dict[str, Any]] = field(default_factory=dict)  # last step event's memory, per rank
+    checkpoints: list[int] = field(default_factory=list)
+    trainer_outcome: str | None = None
+    supervisor_notes: list[str] = field(default_factory=list)
+    events_seen: int = 0
+
+    def apply(self, events: list[Event]) -> None:
+        """Fold new events (already merged by time) into the view."""
+        for e in events:
+            self.events_seen += 1
+            t = e["t"]
+            self.first_t = t if self.first_t is None else min(self.first_t, t)
+            self.last_t = t if self.last_t is None else max(self.last_t, t)
+            handler = getattr(self, f"_on_{e['kind']}", None)
+            if handler is not None:
+                handler(e)
+
+    # --- event handlers ------------------------------------------------------------------------
+    def _on_phase(self, e: Event) -> None:
+        if e.get("rank", 0) == 0:
+            self.phase = e["phase"]
+
+    def _on_train_begin(self, e: Event) -> None:
+        if e.get("rank", 0) != 0:
+            return
+        self.max_steps = e.get("max_steps")
+        self.start_step = e.get("start_step", 0)
+        self.train_started_t = e["t"]
+        # A resumed run repeats the steps after its checkpoint: the new ones replace the old.
+        self.steps = [s for s in self.steps if s.step <= self.start_step]
+
+    def _on_step(self, e: Event) -> None:
+        rank = e.get("rank", 0)
+        self.memory[rank] = {k: v for k, v in e.items() if k.endswith("_mib")}
+        if rank != 0:
+            return
+        self.max_steps = e.get("max_steps", self.max_steps)
+        self.steps.append(
+            StepPoint(
+                t=e["t"],
+                step=e["step"],
+                loss=e.get("loss"),
+                tokens_per_s=e.get("tokens_per_s"),
+                step_time_s=e.get("step_time_s"),
+                learning_rate=e.get("learning_rate"),
+                grad_norm=e.get("grad_norm"),
+                epoch=e.get("epoch"),
+            )
+        )
+
+    def _on_audit(self, e: Event) -> None:
+        if e.get("rank", 0) == 0:
+            self.audit = e
+
+    def _on_load_peak(self, e: Event) -> None:
+        self.load_peaks[e.get("rank", 0)] = e
+
+    def _on_checkpoint(self, e: Event) -> None:
+        if e.get("rank", 0) == 0:
+            self.checkpoints.append(e["step"])
+
+    def _on_trainer_end(self, e: Event) -> None:
+        if e.get("rank", 0) == 0:
+            self.trainer_outcome = e.get("outcome")
+            self.phase = "done" if self.trainer_outcome == "finished" else self.trainer_outcome or "done"
+
+    def _on_note(self, e: Event) -> None:
+        self.supervisor_notes.append(e.get("message", ""))
+
+    # --- derived figures -------------------------------------------------------------------------
+    @property
+    def step(self) -> int:
+        return self.steps[-1].step if self.steps else self.start_step
+
+    @property
+    def last_loss(self) -> float | None:
+        return self.steps[-1].loss if self.steps else None
+
+    @property
+    def tokens_per_s(self) -> float | None:
+        recent = [s.tokens_per_s for s in self.steps[-20:] if s.tokens_per_s]
+        return statistics.median(recent) if recent else None
+
+    def median_step_time(self, window: int = 50) -> float | None:
+        """Median seconds per step over the last `window` steps."""
+        times = [s.step_time_s for s in self.steps[-window:] if s.step_time_s]
+        return statistics.median(times) if times else None
+
+    def eta_s(self) -> float | None:
+        """Seconds to the last step at the recent median pace."""
+        median = self.median_step_time()
+        if median is None or not self.max_steps:
+            return None
+        return max(0, self.max_steps - self.step) * median
+
+    def elapsed_s(self, now: float) -> float:
+        return 0.0 if self.first_t is None else max(0.0, now - self.first_t)
+
+    def loss_trend(self, fraction: float = 0.1) -> tuple[float, float] | None:
+        """Mean loss over the first and the last `fraction` of steps."""
+        losses = [s.loss for s in self.steps if s.loss is not None]
+        if len(losses) < 2:
+            return None
+        k = max(1, int(len(losses) * fraction))
+        return statistics.fmean(losses[:k]), statistics.fmean(losses[-k:])
+
+    @property
+    def warnings(self) -> list[str]:
+        return list(self.audit.get("warnings", [])) if self.audit else []

@@ -1,0 +1,60 @@
+"""Append-only JSON Lines event writer. Each process owns its own file, so lines never interleave."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+
+def _clean(value: Any) -> Any:
+    """JSON has no NaN or infinity: write them as null rather than as invalid JSON."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _clean(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_clean(v) for v in value]
+    return value
+
+
+class EventWriter:
+    """Writes one event a line: `{"t": <unix seconds>, "kind": ..., "rank": ..., **fields}`.
+
+    Every line is flushed as it is written, so a reader (or a crash) sees whole lines only, except
+    possibly a torn last line, which readers skip until it is complete.
+    """
+
+    def __init__(self, path: Path, rank: int | None = None) -> None:
+        self.path = path
+        self.rank = rank
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._file = open(path, "a", encoding="utf-8")  # noqa: SIM115 - held open for the writer's life
+
+    def write(self, kind: str, **fields: Any) -> dict[str, Any]:
+        """Append one event and return it."""
+        record: dict[str, Any] = {"t": round(time.time(), 4), "kind": kind}
+        if self.rank is not None:
+            record["rank"] = self.rank
+        record.update(_clean(fields))
+        self._file.write(json.dumps(record, separators=(",", ":")) + "\n")
+        self._file.flush()
+        return record
+
+    def sync(self) -> None:
+        """Force the file to disk (at phase ends, not every line)."""
+        self._file.flush()
+        os.fsync(self._file.fileno())
+
+    def close(self) -> None:
+        if not self._file.closed:
+            self._file.close()
+
+    def __enter__(self) -> EventWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

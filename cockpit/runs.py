@@ -1,0 +1,79 @@
+"""Creating, finding and listing run directories."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import time
+from pathlib import Path
+from typing import Any
+
+from cockpit.hostinfo import host_facts, library_versions
+from cockpit.profiles import Profile, profile_to_dict
+from cockpit.record import RunPaths, load_manifest, write_manifest
+
+DEFAULT_RUNS_DIR = Path("runs")
+
+
+def new_run_id(profile_name: str) -> str:
+    return f"{time.strftime('%Y%m%d-%H%M%S')}-{profile_name}-{secrets.token_hex(2)}"
+
+
+def create_run(runs_dir: Path, profile: Profile, profile_path: Path, argv: list[str]) -> Path:
+    """A new run directory (owner-only permissions) with a `planned` manifest."""
+    runs_dir.mkdir(parents=True, exist_ok=True)
+    run_dir = runs_dir / new_run_id(profile.name)
+    run_dir.mkdir(mode=0o700)
+    os.chmod(run_dir, 0o700)  # mkdir's mode is masked by the umask
+    paths = RunPaths(run_dir)
+    for sub in (paths.events_dir, paths.control_dir):
+        sub.mkdir(mode=0o700)
+    write_manifest(
+        run_dir,
+        {
+            "run_id": run_dir.name,
+            "status": "planned",
+            "profile_name": profile.name,
+            "profile_path": str(profile_path.resolve()),
+            "profile": profile_to_dict(profile),
+            "argv": argv,
+            "versions": library_versions(),
+            "host": host_facts(),
+            "created_at": time.time(),
+            "started_at": None,
+            "ended_at": None,
+            "exit_code": None,
+            "diagnosis": None,
+        },
+    )
+    return run_dir
+
+
+def find_run(runs_dir: Path, ref: str) -> Path:
+    """A run by path, by id, or by a unique prefix of its id; `latest` is the newest."""
+    direct = Path(ref)
+    if (direct / "run.json").is_file():
+        return direct
+    runs = list_run_dirs(runs_dir)
+    if ref == "latest" and runs:
+        return runs[-1]
+    matches = [r for r in runs if r.name == ref] or [r for r in runs if r.name.startswith(ref)]
+    if len(matches) == 1:
+        return matches[0]
+    if not matches:
+        raise LookupError(f"no run {ref!r} in {runs_dir}")
+    raise LookupError(f"{ref!r} matches {len(matches)} runs: {', '.join(m.name for m in matches[:5])}")
+
+
+def list_run_dirs(runs_dir: Path) -> list[Path]:
+    """Run directories, oldest first."""
+    if not runs_dir.is_dir():
+        return []
+    return sorted((p for p in runs_dir.iterdir() if (p / "run.json").is_file()), key=lambda p: p.name)
+
+
+def manifest_or_none(run_dir: Path) -> dict[str, Any] | None:
+    try:
+        return load_manifest(run_dir)
+    except (OSError, ValueError):
+        return None

@@ -1,0 +1,253 @@
+"""The supervisor: the one process that owns a run, from launch to diagnosis.
+
+Started detached (its own session) by `cockpit run`, so closing the terminal or the viewer never
+stops training. It launches the trainer ranks through the DeepSpeed launcher with their output going
+straight into `output.log` (a file, not a pipe: nothing can fill up and block the trainer, and the
+trainer keeps writing even if the supervisor dies), watches for stop requests, and writes the
+final status and a one-line diagnosis into `run.json`.
+
+Usage: `python -m cockpit.supervisor RUN_DIR [--resume]`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from cockpit.diagnosis import EndFacts, diagnose
+from cockpit.profiles import Profile, parse_profile
+from cockpit.record import EventWriter, RunPaths, RunReader, load_manifest, write_manifest
+from cockpit.record.view import RunView
+
+POLL_S = 0.5
+TAIL_BYTES = 256 * 1024
+KILL_GRACE_S = 15.0
+# NVLink multicast can take a shared host's GPUs down: keep it off in every child, whatever the caller set.
+CHILD_ENV_DEFAULTS = {
+    "NCCL_NVLS_ENABLE": "0",
+    "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+    "NVSHMEM_DISABLE_NVLS": "1",
+    "PYTHONUNBUFFERED": "1",
+}
+
+
+def free_port() -> int:
+    """A TCP port free right now on this host, for the launcher's rendezvous."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def trainer_argv(profile: Profile, run_dir: Path, resume: bool, port: int) -> list[str]:
+    """The launch command, as an argv list (never a shell string)."""
+    argv = [
+        sys.executable, "-m", "deepspeed.launcher.runner",
+        "--num_gpus", str(profile.world_size),
+        "--master_port", str(port),
+        "--module", "trainer",
+        "--run-dir", str(run_dir),
+    ]  # fmt: skip
+    if resume:
+        argv.append("--resume")
+    return argv
+
+
+def child_env() -> dict[str, str]:
+    """The parent environment, passed through, with the multicast-off variables forced."""
+    env = dict(os.environ)
+    env.update(CHILD_ENV_DEFAULTS)
+    return env
+
+
+def read_tail(path: Path, size: int = TAIL_BYTES) -> str:
+    """The last `size` bytes of a file as text."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - size))
+            return f.read().decode("utf-8", errors="replace")
+    except OSError:
+        return ""
+
+
+class Supervisor:
+    """Owns one run: launch, watch, stop, diagnose."""
+
+    def __init__(self, run_dir: Path, resume: bool = False) -> None:
+        self.paths = RunPaths(Path(run_dir).resolve())
+        self.resume = resume
+        self.manifest = load_manifest(self.paths.root)
+        self.profile = parse_profile(self.manifest["profile"], str(self.paths.manifest))
+        self.events = EventWriter(self.paths.events("supervisor"))
+        self.reader = RunReader(self.paths.root)
+        self.view = RunView()
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.stop_requested_at: float | None = None
+        self.terminated_at: float | None = None
+        self.killed = False
+        self.ram_peak_fraction = 0.0
+        self.ram_peak_mib = 0.0
+
+    # --- manifest --------------------------------------------------------------------------------
+    def _update_manifest(self, **fields: Any) -> None:
+        self.manifest.update(fields)
+        write_manifest(self.paths.root, self.manifest)
+
+    # --- signals and requests ----------------------------------------------------------------------
+    def _on_signal(self, signum: int, _frame: Any) -> None:
+        self.events.write("note", message=f"supervisor received {signal.Signals(signum).name}: stopping the run")
+        self.request_stop()
+
+    def request_stop(self) -> None:
+        """Ask the trainer to checkpoint and exit (it polls the request file at every step)."""
+        self.paths.control_dir.mkdir(exist_ok=True)
+        self.paths.stop_request.touch()
+
+    def _check_requests(self, now: float) -> None:
+        if self.stop_requested_at is None and self.paths.stop_request.exists():
+            self.stop_requested_at = now
+            self.events.write("stop_request", phase=self.view.phase, step=self.view.step)
+            if self.view.phase not in ("train",):
+                self._signal_group(signal.SIGTERM)  # nothing to checkpoint yet
+        kill = self.paths.control_dir / "kill"
+        if kill.exists() and not self.killed:
+            self.events.write("note", message="kill requested: SIGKILL to the training processes")
+            self._signal_group(signal.SIGKILL)
+        if self.terminated_at is not None and now - self.terminated_at > KILL_GRACE_S and not self.killed:
+            self._signal_group(signal.SIGKILL)
+
+    def _signal_group(self, sig: signal.Signals) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        try:
+            os.killpg(self.proc.pid, sig)
+        except ProcessLookupError:
+            return
+        if sig == signal.SIGKILL:
+            self.killed = True
+        elif self.terminated_at is None:
+            self.terminated_at = time.time()
+
+    def _sample_host(self) -> None:
+        vm = psutil.virtual_memory()
+        used = vm.total - vm.available
+        if used / vm.total > self.ram_peak_fraction:
+            self.ram_peak_fraction = used / vm.total
+            self.ram_peak_mib = used / 2**20
+
+    # --- the run ---------------------------------------------------------------------------------
+    def launch(self) -> None:
+        argv = trainer_argv(self.profile, self.paths.root, self.resume, free_port())
+        log = open(self.paths.output_log, "ab")  # noqa: SIM115 - handed to the child
+        try:
+            self.proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=child_env(),
+                cwd=str(Path.cwd()),
+                start_new_session=True,  # its own process group: stop and kill reach every rank
+            )
+        finally:
+            log.close()
+        self.events.write("launch", argv=argv, pid=self.proc.pid, world_size=self.profile.world_size)
+
+    def watch(self) -> int:
+        """Poll until the training processes exit; returns their exit code."""
+        assert self.proc is not None
+        while True:
+            now = time.time()
+            self.view.apply(self.reader.poll())
+            self._sample_host()
+            self._check_requests(now)
+            rc = self.proc.poll()
+            if rc is not None:
+                self.view.apply(self.reader.poll())
+                return rc
+            time.sleep(POLL_S)
+
+    def finish(self, returncode: int) -> tuple[str, str]:
+        facts = EndFacts(
+            returncode=returncode,
+            output_tail=read_tail(self.paths.output_log),
+            stop_requested=self.stop_requested_at is not None,
+            host_ram_peak_fraction=self.ram_peak_fraction,
+            host_ram_peak_mib=self.ram_peak_mib,
+            gpu_peak_mib={r: m["cuda_peak_alloc_mib"] for r, m in self.view.memory.items() if "cuda_peak_alloc_mib" in m}
+            or None,
+            trainer_outcome=self.view.trainer_outcome,
+            last_step=self.view.step or None,
+        )
+        status, diagnosis = diagnose(facts)
+        self.events.write("end", status=status, diagnosis=diagnosis, exit_code=returncode)
+        self._update_manifest(status=status, diagnosis=diagnosis, exit_code=returncode, ended_at=time.time())
+        return status, diagnosis
+
+    def run(self) -> int:
+        """The whole life of the run; returns 0 when it finished."""
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self._on_signal)
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)  # the terminal going away is not a reason to stop
+        self.paths.stop_request.unlink(missing_ok=True)
+        (self.paths.control_dir / "kill").unlink(missing_ok=True)
+        self.events.write("supervisor_start", pid=os.getpid(), resume=self.resume)
+        self._update_manifest(
+            status="running",
+            started_at=self.manifest.get("started_at") or time.time(),
+            ended_at=None,
+            diagnosis=None,
+            exit_code=None,
+            supervisor_pid=os.getpid(),
+            resumed=self.resume or self.manifest.get("resumed", False),
+        )
+        try:
+            self.launch()
+            self._update_manifest(trainer_pgid=self.proc.pid if self.proc else None)
+            returncode = self.watch()
+        except Exception as exc:  # the supervisor itself failed: say so in the record, then re-raise
+            self._signal_group(signal.SIGKILL)
+            self.events.write("end", status="failed", diagnosis=f"supervisor error: {exc!r}")
+            self._update_manifest(status="failed", diagnosis=f"supervisor error: {exc!r}", ended_at=time.time())
+            raise
+        status, _ = self.finish(returncode)
+        self.events.close()
+        return 0 if status == "finished" else 1
+
+
+def spawn_detached(run_dir: Path, resume: bool = False) -> subprocess.Popen[bytes]:
+    """Start a supervisor for `run_dir` in its own session; its own messages go to `supervisor.log`."""
+    log = open(Path(run_dir) / "supervisor.log", "ab")  # noqa: SIM115 - handed to the child
+    try:
+        argv = [sys.executable, "-m", "cockpit.supervisor", str(run_dir)] + (["--resume"] if resume else [])
+        return subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=child_env(),
+            start_new_session=True,
+        )
+    finally:
+        log.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m cockpit.supervisor", description=__doc__)
+    parser.add_argument("run_dir", type=Path)
+    parser.add_argument("--resume", action="store_true")
+    args = parser.parse_args(argv)
+    return Supervisor(args.run_dir, resume=args.resume).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,182 @@
+"""TrainerCallbacks that write the run record: load peaks, the audit, one event per optimizer step,
+checkpoints; and one that stops training cleanly when the cockpit asks."""
+
+from __future__ import annotations
+
+import os
+import resource
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import psutil
+import torch
+from transformers import TrainerCallback
+
+from cockpit.record import EventWriter
+
+MIB = 1024**2
+
+
+def memory_fields() -> dict[str, float]:
+    """This process's memory now: RSS, its peak since start, and CUDA allocator figures for this rank."""
+    fields: dict[str, float] = {
+        "rss_mib": psutil.Process().memory_info().rss / MIB,
+        "rss_peak_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    }
+    if torch.cuda.is_available():
+        fields.update(
+            cuda_alloc_mib=torch.cuda.memory_allocated() / MIB,
+            cuda_reserved_mib=torch.cuda.memory_reserved() / MIB,
+            cuda_peak_alloc_mib=torch.cuda.max_memory_allocated() / MIB,
+            cuda_peak_reserved_mib=torch.cuda.max_memory_reserved() / MIB,
+        )
+    return {k: round(v, 1) for k, v in fields.items()}
+
+
+class RecordCallback(TrainerCallback):
+    """Writes `load_peak`, `audit`, `train_begin`, `step` and `checkpoint` events for this rank."""
+
+    def __init__(self, writer: EventWriter, audit: Callable[[], dict[str, Any]], samples_per_step: int) -> None:
+        self.writer = writer
+        self.audit = audit
+        self.samples_per_step = samples_per_step
+        self._step_start = 0.0
+        self._tokens_before = 0
+        self._step_times: list[float] = []
+        self._pending: dict[str, float] = {}
+        self.is_main = True
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.is_main = state.is_world_process_zero
+        # Load is over once the engine is built: its peaks are the load phase's. Reset for training.
+        self.writer.write("load_peak", **memory_fields())
+        if torch.cuda.is_available():
+            torch.cuda.reset_peak_memory_stats()
+        audit = self.audit()
+        self.writer.write("audit", **audit)
+        if self.is_main:
+            for warning in audit["warnings"]:
+                print(f"[cockpit] AUDIT WARNING: {warning}", flush=True)
+        self.writer.write(
+            "train_begin",
+            max_steps=state.max_steps,
+            num_train_epochs=args.num_train_epochs,
+            start_step=state.global_step,
+            world_size=args.world_size,
+            micro_batch_size=args.per_device_train_batch_size,
+            grad_accum=args.gradient_accumulation_steps,
+        )
+        self.writer.sync()
+
+    def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if not self._step_start:
+            self._step_start = time.perf_counter()
+            self._tokens_before = state.num_input_tokens_seen
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        now = time.perf_counter()
+        dt = now - self._step_start
+        tokens = state.num_input_tokens_seen - self._tokens_before
+        self._step_start = now
+        self._tokens_before = state.num_input_tokens_seen
+        self._step_times.append(dt)
+        self._pending = {
+            "step_time_s": round(dt, 4),
+            "tokens_per_s": round(tokens / dt, 2) if dt > 0 else 0.0,
+            "samples_per_s": round(self.samples_per_step / dt, 3) if dt > 0 else 0.0,
+            "tokens": tokens,
+        }
+
+    def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, float] | None = None, **kwargs: Any) -> None:
+        if not logs or "loss" not in logs:
+            return
+        event = self.writer.write(
+            "step",
+            step=state.global_step,
+            max_steps=state.max_steps,
+            epoch=round(state.epoch or 0.0, 4),
+            loss=logs["loss"],
+            learning_rate=logs.get("learning_rate"),
+            grad_norm=logs.get("grad_norm"),
+            **self._pending,
+            **memory_fields(),
+        )
+        if self.is_main:
+            median = statistics.median(self._step_times[-50:]) if self._step_times else 0.0
+            print(
+                f"step {event['step']}/{state.max_steps} loss {event['loss']:.4f} "
+                f"lr {event['learning_rate'] or 0:.2e} {event.get('tokens_per_s', 0):.0f} tok/s "
+                f"({median:.2f} s/step)",
+                flush=True,
+            )
+
+    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        path = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+        self.writer.write("checkpoint", step=state.global_step, path=str(path))
+        self.writer.sync()
+
+
+class StopRequestCallback(TrainerCallback):
+    """Stops training at a step boundary, with a checkpoint, once the stop-request file appears.
+
+    Rank 0 looks at the file and every rank learns its answer through one all-reduce, so all ranks
+    stop after the same step (a rank that stopped alone would hang the others in a collective).
+    """
+
+    def __init__(self, request: Path, writer: EventWriter) -> None:
+        self.request = request
+        self.writer = writer
+        self.stopped_at: int | None = None
+
+    def _requested(self, args: Any) -> bool:
+        wanted = self.request.exists() if args.process_index == 0 else False
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else "cpu"
+            flag = torch.tensor([1 if wanted else 0], device=device)
+            torch.distributed.all_reduce(flag)
+            wanted = bool(flag.item())
+        return wanted
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.stopped_at is None and self._requested(args):
+            self.stopped_at = state.global_step
+            control.should_save = True
+            control.should_training_stop = True
+            self.writer.write("stop_ack", step=state.global_step)
+
+
+class FaultInjectionCallback(TrainerCallback):
+    """Test-only faults, off unless COCKPIT_TEST_FAULT is set: `hang:N`, `oom:N`, `crash:N`, `exit:N`.
+
+    The fault fires on rank 0 (or on the rank named as `kind:N:rank`) when step N ends.
+    """
+
+    def __init__(self, spec: str) -> None:
+        parts = spec.split(":")
+        self.kind = parts[0]
+        self.step = int(parts[1])
+        self.rank = int(parts[2]) if len(parts) > 2 else 0
+
+    @classmethod
+    def from_env(cls) -> FaultInjectionCallback | None:
+        spec = os.environ.get("COCKPIT_TEST_FAULT", "")
+        return cls(spec) if spec else None
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if state.global_step != self.step or args.process_index != self.rank:
+            return
+        print(f"[cockpit] test fault '{self.kind}' at step {self.step}", flush=True)
+        if self.kind == "hang":
+            while True:
+                time.sleep(3600)
+        if self.kind == "oom":
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB (test fault)")
+        if self.kind == "crash":
+            raise RuntimeError("test fault: trainer crashed")
+        if self.kind == "exit":
+            sys.stdout.flush()
+            os._exit(3)

@@ -1,0 +1,94 @@
+"""Examples to chat text to tokens.
+
+An example is one JSON object a line:
+`{"tenant", "id", "split": "train"|"eval", "system", "user", "labels": [...], "gold", "reasoning"}`.
+The prompt is the tokenizer's own chat template over system and user; the answer is a thinking
+section holding the reasoning trace, then the label. Loss is taken on the answer only.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+REQUIRED_FIELDS = ("tenant", "id", "split", "system", "user", "labels", "gold", "reasoning")
+THINK_OPEN = "<think>\n"
+THINK_CLOSE = "\n</think>\n\n"
+
+
+class DataError(ValueError):
+    """A data file that cannot be used; the message names the line."""
+
+
+def render_answer(reasoning: str, label: str) -> str:
+    """The assistant's answer: a thinking section, then the label."""
+    return f"{THINK_OPEN}{reasoning}{THINK_CLOSE}{label}"
+
+
+def load_examples(path: Path) -> list[dict[str, Any]]:
+    """Read and check a JSONL data file."""
+    examples = []
+    with open(path, encoding="utf-8") as f:
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                example = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise DataError(f"{path}:{number}: not valid JSON ({exc.msg})") from None
+            missing = [k for k in REQUIRED_FIELDS if k not in example]
+            if missing:
+                raise DataError(f"{path}:{number}: missing field(s) {', '.join(missing)}")
+            if example["gold"] not in example["labels"]:
+                raise DataError(f"{path}:{number}: gold label {example['gold']!r} is not in its labels")
+            examples.append(example)
+    return examples
+
+
+def prompt_text(tokenizer: Any, example: dict[str, Any]) -> str:
+    """The chat prompt up to where the assistant starts (thinking opened if the template does so)."""
+    messages = [{"role": "system", "content": example["system"]}, {"role": "user", "content": example["user"]}]
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+
+def answer_text(tokenizer: Any, prompt: str, example: dict[str, Any]) -> str:
+    """The answer that follows `prompt`, ended by the end-of-turn token."""
+    answer = render_answer(example["reasoning"], example["gold"]) + tokenizer.eos_token
+    if prompt.endswith(THINK_OPEN):  # templates like Qwen3-Thinking open the thinking section themselves
+        answer = answer[len(THINK_OPEN) :]
+    return answer
+
+
+@dataclass
+class Tokenized:
+    """Token ids with the prompt masked out of the labels."""
+
+    input_ids: list[int]
+    labels: list[int]
+
+
+def tokenize_example(tokenizer: Any, example: dict[str, Any], seq_len: int) -> Tokenized:
+    """Prompt and answer as ids; labels are -100 over the prompt; truncated from the left of the prompt."""
+    prompt = prompt_text(tokenizer, example)
+    prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    answer_ids = tokenizer(answer_text(tokenizer, prompt, example), add_special_tokens=False)["input_ids"]
+    keep = max(0, seq_len - len(answer_ids))
+    prompt_ids = prompt_ids[-keep:] if keep else []
+    ids = (prompt_ids + answer_ids)[:seq_len]
+    labels = ([-100] * len(prompt_ids) + answer_ids)[:seq_len]
+    return Tokenized(ids, labels)
+
+
+def train_dataset(tokenizer: Any, examples: list[dict[str, Any]], seq_len: int) -> Any:
+    """A `datasets.Dataset` of the train split, ready for HF Trainer."""
+    from datasets import Dataset
+
+    rows = []
+    for ex in examples:
+        if ex["split"] != "train":
+            continue
+        tok = tokenize_example(tokenizer, ex, seq_len)
+        rows.append({"input_ids": tok.input_ids, "labels": tok.labels, "attention_mask": [1] * len(tok.input_ids)})
+    return Dataset.from_list(rows)

@@ -1,0 +1,53 @@
+"""The DeepSpeed config a profile asks for. Values HF also sets are "auto" so the two never disagree."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from cockpit.profiles import Profile
+
+
+def _offload(device: str, profile: Profile) -> dict[str, Any] | None:
+    if device == "none":
+        return None
+    section: dict[str, Any] = {"device": device, "pin_memory": profile.hardware.gpus > 0}
+    if device == "nvme":
+        section["nvme_path"] = profile.deepspeed.nvme_path
+    return section
+
+
+def deepspeed_config(profile: Profile) -> dict[str, Any]:
+    """A ZeRO config with the profile's stage and offload; DeepSpeed rejects unknown keys, so none are added."""
+    ds = profile.deepspeed
+    zero: dict[str, Any] = {
+        "stage": ds.stage,
+        "overlap_comm": profile.hardware.gpus > 0,
+        "contiguous_gradients": True,
+        "reduce_bucket_size": "auto",
+    }
+    if ds.stage == 3:
+        zero.update(
+            {
+                "stage3_prefetch_bucket_size": "auto",
+                "stage3_param_persistence_threshold": "auto",
+                "stage3_gather_16bit_weights_on_model_save": True,
+            }
+        )
+    for key, device in (("offload_param", ds.offload_param), ("offload_optimizer", ds.offload_optimizer)):
+        section = _offload(device, profile)
+        if section is not None:
+            zero[key] = section
+    return {
+        "zero_optimization": zero,
+        "bf16": {"enabled": "auto"},
+        "optimizer": {
+            "type": "AdamW",
+            "params": {"lr": "auto", "betas": "auto", "eps": "auto", "weight_decay": "auto"},
+        },
+        "gradient_clipping": "auto",
+        "train_micro_batch_size_per_gpu": "auto",
+        "gradient_accumulation_steps": "auto",
+        "train_batch_size": "auto",
+        "steps_per_print": 1_000_000,
+        "wall_clock_breakdown": False,
+    }

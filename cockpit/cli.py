@@ -23,7 +23,7 @@ from cockpit.profiles import DEFAULT_PROFILE, ProfileError, check_runnable, load
 EXIT_CODES = {"finished": 0, "failed": 1, "stopped": 3, "stalled": 4}
 EXIT_BAD_INPUT = 2
 
-console = Console(stderr=True, highlight=False)
+console = Console(stderr=True, highlight=False, soft_wrap=True)
 
 
 class UsageError(Exception):
@@ -40,7 +40,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from cockpit.supervisor import spawn_detached
 
     try:
-        profile, path = load_profile(args.profile)
+        profile, path = load_profile(args.profile, args.overrides)
         check_runnable(profile, str(path))
     except ProfileError as exc:
         raise UsageError(str(exc)) from None
@@ -174,6 +174,14 @@ def build_parser() -> argparse.ArgumentParser:
         "checkpoint and stop (a second Ctrl-C kills).",
     )
     run.add_argument("--profile", default=DEFAULT_PROFILE, help=f"profile name or TOML path (default: {DEFAULT_PROFILE})")
+    run.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="override one profile field, e.g. --set training.max_steps=20 (repeatable)",
+    )
     run.add_argument("--no-ui", action="store_true", help="headless: a progress line instead of the full-screen app")
     run.add_argument("--detach", action="store_true", help="start the run and return at once (prints the run dir)")
     run.set_defaults(func=cmd_run)

@@ -195,7 +195,8 @@ def _describe(error: dict[str, Any]) -> str:
         return f"{loc}: required field is missing"
     given = error.get("input")
     shown = "" if isinstance(given, dict) else f" (got {given!r})"
-    return f"{loc}: {error['msg']}{shown}"
+    message = error["msg"].removeprefix("Value error, ")
+    return f"{loc}: {message}{shown}"
 
 
 def parse_profile(data: dict[str, Any], source: str) -> Profile:
@@ -207,8 +208,29 @@ def parse_profile(data: dict[str, Any], source: str) -> Profile:
         raise ProfileError(f"{source}: invalid profile\n  " + "\n  ".join(lines)) from None
 
 
-def load_profile(name_or_path: str = DEFAULT_PROFILE) -> tuple[Profile, Path]:
-    """Read and validate a profile; returns it with the file it came from.
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Apply `section.key=value` overrides (value as a TOML literal, else a plain string) to a profile mapping."""
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise ProfileError(f"--set {item!r}: expected section.key=value")
+        try:
+            value = tomllib.loads(f"v = {raw}")["v"]
+        except tomllib.TOMLDecodeError:
+            value = raw
+        *parents, leaf = key.strip().split(".")
+        node = data
+        for part in parents:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise ProfileError(f"--set {item!r}: {part} is not a section")
+            node = child
+        node[leaf] = value
+    return data
+
+
+def load_profile(name_or_path: str = DEFAULT_PROFILE, overrides: list[str] | None = None) -> tuple[Profile, Path]:
+    """Read and validate a profile, with optional `section.key=value` overrides; returns it and its file.
 
     Relative `model.config` and `data.source` paths are taken relative to the profile's folder.
     """
@@ -219,7 +241,9 @@ def load_profile(name_or_path: str = DEFAULT_PROFILE) -> tuple[Profile, Path]:
         raise ProfileError(f"{path}: not valid TOML: {exc}") from None
     except OSError as exc:
         raise ProfileError(f"{path}: cannot read: {exc.strerror}") from None
-    profile = parse_profile(data, str(path))
+    if overrides:
+        data = apply_overrides(data, overrides)
+    profile = parse_profile(data, str(path) + (" (with --set overrides)" if overrides else ""))
     return _anchor_paths(profile, path.parent), path
 
 

@@ -1,0 +1,40 @@
+"""Shared fixtures: an isolated asset cache and helpers to run the real `cockpit` command."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="session")
+def asset_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One built-in asset cache for the whole session (set COCKPIT_TEST_CACHE to reuse one across sessions)."""
+    shared = os.environ.get("COCKPIT_TEST_CACHE")
+    return Path(shared) if shared else tmp_path_factory.mktemp("cockpit-cache")
+
+
+def cockpit_env(cache: Path, **extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env["COCKPIT_CACHE"] = str(cache)
+    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    env.pop("COCKPIT_TEST_FAULT", None)
+    env.update(extra)
+    return env
+
+
+def run_cockpit(args: list[str], cache: Path, timeout: float = 900, **extra: str) -> subprocess.CompletedProcess[str]:
+    """Run `python -m cockpit ARGS` for real and capture its output."""
+    return subprocess.run(
+        [sys.executable, "-m", "cockpit", *args],
+        env=cockpit_env(cache, **extra),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=REPO,
+    )

@@ -1,0 +1,61 @@
+"""Every way a run can end gets its own one-line diagnosis."""
+
+from __future__ import annotations
+
+from cockpit.diagnosis import EndFacts, diagnose, killing_signal, last_error_line
+
+TRACEBACK = """Traceback (most recent call last):
+  File "x.py", line 1, in <module>
+ValueError: tokenizer has no pad token
+[launch.py:319:sigkill_handler] Killing subprocess 123
+"""
+
+
+def test_finished() -> None:
+    assert diagnose(EndFacts(0, "", trainer_outcome="finished", last_step=40)) == ("finished", "finished at step 40")
+
+
+def test_stopped_by_user_with_checkpoint() -> None:
+    status, line = diagnose(EndFacts(0, "", stop_requested=True, trainer_outcome="stopped", last_step=12))
+    assert status == "stopped" and "stopped by user at step 12" in line and "checkpoint" in line
+
+
+def test_cuda_oom_names_the_gpu_peaks() -> None:
+    out = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"
+    status, line = diagnose(EndFacts(1, out, gpu_peak_mib={0: 79_000.0, 1: 78_500.0}, last_step=3))
+    assert status == "failed" and line.startswith("CUDA out of memory at step 3")
+    assert "GPU0 77.1 GiB" in line and "GPU1" in line
+
+
+def test_nccl_timeout() -> None:
+    out = "[Rank 1] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=5, OpType=ALLREDUCE)"
+    assert diagnose(EndFacts(1, out))[1].startswith("NCCL/collective timeout")
+
+
+def test_sigkill_near_ram_limit_is_host_oom() -> None:
+    out = "[launch.py] Process 77 exits with return code = -9"
+    status, line = diagnose(EndFacts(247, out, host_ram_peak_fraction=0.97, host_ram_peak_mib=900 * 1024))
+    assert status == "failed" and "SIGKILL" in line and "host out-of-memory" in line and "900.0 GiB" in line
+
+
+def test_sigkill_with_ram_to_spare_is_just_a_kill() -> None:
+    status, line = diagnose(EndFacts(-9, "", host_ram_peak_fraction=0.3))
+    assert line == "killed by SIGKILL"
+
+
+def test_crash_quotes_the_last_error_line() -> None:
+    status, line = diagnose(EndFacts(1, TRACEBACK, last_step=2))
+    assert status == "failed"
+    assert line == "crashed at step 2 with exit code 1: ValueError: tokenizer has no pad token"
+
+
+def test_stall_wins_over_the_kill_that_ended_it() -> None:
+    status, line = diagnose(EndFacts(-9, "", stalled=True, stall_detail="no step for 300 s (median 0.4 s)"))
+    assert status == "stalled" and "no step for 300 s" in line
+
+
+def test_signal_from_launcher_text_and_shell_style_codes() -> None:
+    assert killing_signal(EndFacts(1, "exits with return code = -15")) == 15
+    assert killing_signal(EndFacts(137, "")) == 9
+    assert killing_signal(EndFacts(1, "")) is None
+    assert last_error_line("no errors here") == ""

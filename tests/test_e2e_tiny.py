@@ -1,0 +1,88 @@
+"""End to end: the README's main job, `cockpit run --no-ui` on the built-in tiny profile, for real.
+
+One full run per test session (about 4 minutes on 2 CPU cores); the tests below read its record.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+
+import pytest
+
+from cockpit.record import load_manifest, read_events
+from tests.conftest import run_cockpit
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory: pytest.TempPathFactory, asset_cache: Path) -> tuple[Path, str]:
+    runs = tmp_path_factory.mktemp("runs")
+    result = run_cockpit(["run", "--no-ui", "--runs-dir", str(runs)], asset_cache, timeout=1200)
+    assert result.returncode == 0, result.stderr[-3000:]
+    (run_dir,) = [p for p in runs.iterdir() if p.is_dir()]
+    return run_dir, result.stderr
+
+
+def test_run_finishes_with_a_complete_manifest(tiny_run: tuple[Path, str]) -> None:
+    run_dir, _ = tiny_run
+    manifest = load_manifest(run_dir)
+    assert manifest["status"] == "finished"
+    assert manifest["exit_code"] == 0
+    assert manifest["diagnosis"].startswith("finished")
+    assert manifest["started_at"] <= manifest["ended_at"]
+    for lib in ("torch", "transformers", "peft", "bitsandbytes", "deepspeed"):
+        assert manifest["versions"][lib]
+    assert manifest["profile"]["name"] == "tiny-cpu"
+
+
+def test_one_step_event_per_optimizer_step(tiny_run: tuple[Path, str]) -> None:
+    run_dir, _ = tiny_run
+    steps = [e for e in read_events(run_dir, "step") if e["rank"] == 0]
+    max_steps = steps[-1]["max_steps"]
+    assert [e["step"] for e in steps] == list(range(1, max_steps + 1))
+    for e in steps:
+        for field in ("loss", "learning_rate", "grad_norm", "tokens_per_s", "samples_per_s", "rss_mib", "epoch"):
+            assert e[field] is not None, field
+        assert e["tokens_per_s"] > 0
+
+
+def test_loss_falls_clearly(tiny_run: tuple[Path, str]) -> None:
+    run_dir, _ = tiny_run
+    losses = [e["loss"] for e in read_events(run_dir, "step") if e["rank"] == 0]
+    k = max(1, len(losses) // 10)
+    first, last = statistics.fmean(losses[:k]), statistics.fmean(losses[-k:])
+    assert last < 0.5 * first, (first, last)
+
+
+def test_audit_says_linear_layers_are_4bit_under_zero3_offload(tiny_run: tuple[Path, str]) -> None:
+    run_dir, _ = tiny_run
+    (audit,) = read_events(run_dir, "audit")
+    assert audit["groups"]["attention"]["params_4bit"] == audit["groups"]["attention"]["params"] > 0
+    assert audit["applied"]["zero_stage"] == 3
+    assert audit["applied"]["offload_param"] == "cpu" and audit["applied"]["offload_optimizer"] == "cpu"
+    assert audit["applied"]["gradient_checkpointing"] is True
+    assert all(n > 0 for n in audit["lora_targets"].values())
+    assert 0 < audit["params_trainable"] < audit["params_total"]
+    assert any("did not partition at load" in w for w in audit["warnings"])
+
+
+def test_load_and_train_phases_and_adapter(tiny_run: tuple[Path, str]) -> None:
+    run_dir, _ = tiny_run
+    (load_peak,) = read_events(run_dir, "load_peak")
+    assert load_peak["rss_peak_mib"] > 0
+    phases = [e["phase"] for e in read_events(run_dir, "phase")]
+    assert phases[:3] == ["setup", "load", "train"]
+    adapter = run_dir / "adapter"
+    config = json.loads((adapter / "adapter_config.json").read_text())
+    assert set(config["target_modules"]) == {"q_proj", "k_proj", "v_proj", "o_proj"}
+    assert (adapter / "adapter_model.safetensors").stat().st_size > 10_000
+
+
+def test_output_log_holds_what_the_trainer_printed(tiny_run: tuple[Path, str]) -> None:
+    run_dir, stderr = tiny_run
+    log = (run_dir / "output.log").read_text()
+    assert "[cockpit] phase: train" in log and "step 1/" in log
+    assert "finished" in stderr and str(run_dir) in stderr

@@ -1,0 +1,79 @@
+"""Profiles: the shipped ones validate; each malformed one fails fast, naming the field."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from cockpit.profiles import ProfileError, apply_overrides, check_runnable, load_profile
+
+BAD = sorted((Path(__file__).parent / "fixtures" / "profiles").glob("*.toml"))
+
+
+def expectations(path: Path) -> list[str]:
+    first = path.read_text().splitlines()[0]
+    assert first.startswith("# expect:"), f"{path} must start with '# expect: words | more words'"
+    return [w.strip() for w in first.removeprefix("# expect:").split("|")]
+
+
+@pytest.mark.parametrize("name", ["tiny-cpu", "qwen3-235b-a22b-thinking-4xh100"])
+def test_shipped_profiles_validate(name: str) -> None:
+    profile, path = load_profile(name)
+    assert profile.name == name
+    assert path.name == f"{name}.toml"
+
+
+def test_story_profile_is_the_story() -> None:
+    profile, _ = load_profile("qwen3-235b-a22b-thinking-4xh100")
+    assert profile.hardware.gpus == 4 and profile.hardware.gpu_mem_gib == 80 and profile.hardware.host_ram_gib == 960
+    assert profile.deepspeed.stage == 3
+    assert profile.deepspeed.offload_param == "cpu" and profile.deepspeed.offload_optimizer == "cpu"
+    assert profile.quantization.quant_type == "nf4" and profile.quantization.double_quant
+    assert Path(profile.model.config).is_file(), "the plan needs the model's config.json shipped beside the profile"
+
+
+@pytest.mark.parametrize("path", BAD, ids=[p.stem for p in BAD])
+def test_malformed_profile_names_the_field(path: Path) -> None:
+    with pytest.raises(ProfileError) as info:
+        profile, source = load_profile(str(path))
+        check_runnable(profile, str(source))
+    message = str(info.value)
+    assert str(path) in message
+    for words in expectations(path):
+        assert words in message, f"{words!r} not in {message!r}"
+
+
+@pytest.mark.parametrize("path", BAD, ids=[p.stem for p in BAD])
+def test_cli_rejects_malformed_profile_fast_without_traceback(path: Path, tmp_path: Path) -> None:
+    start = time.monotonic()
+    result = subprocess.run(
+        [sys.executable, "-m", "cockpit", "run", "--no-ui", "--profile", str(path), "--runs-dir", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    elapsed = time.monotonic() - start
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    assert expectations(path)[0] in result.stderr
+    assert elapsed < 2.0, f"took {elapsed:.2f} s"
+    assert not any(tmp_path.iterdir()), "no run directory for a rejected profile"
+
+
+def test_overrides_reach_nested_fields_and_are_validated() -> None:
+    profile, _ = load_profile("tiny-cpu", ["training.max_steps=7", "lora.target_modules=['q_proj']"])
+    assert profile.training.max_steps == 7
+    assert profile.lora.target_modules == ["q_proj"]
+    with pytest.raises(ProfileError, match=r"training\.max_steps"):
+        load_profile("tiny-cpu", ["training.max_steps=seven"])
+    with pytest.raises(ProfileError, match="expected section.key=value"):
+        apply_overrides({}, ["training.max_steps"])
+
+
+def test_unknown_profile_name_lists_known_ones() -> None:
+    with pytest.raises(ProfileError, match="tiny-cpu"):
+        load_profile("no-such-profile")

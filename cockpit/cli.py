@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import subprocess
 import sys
 import time
 from collections.abc import Sequence
@@ -66,7 +67,9 @@ def _follow_headless(run_dir: Path, poll: Any) -> int:
         interrupts += 1
         if interrupts == 1:
             request_stop(run_dir)
-            console.print("\n[yellow]stopping: the trainer saves a checkpoint and exits (Ctrl-C again to kill)[/]")
+            console.print(
+                "\n[yellow]stopping: the trainer saves a checkpoint and exits (Ctrl-C again to kill)[/]"
+            )
         else:
             request_kill(run_dir)
             console.print("\n[red]killing the training processes[/]")
@@ -75,6 +78,7 @@ def _follow_headless(run_dir: Path, poll: Any) -> int:
     try:
         viewer = HeadlessViewer(run_dir, console=console, alive=lambda: poll() is None)
         status = viewer.follow()
+        viewer.print_report()
         for line in viewer.summary():
             console.print(line)
     finally:
@@ -147,6 +151,102 @@ def cmd_resume(args: argparse.Namespace) -> int:
     return _follow_headless(run_dir, supervisor.poll)
 
 
+# --- eval, import, report -------------------------------------------------------------------------
+def _parse_named(items: list[str], what: str) -> list[tuple[str, Path]]:
+    pairs = []
+    for item in items:
+        name, sep, path = item.partition("=")
+        if not sep or not name or not path:
+            raise UsageError(f"{what} {item!r}: expected NAME=PATH")
+        pairs.append((name, Path(path)))
+    return pairs
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from cockpit.runs import create_run
+    from cockpit.supervisor import child_env, spawn_detached
+
+    models = _parse_named(args.model, "--model")
+    if args.run:
+        if args.profile:
+            raise UsageError("give a RUN or --profile, not both")
+        run_dir = _find(args)
+        argv = [sys.executable, "-m", "trainer.evaluate", "--run-dir", str(run_dir)]
+        argv += [a for name, path in models for a in ("--model", f"{name}={path}")]
+        console.print(f"evaluating {run_dir.name} (output also in {run_dir / 'output.log'})")
+        with open(run_dir / "output.log", "ab") as log:
+            code = subprocess.run(argv, env=child_env(), stdout=log, stderr=subprocess.STDOUT).returncode
+        if code != 0:
+            console.print(f"[red]evaluation failed (exit {code}); see {run_dir / 'output.log'}[/]")
+            return 1
+        return _report_and_print(run_dir, "md", None)
+    if not args.profile:
+        raise UsageError("give a RUN to evaluate, or --profile P with --model NAME=PATH")
+    for name, path in models:
+        if not (path / "config.json").is_file():
+            raise UsageError(f"--model {name}={path}: no config.json there")
+    try:
+        profile, ppath = load_profile(args.profile)
+        check_runnable(profile, str(ppath))
+    except ProfileError as exc:
+        raise UsageError(str(exc)) from None
+    run_dir = create_run(
+        _runs_dir(args),
+        profile,
+        ppath,
+        list(sys.argv),
+        mode="eval",
+        eval_args=[a for name, path in models for a in ("--model", f"{name}={path.resolve()}")],
+    )
+    supervisor = spawn_detached(run_dir)
+    console.print(f"evaluation run [bold]{run_dir.name}[/]: base model and {len(models)} other(s)")
+    code = _follow_headless(run_dir, supervisor.poll)
+    if code == 0:
+        _report_and_print(run_dir, "md", None)
+    return code
+
+
+def _import_all(run_dir: Path, items: list[str]) -> None:
+    from cockpit.predictions import PredictionsError, import_predictions
+
+    for name, path in _parse_named(items, "--predictions"):
+        try:
+            stored = import_predictions(run_dir, name, path)
+        except PredictionsError as exc:
+            raise UsageError(str(exc)) from None
+        console.print(f"imported {path} as system {name!r} -> {stored}")
+
+
+def _report_and_print(run_dir: Path, fmt: str, output: Path | None) -> int:
+    import json
+
+    from cockpit.report import run_report, to_markdown, write_report
+
+    report = run_report(run_dir)
+    if not report["tenants"]:
+        raise UsageError(f"{run_dir.name} has no predictions yet: run `cockpit eval {run_dir.name}`")
+    write_report(run_dir, report)
+    text = json.dumps(report, indent=2) if fmt == "json" else to_markdown(report)
+    if output:
+        output.write_text(text + ("\n" if not text.endswith("\n") else ""), encoding="utf-8")
+        console.print(f"report written to {output}")
+    else:
+        print(text)
+    return 0
+
+
+def cmd_import(args: argparse.Namespace) -> int:
+    run_dir = _find(args)
+    _import_all(run_dir, args.predictions)
+    return _report_and_print(run_dir, "md", None) if args.show else 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    run_dir = _find(args)
+    _import_all(run_dir, args.predictions)
+    return _report_and_print(run_dir, args.format, Path(args.output) if args.output else None)
+
+
 # --- parser ----------------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
@@ -173,7 +273,9 @@ def build_parser() -> argparse.ArgumentParser:
         "launches the trainer. Closing the terminal never stops the run; Ctrl-C asks it to save a "
         "checkpoint and stop (a second Ctrl-C kills).",
     )
-    run.add_argument("--profile", default=DEFAULT_PROFILE, help=f"profile name or TOML path (default: {DEFAULT_PROFILE})")
+    run.add_argument(
+        "--profile", default=DEFAULT_PROFILE, help=f"profile name or TOML path (default: {DEFAULT_PROFILE})"
+    )
     run.add_argument(
         "--set",
         dest="overrides",
@@ -182,23 +284,73 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SECTION.KEY=VALUE",
         help="override one profile field, e.g. --set training.max_steps=20 (repeatable)",
     )
-    run.add_argument("--no-ui", action="store_true", help="headless: a progress line instead of the full-screen app")
-    run.add_argument("--detach", action="store_true", help="start the run and return at once (prints the run dir)")
+    run.add_argument(
+        "--no-ui", action="store_true", help="headless: a progress line instead of the full-screen app"
+    )
+    run.add_argument(
+        "--detach", action="store_true", help="start the run and return at once (prints the run dir)"
+    )
     run.set_defaults(func=cmd_run)
 
     ls = sub.add_parser("ls", parents=[common], help="list runs with status, step and age")
     ls.set_defaults(func=cmd_ls)
 
-    stop = sub.add_parser("stop", parents=[common], help="ask a run to checkpoint and stop; a second stop kills")
+    stop = sub.add_parser(
+        "stop", parents=[common], help="ask a run to checkpoint and stop; a second stop kills"
+    )
     stop.add_argument("run", help="run id, unique id prefix, path, or 'latest'")
     stop.add_argument("--kill", action="store_true", help="kill the training processes at once")
     stop.set_defaults(func=cmd_stop)
 
-    resume = sub.add_parser("resume", parents=[common], help="continue an ended run from its last checkpoint, in the same record")
+    resume = sub.add_parser(
+        "resume", parents=[common], help="continue an ended run from its last checkpoint, in the same record"
+    )
     resume.add_argument("run", help="run id, unique id prefix, path, or 'latest'")
     resume.add_argument("--no-ui", action="store_true", help="headless progress line")
     resume.add_argument("--detach", action="store_true", help="return at once")
     resume.set_defaults(func=cmd_resume)
+
+    ev = sub.add_parser(
+        "eval",
+        parents=[common],
+        help="score models on the held-out split: a run's base and adapter, or base models side by side",
+        description="With RUN: score the run's base model and its fine-tuned adapter (and any --model) on "
+        "its held-out split, then write the report. With --profile: a new evaluation-only run scoring the "
+        "profile's base model and every --model, to compare open models before deciding to fine-tune.",
+    )
+    ev.add_argument("run", nargs="?", help="run id, unique prefix, path, or 'latest'")
+    ev.add_argument("--profile", help="profile whose data and quantization to use (evaluation-only run)")
+    ev.add_argument(
+        "--model", action="append", default=[], metavar="NAME=PATH", help="another model dir to score"
+    )
+    ev.add_argument(
+        "--no-ui", action="store_true", help="accepted for symmetry; evaluation is always headless"
+    )
+    ev.set_defaults(func=cmd_eval)
+
+    imp = sub.add_parser(
+        "import",
+        parents=[common],
+        help="bring another system's predictions (an API model's) into a run's comparison",
+        description="Each line of FILE is a JSON object with tenant, id and pred (gold optional, checked). "
+        "Unknown tenants or labels, missing or duplicate ids are refused with the line number (exit 2).",
+    )
+    imp.add_argument("run", help="run id, unique prefix, path, or 'latest'")
+    imp.add_argument("--predictions", action="append", required=True, metavar="NAME=FILE")
+    imp.add_argument("--show", action="store_true", help="print the updated report")
+    imp.set_defaults(func=cmd_import)
+
+    rep = sub.add_parser(
+        "report",
+        parents=[common],
+        help="per-tenant precision, recall, micro/macro F1, deltas with 95%% CIs, serving cost",
+        description="Writes report.json and report.md into the run directory and prints the chosen format.",
+    )
+    rep.add_argument("run", help="run id, unique prefix, path, or 'latest'")
+    rep.add_argument("--format", choices=("md", "json"), default="md")
+    rep.add_argument("--output", help="write to this file instead of standard output")
+    rep.add_argument("--predictions", action="append", default=[], metavar="NAME=FILE", help="import first")
+    rep.set_defaults(func=cmd_report)
     return parser
 
 

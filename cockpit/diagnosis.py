@@ -9,9 +9,12 @@ import re
 import signal
 from dataclasses import dataclass
 
-CUDA_OOM = re.compile(r"CUDA out of memory|torch\.OutOfMemoryError|OutOfMemoryError|CUBLAS_STATUS_ALLOC_FAILED")
+CUDA_OOM = re.compile(
+    r"CUDA out of memory|torch\.OutOfMemoryError|OutOfMemoryError|CUBLAS_STATUS_ALLOC_FAILED"
+)
 NCCL_TIMEOUT = re.compile(
-    r"Watchdog caught collective operation timeout|NCCL.{0,80}[Tt]imeout|[Tt]imed out.{0,40}(collective|barrier)"
+    r"Watchdog caught collective operation timeout|NCCL.{0,80}[Tt]imeout"
+    r"|[Tt]imed out.{0,40}(collective|barrier)"
     r"|DistBackendError.{0,200}[Tt]imeout"
 )
 HOST_OOM_FRACTION = 0.90

@@ -6,12 +6,15 @@ fold as the TUI.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
 
 from cockpit.record import RunPaths, RunReader, load_manifest
 from cockpit.record.format import TERMINAL_STATUSES
@@ -83,11 +86,12 @@ class HeadlessViewer:
                 self.view.apply(self.reader.poll())
                 self._print_new_warnings()
                 v = self.view
+                evaluating = v.phase == "eval" and v.eval_total > 0
                 progress.update(
                     task,
-                    total=v.max_steps,
-                    completed=v.step,
-                    phase=v.phase,
+                    total=v.eval_total if evaluating else v.max_steps,
+                    completed=v.eval_done if evaluating else v.step,
+                    phase=f"eval {v.eval_system}" if evaluating else v.phase,
                     loss=_fmt(v.last_loss, ".4f"),
                     tps=_fmt(v.tokens_per_s, ",.0f"),
                     eta=format_duration(v.eta_s()),
@@ -106,9 +110,51 @@ class HeadlessViewer:
     def summary(self) -> list[str]:
         """Closing lines: status, diagnosis, loss trend, where the record is."""
         manifest = load_manifest(self.paths.root)
-        lines = [f"run {manifest.get('run_id')}: {manifest.get('status')} - {manifest.get('diagnosis') or ''}"]
+        lines = [
+            f"run {manifest.get('run_id')}: {manifest.get('status')} - {manifest.get('diagnosis') or ''}"
+        ]
         trend = self.view.loss_trend()
         if trend:
             lines.append(f"loss: first 10% of steps {trend[0]:.4f} -> last 10% {trend[1]:.4f}")
         lines.append(f"record: {self.paths.root}")
         return lines
+
+    def print_report(self) -> None:
+        """The per-tenant comparison, if the run has a report."""
+        path = self.paths.root / "report.json"
+        if path.is_file():
+            self.console.print(report_table(json.loads(path.read_text(encoding="utf-8"))))
+
+
+def report_table(report: dict[str, Any]) -> Table:
+    """Per-tenant macro F1 of every system and the tuned model's deltas, as a rich table."""
+    systems = report["systems"]
+    others = [s for s in systems if s != report.get("tuned")]
+    table = Table(title="macro F1 on the held-out split (points)", header_style="bold")
+    table.add_column("tenant")
+    for s in systems:
+        table.add_column(s, justify="right")
+    if report.get("tuned"):
+        for o in others:
+            table.add_column(f"Δ vs {o} [95% CI]", justify="right")
+
+    def cells(systems_metrics: dict[str, Any], deltas: dict[str, Any]) -> list[str]:
+        row = [
+            f"{100 * systems_metrics[s]['macro_f1']:.1f}" if s in systems_metrics else "-" for s in systems
+        ]
+        if report.get("tuned"):
+            for o in others:
+                d = deltas.get(o)
+                if d is None:
+                    row.append("-")
+                    continue
+                colour = "green" if d["ci95"][0] > 0 else "red" if d["ci95"][1] < 0 else "yellow"
+                low, high = (100 * x for x in d["ci95"])
+                row.append(f"[{colour}]{100 * d['macro_f1']:+.1f}[/] [{low:+.1f}, {high:+.1f}]")
+        return row
+
+    for t in report["tenants"]:
+        table.add_row(t["tenant"], *cells(t["systems"], t["deltas"]))
+    mean = report["mean"]
+    table.add_row("[bold]mean[/]", *cells(mean["systems"], mean["deltas"]), end_section=True)
+    return table

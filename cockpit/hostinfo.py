@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import platform
 import socket
 import sys
@@ -48,10 +49,8 @@ def gpu_inventory() -> list[dict[str, Any]]:
     except Exception:
         pass
     finally:
-        try:
+        with contextlib.suppress(Exception):
             pynvml.nvmlShutdown()
-        except Exception:
-            pass
     return gpus
 
 

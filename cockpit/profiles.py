@@ -36,7 +36,7 @@ class ModelSpec(_Section):
     path: str = Field(min_length=1, description="Local model directory, or builtin:tiny-qwen3-moe.")
     config: str = Field(
         default="",
-        description="A config.json to plan from when the weights are elsewhere; relative to the profile file.",
+        description="A config.json to plan from when the weights are elsewhere (relative to the profile).",
     )
     name: str = Field(default="", description="Human name shown in the app and reports.")
     trust_remote_code: bool = False
@@ -74,7 +74,9 @@ class LoraSpec(_Section):
     r: PositiveInt = 16
     alpha: PositiveFloat = 32.0
     dropout: Annotated[float, Field(ge=0, lt=1)] = 0.05
-    target_modules: list[str] = Field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"], min_length=1)
+    target_modules: list[str] = Field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"], min_length=1
+    )
 
 
 class DeepSpeedSpec(_Section):
@@ -109,10 +111,14 @@ class TrainingSpec(_Section):
     max_grad_norm: PositiveFloat = 1.0
     gradient_checkpointing: bool = True
     bf16: bool = True
-    save_steps: NonNegInt = Field(default=0, description="Checkpoint every N optimizer steps; 0 = only at the end.")
+    save_steps: NonNegInt = Field(
+        default=0, description="Checkpoint every N optimizer steps; 0 = only at the end."
+    )
     save_total_limit: PositiveInt = 2
     seed: int = 0
-    stall_timeout_s: PositiveFloat = Field(default=1800.0, description="Stop a run with no step for this long.")
+    stall_timeout_s: PositiveFloat = Field(
+        default=1800.0, description="Stop a run with no step for this long."
+    )
 
 
 class DataSpec(_Section):
@@ -136,7 +142,9 @@ class EvalSpec(_Section):
 class CostSpec(_Section):
     """Prices for the serving-cost comparison."""
 
-    gpu_hour_usd: Annotated[float, Field(ge=0)] = 0.0
+    serving_hour_usd: Annotated[float, Field(ge=0)] = Field(
+        default=0.0, description="Hourly price of the machine that serves the tuned model (all its GPUs)."
+    )
     api_usd_per_mtok: Annotated[float, Field(ge=0)] = 0.0
     api_name: str = ""
 
@@ -158,7 +166,10 @@ class Profile(_Section):
 
     @model_validator(mode="after")
     def _nvme_needs_gpu(self) -> Profile:
-        if self.hardware.gpus == 0 and "nvme" in (self.deepspeed.offload_param, self.deepspeed.offload_optimizer):
+        if self.hardware.gpus == 0 and "nvme" in (
+            self.deepspeed.offload_param,
+            self.deepspeed.offload_optimizer,
+        ):
             raise ValueError("deepspeed: nvme offload needs a GPU (hardware.gpus > 0)")
         return self
 
@@ -209,7 +220,7 @@ def parse_profile(data: dict[str, Any], source: str) -> Profile:
 
 
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
-    """Apply `section.key=value` overrides (value as a TOML literal, else a plain string) to a profile mapping."""
+    """Apply `section.key=value` overrides to a profile mapping (value as a TOML literal, else a string)."""
     for item in overrides:
         key, sep, raw = item.partition("=")
         if not sep or not key.strip():
@@ -229,7 +240,9 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
     return data
 
 
-def load_profile(name_or_path: str = DEFAULT_PROFILE, overrides: list[str] | None = None) -> tuple[Profile, Path]:
+def load_profile(
+    name_or_path: str = DEFAULT_PROFILE, overrides: list[str] | None = None
+) -> tuple[Profile, Path]:
     """Read and validate a profile, with optional `section.key=value` overrides; returns it and its file.
 
     Relative `model.config` and `data.source` paths are taken relative to the profile's folder.
@@ -263,13 +276,17 @@ def check_runnable(profile: Profile, source: str) -> None:
     spec = profile.model.path
     if spec.startswith(BUILTIN_PREFIX):
         if spec not in BUILTIN_MODELS:
-            raise ProfileError(f"{source}: model.path: unknown built-in model {spec!r} (known: {', '.join(BUILTIN_MODELS)})")
+            raise ProfileError(
+                f"{source}: model.path: unknown built-in model {spec!r} (known: {', '.join(BUILTIN_MODELS)})"
+            )
     elif not (Path(spec).expanduser() / "config.json").is_file():
         raise ProfileError(f"{source}: model.path: no config.json in {spec!r} on this machine")
     data = profile.data.source
     if data.startswith(BUILTIN_PREFIX):
         if data not in BUILTIN_DATA:
-            raise ProfileError(f"{source}: data.source: unknown built-in data {data!r} (known: {', '.join(BUILTIN_DATA)})")
+            raise ProfileError(
+                f"{source}: data.source: unknown built-in data {data!r} (known: {', '.join(BUILTIN_DATA)})"
+            )
     elif not Path(data).expanduser().is_file():
         raise ProfileError(f"{source}: data.source: no such file {data!r}")
 

@@ -19,8 +19,18 @@ def new_run_id(profile_name: str) -> str:
     return f"{time.strftime('%Y%m%d-%H%M%S')}-{profile_name}-{secrets.token_hex(2)}"
 
 
-def create_run(runs_dir: Path, profile: Profile, profile_path: Path, argv: list[str]) -> Path:
-    """A new run directory (owner-only permissions) with a `planned` manifest."""
+def create_run(
+    runs_dir: Path,
+    profile: Profile,
+    profile_path: Path,
+    argv: list[str],
+    mode: str = "train",
+    eval_args: list[str] | None = None,
+) -> Path:
+    """A new run directory (owner-only permissions) with a `planned` manifest.
+
+    `mode` is `train` (train, then evaluate) or `eval` (evaluate base models only).
+    """
     runs_dir.mkdir(parents=True, exist_ok=True)
     run_dir = runs_dir / new_run_id(profile.name)
     run_dir.mkdir(mode=0o700)
@@ -33,6 +43,8 @@ def create_run(runs_dir: Path, profile: Profile, profile_path: Path, argv: list[
         {
             "run_id": run_dir.name,
             "status": "planned",
+            "mode": mode,
+            "eval_args": eval_args or [],
             "profile_name": profile.name,
             "profile_path": str(profile_path.resolve()),
             "profile": profile_to_dict(profile),

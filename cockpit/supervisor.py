@@ -23,7 +23,7 @@ from typing import Any
 
 import psutil
 
-from cockpit.diagnosis import EndFacts, diagnose
+from cockpit.diagnosis import EndFacts, diagnose, last_error_line
 from cockpit.profiles import Profile, parse_profile
 from cockpit.record import EventWriter, RunPaths, RunReader, load_manifest, write_manifest
 from cockpit.record.view import RunView
@@ -104,7 +104,9 @@ class Supervisor:
 
     # --- signals and requests ----------------------------------------------------------------------
     def _on_signal(self, signum: int, _frame: Any) -> None:
-        self.events.write("note", message=f"supervisor received {signal.Signals(signum).name}: stopping the run")
+        self.events.write(
+            "note", message=f"supervisor received {signal.Signals(signum).name}: stopping the run"
+        )
         self.request_stop()
 
     def request_stop(self) -> None:
@@ -145,8 +147,9 @@ class Supervisor:
             self.ram_peak_mib = used / 2**20
 
     # --- the run ---------------------------------------------------------------------------------
-    def launch(self) -> None:
-        argv = trainer_argv(self.profile, self.paths.root, self.resume, free_port())
+    def launch(self, argv: list[str], stage: str) -> None:
+        """Start one stage's processes in their own group, output appended to `output.log`."""
+        self.terminated_at = None
         log = open(self.paths.output_log, "ab")  # noqa: SIM115 - handed to the child
         try:
             self.proc = subprocess.Popen(
@@ -160,7 +163,10 @@ class Supervisor:
             )
         finally:
             log.close()
-        self.events.write("launch", argv=argv, pid=self.proc.pid, world_size=self.profile.world_size)
+        self.events.write(
+            "launch", stage=stage, argv=argv, pid=self.proc.pid, world_size=self.profile.world_size
+        )
+        self._update_manifest(trainer_pgid=self.proc.pid)
 
     def watch(self) -> int:
         """Poll until the training processes exit; returns their exit code."""
@@ -176,22 +182,44 @@ class Supervisor:
                 return rc
             time.sleep(POLL_S)
 
-    def finish(self, returncode: int) -> tuple[str, str]:
+    def train(self) -> tuple[str, str, int]:
+        """The training stage; returns (status, diagnosis, exit code)."""
+        self.launch(trainer_argv(self.profile, self.paths.root, self.resume, free_port()), "train")
+        returncode = self.watch()
         facts = EndFacts(
             returncode=returncode,
             output_tail=read_tail(self.paths.output_log),
             stop_requested=self.stop_requested_at is not None,
             host_ram_peak_fraction=self.ram_peak_fraction,
             host_ram_peak_mib=self.ram_peak_mib,
-            gpu_peak_mib={r: m["cuda_peak_alloc_mib"] for r, m in self.view.memory.items() if "cuda_peak_alloc_mib" in m}
+            gpu_peak_mib={
+                r: m["cuda_peak_alloc_mib"] for r, m in self.view.memory.items() if "cuda_peak_alloc_mib" in m
+            }
             or None,
             trainer_outcome=self.view.trainer_outcome,
             last_step=self.view.step or None,
         )
         status, diagnosis = diagnose(facts)
-        self.events.write("end", status=status, diagnosis=diagnosis, exit_code=returncode)
-        self._update_manifest(status=status, diagnosis=diagnosis, exit_code=returncode, ended_at=time.time())
-        return status, diagnosis
+        return status, diagnosis, returncode
+
+    def evaluate(self, extra_args: list[str]) -> tuple[str, str]:
+        """The evaluation stage and the report; returns (status, a short summary for the diagnosis)."""
+        self.events.write("note", message="evaluating on the held-out split")
+        self.launch(
+            [sys.executable, "-m", "trainer.evaluate", "--run-dir", str(self.paths.root), *extra_args], "eval"
+        )
+        returncode = self.watch()
+        if returncode != 0:
+            if self.stop_requested_at is not None:
+                return "stopped", "evaluation stopped by user"
+            error = last_error_line(read_tail(self.paths.output_log))
+            return "failed", f"evaluation failed (exit {returncode}{': ' + error if error else ''})"
+        from cockpit.report import run_report, summary_line, write_report
+
+        report = run_report(self.paths.root)
+        write_report(self.paths.root, report)
+        self.events.write("report", path=str(self.paths.root / "report.json"), summary=summary_line(report))
+        return "finished", summary_line(report)
 
     def run(self) -> int:
         """The whole life of the run; returns 0 when it finished."""
@@ -210,16 +238,26 @@ class Supervisor:
             supervisor_pid=os.getpid(),
             resumed=self.resume or self.manifest.get("resumed", False),
         )
+        mode = self.manifest.get("mode", "train")
         try:
-            self.launch()
-            self._update_manifest(trainer_pgid=self.proc.pid if self.proc else None)
-            returncode = self.watch()
+            if mode == "eval":
+                status, diagnosis = self.evaluate(["--no-adapter", *self.manifest.get("eval_args", [])])
+                returncode = 0 if status == "finished" else 1
+            else:
+                status, diagnosis, returncode = self.train()
+                if status == "finished" and self.profile.eval.enabled:
+                    # Training finished whatever evaluation does: its outcome goes into the diagnosis.
+                    _, summary = self.evaluate([])
+                    diagnosis = f"{diagnosis}; {summary}"
         except Exception as exc:  # the supervisor itself failed: say so in the record, then re-raise
             self._signal_group(signal.SIGKILL)
             self.events.write("end", status="failed", diagnosis=f"supervisor error: {exc!r}")
-            self._update_manifest(status="failed", diagnosis=f"supervisor error: {exc!r}", ended_at=time.time())
+            self._update_manifest(
+                status="failed", diagnosis=f"supervisor error: {exc!r}", ended_at=time.time()
+            )
             raise
-        status, _ = self.finish(returncode)
+        self.events.write("end", status=status, diagnosis=diagnosis, exit_code=returncode)
+        self._update_manifest(status=status, diagnosis=diagnosis, exit_code=returncode, ended_at=time.time())
         self.events.close()
         return 0 if status == "finished" else 1
 

@@ -14,7 +14,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 @pytest.fixture(scope="session")
 def asset_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One built-in asset cache for the whole session (set COCKPIT_TEST_CACHE to reuse one across sessions)."""
+    """One built-in asset cache per session (COCKPIT_TEST_CACHE reuses one across sessions)."""
     shared = os.environ.get("COCKPIT_TEST_CACHE")
     return Path(shared) if shared else tmp_path_factory.mktemp("cockpit-cache")
 
@@ -28,7 +28,9 @@ def cockpit_env(cache: Path, **extra: str) -> dict[str, str]:
     return env
 
 
-def run_cockpit(args: list[str], cache: Path, timeout: float = 900, **extra: str) -> subprocess.CompletedProcess[str]:
+def run_cockpit(
+    args: list[str], cache: Path, timeout: float = 900, **extra: str
+) -> subprocess.CompletedProcess[str]:
     """Run `python -m cockpit ARGS` for real and capture its output."""
     return subprocess.run(
         [sys.executable, "-m", "cockpit", *args],

@@ -12,7 +12,10 @@ ValueError: tokenizer has no pad token
 
 
 def test_finished() -> None:
-    assert diagnose(EndFacts(0, "", trainer_outcome="finished", last_step=40)) == ("finished", "finished at step 40")
+    assert diagnose(EndFacts(0, "", trainer_outcome="finished", last_step=40)) == (
+        "finished",
+        "finished at step 40",
+    )
 
 
 def test_stopped_by_user_with_checkpoint() -> None:
@@ -39,7 +42,7 @@ def test_sigkill_near_ram_limit_is_host_oom() -> None:
 
 
 def test_sigkill_with_ram_to_spare_is_just_a_kill() -> None:
-    status, line = diagnose(EndFacts(-9, "", host_ram_peak_fraction=0.3))
+    _status, line = diagnose(EndFacts(-9, "", host_ram_peak_fraction=0.3))
     assert line == "killed by SIGKILL"
 
 

@@ -44,7 +44,15 @@ def test_one_step_event_per_optimizer_step(tiny_run: tuple[Path, str]) -> None:
     max_steps = steps[-1]["max_steps"]
     assert [e["step"] for e in steps] == list(range(1, max_steps + 1))
     for e in steps:
-        for field in ("loss", "learning_rate", "grad_norm", "tokens_per_s", "samples_per_s", "rss_mib", "epoch"):
+        for field in (
+            "loss",
+            "learning_rate",
+            "grad_norm",
+            "tokens_per_s",
+            "samples_per_s",
+            "rss_mib",
+            "epoch",
+        ):
             assert e[field] is not None, field
         assert e["tokens_per_s"] > 0
 

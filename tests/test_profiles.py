@@ -29,11 +29,17 @@ def test_shipped_profiles_validate(name: str) -> None:
 
 def test_story_profile_is_the_story() -> None:
     profile, _ = load_profile("qwen3-235b-a22b-thinking-4xh100")
-    assert profile.hardware.gpus == 4 and profile.hardware.gpu_mem_gib == 80 and profile.hardware.host_ram_gib == 960
+    assert (
+        profile.hardware.gpus == 4
+        and profile.hardware.gpu_mem_gib == 80
+        and profile.hardware.host_ram_gib == 960
+    )
     assert profile.deepspeed.stage == 3
     assert profile.deepspeed.offload_param == "cpu" and profile.deepspeed.offload_optimizer == "cpu"
     assert profile.quantization.quant_type == "nf4" and profile.quantization.double_quant
-    assert Path(profile.model.config).is_file(), "the plan needs the model's config.json shipped beside the profile"
+    assert Path(profile.model.config).is_file(), (
+        "the plan needs the model's config.json shipped beside the profile"
+    )
 
 
 @pytest.mark.parametrize("path", BAD, ids=[p.stem for p in BAD])
@@ -51,7 +57,17 @@ def test_malformed_profile_names_the_field(path: Path) -> None:
 def test_cli_rejects_malformed_profile_fast_without_traceback(path: Path, tmp_path: Path) -> None:
     start = time.monotonic()
     result = subprocess.run(
-        [sys.executable, "-m", "cockpit", "run", "--no-ui", "--profile", str(path), "--runs-dir", str(tmp_path)],
+        [
+            sys.executable,
+            "-m",
+            "cockpit",
+            "run",
+            "--no-ui",
+            "--profile",
+            str(path),
+            "--runs-dir",
+            str(tmp_path),
+        ],
         capture_output=True,
         text=True,
         timeout=30,
@@ -70,7 +86,7 @@ def test_overrides_reach_nested_fields_and_are_validated() -> None:
     assert profile.lora.target_modules == ["q_proj"]
     with pytest.raises(ProfileError, match=r"training\.max_steps"):
         load_profile("tiny-cpu", ["training.max_steps=seven"])
-    with pytest.raises(ProfileError, match="expected section.key=value"):
+    with pytest.raises(ProfileError, match=r"expected section\.key=value"):
         apply_overrides({}, ["training.max_steps"])
 
 

@@ -42,4 +42,6 @@ def test_the_marked_entity_carries_its_label_form() -> None:
     for e in generate(0, 50, 0):
         marked = e["user"].split("[[", 1)[1].split("]]", 1)[0]
         patterns = forms[(e["tenant"], e["gold"])]
-        assert any(marked.startswith(f.split("{}")[0]) and marked.endswith(f.split("{}")[1]) for f in patterns)
+        assert any(
+            marked.startswith(f.split("{}")[0]) and marked.endswith(f.split("{}")[1]) for f in patterns
+        )

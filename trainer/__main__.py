@@ -17,6 +17,21 @@ from cockpit.profiles import BUILTIN_PREFIX, Profile, parse_profile
 from cockpit.record import EventWriter, RunPaths, load_manifest
 
 
+def resolve_assets(profile: Profile) -> tuple[str, Path]:
+    """The model directory and data file of a profile, building the built-in ones if needed."""
+    from trainer import tiny
+
+    model_dir = (
+        str(tiny.model_path(seed=0)) if profile.model.path.startswith(BUILTIN_PREFIX) else profile.model.path
+    )
+    data = profile.data
+    if data.source.startswith(BUILTIN_PREFIX):
+        return model_dir, tiny.data_path(
+            data.seed, data.train_examples_per_tenant, data.eval_examples_per_tenant
+        )
+    return model_dir, Path(data.source)
+
+
 def _rank() -> int:
     return int(os.environ.get("RANK", "0"))
 
@@ -44,17 +59,6 @@ class Recipe:
             print(f"[cockpit] phase: {name}", flush=True)
 
     # --- setup -------------------------------------------------------------------------------
-    def resolve_assets(self) -> tuple[str, Path]:
-        """The model directory and data file, building the built-in ones if needed."""
-        from trainer import tiny
-
-        p = self.profile
-        model_dir = str(tiny.model_path(seed=0)) if p.model.path.startswith(BUILTIN_PREFIX) else p.model.path
-        if p.data.source.startswith(BUILTIN_PREFIX):
-            data = tiny.data_path(p.data.seed, p.data.train_examples_per_tenant, p.data.eval_examples_per_tenant)
-        else:
-            data = Path(p.data.source)
-        return model_dir, data
 
     def training_args(self) -> Any:
         from transformers import TrainingArguments
@@ -93,10 +97,15 @@ class Recipe:
 
         from trainer import data as data_mod
         from trainer import model as model_mod
-        from trainer.callbacks import FaultInjectionCallback, RecordCallback, StopRequestCallback, memory_fields
+        from trainer.callbacks import (
+            FaultInjectionCallback,
+            RecordCallback,
+            StopRequestCallback,
+            memory_fields,
+        )
 
         self.phase("setup")
-        model_dir, data_file = self.resolve_assets()
+        model_dir, data_file = resolve_assets(self.profile)
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
         examples = data_mod.load_examples(data_file)
         train_set = data_mod.train_dataset(tokenizer, examples, self.profile.training.seq_len)
@@ -124,7 +133,9 @@ class Recipe:
             model=model,
             args=args,
             train_dataset=train_set,
-            data_collator=DataCollatorForSeq2Seq(tokenizer, padding=True, label_pad_token_id=-100, pad_to_multiple_of=8),
+            data_collator=DataCollatorForSeq2Seq(
+                tokenizer, padding=True, label_pad_token_id=-100, pad_to_multiple_of=8
+            ),
             callbacks=callbacks,
         )
 
@@ -178,7 +189,9 @@ class Recipe:
         self.events.write("adapter", path=str(self.paths.adapter), step=self.trainer.state.global_step)
 
     def cleanup(self, outcome: str) -> None:
-        self.events.write("trainer_end", outcome=outcome, step=self.trainer.state.global_step if self.trainer else 0)
+        self.events.write(
+            "trainer_end", outcome=outcome, step=self.trainer.state.global_step if self.trainer else 0
+        )
         self.events.sync()
         self.events.close()
 

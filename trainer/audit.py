@@ -74,7 +74,9 @@ def build_audit(
     if engine.offload_param is not None and engine.offload_param != ds.offload_param:
         warnings.append(f"parameter offload '{ds.offload_param}' asked, '{engine.offload_param}' in effect")
     if engine.offload_optimizer is not None and engine.offload_optimizer != ds.offload_optimizer:
-        warnings.append(f"optimizer offload '{ds.offload_optimizer}' asked, '{engine.offload_optimizer}' in effect")
+        warnings.append(
+            f"optimizer offload '{ds.offload_optimizer}' asked, '{engine.offload_optimizer}' in effect"
+        )
     if ds.stage == 3 and not partitioned_at_load:
         warnings.append(
             "ZeRO-3 did not partition at load (Transformers skips zero.Init for quantized models): "

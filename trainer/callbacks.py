@@ -40,7 +40,9 @@ def memory_fields() -> dict[str, float]:
 class RecordCallback(TrainerCallback):
     """Writes `load_peak`, `audit`, `train_begin`, `step` and `checkpoint` events for this rank."""
 
-    def __init__(self, writer: EventWriter, audit: Callable[[], dict[str, Any]], samples_per_step: int) -> None:
+    def __init__(
+        self, writer: EventWriter, audit: Callable[[], dict[str, Any]], samples_per_step: int
+    ) -> None:
         self.writer = writer
         self.audit = audit
         self.samples_per_step = samples_per_step
@@ -91,7 +93,9 @@ class RecordCallback(TrainerCallback):
             "tokens": tokens,
         }
 
-    def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, float] | None = None, **kwargs: Any) -> None:
+    def on_log(
+        self, args: Any, state: Any, control: Any, logs: dict[str, float] | None = None, **kwargs: Any
+    ) -> None:
         if not logs or "loss" not in logs:
             return
         event = self.writer.write(

@@ -49,7 +49,10 @@ def load_examples(path: Path) -> list[dict[str, Any]]:
 
 def prompt_text(tokenizer: Any, example: dict[str, Any]) -> str:
     """The chat prompt up to where the assistant starts (thinking opened if the template does so)."""
-    messages = [{"role": "system", "content": example["system"]}, {"role": "user", "content": example["user"]}]
+    messages = [
+        {"role": "system", "content": example["system"]},
+        {"role": "user", "content": example["user"]},
+    ]
     return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
 
@@ -90,5 +93,7 @@ def train_dataset(tokenizer: Any, examples: list[dict[str, Any]], seq_len: int) 
         if ex["split"] != "train":
             continue
         tok = tokenize_example(tokenizer, ex, seq_len)
-        rows.append({"input_ids": tok.input_ids, "labels": tok.labels, "attention_mask": [1] * len(tok.input_ids)})
+        rows.append(
+            {"input_ids": tok.input_ids, "labels": tok.labels, "attention_mask": [1] * len(tok.input_ids)}
+        )
     return Dataset.from_list(rows)

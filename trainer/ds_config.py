@@ -17,7 +17,7 @@ def _offload(device: str, profile: Profile) -> dict[str, Any] | None:
 
 
 def deepspeed_config(profile: Profile) -> dict[str, Any]:
-    """A ZeRO config with the profile's stage and offload; DeepSpeed rejects unknown keys, so none are added."""
+    """A ZeRO config with the profile's stage and offload (DeepSpeed rejects unknown keys: none added)."""
     ds = profile.deepspeed
     zero: dict[str, Any] = {
         "stage": ds.stage,

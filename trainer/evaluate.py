@@ -83,7 +83,10 @@ def think(model: Any, tokenizer: Any, prompts: list[str], max_new_tokens: int) -
 def score_labels(model: Any, tokenizer: Any, prefix: str, labels: list[str]) -> dict[str, float]:
     """Log-probability of each `label<eos>` after `prefix`, in one right-padded batch."""
     prefix_ids = tokenizer(prefix, add_special_tokens=False)["input_ids"]
-    rows = [prefix_ids + tokenizer(label + tokenizer.eos_token, add_special_tokens=False)["input_ids"] for label in labels]
+    rows = [
+        prefix_ids + tokenizer(label + tokenizer.eos_token, add_special_tokens=False)["input_ids"]
+        for label in labels
+    ]
     width = max(len(r) for r in rows)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     ids = torch.tensor([r + [pad] * (width - len(r)) for r in rows], device=model.device)
@@ -140,3 +143,110 @@ def timed(fn: Callable[[], Any]) -> tuple[Any, float]:
     t0 = time.perf_counter()
     result = fn()
     return result, time.perf_counter() - t0
+
+
+# --- the evaluation process ----------------------------------------------------------------------
+def parse_named(items: list[str]) -> list[tuple[str, str]]:
+    """`NAME=PATH` pairs; a bare PATH is named after its folder."""
+    pairs = []
+    for item in items:
+        name, sep, path = item.partition("=")
+        pairs.append((name, path) if sep else (Path(item).name, item))
+    return pairs
+
+
+class Evaluation:
+    """Scores systems on a run's held-out split and writes `predictions/<system>.jsonl`."""
+
+    def __init__(self, run_dir: Path) -> None:
+        from cockpit.profiles import parse_profile
+        from cockpit.record import EventWriter, RunPaths, load_manifest
+
+        self.paths = RunPaths(run_dir)
+        self.profile = parse_profile(load_manifest(run_dir)["profile"], str(self.paths.manifest))
+        self.events = EventWriter(self.paths.events("eval"))
+
+    def examples(self) -> tuple[str, list[dict[str, Any]]]:
+        from trainer.__main__ import resolve_assets
+        from trainer.data import load_examples
+
+        model_dir, data_file = resolve_assets(self.profile)
+        return model_dir, [e for e in load_examples(data_file) if e["split"] == "eval"]
+
+    def score(
+        self, name: str, model: Any, tokenizer: Any, examples: list[dict[str, Any]], meta: dict
+    ) -> None:
+        def progress(done: int, total: int) -> None:
+            self.events.write("eval_progress", system=name, done=done, total=total)
+            print(f"[cockpit] eval {name}: {done}/{total}", flush=True)
+
+        predictions, seconds = timed(
+            lambda: classify(
+                model, tokenizer, examples, self.profile.eval.max_think_tokens, progress=progress
+            )
+        )
+        path = self.paths.predictions / f"{name}.jsonl"
+        write_predictions(path, predictions, {"system": name, **meta})
+        accuracy = sum(p.pred == p.gold for p in predictions) / max(1, len(predictions))
+        self.events.write("eval_system", system=name, path=str(path), examples=len(predictions),
+                          accuracy=round(accuracy, 4), seconds=round(seconds, 2))  # fmt: skip
+
+    def run(self, base: bool, adapter: Path | None, others: list[tuple[str, str]], serving: bool) -> None:
+        from transformers import AutoTokenizer
+
+        from trainer.model import load_base
+
+        model_dir, examples = self.examples()
+        systems = (["base"] if base else []) + [n for n, _ in others] + (["finetuned"] if adapter else [])
+        self.events.write("eval_begin", systems=systems, examples=len(examples))
+        for name, path in others:
+            other = load_base(self.profile, path, spread=True)
+            self.score(name, other, AutoTokenizer.from_pretrained(path), examples, {"model": path})
+            del other
+        tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        model = load_base(self.profile, model_dir, spread=True)
+        if base:
+            self.score("base", model, tokenizer, examples, {"model": model_dir})
+        if adapter is not None:
+            from peft import PeftModel
+
+            model = PeftModel.from_pretrained(model, str(adapter))
+            self.score("finetuned", model, tokenizer, examples, {"model": model_dir, "adapter": str(adapter)})
+            if serving:
+                from trainer.data import prompt_text
+                from trainer.serving import measure
+
+                stats = measure(model, tokenizer, [prompt_text(tokenizer, e) for e in examples])
+                self.events.write("serving", system="finetuned", **stats)
+        self.events.write("eval_end", systems=systems)
+        self.events.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m trainer.evaluate", description=__doc__)
+    parser.add_argument("--run-dir", type=Path, required=True)
+    parser.add_argument(
+        "--adapter", type=Path, help="LoRA adapter to score as 'finetuned' (default: the run's)"
+    )
+    parser.add_argument("--no-base", action="store_true", help="don't score the profile's base model")
+    parser.add_argument("--no-adapter", action="store_true", help="don't score a fine-tuned adapter")
+    parser.add_argument(
+        "--model", action="append", default=[], metavar="NAME=PATH", help="another base model"
+    )
+    parser.add_argument("--no-serving", action="store_true", help="skip the serving-speed measurement")
+    args = parser.parse_args(argv)
+    evaluation = Evaluation(args.run_dir)
+    adapter = None if args.no_adapter else (args.adapter or evaluation.paths.adapter)
+    if adapter is not None and not (adapter / "adapter_config.json").is_file():
+        adapter = None
+    others = parse_named(args.model) + parse_named(list(evaluation.profile.eval.base_models))
+    evaluation.run(not args.no_base, adapter, others, serving=not args.no_serving)
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main())

@@ -13,7 +13,12 @@ import torch
 
 from cockpit.profiles import Profile
 
-DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32, "uint8": torch.uint8}
+DTYPES = {
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+    "float32": torch.float32,
+    "uint8": torch.uint8,
+}
 
 
 def bnb_config(profile: Profile) -> Any:
@@ -30,15 +35,23 @@ def bnb_config(profile: Profile) -> Any:
     )
 
 
-def load_base(profile: Profile, model_dir: str) -> Any:
-    """The frozen base model, quantized as the profile says, on this rank's device."""
+def load_base(profile: Profile, model_dir: str, spread: bool = False) -> Any:
+    """The frozen base model, quantized as the profile says, on this rank's device.
+
+    With `spread` (evaluation, one process) it is spread over every visible GPU instead.
+    """
     from transformers import AutoModelForCausalLM
 
     q = profile.quantization
-    kwargs: dict[str, Any] = {"dtype": DTYPES[q.compute_dtype], "trust_remote_code": profile.model.trust_remote_code}
+    kwargs: dict[str, Any] = {
+        "dtype": DTYPES[q.compute_dtype],
+        "trust_remote_code": profile.model.trust_remote_code,
+    }
     if q.load_in_4bit:
         kwargs["quantization_config"] = bnb_config(profile)
-    if torch.cuda.is_available():
+    if torch.cuda.is_available() and spread:
+        kwargs["device_map"] = "auto"
+    elif torch.cuda.is_available():
         # bitsandbytes quantizes on the device the weights land on: this rank's GPU.
         local_rank = int(os.environ.get("LOCAL_RANK", "0"))
         torch.cuda.set_device(local_rank)

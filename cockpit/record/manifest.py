@@ -36,7 +36,9 @@ def load_manifest(run_dir: Path) -> Manifest:
     manifest = json.loads(path.read_text(encoding="utf-8"))
     version = manifest.get("format_version")
     if version is not None and version > FORMAT_VERSION:
-        raise ValueError(f"{path}: record format {version} is newer than this cockpit understands ({FORMAT_VERSION})")
+        raise ValueError(
+            f"{path}: record format {version} is newer than this cockpit understands ({FORMAT_VERSION})"
+        )
     return manifest
 
 

@@ -44,6 +44,9 @@ class RunView:
     checkpoints: list[int] = field(default_factory=list)
     trainer_outcome: str | None = None
     supervisor_notes: list[str] = field(default_factory=list)
+    eval_done: int = 0
+    eval_total: int = 0
+    eval_system: str | None = None
     events_seen: int = 0
 
     def apply(self, events: list[Event]) -> None:
@@ -105,6 +108,17 @@ class RunView:
         if e.get("rank", 0) == 0:
             self.trainer_outcome = e.get("outcome")
             self.phase = "done" if self.trainer_outcome == "finished" else self.trainer_outcome or "done"
+
+    def _on_eval_begin(self, e: Event) -> None:
+        self.phase = "eval"
+
+    def _on_eval_progress(self, e: Event) -> None:
+        self.phase = "eval"
+        self.eval_system = e.get("system")
+        self.eval_done, self.eval_total = e.get("done", 0), e.get("total", 0)
+
+    def _on_eval_end(self, e: Event) -> None:
+        self.phase = "report"
 
     def _on_note(self, e: Event) -> None:
         self.supervisor_notes.append(e.get("message", ""))

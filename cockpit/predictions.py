@@ -1,0 +1,166 @@
+"""Predictions files: reading the record's own, and checking an imported one line by line.
+
+A predictions file is JSON Lines, one held-out example a line, with at least `tenant`, `id` and
+`pred` (and `gold`, which must agree with the record's where given). The cockpit's own files start
+with a `{"meta": ...}` line. An imported file is checked against the held-out split the record's
+own predictions cover: every error names the file and the line, and nothing is scored silently wrong.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cockpit.record import RunPaths
+
+
+class PredictionsError(ValueError):
+    """An unusable predictions file; the message names the file and the line."""
+
+
+@dataclass
+class Predictions:
+    """One system's predictions: id -> (tenant, gold, pred)."""
+
+    system: str
+    rows: dict[str, dict[str, Any]]
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Reference:
+    """The held-out split as the record knows it: gold labels and each tenant's label set."""
+
+    gold: dict[str, tuple[str, str]]  # id -> (tenant, gold)
+    labels: dict[str, list[str]]  # tenant -> labels
+
+    def ids_of(self, tenant: str) -> list[str]:
+        return [i for i, (t, _) in self.gold.items() if t == tenant]
+
+
+def _read_jsonl(path: Path) -> list[tuple[int, dict[str, Any]]]:
+    rows = []
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError as exc:
+        raise PredictionsError(f"{path}: cannot read ({exc.strerror})") from None
+    except UnicodeDecodeError:
+        raise PredictionsError(f"{path}: not UTF-8 text") from None
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise PredictionsError(f"{path}:{number}: broken line, not valid JSON ({exc.msg})") from None
+        if not isinstance(row, dict):
+            raise PredictionsError(f"{path}:{number}: expected a JSON object")
+        rows.append((number, row))
+    return rows
+
+
+def load_own(path: Path) -> Predictions:
+    """A predictions file the cockpit wrote itself."""
+    meta: dict[str, Any] = {}
+    rows: dict[str, dict[str, Any]] = {}
+    for _, row in _read_jsonl(path):
+        if "meta" in row:
+            meta = row["meta"]
+            continue
+        rows[str(row["id"])] = row
+    return Predictions(meta.get("system", path.stem), rows, meta)
+
+
+def own_predictions(run_dir: Path) -> list[Predictions]:
+    """Every predictions file in the record, the cockpit's and imported ones alike (already checked)."""
+    folder = RunPaths(Path(run_dir)).predictions
+    return [load_own(p) for p in sorted(folder.glob("*.jsonl"))] if folder.is_dir() else []
+
+
+def reference_from(predictions: list[Predictions]) -> Reference:
+    """The held-out split from the record's scored files (those with per-label scores)."""
+    gold: dict[str, tuple[str, str]] = {}
+    labels: dict[str, list[str]] = {}
+    for system in predictions:
+        for pid, row in system.rows.items():
+            if "scores" not in row:
+                continue
+            gold.setdefault(pid, (row["tenant"], row["gold"]))
+            labels.setdefault(row["tenant"], list(row["scores"]))
+    return Reference(gold, labels)
+
+
+REQUIRED = ("tenant", "id", "pred")
+
+
+def check_import(path: Path, reference: Reference) -> Predictions:
+    """Read an imported predictions file, refusing anything that would be scored wrong."""
+    if not reference.gold:
+        raise PredictionsError("the run has no scored held-out split yet: run `cockpit eval` on it first")
+    rows: dict[str, dict[str, Any]] = {}
+    first_line: dict[str, int] = {}
+    meta: dict[str, Any] = {}
+    for number, row in _read_jsonl(path):
+        if "meta" in row and len(row) == 1:
+            meta = row["meta"] if isinstance(row["meta"], dict) else {}
+            continue
+        where = f"{path}:{number}"
+        missing = [k for k in REQUIRED if k not in row]
+        if missing:
+            raise PredictionsError(f"{where}: missing field {', '.join(repr(m) for m in missing)}")
+        tenant, pid, pred = str(row["tenant"]), str(row["id"]), row["pred"]
+        if tenant not in reference.labels:
+            raise PredictionsError(
+                f"{where}: unknown tenant {tenant!r} (known: {', '.join(sorted(reference.labels))})"
+            )
+        if pid in first_line:
+            raise PredictionsError(f"{where}: duplicate id {pid!r} (first at line {first_line[pid]})")
+        if pid not in reference.gold or reference.gold[pid][0] != tenant:
+            raise PredictionsError(f"{where}: id {pid!r} is not a held-out example of tenant {tenant!r}")
+        if pred not in reference.labels[tenant]:
+            known = ", ".join(reference.labels[tenant])
+            raise PredictionsError(f"{where}: unknown label {pred!r} for tenant {tenant!r} (labels: {known})")
+        gold = reference.gold[pid][1]
+        if "gold" in row and row["gold"] != gold:
+            raise PredictionsError(
+                f"{where}: gold {row['gold']!r} differs from the record's {gold!r} for id {pid!r}"
+            )
+        first_line[pid] = number
+        rows[pid] = {"tenant": tenant, "id": pid, "gold": gold, "pred": pred}
+    by_tenant: dict[str, int] = defaultdict(int)
+    for row in rows.values():
+        by_tenant[row["tenant"]] += 1
+    for tenant in sorted(reference.labels):
+        expected = reference.ids_of(tenant)
+        if not by_tenant[tenant]:
+            raise PredictionsError(
+                f"{path}: missing tenant {tenant!r}: no predictions for its {len(expected)} held-out examples"
+            )
+        absent = [i for i in expected if i not in rows]
+        if absent:
+            raise PredictionsError(
+                f"{path}: {len(absent)} held-out example(s) of tenant {tenant!r} have no prediction "
+                f"(e.g. id {absent[0]!r})"
+            )
+    return Predictions(meta.get("system", path.stem), rows, meta)
+
+
+def import_predictions(run_dir: Path, name: str, source: Path) -> Path:
+    """Check `source` against the run's held-out split and store it as `predictions/<name>.jsonl`."""
+    if not name or "/" in name or name.startswith("."):
+        raise PredictionsError(f"{name!r}: not a usable system name")
+    if name in ("base", "finetuned"):
+        raise PredictionsError(f"{name!r} is reserved for the cockpit's own systems; pick another name")
+    reference = reference_from(own_predictions(run_dir))
+    checked = check_import(source, reference)
+    target = RunPaths(Path(run_dir)).predictions / f"{name}.jsonl"
+    tmp = target.with_suffix(".tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(json.dumps({"meta": {"system": name, "imported_from": str(source.resolve())}}) + "\n")
+        for row in checked.rows.values():
+            f.write(json.dumps(row) + "\n")
+    tmp.replace(target)
+    return target

@@ -92,6 +92,7 @@ def _follow_headless(run_dir: Path, poll: Any) -> int:
 
 # --- ls, stop, resume ------------------------------------------------------------------------------
 def cmd_ls(args: argparse.Namespace) -> int:
+    from cockpit.liveness import reconcile
     from cockpit.record import read_events
     from cockpit.runs import list_run_dirs, manifest_or_none
 
@@ -100,6 +101,7 @@ def cmd_ls(args: argparse.Namespace) -> int:
         table.add_column(col)
     now = time.time()
     for run_dir in list_run_dirs(_runs_dir(args)):
+        lost = reconcile(run_dir) if (manifest_or_none(run_dir) or {}).get("status") == "running" else None
         manifest = manifest_or_none(run_dir) or {}
         steps = [e for e in read_events(run_dir, "step") if e.get("rank", 0) == 0]
         step = f"{steps[-1]['step']}/{steps[-1].get('max_steps', '?')}" if steps else "-"
@@ -109,9 +111,9 @@ def cmd_ls(args: argparse.Namespace) -> int:
             str(manifest.get("status", "?")),
             step,
             f"{age / 3600:.1f} h" if age >= 3600 else f"{age / 60:.0f} min",
-            (manifest.get("diagnosis") or "")[:60],
+            lost or manifest.get("diagnosis") or manifest.get("warning") or "",
         )
-    Console().print(table)
+    Console(width=None if sys.stdout.isatty() else 200).print(table)
     return 0
 
 
@@ -126,8 +128,18 @@ def _find(args: argparse.Namespace) -> Path:
 
 def cmd_stop(args: argparse.Namespace) -> int:
     from cockpit.control import request_kill, request_stop
+    from cockpit.liveness import check
+    from cockpit.record import load_manifest
 
     run_dir = _find(args)
+    manifest = load_manifest(run_dir)
+    if manifest.get("status") not in ("running", "planned"):
+        raise UsageError(f"{run_dir.name} is not running (status {manifest.get('status')})")
+    state = check(run_dir, manifest)
+    if args.kill and not state.supervisor_alive and state.trainer_alive:
+        os.killpg(manifest["trainer_pgid"], signal.SIGKILL)  # nobody else will: the supervisor is gone
+        console.print(f"{run_dir.name}: supervisor lost; training process group killed")
+        return 0
     if args.kill or not request_stop(run_dir):
         request_kill(run_dir)
         console.print(f"{run_dir.name}: kill requested")

@@ -18,6 +18,8 @@ NCCL_TIMEOUT = re.compile(
     r"|DistBackendError.{0,200}[Tt]imeout"
 )
 HOST_OOM_FRACTION = 0.90
+DISK_FULL_MIB = 2.0
+DISK_FULL = re.compile(r"No space left on device|\[Errno 28\]|ENOSPC")
 # The DeepSpeed launcher reports a dead rank as "exits with return code = -9" and exits with it.
 LAUNCHER_RC = re.compile(r"exits with return code = (-?\d+)")
 TRACEBACK_LAST = re.compile(r"^(\w+(?:\.\w+)*(?:Error|Exception|Interrupt)\b.*)$", re.MULTILINE)
@@ -30,7 +32,10 @@ class EndFacts:
     returncode: int | None
     output_tail: str
     stop_requested: bool = False
+    stop_reason: str = "user"
     stalled: bool = False
+    disk_full: bool = False
+    disk_free_mib: float | None = None
     stall_detail: str = ""
     host_ram_peak_fraction: float | None = None
     host_ram_peak_mib: float | None = None
@@ -80,10 +85,14 @@ def diagnose(facts: EndFacts) -> tuple[str, str]:
         return "stalled", f"stalled{step}: {facts.stall_detail}".rstrip(": ")
     if facts.returncode == 0 and facts.trainer_outcome in ("finished", None) and not facts.stop_requested:
         return "finished", f"finished{step}"
+    by = "by user" if facts.stop_reason == "user" else f"({facts.stop_reason})"
     if facts.stop_requested and (facts.returncode == 0 or facts.trainer_outcome == "stopped"):
-        return "stopped", f"stopped by user{step}, checkpoint saved"
+        return "stopped", f"stopped {by}{step}, checkpoint saved"
     if facts.stop_requested:
-        return "stopped", f"stopped by user{step} (processes killed, exit {facts.returncode})"
+        return "stopped", f"stopped {by}{step} (processes killed, exit {facts.returncode})"
+    if facts.disk_full or DISK_FULL.search(facts.output_tail) or (facts.disk_free_mib or 1e9) < DISK_FULL_MIB:
+        free = f" ({facts.disk_free_mib:.1f} MiB free)" if facts.disk_free_mib is not None else ""
+        return "failed", f"disk full{step}: no space left for the run record or checkpoints{free}"
     if CUDA_OOM.search(facts.output_tail):
         return "failed", f"CUDA out of memory{step}{_gpu_peaks(facts)}"
     if NCCL_TIMEOUT.search(facts.output_tail):
@@ -101,3 +110,31 @@ def diagnose(facts: EndFacts) -> tuple[str, str]:
     error = last_error_line(facts.output_tail)
     detail = f": {error}" if error else ""
     return "failed", f"crashed{step} with exit code {facts.returncode}{detail}"
+
+
+# A stall is judged against the run's own pace: no step for several median step times, and at least
+# the profile's timeout before the run is stopped.
+STALL_SUSPECT_FACTOR = 5.0
+STALL_STOP_FACTOR = 10.0
+STALL_SUSPECT_MIN_S = 30.0
+
+
+def stall_verdict(
+    idle_s: float, median_s: float | None, timeout_s: float, gpus_idle: bool | None
+) -> tuple[str, str]:
+    """`ok`, `suspect` (say so, keep going) or `stalled` (stop it), with the sentence that says why.
+
+    Busy GPUs (a long evaluation or checkpoint inside a step) are never suspected, only timed out.
+    """
+    pace = f" ({idle_s / median_s:.0f}x the median step time of {median_s:.2f} s)" if median_s else ""
+    gpu_text = {True: ", GPUs idle", False: ", GPUs busy", None: ""}[gpus_idle]
+    stop_after = max(timeout_s, STALL_STOP_FACTOR * (median_s or 0.0))
+    if idle_s > stop_after:
+        return "stalled", f"no step for {idle_s:.0f} s{pace}{gpu_text}; stopped after {stop_after:.0f} s"
+    suspect_after = max(STALL_SUSPECT_FACTOR * (median_s or 0.0), min(STALL_SUSPECT_MIN_S, timeout_s / 2))
+    if median_s and idle_s > suspect_after and gpus_idle is not False:
+        return (
+            "suspect",
+            f"no step for {idle_s:.0f} s{pace}{gpu_text}: looks stalled; stop at {stop_after:.0f} s",
+        )
+    return "ok", ""

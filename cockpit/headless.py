@@ -50,8 +50,18 @@ class HeadlessViewer:
         self.console = console or Console(stderr=True)
         self.reader = RunReader(self.paths.root)
         self.view = RunView()
-        self.alive = alive or (lambda: True)
+        self.alive = alive or self._supervisor_alive
         self._warned: set[str] = set()
+        self._notes_shown = 0
+
+    def _supervisor_alive(self) -> bool:
+        from cockpit.liveness import supervisor_alive
+
+        try:
+            manifest = load_manifest(self.paths.root)
+        except (OSError, ValueError):
+            return True
+        return manifest.get("status") == "planned" or supervisor_alive(manifest, self.paths.root)
 
     def _status(self) -> str:
         try:
@@ -64,6 +74,9 @@ class HeadlessViewer:
             if warning not in self._warned:
                 self._warned.add(warning)
                 self.console.print(f"[bold yellow]audit warning:[/] {warning}")
+        for note in self.view.supervisor_notes[self._notes_shown :]:
+            self.console.print(f"[cyan]supervisor:[/] {note}")
+        self._notes_shown = len(self.view.supervisor_notes)
 
     def follow(self) -> str:
         """Show progress until the run ends; returns its final status."""
@@ -102,6 +115,11 @@ class HeadlessViewer:
                 if not self.alive():
                     time.sleep(REFRESH_S)  # the owner may have written its last words just now
                     status = self._status()
+                    if status not in TERMINAL_STATUSES:
+                        from cockpit.liveness import reconcile
+
+                        self.console.print(f"[bold red]{reconcile(self.paths.root) or 'supervisor lost'}[/]")
+                        status = self._status()
                     break
                 time.sleep(REFRESH_S)
         self.view.apply(self.reader.poll())

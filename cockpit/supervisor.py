@@ -12,7 +12,9 @@ Usage: `python -m cockpit.supervisor RUN_DIR [--resume]`.
 from __future__ import annotations
 
 import argparse
+import errno
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -23,7 +25,7 @@ from typing import Any
 
 import psutil
 
-from cockpit.diagnosis import EndFacts, diagnose, last_error_line
+from cockpit.diagnosis import EndFacts, diagnose, last_error_line, stall_verdict
 from cockpit.profiles import Profile, parse_profile
 from cockpit.record import EventWriter, RunPaths, RunReader, load_manifest, write_manifest
 from cockpit.record.view import RunView
@@ -31,6 +33,8 @@ from cockpit.record.view import RunView
 POLL_S = 0.5
 TAIL_BYTES = 256 * 1024
 KILL_GRACE_S = 15.0
+# Space kept aside in the run directory, freed to write the last words when the disk fills up.
+RESERVE_BYTES = 256 * 1024
 # NVLink multicast can take a shared host's GPUs down: keep it off in every child, whatever the caller set.
 CHILD_ENV_DEFAULTS = {
     "NCCL_NVLS_ENABLE": "0",
@@ -96,17 +100,46 @@ class Supervisor:
         self.killed = False
         self.ram_peak_fraction = 0.0
         self.ram_peak_mib = 0.0
+        self.stop_reason = "user"
+        self.stage = ""
+        self.stall_warned = False
+        self.stall_detail = ""
+        self.reserve = self.paths.root / ".reserve"
+        self.disk_full = False
+        self.gpu_util: dict[int, float | None] = {}
 
     # --- manifest --------------------------------------------------------------------------------
     def _update_manifest(self, **fields: Any) -> None:
         self.manifest.update(fields)
-        write_manifest(self.paths.root, self.manifest)
+        self._durable(lambda: write_manifest(self.paths.root, self.manifest))
+
+    def _note(self, message: str, **fields: Any) -> None:
+        self._durable(lambda: self.events.write("note", message=message, **fields))
+
+    def _durable(self, write: Any) -> None:
+        """A record write that survives a full disk: free the reserve once and try again."""
+        try:
+            write()
+        except OSError as exc:
+            if exc.errno != errno.ENOSPC or not self.reserve.exists():
+                raise
+            self.reserve.unlink()
+            self.disk_full = True
+            write()
+
+    def _make_reserve(self) -> None:
+        try:
+            with open(self.reserve, "wb") as f:
+                f.write(b"\0" * RESERVE_BYTES)
+        except OSError:
+            self.reserve.unlink(missing_ok=True)
 
     # --- signals and requests ----------------------------------------------------------------------
     def _on_signal(self, signum: int, _frame: Any) -> None:
-        self.events.write(
-            "note", message=f"supervisor received {signal.Signals(signum).name}: stopping the run"
-        )
+        name = signal.Signals(signum).name
+        if self.stop_requested_at is None:
+            self.stop_reason = f"{name} to the supervisor"
+        self._note(f"supervisor received {name}: stopping the run")
         self.request_stop()
 
     def request_stop(self) -> None:
@@ -117,12 +150,14 @@ class Supervisor:
     def _check_requests(self, now: float) -> None:
         if self.stop_requested_at is None and self.paths.stop_request.exists():
             self.stop_requested_at = now
-            self.events.write("stop_request", phase=self.view.phase, step=self.view.step)
+            self._durable(
+                lambda: self.events.write("stop_request", phase=self.view.phase, step=self.view.step)
+            )
             if self.view.phase not in ("train",):
                 self._signal_group(signal.SIGTERM)  # nothing to checkpoint yet
         kill = self.paths.control_dir / "kill"
         if kill.exists() and not self.killed:
-            self.events.write("note", message="kill requested: SIGKILL to the training processes")
+            self._note("kill requested: SIGKILL to the training processes")
             self._signal_group(signal.SIGKILL)
         if self.terminated_at is not None and now - self.terminated_at > KILL_GRACE_S and not self.killed:
             self._signal_group(signal.SIGKILL)
@@ -139,6 +174,32 @@ class Supervisor:
         elif self.terminated_at is None:
             self.terminated_at = time.time()
 
+    def _check_stall(self, now: float) -> None:
+        """No step for too long in training: say so, then stop the run (see `diagnosis.stall_verdict`)."""
+        if self.stage != "train" or self.view.phase != "train" or self.stall_detail:
+            return
+        last = self.view.steps[-1].t if self.view.steps else self.view.train_started_t
+        if last is None:
+            return
+        verdict, message = stall_verdict(
+            now - last, self.view.median_step_time(), self.profile.training.stall_timeout_s, self.gpus_idle()
+        )
+        if verdict == "suspect" and not self.stall_warned:
+            self.stall_warned = True
+            self._note(message, stall_suspected=True)
+            self._update_manifest(warning=f"stall suspected at step {self.view.step}: {message}")
+        elif verdict == "stalled":
+            self.stall_detail = message
+            self._note(f"stalled: {message}")
+            self._signal_group(signal.SIGTERM)
+
+    def gpus_idle(self) -> bool | None:
+        """From the telemetry sampler's latest GPU samples: all idle, some busy, or unknown (no GPUs)."""
+        utils = [u for u in self.gpu_util.values() if u is not None]
+        if not utils:
+            return None
+        return max(utils) < 5.0
+
     def _sample_host(self) -> None:
         vm = psutil.virtual_memory()
         used = vm.total - vm.available
@@ -147,9 +208,15 @@ class Supervisor:
             self.ram_peak_mib = used / 2**20
 
     # --- the run ---------------------------------------------------------------------------------
+    def _track_gpus(self, events: list[dict[str, Any]]) -> None:
+        for e in events:
+            if e["kind"] == "gpu":
+                self.gpu_util[e.get("index", 0)] = e.get("util_pct")
+
     def launch(self, argv: list[str], stage: str) -> None:
         """Start one stage's processes in their own group, output appended to `output.log`."""
         self.terminated_at = None
+        self.stage = stage
         log = open(self.paths.output_log, "ab")  # noqa: SIM115 - handed to the child
         try:
             self.proc = subprocess.Popen(
@@ -173,9 +240,12 @@ class Supervisor:
         assert self.proc is not None
         while True:
             now = time.time()
-            self.view.apply(self.reader.poll())
+            events = self.reader.poll()
+            self.view.apply(events)
+            self._track_gpus(events)
             self._sample_host()
             self._check_requests(now)
+            self._check_stall(now)
             rc = self.proc.poll()
             if rc is not None:
                 self.view.apply(self.reader.poll())
@@ -190,6 +260,11 @@ class Supervisor:
             returncode=returncode,
             output_tail=read_tail(self.paths.output_log),
             stop_requested=self.stop_requested_at is not None,
+            stop_reason=self.stop_reason,
+            stalled=bool(self.stall_detail),
+            stall_detail=self.stall_detail,
+            disk_full=self.disk_full,
+            disk_free_mib=shutil.disk_usage(self.paths.root).free / 2**20,
             host_ram_peak_fraction=self.ram_peak_fraction,
             host_ram_peak_mib=self.ram_peak_mib,
             gpu_peak_mib={
@@ -228,6 +303,7 @@ class Supervisor:
         signal.signal(signal.SIGHUP, signal.SIG_IGN)  # the terminal going away is not a reason to stop
         self.paths.stop_request.unlink(missing_ok=True)
         (self.paths.control_dir / "kill").unlink(missing_ok=True)
+        self._make_reserve()
         self.events.write("supervisor_start", pid=os.getpid(), resume=self.resume)
         self._update_manifest(
             status="running",
@@ -256,9 +332,12 @@ class Supervisor:
                 status="failed", diagnosis=f"supervisor error: {exc!r}", ended_at=time.time()
             )
             raise
-        self.events.write("end", status=status, diagnosis=diagnosis, exit_code=returncode)
+        self._durable(
+            lambda: self.events.write("end", status=status, diagnosis=diagnosis, exit_code=returncode)
+        )
         self._update_manifest(status=status, diagnosis=diagnosis, exit_code=returncode, ended_at=time.time())
         self.events.close()
+        self.reserve.unlink(missing_ok=True)
         return 0 if status == "finished" else 1
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from cockpit.diagnosis import EndFacts, diagnose, killing_signal, last_error_line
+from cockpit.diagnosis import EndFacts, diagnose, killing_signal, last_error_line, stall_verdict
 
 TRACEBACK = """Traceback (most recent call last):
   File "x.py", line 1, in <module>
@@ -62,3 +62,16 @@ def test_signal_from_launcher_text_and_shell_style_codes() -> None:
     assert killing_signal(EndFacts(137, "")) == 9
     assert killing_signal(EndFacts(1, "")) is None
     assert last_error_line("no errors here") == ""
+
+
+def test_stall_is_judged_against_the_runs_own_pace() -> None:
+    assert stall_verdict(5.0, 0.5, 60.0, None)[0] == "ok"
+    verdict, line = stall_verdict(31.0, 0.5, 60.0, True)
+    assert verdict == "suspect" and "(62x the median step time of 0.50 s), GPUs idle" in line
+    assert stall_verdict(31.0, 0.5, 60.0, False)[0] == "ok", "busy GPUs are not a stall yet"
+    assert stall_verdict(61.0, 0.5, 60.0, False)[0] == "stalled", "but the timeout still holds"
+    # A slow run (15 s a step) is not stopped at a 60 s timeout: ten median steps first.
+    assert stall_verdict(100.0, 15.0, 60.0, None)[0] == "suspect"
+    verdict, line = stall_verdict(151.0, 15.0, 60.0, None)
+    assert verdict == "stalled" and line.endswith("stopped after 150 s")
+    assert stall_verdict(70.0, None, 60.0, None)[0] == "stalled", "no step at all yet: the timeout alone"

@@ -54,7 +54,7 @@ class Recipe:
         self._load_facts: dict[str, Any] = {}
 
     def phase(self, name: str, **fields: Any) -> None:
-        self.events.write("phase", phase=name, **fields)
+        self.events.write("phase", phase=name, pid=os.getpid(), **fields)
         if self.rank == 0:
             print(f"[cockpit] phase: {name}", flush=True)
 

@@ -3,6 +3,7 @@ checkpoints; and one that stops training cleanly when the cockpit asks."""
 
 from __future__ import annotations
 
+import errno
 import os
 import resource
 import statistics
@@ -154,7 +155,8 @@ class StopRequestCallback(TrainerCallback):
 
 
 class FaultInjectionCallback(TrainerCallback):
-    """Test-only faults, off unless COCKPIT_TEST_FAULT is set: `hang:N`, `oom:N`, `crash:N`, `exit:N`.
+    """Test-only faults, off unless COCKPIT_TEST_FAULT is set: `hang:N`, `oom:N`, `crash:N`, `exit:N`,
+    `enospc:N` (a simulated full disk, for file systems where a real small one cannot be mounted).
 
     The fault fires on rank 0 (or on the rank named as `kind:N:rank`) when step N ends.
     """
@@ -181,6 +183,8 @@ class FaultInjectionCallback(TrainerCallback):
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB (test fault)")
         if self.kind == "crash":
             raise RuntimeError("test fault: trainer crashed")
+        if self.kind == "enospc":
+            raise OSError(errno.ENOSPC, "No space left on device (test fault)")
         if self.kind == "exit":
             sys.stdout.flush()
             os._exit(3)

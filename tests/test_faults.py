@@ -1,0 +1,163 @@
+"""Fault tests on real runs of the tiny profile: every way a run can end gets the right diagnosis, and
+the record stays whole and readable."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from cockpit.record import load_manifest, read_events
+from cockpit.record.view import RunView
+from tests.faults import (
+    env_for,
+    kill,
+    rank0_steps,
+    start_detached,
+    supervisor_pid,
+    trainer_pid,
+    try_mount_tmpfs,
+    unmount,
+    wait_end,
+    wait_for,
+    wait_step,
+)
+
+pytestmark = pytest.mark.e2e
+
+
+def cockpit(cache: Path, *args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "cockpit", *args],
+        env=env_for(cache),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def assert_record_readable(run_dir: Path) -> None:
+    manifest = load_manifest(run_dir)
+    assert manifest["status"] and manifest["diagnosis"]
+    events = read_events(run_dir)
+    assert events and all("kind" in e and "t" in e for e in events)
+
+
+def test_stop_then_resume_continues_from_the_checkpoint(tmp_path: Path, asset_cache: Path) -> None:
+    run_dir = start_detached(tmp_path, asset_cache, 14)
+    wait_step(run_dir, 5)
+    stop = cockpit(asset_cache, "stop", str(run_dir))
+    assert stop.returncode == 0, stop.stderr
+    manifest = wait_end(run_dir)
+    assert manifest["status"] == "stopped", manifest["diagnosis"]
+    stopped_at = rank0_steps(run_dir)[-1]["step"]
+    assert manifest["diagnosis"] == f"stopped by user at step {stopped_at}, checkpoint saved"
+    assert (run_dir / "checkpoints" / f"checkpoint-{stopped_at}").is_dir()
+
+    resumed = cockpit(asset_cache, "resume", str(run_dir), "--no-ui")
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    manifest = load_manifest(run_dir)
+    assert manifest["status"] == "finished" and manifest["resumed"] is True
+    raw = [e["step"] for e in rank0_steps(run_dir)]
+    assert raw == list(range(1, 15)), "every step once: the stop checkpoint is where the resume starts"
+    view = RunView()
+    view.apply(read_events(run_dir))
+    assert [s.step for s in view.steps] == list(range(1, 15))
+
+
+def test_closing_the_viewer_leaves_the_run_going(tmp_path: Path, asset_cache: Path) -> None:
+    viewer = subprocess.Popen(
+        [sys.executable, "-m", "cockpit", "run", "--no-ui", "--runs-dir", str(tmp_path),
+         "--set", "training.max_steps=6", "--set", "eval.enabled=false"],
+        env=env_for(asset_cache),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )  # fmt: skip
+    run_dir = wait_for(lambda: next(iter(tmp_path.iterdir()), None), 60, "the run directory")
+    wait_step(run_dir, 2)
+    viewer.kill()
+    viewer.wait()
+    manifest = wait_end(run_dir)
+    assert manifest["status"] == "finished", manifest["diagnosis"]
+    assert rank0_steps(run_dir)[-1]["step"] == 6
+
+
+def test_sigkill_of_a_trainer_rank(tmp_path: Path, asset_cache: Path) -> None:
+    run_dir = start_detached(tmp_path, asset_cache, 200)
+    wait_step(run_dir, 2)
+    kill(trainer_pid(run_dir), signal.SIGKILL)
+    manifest = wait_end(run_dir)
+    assert manifest["status"] == "failed"
+    assert manifest["diagnosis"].startswith("killed by SIGKILL at step"), manifest["diagnosis"]
+    assert_record_readable(run_dir)
+
+
+def test_a_rank_that_hangs_is_diagnosed_as_stalled(tmp_path: Path, asset_cache: Path) -> None:
+    run_dir = start_detached(tmp_path, asset_cache, 200, COCKPIT_TEST_FAULT="hang:3")
+    manifest = wait_end(run_dir)
+    assert manifest["status"] == "stalled", manifest["diagnosis"]
+    assert manifest["diagnosis"].startswith("stalled at step 2: no step for"), "step 3 never got logged"
+    notes = [e["message"] for e in read_events(run_dir, "note")]
+    assert any(n.startswith("stalled:") for n in notes), "said while the run was still alive"
+    assert_record_readable(run_dir)
+
+
+def test_out_of_memory_in_the_trainer(tmp_path: Path, asset_cache: Path) -> None:
+    run_dir = start_detached(tmp_path, asset_cache, 200, COCKPIT_TEST_FAULT="oom:2")
+    manifest = wait_end(run_dir)
+    assert manifest["status"] == "failed"
+    assert manifest["diagnosis"].startswith("CUDA out of memory at step 2"), manifest["diagnosis"]
+    assert_record_readable(run_dir)
+
+
+def test_sigterm_to_the_supervisor_stops_with_a_checkpoint(tmp_path: Path, asset_cache: Path) -> None:
+    run_dir = start_detached(tmp_path, asset_cache, 200)
+    wait_step(run_dir, 3)
+    kill(supervisor_pid(run_dir), signal.SIGTERM)
+    manifest = wait_end(run_dir)
+    assert manifest["status"] == "stopped"
+    assert (
+        "(SIGTERM to the supervisor)" in manifest["diagnosis"] and "checkpoint saved" in manifest["diagnosis"]
+    )
+    assert_record_readable(run_dir)
+
+
+def test_a_full_disk_is_named(tmp_path: Path, asset_cache: Path) -> None:
+    small = tmp_path / "small-fs"
+    mounted = try_mount_tmpfs(small, "1m")
+    try:
+        if mounted:  # a real 1 MiB file system: the first checkpoint cannot fit
+            run_dir = start_detached(small, asset_cache, 200)
+        else:  # no mount allowed here: the trainer's write fails as ENOSPC would make it
+            run_dir = start_detached(tmp_path, asset_cache, 200, COCKPIT_TEST_FAULT="enospc:3")
+        manifest = wait_end(run_dir)
+        assert manifest["status"] == "failed"
+        assert manifest["diagnosis"].startswith("disk full"), manifest["diagnosis"]
+        assert_record_readable(run_dir)
+    finally:
+        if mounted:
+            unmount(small)
+
+
+def test_a_lost_supervisor_is_reported_and_its_run_can_be_ended(tmp_path: Path, asset_cache: Path) -> None:
+    run_dir = start_detached(tmp_path, asset_cache, 200)
+    wait_step(run_dir, 2)
+    kill(supervisor_pid(run_dir), signal.SIGKILL)
+    wait_for(
+        lambda: "still running" in cockpit(asset_cache, "ls", "--runs-dir", str(tmp_path)).stdout, 30, "ls"
+    )
+    killed = cockpit(asset_cache, "stop", run_dir.name, "--kill", "--runs-dir", str(tmp_path))
+    assert killed.returncode == 0, killed.stderr
+    listing = wait_for(
+        lambda: (
+            (out := cockpit(asset_cache, "ls", "--runs-dir", str(tmp_path)).stdout) and "gone" in out and out
+        ),
+        30,
+        "the lost run to be marked",
+    )
+    assert "failed" in listing
+    assert load_manifest(run_dir)["diagnosis"].startswith("supervisor lost")

@@ -81,8 +81,10 @@ def _gpu_peaks(facts: EndFacts) -> str:
 def diagnose(facts: EndFacts) -> tuple[str, str]:
     """(status, one-line diagnosis) for a run whose training processes have ended."""
     step = f" at step {facts.last_step}" if facts.last_step else ""
+    # A failure happens in the step after the last one recorded: say which step was last completed.
+    after = f" after step {facts.last_step}" if facts.last_step else ""
     if facts.stalled:
-        return "stalled", f"stalled{step}: {facts.stall_detail}".rstrip(": ")
+        return "stalled", f"stalled{after}: {facts.stall_detail}".rstrip(": ")
     if facts.returncode == 0 and facts.trainer_outcome in ("finished", None) and not facts.stop_requested:
         return "finished", f"finished{step}"
     by = "by user" if facts.stop_reason == "user" else f"({facts.stop_reason})"
@@ -90,26 +92,27 @@ def diagnose(facts: EndFacts) -> tuple[str, str]:
         return "stopped", f"stopped {by}{step}, checkpoint saved"
     if facts.stop_requested:
         return "stopped", f"stopped {by}{step} (processes killed, exit {facts.returncode})"
-    if facts.disk_full or DISK_FULL.search(facts.output_tail) or (facts.disk_free_mib or 1e9) < DISK_FULL_MIB:
+    low_disk = facts.disk_free_mib is not None and facts.disk_free_mib < DISK_FULL_MIB
+    if facts.disk_full or low_disk or DISK_FULL.search(facts.output_tail):
         free = f" ({facts.disk_free_mib:.1f} MiB free)" if facts.disk_free_mib is not None else ""
-        return "failed", f"disk full{step}: no space left for the run record or checkpoints{free}"
+        return "failed", f"disk full{after}: no space left for the run record or checkpoints{free}"
     if CUDA_OOM.search(facts.output_tail):
-        return "failed", f"CUDA out of memory{step}{_gpu_peaks(facts)}"
+        return "failed", f"CUDA out of memory{after}{_gpu_peaks(facts)}"
     if NCCL_TIMEOUT.search(facts.output_tail):
-        return "failed", f"NCCL/collective timeout{step}: a rank stopped answering"
+        return "failed", f"NCCL/collective timeout{after}: a rank stopped answering"
     sig = killing_signal(facts)
     if sig is not None:
         name = _signal_name(sig)
         if sig == signal.SIGKILL and (facts.host_ram_peak_fraction or 0) >= HOST_OOM_FRACTION:
             peak = f"{facts.host_ram_peak_mib / 1024:.1f} GiB, " if facts.host_ram_peak_mib else ""
             return "failed", (
-                f"killed by SIGKILL{step} with host RAM at {peak}{facts.host_ram_peak_fraction:.0%} "
+                f"killed by SIGKILL{after} with host RAM at {peak}{facts.host_ram_peak_fraction:.0%} "
                 "of total: likely host out-of-memory (kernel OOM killer)"
             )
-        return "failed", f"killed by {name}{step}"
+        return "failed", f"killed by {name}{after}"
     error = last_error_line(facts.output_tail)
     detail = f": {error}" if error else ""
-    return "failed", f"crashed{step} with exit code {facts.returncode}{detail}"
+    return "failed", f"crashed{after} with exit code {facts.returncode}{detail}"
 
 
 # A stall is judged against the run's own pace: no step for several median step times, and at least

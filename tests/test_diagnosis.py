@@ -26,7 +26,7 @@ def test_stopped_by_user_with_checkpoint() -> None:
 def test_cuda_oom_names_the_gpu_peaks() -> None:
     out = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"
     status, line = diagnose(EndFacts(1, out, gpu_peak_mib={0: 79_000.0, 1: 78_500.0}, last_step=3))
-    assert status == "failed" and line.startswith("CUDA out of memory at step 3")
+    assert status == "failed" and line.startswith("CUDA out of memory after step 3")
     assert "GPU0 77.1 GiB" in line and "GPU1" in line
 
 
@@ -49,7 +49,7 @@ def test_sigkill_with_ram_to_spare_is_just_a_kill() -> None:
 def test_crash_quotes_the_last_error_line() -> None:
     status, line = diagnose(EndFacts(1, TRACEBACK, last_step=2))
     assert status == "failed"
-    assert line == "crashed at step 2 with exit code 1: ValueError: tokenizer has no pad token"
+    assert line == "crashed after step 2 with exit code 1: ValueError: tokenizer has no pad token"
 
 
 def test_stall_wins_over_the_kill_that_ended_it() -> None:
@@ -75,3 +75,11 @@ def test_stall_is_judged_against_the_runs_own_pace() -> None:
     verdict, line = stall_verdict(151.0, 15.0, 60.0, None)
     assert verdict == "stalled" and line.endswith("stopped after 150 s")
     assert stall_verdict(70.0, None, 60.0, None)[0] == "stalled", "no step at all yet: the timeout alone"
+
+
+def test_a_full_disk_is_named_even_when_the_log_could_not_say_so() -> None:
+    torn = "RuntimeError: [enforce fail at inline_container.cc:672] . unexpected pos 2304 vs 2198"
+    status, line = diagnose(EndFacts(1, torn, disk_free_mib=0.0, last_step=2))
+    assert status == "failed" and line.startswith("disk full after step 2") and "0.0 MiB free" in line
+    assert diagnose(EndFacts(1, "OSError: [Errno 28] No space left on device"))[1].startswith("disk full")
+    assert diagnose(EndFacts(1, torn, disk_free_mib=500.0))[1].startswith("crashed")

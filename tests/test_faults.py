@@ -92,7 +92,7 @@ def test_sigkill_of_a_trainer_rank(tmp_path: Path, asset_cache: Path) -> None:
     kill(trainer_pid(run_dir), signal.SIGKILL)
     manifest = wait_end(run_dir)
     assert manifest["status"] == "failed"
-    assert manifest["diagnosis"].startswith("killed by SIGKILL at step"), manifest["diagnosis"]
+    assert manifest["diagnosis"].startswith("killed by SIGKILL after step"), manifest["diagnosis"]
     assert_record_readable(run_dir)
 
 
@@ -100,7 +100,7 @@ def test_a_rank_that_hangs_is_diagnosed_as_stalled(tmp_path: Path, asset_cache: 
     run_dir = start_detached(tmp_path, asset_cache, 200, COCKPIT_TEST_FAULT="hang:3")
     manifest = wait_end(run_dir)
     assert manifest["status"] == "stalled", manifest["diagnosis"]
-    assert manifest["diagnosis"].startswith("stalled at step 2: no step for"), "step 3 never got logged"
+    assert manifest["diagnosis"].startswith("stalled after step 2: no step for"), "step 3 never got logged"
     notes = [e["message"] for e in read_events(run_dir, "note")]
     assert any(n.startswith("stalled:") for n in notes), "said while the run was still alive"
     assert_record_readable(run_dir)
@@ -110,7 +110,7 @@ def test_out_of_memory_in_the_trainer(tmp_path: Path, asset_cache: Path) -> None
     run_dir = start_detached(tmp_path, asset_cache, 200, COCKPIT_TEST_FAULT="oom:2")
     manifest = wait_end(run_dir)
     assert manifest["status"] == "failed"
-    assert manifest["diagnosis"].startswith("CUDA out of memory at step 2"), manifest["diagnosis"]
+    assert manifest["diagnosis"].startswith("CUDA out of memory after step 1"), manifest["diagnosis"]
     assert_record_readable(run_dir)
 
 

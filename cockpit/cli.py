@@ -147,6 +147,27 @@ def cmd_resume(args: argparse.Namespace) -> int:
     return _follow_headless(run_dir, supervisor.poll)
 
 
+# --- plan ----------------------------------------------------------------------------------------
+def cmd_plan(args: argparse.Namespace) -> int:
+    """Will the profile's run fit, where, and how fast: from the model's config.json alone."""
+    import json
+
+    from cockpit.plan import PlanError, build_plan, resolve_hardware
+    from cockpit.plan.render import render
+
+    try:
+        profile, _path = load_profile(args.profile)
+        hardware = resolve_hardware(profile, args.gpus, args.gpu_mem_gib, args.host_ram_gib)
+        plan = build_plan(profile, hardware)
+    except (ProfileError, PlanError) as exc:
+        raise UsageError(str(exc)) from None
+    if args.format == "json":
+        print(json.dumps(plan.to_dict(), indent=2))
+    else:
+        Console(highlight=False).print(render(plan))
+    return 0
+
+
 # --- parser ----------------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
@@ -191,6 +212,21 @@ def build_parser() -> argparse.ArgumentParser:
     resume.add_argument("--no-ui", action="store_true", help="headless progress line")
     resume.add_argument("--detach", action="store_true", help="return at once")
     resume.set_defaults(func=cmd_resume)
+
+    plan = sub.add_parser(
+        "plan",
+        parents=[common],
+        help="predict memory (load and training), the verdict and faster options, before loading a weight",
+        description="From the model's config.json alone: parameters and bytes by kind, per-GPU and host-RAM peaks at "
+        "load and in training, whether the run fits and what binds, and the fastest configuration that fits. "
+        "Hardware: flags, else the profile, else this machine (NVML, psutil).",
+    )
+    plan.add_argument("--profile", default=DEFAULT_PROFILE, help=f"profile name or TOML path (default: {DEFAULT_PROFILE})")
+    plan.add_argument("--gpus", type=int, help="number of GPUs (0: CPU only)")
+    plan.add_argument("--gpu-mem-gib", type=float, help="memory of each GPU in GiB")
+    plan.add_argument("--host-ram-gib", type=float, help="host RAM in GiB")
+    plan.add_argument("--format", choices=("text", "json"), default="text", help="text tables (default) or JSON")
+    plan.set_defaults(func=cmd_plan)
     return parser
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from cockpit.plan.store import load_plan
 from cockpit.record import RunPaths, RunReader, load_manifest
 from cockpit.record.format import TERMINAL_STATUSES
 from cockpit.record.view import RunView
@@ -46,7 +47,7 @@ class HeadlessViewer:
         self.paths = RunPaths(Path(run_dir))
         self.console = console or Console(stderr=True)
         self.reader = RunReader(self.paths.root)
-        self.view = RunView()
+        self.view = RunView(plan=load_plan(self.paths.root))
         self.alive = alive or (lambda: True)
         self._warned: set[str] = set()
 

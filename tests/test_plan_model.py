@@ -70,7 +70,7 @@ def test_without_checkpointing_offload_keeps_every_gathered_layer() -> None:
     inputs = slice_inputs(4)
     ckpt = estimate(inputs, H200)
     no_ckpt = estimate(inputs, replace(H200, grad_ckpt=False))
-    layers = sum(v for k, v in inputs.weights.block_bytes().items() if k.startswith("layer."))
+    layers = sum(v for k, v in inputs.weights.blocks.items() if k.startswith("layer."))
     assert no_ckpt.train.gpu["gathered layer + lm_head"] >= layers
     assert no_ckpt.train.gpu_peak > ckpt.train.gpu_peak + 2 * layers / 4
 

@@ -43,6 +43,14 @@ PERSISTENCE_PER_HIDDEN = 10  # stage3_param_persistence_threshold = 10 * hidden_
 NVME_BUFFERS = 5 * 100_000_000
 NVME_MAX_IN_CPU = 1_000_000_000
 
+# The offload modes the planner compares, (offload_param, offload_optimizer) -> name.
+OFFLOAD_MODES = {
+    ("none", "none"): "no offload",
+    ("none", "cpu"): "optimizer offload",
+    ("cpu", "cpu"): "param + optimizer offload",
+    ("nvme", "nvme"): "NVMe offload",
+}
+
 GPU_TFLOPS = {
     "H200": 989.0,
     "H100": 989.0,
@@ -66,7 +74,7 @@ class Assumptions:
     process_rss_gib_gpu: float = (
         2.4  # RSS of a trainer rank before weights (torch, CUDA, NCCL): FACTS.md 12.4 GiB
     )
-    process_rss_gib_cpu: float = 0.9  # the same on a CPU-only machine
+    process_rss_gib_cpu: float = 0.57  # the same on a CPU-only machine (measured with the CPU benchmark)
     gpu_usable_fraction: float = 0.92  # CUDA context, NCCL buffers, allocator fragmentation
     host_usable_fraction: float = 0.90  # the OS and everything else on the host
 
@@ -126,17 +134,15 @@ class Setup:
     def ranks(self) -> int:
         return max(1, self.gpus)
 
-    def describe(self) -> str:
-        modes = {
-            ("none", "none"): "no offload",
-            ("none", "cpu"): "optimizer offload",
-            ("cpu", "cpu"): "param + optimizer offload",
-            ("nvme", "nvme"): "NVMe offload",
-        }
-        mode = modes.get(
+    @property
+    def offload(self) -> str:
+        return OFFLOAD_MODES.get(
             (self.offload_param, self.offload_optimizer),
             f"param {self.offload_param}, optimizer {self.offload_optimizer}",
         )
+
+    def describe(self) -> str:
+        mode = self.offload
         if self.stage != 3:
             mode = f"ZeRO-{self.stage}, {mode}"
         where = "load onto GPU" if self.load_on == "gpu" else "load into host RAM"
@@ -174,7 +180,8 @@ class Weights:
         size = DTYPE_BYTES[self.geometry.checkpoint_dtype]
         return sum(t.numel * size for t, _ in self.items)
 
-    def block_bytes(self) -> dict[str, int]:
+    @cached_property
+    def blocks(self) -> dict[str, int]:
         """Stored data bytes of each unit ZeRO-3 gathers together."""
         blocks: dict[str, int] = {}
         for t, s in self.items:
@@ -182,7 +189,7 @@ class Weights:
         return blocks
 
     def largest_layer(self) -> tuple[str, int]:
-        layers = {k: v for k, v in self.block_bytes().items() if k.startswith("layer.")}
+        layers = {k: v for k, v in self.blocks.items() if k.startswith("layer.")}
         if not layers:
             return "none", 0
         name = max(layers, key=lambda k: layers[k])
@@ -190,8 +197,7 @@ class Weights:
 
     def head_bytes(self) -> int:
         """The weight the loss multiplies by: lm_head, or the embedding when they are tied."""
-        blocks = self.block_bytes()
-        return blocks.get("lm_head", blocks.get("embed", 0))
+        return self.blocks.get("lm_head", self.blocks.get("embed", 0))
 
     def persistent(self, t: TensorSpec, s: Stored) -> bool:
         return s.data_numel <= PERSISTENCE_PER_HIDDEN * self.geometry.hidden
@@ -346,11 +352,11 @@ class Inputs:
         return replace(self, precision=replace(self.precision, experts_4bit=on))
 
 
-def _partitions(w: Weights, setup: Setup) -> tuple[int, int, int, int]:
-    """Per rank: partition bytes of non-persistent params, their pinned (power-of-two) bytes, the
-    persistent params' bytes (whole on every GPU), and the largest partition in elements."""
+def _partitions(w: Weights, setup: Setup) -> tuple[int, int, int]:
+    """Per rank: partition bytes of non-persistent params, their pinned (power-of-two) bytes, and the
+    persistent params' bytes (whole on every GPU)."""
     n = setup.ranks if setup.stage == 3 else 1
-    part = pinned = persistent = largest = 0
+    part = pinned = persistent = 0
     for t, s in w.items:
         if setup.stage == 3 and w.persistent(t, s):
             persistent += s.data_bytes
@@ -358,8 +364,7 @@ def _partitions(w: Weights, setup: Setup) -> tuple[int, int, int, int]:
         numel = math.ceil(s.data_numel / n)
         part += numel * s.itemsize
         pinned += pow2_ceil(numel * s.itemsize)
-        largest = max(largest, numel)
-    return part, pinned, persistent, largest
+    return part, pinned, persistent
 
 
 def estimate(inputs: Inputs, setup: Setup) -> Estimate:
@@ -369,7 +374,7 @@ def estimate(inputs: Inputs, setup: Setup) -> Estimate:
     n = setup.ranks
     acts = activations(g, setup.seq_len, setup.micro_batch, prec.act_bytes, inputs.lora_r)
     lora = lora_params(g, inputs.lora_targets, inputs.lora_r)
-    part, pinned, persistent, largest_part = _partitions(w, setup)
+    part, pinned, persistent = _partitions(w, setup)
     zero_n = n if setup.stage >= 1 else 1
     opt_bytes = 16 * lora // zero_n  # fp32 master, two Adam moments, fp32 gradient
     baseline = int((a.process_rss_gib_gpu if setup.gpus else a.process_rss_gib_cpu) * GiB)
@@ -377,13 +382,12 @@ def estimate(inputs: Inputs, setup: Setup) -> Estimate:
     notes: list[str] = []
 
     load, train = Phase(page_cache=ckpt_file), Phase()
-    host_opt = pow2_ceil(opt_bytes) if setup.offload_optimizer in ("cpu",) else 0
+    host_opt = pow2_ceil(opt_bytes) if setup.offload_optimizer == "cpu" else 0
     if setup.offload_param == "cpu":
         host_params = pinned
     elif setup.offload_param == "nvme":
-        host_params = (NVME_BUFFERS + min(NVME_MAX_IN_CPU, largest_part)) * max(
-            s.itemsize for _, s in w.items
-        )
+        size = max(s.itemsize for _, s in w.items)
+        host_params = NVME_BUFFERS * size + min(NVME_MAX_IN_CPU * size, part)
     else:
         host_params = 0
 
@@ -443,8 +447,7 @@ def estimate(inputs: Inputs, setup: Setup) -> Estimate:
             if setup.grad_ckpt:
                 gathered = w.largest_layer()[1] + w.head_bytes()
             else:
-                blocks = w.block_bytes()
-                gathered = sum(v for k, v in blocks.items() if k != "embed")
+                gathered = sum(v for k, v in w.blocks.items() if k != "embed")
                 notes.append(
                     "without gradient checkpointing autograd keeps every gathered weight until backward"
                 )
@@ -479,7 +482,7 @@ def estimate(inputs: Inputs, setup: Setup) -> Estimate:
         attn = 2 * setup.seq_len * g.q_dim * g.layers
         flops = tokens * passes * (2 * g.active_matmul_params() + attn)
         compute_s = flops / (a.tflops(setup.gpu_name) * 1e12 * a.mfu)
-        blocks = w.block_bytes()
+        blocks = w.blocks
         layers = sum(v for k, v in blocks.items() if k.startswith("layer."))
         moved = 2 * layers + blocks.get("embed", 0) + blocks.get("lm_head", 0) + blocks.get("norm", 0)
         transfer_s = 0.0

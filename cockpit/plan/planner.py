@@ -14,7 +14,7 @@ from cockpit.plan.formats import bytes_per_param_4bit, four_bit, plain
 from cockpit.plan.geometry import KINDS, GeometryError, ModelGeometry, geometry_from_config, load_geometry
 from cockpit.plan.hardware import Hardware, resolve_hardware
 from cockpit.plan.model import (
-    GB,
+    OFFLOAD_MODES,
     Assumptions,
     Estimate,
     GiB,
@@ -27,7 +27,6 @@ from cockpit.plan.model import (
 )
 from cockpit.profiles import BUILTIN_PREFIX, Profile
 
-OFFLOAD_MODES = (("none", "none"), ("none", "cpu"), ("cpu", "cpu"), ("nvme", "nvme"))
 PLACEMENTS = ("gpu", "host")
 
 
@@ -139,7 +138,7 @@ class Plan:
     # --- figures ---------------------------------------------------------------------------
     def kind_table(self) -> list[dict[str, Any]]:
         """Per kind: parameters, bytes in bf16 / NF4 / NF4 with double quant, and as planned."""
-        q, prec = self.inputs.precision, self.inputs.precision
+        prec = self.inputs.precision
         rows: dict[str, dict[str, Any]] = {
             k: {
                 "kind": k,
@@ -169,12 +168,12 @@ class Plan:
             r["bf16"] += plain(t.numel, "bfloat16").total
             quantizable = len(t.shape) >= 2
             r["nf4"] += (
-                four_bit(t.numel, False, q.storage_dtype).total
+                four_bit(t.numel, False, prec.storage_dtype).total
                 if quantizable
                 else plain(t.numel, "bfloat16").total
             )
             r["nf4_dq"] += (
-                four_bit(t.numel, True, q.storage_dtype).total
+                four_bit(t.numel, True, prec.storage_dtype).total
                 if quantizable
                 else plain(t.numel, "bfloat16").total
             )
@@ -300,10 +299,6 @@ def gib(n: float) -> str:
     return f"{n / GiB:,.1f} GiB"
 
 
-def gb(n: float) -> str:
-    return f"{n / GB:,.1f} GB"
-
-
 def estimate_dict(e: Estimate) -> dict[str, Any]:
     s = e.setup
     return {
@@ -386,18 +381,9 @@ def options(inputs: Inputs, base: Setup) -> OptionSet:
     if not base.gpus:
         return OptionSet([], None, None, [])
     n, t = base.gpus, base.seq_len
-    names = {
-        ("none", "none"): "no offload",
-        ("none", "cpu"): "optimizer offload",
-        ("cpu", "cpu"): "param + optimizer offload",
-    }
-    names[("nvme", "nvme")] = "NVMe offload"
     here = _variants(inputs, base, n, t)
     rows = [
-        Option(
-            names[mode], pick([e for e in here if (e.setup.offload_param, e.setup.offload_optimizer) == mode])
-        )
-        for mode in OFFLOAD_MODES
+        Option(name, pick([e for e in here if e.setup.offload == name])) for name in OFFLOAD_MODES.values()
     ]
     by_gpus = {m: _variants(inputs, base, m, t) for m in other_gpus(n)}
     rows += [Option(f"{'fewer' if m < n else 'more'} GPUs ({m})", pick(ests)) for m, ests in by_gpus.items()]

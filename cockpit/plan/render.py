@@ -6,7 +6,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from cockpit.plan.model import GB, Estimate, GiB
+from cockpit.plan.model import GB, Estimate, GiB, activations
 from cockpit.plan.planner import Plan
 
 
@@ -97,8 +97,6 @@ def weights_table(plan: Plan) -> Table:
 def facts_table(plan: Plan) -> Table:
     e, w = plan.configured, plan.inputs.weights
     s = e.setup
-    from cockpit.plan.model import activations
-
     acts = activations(
         plan.geometry, s.seq_len, s.micro_batch, plan.inputs.precision.act_bytes, plan.inputs.lora_r
     )
@@ -186,14 +184,6 @@ def phases_table(plan: Plan) -> Table:
     return table
 
 
-OFFLOAD_SHORT = {
-    ("none", "none"): "none",
-    ("none", "cpu"): "optimizer",
-    ("cpu", "cpu"): "param + optimizer",
-    ("nvme", "nvme"): "NVMe",
-}
-
-
 def options_table(plan: Plan) -> Table:
     ref = plan.configured
     table = Table(
@@ -222,9 +212,7 @@ def options_table(plan: Plan) -> Table:
         fits = "[green]yes[/]" if e.fits else f"[red]no[/]: {b.name}" if b else "[red]no[/]"
         table.add_row(
             o.label,
-            OFFLOAD_SHORT.get(
-                (s.offload_param, s.offload_optimizer), f"{s.offload_param}/{s.offload_optimizer}"
-            ),
+            s.offload,
             "GPU" if s.load_on == "gpu" else "host RAM",
             fits,
             _gib(e.load.gpu_peak),

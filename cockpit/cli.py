@@ -217,15 +217,17 @@ def build_parser() -> argparse.ArgumentParser:
         "plan",
         parents=[common],
         help="predict memory (load and training), the verdict and faster options, before loading a weight",
-        description="From the model's config.json alone: parameters and bytes by kind, per-GPU and host-RAM peaks at "
-        "load and in training, whether the run fits and what binds, and the fastest configuration that fits. "
-        "Hardware: flags, else the profile, else this machine (NVML, psutil).",
+        description="From the model's config.json alone: parameters and bytes by kind, per-GPU and host-RAM "
+        "peaks at load and in training, whether the run fits and what binds, and the fastest configuration "
+        "that fits. Hardware: flags, else the profile, else this machine (NVML, psutil).",
     )
-    plan.add_argument("--profile", default=DEFAULT_PROFILE, help=f"profile name or TOML path (default: {DEFAULT_PROFILE})")
+    plan.add_argument(
+        "--profile", default=DEFAULT_PROFILE, help=f"profile name or TOML path (default: {DEFAULT_PROFILE})"
+    )
     plan.add_argument("--gpus", type=int, help="number of GPUs (0: CPU only)")
     plan.add_argument("--gpu-mem-gib", type=float, help="memory of each GPU in GiB")
     plan.add_argument("--host-ram-gib", type=float, help="host RAM in GiB")
-    plan.add_argument("--format", choices=("text", "json"), default="text", help="text tables (default) or JSON")
+    plan.add_argument("--format", choices=("text", "json"), default="text", help="text tables or JSON")
     plan.set_defaults(func=cmd_plan)
     return parser
 

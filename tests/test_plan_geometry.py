@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 
@@ -85,11 +86,16 @@ def meta_model(cfg: dict) -> torch.nn.Module:
         return transformers.AutoModelForCausalLM.from_config(config)
 
 
+@functools.cache
+def meta_named(name: str) -> torch.nn.Module:
+    """Each small model is built once for all the tests that look at it."""
+    return meta_model(CONFIGS[name])
+
+
 @pytest.mark.parametrize("name", sorted(CONFIGS))
 def test_tensors_match_the_real_model(name: str) -> None:
     cfg = CONFIGS[name]
-    model = meta_model(cfg)
-    real = {n: tuple(p.shape) for n, p in model.named_parameters()}
+    real = {n: tuple(p.shape) for n, p in meta_named(name).named_parameters()}
     planned = {t.name: t.shape for t in geometry_from_config(cfg).tensors()}
     assert planned == real
 
@@ -99,7 +105,7 @@ def test_counts_by_kind_match_the_audit_census(name: str) -> None:
     """The plan's kinds are the trainer's audit groups: counted on the real model with `param_group`."""
     cfg = CONFIGS[name]
     census: dict[str, int] = {}
-    for n, p in meta_model(cfg).named_parameters():
+    for n, p in meta_named(name).named_parameters():
         census[param_group(n)] = census.get(param_group(n), 0) + p.numel()
     counts = {k: v for k, v in geometry_from_config(cfg).counts().items() if v}
     assert counts == census
@@ -111,7 +117,7 @@ def test_what_bitsandbytes_would_quantize(name: str) -> None:
     from transformers.quantizers.base import get_keys_to_not_convert
 
     cfg = CONFIGS[name]
-    model = meta_model(cfg)
+    model = meta_named(name)
     skip = set(get_keys_to_not_convert(model))
     expected = set()
     for module_name, module in model.named_modules():

@@ -259,6 +259,27 @@ def cmd_report(args: argparse.Namespace) -> int:
     return _report_and_print(run_dir, args.format, Path(args.output) if args.output else None)
 
 
+# --- plan ----------------------------------------------------------------------------------------
+def cmd_plan(args: argparse.Namespace) -> int:
+    """Will the profile's run fit, where, and how fast: from the model's config.json alone."""
+    import json
+
+    from cockpit.plan import PlanError, build_plan, resolve_hardware
+    from cockpit.plan.render import render
+
+    try:
+        profile, _path = load_profile(args.profile)
+        hardware = resolve_hardware(profile, args.gpus, args.gpu_mem_gib, args.host_ram_gib)
+        plan = build_plan(profile, hardware)
+    except (ProfileError, PlanError) as exc:
+        raise UsageError(str(exc)) from None
+    if args.format == "json":
+        print(json.dumps(plan.to_dict(), indent=2))
+    else:
+        Console(highlight=False).print(render(plan))
+    return 0
+
+
 # --- parser ----------------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
@@ -363,6 +384,22 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--output", help="write to this file instead of standard output")
     rep.add_argument("--predictions", action="append", default=[], metavar="NAME=FILE", help="import first")
     rep.set_defaults(func=cmd_report)
+    plan = sub.add_parser(
+        "plan",
+        parents=[common],
+        help="predict memory (load and training), the verdict and faster options, before loading a weight",
+        description="From the model's config.json alone: parameters and bytes by kind, per-GPU and host-RAM "
+        "peaks at load and in training, whether the run fits and what binds, and the fastest configuration "
+        "that fits. Hardware: flags, else the profile, else this machine (NVML, psutil).",
+    )
+    plan.add_argument(
+        "--profile", default=DEFAULT_PROFILE, help=f"profile name or TOML path (default: {DEFAULT_PROFILE})"
+    )
+    plan.add_argument("--gpus", type=int, help="number of GPUs (0: CPU only)")
+    plan.add_argument("--gpu-mem-gib", type=float, help="memory of each GPU in GiB")
+    plan.add_argument("--host-ram-gib", type=float, help="host RAM in GiB")
+    plan.add_argument("--format", choices=("text", "json"), default="text", help="text tables or JSON")
+    plan.set_defaults(func=cmd_plan)
     return parser
 
 

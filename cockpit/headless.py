@@ -16,6 +16,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from cockpit.plan.store import load_plan
 from cockpit.record import RunPaths, RunReader, load_manifest
 from cockpit.record.format import TERMINAL_STATUSES
 from cockpit.record.view import RunView
@@ -49,7 +50,7 @@ class HeadlessViewer:
         self.paths = RunPaths(Path(run_dir))
         self.console = console or Console(stderr=True)
         self.reader = RunReader(self.paths.root)
-        self.view = RunView()
+        self.view = RunView(plan=load_plan(self.paths.root))
         self.alive = alive or self._supervisor_alive
         self._warned: set[str] = set()
         self._notes_shown = 0

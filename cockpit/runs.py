@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from cockpit.hostinfo import host_facts, library_versions
+from cockpit.plan.store import save_plan
 from cockpit.profiles import Profile, profile_to_dict
 from cockpit.record import RunPaths, load_manifest, write_manifest
 
@@ -58,6 +59,7 @@ def create_run(
             "diagnosis": None,
         },
     )
+    save_plan(run_dir, profile)
     return run_dir
 
 

@@ -3,6 +3,7 @@
 ```
 runs/<run-id>/
   run.json                 manifest (status, profile, versions, argv, times, exit code, diagnosis)
+  plan.json                the memory plan the run started with (cockpit.plan), for checking the audit
   events/<writer>.jsonl    append-only event streams, one per writing process
   output.log               every byte the training processes printed
   control/                 requests to the running trainer (stop)

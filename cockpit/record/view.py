@@ -48,6 +48,7 @@ class RunView:
     eval_total: int = 0
     eval_system: str | None = None
     events_seen: int = 0
+    plan: dict[str, Any] | None = None  # the run's plan.json, when the viewer has loaded it
 
     def apply(self, events: list[Event]) -> None:
         """Fold new events (already merged by time) into the view."""
@@ -162,4 +163,10 @@ class RunView:
 
     @property
     def warnings(self) -> list[str]:
-        return list(self.audit.get("warnings", [])) if self.audit else []
+        """The trainer's audit warnings, then what the audit costs against the run's plan."""
+        if not self.audit:
+            return []
+        from cockpit.plan.audit import compare_audit
+
+        plan_warnings = [f"against the plan: {w.message}" for w in compare_audit(self.audit, self.plan or {})]
+        return list(self.audit.get("warnings", [])) + plan_warnings

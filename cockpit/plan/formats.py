@@ -1,0 +1,70 @@
+"""Bytes per storage format, as bitsandbytes and PyTorch lay them out.
+
+NF4/FP4 (bitsandbytes `Params4bit`): two weights a byte, packed into elements of the storage dtype
+(`(n + 1) // (2 * itemsize)` of them), plus a quantization state that is *not* a parameter (so ZeRO-3
+never partitions or offloads it; it stays whole on the device that quantized it):
+- blocks of 64 weights, one absmax each: fp32 without double quant;
+- with double quant the absmaxes are themselves quantized to 8 bit in blocks of 256, which adds one
+  fp32 absmax per 256 blocks, a 256-entry fp32 code book and an fp32 offset;
+- the 16-entry fp32 NF4/FP4 code book.
+So NF4 costs 0.5 + 4/64 = 0.5625 bytes a weight without double quant and about 0.5159 with it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "uint8": 1, "int8": 1}
+BLOCKSIZE = 64
+NESTED_BLOCKSIZE = 256
+CODE_4BIT_BYTES = 16 * 4
+CODE_NESTED_BYTES = 256 * 4
+OFFSET_BYTES = 4
+
+
+@dataclass(frozen=True)
+class Stored:
+    """How one tensor is held: its data (what ZeRO-3 partitions) and any quantization state."""
+
+    fmt: str  # "nf4", "fp4" or a dtype name
+    data_bytes: int
+    data_numel: int  # elements of the stored tensor (packed elements for 4 bit)
+    itemsize: int
+    state_bytes: int = 0
+
+    @property
+    def total(self) -> int:
+        return self.data_bytes + self.state_bytes
+
+    @property
+    def is_4bit(self) -> bool:
+        return self.fmt in ("nf4", "fp4")
+
+
+def plain(numel: int, dtype: str) -> Stored:
+    size = DTYPE_BYTES[dtype]
+    return Stored(dtype, numel * size, numel, size)
+
+
+def four_bit(numel: int, double_quant: bool, storage_dtype: str = "uint8", quant_type: str = "nf4") -> Stored:
+    """A tensor quantized by bitsandbytes to 4 bit."""
+    size = DTYPE_BYTES[storage_dtype]
+    packed = (numel + 1) // (2 * size)
+    blocks = math.ceil(numel / BLOCKSIZE)
+    if double_quant:
+        state = blocks + 4 * math.ceil(blocks / NESTED_BLOCKSIZE) + CODE_NESTED_BYTES + OFFSET_BYTES
+    else:
+        state = 4 * blocks
+    return Stored(quant_type, packed * size, packed, size, state + CODE_4BIT_BYTES)
+
+
+def bytes_per_param_4bit(double_quant: bool) -> float:
+    """Asymptotic bytes a weight for 4-bit storage (large tensors)."""
+    state = 1 / BLOCKSIZE + 4 / (BLOCKSIZE * NESTED_BLOCKSIZE) if double_quant else 4 / BLOCKSIZE
+    return 0.5 + state
+
+
+def pow2_ceil(n: int) -> int:
+    """PyTorch's pinned host allocator rounds every block up to a power of two."""
+    return 0 if n <= 0 else 1 << (n - 1).bit_length()

@@ -1,0 +1,308 @@
+"""The plan as rich tables, for `cockpit plan` (text) and anything else that prints one."""
+
+from __future__ import annotations
+
+from rich.console import Group
+from rich.table import Table
+from rich.text import Text
+
+from cockpit.plan.model import GB, Estimate, GiB, activations
+from cockpit.plan.planner import Plan
+
+
+def _gb(n: float) -> str:
+    return f"{n / GB:,.1f} GB"
+
+
+def _gib(n: float) -> str:
+    return f"{n / GiB:,.1f}"
+
+
+def _params(n: float) -> str:
+    if n >= 1e9:
+        return f"{n / 1e9:,.2f} B"
+    if n >= 1e6:
+        return f"{n / 1e6:,.1f} M"
+    return f"{n / 1e3:,.1f} K"
+
+
+def _mark(ok: bool) -> str:
+    return "[green]ok[/]" if ok else "[bold red]over[/]"
+
+
+def _speed(e: Estimate, ref: Estimate) -> str:
+    if not e.tokens_per_s:
+        return "-"
+    rel = f" ({e.tokens_per_s / ref.tokens_per_s:.2f}x)" if ref.tokens_per_s else ""
+    return f"{e.tokens_per_s:,.0f}{rel}"
+
+
+def header(plan: Plan) -> Text:
+    g, hw = plan.geometry, plan.hardware
+    arch = f"{g.model_type}, {g.layers} layers, hidden {g.hidden}"
+    if g.is_moe:
+        arch += f", {g.experts} experts top-{g.top_k}"
+    where = f"{hw.gpus} x {hw.gpu_name or 'GPU'} ({hw.gpu_mem_gib:g} GiB)" if hw.gpus else "CPU only"
+    src = ", ".join(f"{k} from {v}" for k, v in hw.source.items() if v != "profile")
+    t = Text.from_markup(f"[bold]Plan for {plan.profile_name}[/]: {g.name} ({arch})\n")
+    t.append_text(
+        Text.from_markup(
+            f"Hardware: {where}, host RAM {hw.host_ram_gib:,.0f} GiB" + (f"  [dim]({src})[/]" if src else "")
+        )
+    )
+    return t
+
+
+def weights_table(plan: Plan) -> Table:
+    prec = plan.inputs.precision
+    table = Table(title="Parameters and weight bytes", title_justify="left", header_style="bold")
+    for col in ("kind", "params", "bf16", "NF4", "NF4 + double quant", "as planned"):
+        table.add_column(col, justify="left" if col == "kind" else "right")
+    rows = plan.kind_table()
+    for r in rows:
+        fmt = (
+            "4 bit"
+            if r["planned_4bit_params"] and r["planned_4bit_params"] == r["params"]
+            else prec.compute_dtype
+        )
+        if 0 < r["planned_4bit_params"] < r["params"]:
+            fmt = "mixed"
+        table.add_row(
+            r["kind"],
+            _params(r["params"]),
+            _gb(r["bf16"]),
+            _gb(r["nf4"]),
+            _gb(r["nf4_dq"]),
+            f"{_gb(r['planned'])} [dim]{fmt}[/]",
+        )
+    total = {k: sum(r[k] for r in rows) for k in ("params", "bf16", "nf4", "nf4_dq", "planned")}
+    table.add_row(
+        "[bold]total[/]",
+        _params(total["params"]),
+        _gb(total["bf16"]),
+        _gb(total["nf4"]),
+        _gb(total["nf4_dq"]),
+        f"[bold]{_gb(total['planned'])}[/]",
+    )
+    table.caption = (
+        "NF4 columns: every matrix of the kind in 4 bit (0.5 B/param + absmax: fp32 per 64, or 8-bit per 64 "
+        "and fp32 per 256 blocks with double quant). As planned: bitsandbytes quantizes nn.Linear only "
+        "(never lm_head)"
+        + ("; the fused experts only with quantization.quantize_experts." if plan.geometry.is_moe else ".")
+    )
+    table.caption_justify = "left"
+    return table
+
+
+def facts_table(plan: Plan) -> Table:
+    e, w = plan.configured, plan.inputs.weights
+    s = e.setup
+    acts = activations(
+        plan.geometry, s.seq_len, s.micro_batch, plan.inputs.precision.act_bytes, plan.inputs.lora_r
+    )
+    lora = plan.lora_params
+    table = Table(title="Training state", title_justify="left", show_header=False, box=None, padding=(0, 2))
+    table.add_column(style="bold")
+    table.add_column()
+    table.add_row(
+        "LoRA", f"r={plan.inputs.lora_r} on {', '.join(plan.inputs.lora_targets)}: {_params(lora)} trainable"
+    )
+    table.add_row(
+        "optimizer state", f"{_gib(16 * lora)} GiB (fp32 master + 2 Adam moments + fp32 grads, 16 B/param)"
+    )
+    table.add_row(
+        "activations / micro-batch",
+        f"seq {s.seq_len} x {s.micro_batch}: {_gib(acts.total(True))} GiB with gradient checkpointing, "
+        f"{_gib(acts.total(False))} GiB without (logits + loss {_gib(acts.logits)} GiB)",
+    )
+    if s.gpus:
+        name, size = w.largest_layer()
+        table.add_row(
+            "ZeRO-3",
+            f"{s.ranks} partition(s) of {_gib(w.data_bytes / s.ranks)} GiB; largest gathered layer {name}: "
+            f"{_gib(size)} GiB; quantization state {_gib(w.state_bytes)} GiB stays whole on every GPU",
+        )
+        if e.pinned_rounded:
+            table.add_row(
+                "pinned offload buffers",
+                f"{_gib(e.pinned_rounded)} GiB per rank ({_gib(e.pinned_exact)} GiB of partitions; "
+                "the pinned allocator rounds each up to a power of two)",
+            )
+    disk = plan.disk()
+    table.add_row(
+        "disk",
+        f"model files {_gb(disk['model_files'])}; each checkpoint {_gib(disk['per_checkpoint'])} GiB "
+        f"(LoRA + optimizer), {plan.save_total_limit} kept: {_gib(disk['checkpoints_kept'])} GiB",
+    )
+    return table
+
+
+def phases_table(plan: Plan) -> Table:
+    e, hw = plan.configured, plan.hardware
+    a = plan.inputs.assumptions
+    table = Table(
+        title=f"Memory as configured: {e.setup.describe()}", title_justify="left", header_style="bold"
+    )
+    for col in ("GiB", "load", "training", "usable", "what dominates"):
+        table.add_column(col, justify="left" if col in ("GiB", "what dominates") else "right")
+
+    def top(terms: dict[str, int]) -> str:
+        items = sorted(((v, k) for k, v in terms.items() if v > 0), reverse=True)[:2]
+        return ", ".join(f"{k} {_gib(v)}" for v, k in items)
+
+    checks = {c.name: c for c in e.checks}
+    gpu_limit = hw.gpu_mem_gib * GiB * a.gpu_usable_fraction
+    host_limit = hw.host_ram_gib * GiB * a.host_usable_fraction
+    if e.setup.gpus:
+        load_ok, train_ok = checks["GPU memory at load"].ok, checks["GPU memory in training"].ok
+        table.add_row(
+            "GPU peak, per GPU",
+            f"{_gib(e.load.gpu_peak)} {_mark(load_ok)}",
+            f"{_gib(e.train.gpu_peak)} {_mark(train_ok)}",
+            _gib(gpu_limit) if gpu_limit else "?",
+            f"load: {top(e.load.gpu)}; training: {top(e.train.gpu)}",
+        )
+    table.add_row(
+        "host RAM, whole machine",
+        f"{_gib(e.load.host_peak)} {_mark(checks['host RAM at load'].ok)}",
+        f"{_gib(e.train.host_peak)} {_mark(checks['host RAM in training'].ok)}",
+        _gib(host_limit),
+        f"load: {top(e.load.host)}; training: {top(e.train.host)}",
+    )
+    table.add_row(
+        "RSS, per rank process",
+        _gib(e.load.rss_peak),
+        _gib(e.train.rss_peak),
+        "",
+        f"load: {top(e.load.rss)}; training: {top(e.train.rss)}",
+    )
+    table.caption = (
+        f"Plus {_gib(e.load.page_cache)} GiB of page cache while the checkpoint is read (shared by the "
+        "ranks, reclaimable; each rank's RSS counts the pages it maps)."
+    )
+    table.caption_justify = "left"
+    return table
+
+
+def options_table(plan: Plan) -> Table:
+    ref = plan.configured
+    table = Table(
+        title="Options (each row: its fastest variant that fits, else the closest)",
+        title_justify="left",
+        header_style="bold",
+    )
+    for col in (
+        "option",
+        "offload",
+        "load into",
+        "fits",
+        "GPU load",
+        "GPU train",
+        "host load",
+        "host train",
+        "copies s/step",
+        "tokens/s",
+    ):
+        table.add_column(
+            col, justify="left" if col in ("option", "offload", "load into", "fits") else "right"
+        )
+    for o in plan.options:
+        e = o.estimate
+        s, b = e.setup, e.binding
+        fits = "[green]yes[/]" if e.fits else f"[red]no[/]: {b.name}" if b else "[red]no[/]"
+        table.add_row(
+            o.label,
+            s.offload,
+            "GPU" if s.load_on == "gpu" else "host RAM",
+            fits,
+            _gib(e.load.gpu_peak),
+            _gib(e.train.gpu_peak),
+            _gib(e.load.host_peak),
+            _gib(e.train.host_peak),
+            f"{e.transfer_s:.2f}" if e.transfer_s is not None else "-",
+            _speed(e, ref),
+        )
+    a = plan.inputs.assumptions
+    table.caption = (
+        f"GiB per GPU and for the whole host; {ref.setup.gpus} GPU(s) and seq {ref.setup.seq_len} unless "
+        f"the option says. Step = max(compute at {a.mfu:.0%} of bf16 peak, copies: host-to-device at "
+        f"{a.h2d_gbps:g} GB/s per GPU, "
+        f"all-gather at {a.nvlink_gbps:g} GB/s, each layer twice a step, embeddings and lm_head once). "
+        "tokens/s relative to the configuration as written."
+    )
+    table.caption_justify = "left"
+    return table
+
+
+def verdict_text(plan: Plan) -> Text:
+    e = plan.configured
+    lines = [f"[bold {'green' if e.fits else 'red'}]{plan.verdict()}[/]"]
+    b = e.binding
+    if b and not e.fits and b.name == "GPU memory at load" and e.setup.load_on == "gpu":
+        lines.append(
+            "  A quantized model skips zero.Init: each rank's whole model lands on its GPU "
+            "before ZeRO-3 partitions it."
+        )
+    for r in plan.requirements:
+        lines.append(f"[bold]Required:[/] {r}.")
+    if plan.best is not None:
+        bs = plan.best
+        lines.append(
+            f"[bold]Fastest that fits:[/] {bs.setup.describe()}: GPU {_gib(bs.load.gpu_peak)} GiB at load, "
+            f"{_gib(bs.train.gpu_peak)} GiB in training; host {_gib(bs.load.host_peak)} GiB at load, "
+            f"{_gib(bs.train.host_peak)} GiB in training; ~{bs.tokens_per_s:,.0f} tokens/s"
+        )
+        lines.extend(f"  note: {n}" for n in bs.notes)
+    elif e.setup.gpus and not e.fits:
+        lines.append("[bold red]No option fits on this hardware.[/]")
+    return Text.from_markup("\n".join(lines))
+
+
+def experts_text(plan: Plan) -> Text | None:
+    alt = plan.alt_experts
+    if alt is None:
+        return None
+    planned_4bit = plan.inputs.precision.experts_4bit
+    mine = plan.inputs.weights.stored_bytes
+    other = plan.inputs.with_experts_4bit(not planned_4bit).weights.stored_bytes
+    e = plan.configured
+    if planned_4bit:
+        head = (
+            "[bold]Experts:[/] planned in 4 bit (quantization.quantize_experts = true). Transformers 5 fuses "
+            "them into 3-D parameters that bitsandbytes does not quantize: if they stay in 16 bit, "
+        )
+    else:
+        head = (
+            "[bold yellow]Experts: left in 16 bit[/] (Transformers 5 fuses them into 3-D parameters that "
+            "bitsandbytes does not quantize; quantization.quantize_experts = false). In 4 bit instead, "
+        )
+    body = (
+        f"weights {_gb(other)} instead of {_gb(mine)}; GPU at load {_gib(alt.load.gpu_peak)} GiB instead of "
+        f"{_gib(e.load.gpu_peak)}; host in training {_gib(alt.train.host_peak)} GiB instead of "
+        f"{_gib(e.train.host_peak)}; "
+    )
+    if alt.transfer_s is not None and e.transfer_s is not None:
+        body += f"host-to-device {alt.transfer_s:.2f} s/step instead of {e.transfer_s:.2f}; "
+    found = plan.alt_found
+    if found and found.best is not None:
+        body += f"fastest that fits: {found.best.setup.describe()}."
+    elif found and found.closest is not None:
+        c = found.closest
+        b = c.binding
+        body += f"[bold red]no option fits[/]: the closest ({c.setup.describe()})" + (
+            f" needs {_gib(b.need)} GiB of {_gib(b.limit)} for {b.name}." if b else "."
+        )
+    return Text.from_markup(head + body)
+
+
+def render(plan: Plan) -> Group:
+    parts = [header(plan), weights_table(plan), facts_table(plan), phases_table(plan)]
+    if plan.options:
+        parts.append(options_table(plan))
+    parts.append(verdict_text(plan))
+    experts = experts_text(plan)
+    if experts is not None:
+        parts.append(experts)
+    if plan.notes:
+        parts.append(Text("\n".join(f"note: {n}" for n in plan.notes)))
+    return Group(*parts)

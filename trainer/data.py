@@ -84,10 +84,8 @@ def tokenize_example(tokenizer: Any, example: dict[str, Any], seq_len: int) -> T
     return Tokenized(ids, labels)
 
 
-def train_dataset(tokenizer: Any, examples: list[dict[str, Any]], seq_len: int) -> Any:
-    """A `datasets.Dataset` of the train split, ready for HF Trainer."""
-    from datasets import Dataset
-
+def train_dataset(tokenizer: Any, examples: list[dict[str, Any]], seq_len: int) -> list[dict[str, list[int]]]:
+    """The train split as tokenized rows; a list is all HF Trainer's data loader needs."""
     rows = []
     for ex in examples:
         if ex["split"] != "train":
@@ -96,4 +94,4 @@ def train_dataset(tokenizer: Any, examples: list[dict[str, Any]], seq_len: int) 
         rows.append(
             {"input_ids": tok.input_ids, "labels": tok.labels, "attention_mask": [1] * len(tok.input_ids)}
         )
-    return Dataset.from_list(rows)
+    return rows

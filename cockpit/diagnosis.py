@@ -22,7 +22,9 @@ DISK_FULL_MIB = 2.0
 DISK_FULL = re.compile(r"No space left on device|\[Errno 28\]|ENOSPC")
 # The DeepSpeed launcher reports a dead rank as "exits with return code = -9" and exits with it.
 LAUNCHER_RC = re.compile(r"exits with return code = (-?\d+)")
-TRACEBACK_LAST = re.compile(r"^(\w+(?:\.\w+)*(?:Error|Exception|Interrupt)\b.*)$", re.MULTILINE)
+TRACEBACK_LAST = re.compile(
+    r"^(?:\[rank\d+\]:\s*)?(\w+(?:\.\w+)*(?:Error|Exception|Interrupt)\b.*)$", re.MULTILINE
+)
 
 
 @dataclass(frozen=True)

@@ -83,3 +83,9 @@ def test_a_full_disk_is_named_even_when_the_log_could_not_say_so() -> None:
     assert status == "failed" and line.startswith("disk full after step 2") and "0.0 MiB free" in line
     assert diagnose(EndFacts(1, "OSError: [Errno 28] No space left on device"))[1].startswith("disk full")
     assert diagnose(EndFacts(1, torn, disk_free_mib=500.0))[1].startswith("crashed")
+
+
+def test_error_lines_behind_a_rank_prefix_are_found() -> None:
+    error = "ValueError: DeepSpeed Zero-3 is not compatible with passing a `device_map`."
+    out = f'[rank0]:   File "x.py", line 3\n[rank0]: {error}\n'
+    assert last_error_line(out) == error

@@ -52,10 +52,9 @@ def load_base(profile: Profile, model_dir: str, spread: bool = False) -> Any:
     if torch.cuda.is_available() and spread:
         kwargs["device_map"] = "auto"
     elif torch.cuda.is_available():
-        # bitsandbytes quantizes on the device the weights land on: this rank's GPU.
-        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-        torch.cuda.set_device(local_rank)
-        kwargs["device_map"] = {"": local_rank}
+        # Under ZeRO-3 Transformers refuses a device_map; bitsandbytes then quantizes on the current
+        # device, which must be this rank's GPU.
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     model = AutoModelForCausalLM.from_pretrained(model_dir, **kwargs)
     model.config.use_cache = False
     for param in model.parameters():

@@ -11,9 +11,11 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from cockpit.plan.geometry import geometry_from_config  # noqa: E402
+from cockpit.plan.geometry import (
+    geometry_from_config,
+    kind_of,
+)
 from cockpit.plan.model import Precision  # noqa: E402
-from trainer.model import param_group  # noqa: E402
 from trainer.tiny import TINY_MODEL  # noqa: E402
 
 STORY_CONFIG = (
@@ -102,11 +104,11 @@ def test_tensors_match_the_real_model(name: str) -> None:
 
 @pytest.mark.parametrize("name", sorted(CONFIGS))
 def test_counts_by_kind_match_the_audit_census(name: str) -> None:
-    """The plan's kinds are the trainer's audit groups: counted on the real model with `param_group`."""
+    """The plan's kinds are the trainer's audit groups: the real model's names grouped by the same `kind_of`."""
     cfg = CONFIGS[name]
     census: dict[str, int] = {}
     for n, p in meta_named(name).named_parameters():
-        census[param_group(n)] = census.get(param_group(n), 0) + p.numel()
+        census[kind_of(n)] = census.get(kind_of(n), 0) + p.numel()
     counts = {k: v for k, v in geometry_from_config(cfg).counts().items() if v}
     assert counts == census
 

@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from cockpit.plan.geometry import kind_of
 from cockpit.profiles import Profile
 
 DTYPES = {
@@ -95,33 +96,11 @@ def is_4bit(param: torch.nn.Parameter) -> bool:
     return type(param).__name__ == "Params4bit" or getattr(param, "cockpit_4bit", False)
 
 
-def param_group(name: str) -> str:
-    """The kind of parameter a name belongs to, for accounting."""
-    n = name.lower()
-    if "lora_" in n:
-        return "lora"
-    if "embed_tokens" in n or "wte" in n:
-        return "embeddings"
-    if "lm_head" in n:
-        return "lm_head"
-    if "experts" in n:
-        return "experts"
-    if ".gate." in n or n.endswith(".gate.weight") or "router" in n:
-        return "router"
-    if "norm" in n:
-        return "norms"
-    if "self_attn" in n or "attention" in n:
-        return "attention"
-    if "mlp" in n:
-        return "dense_mlp"
-    return "other"
-
-
 def parameter_census(model: torch.nn.Module) -> dict[str, dict[str, int]]:
     """Per group: logical parameters, how many are stored in 4 bit, and how many train."""
     groups: dict[str, dict[str, int]] = defaultdict(lambda: {"params": 0, "params_4bit": 0, "trainable": 0})
     for name, param in model.named_parameters():
-        g = groups[param_group(name)]
+        g = groups[kind_of(name)]
         n = logical_numel(param)
         g["params"] += n
         if is_4bit(param):

@@ -24,7 +24,7 @@ class GeometryError(ValueError):
 
 
 def kind_of(name: str) -> str:
-    """The kind of a parameter, by name: the rules of the trainer's audit (`trainer.model.param_group`)."""
+    """The kind of a parameter, by name; the trainer's audit counts with the same rules."""
     n = name.lower()
     if "lora_" in n:
         return "lora"

@@ -7,16 +7,12 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
+import transformers
 
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
-
-from cockpit.plan.geometry import (
-    geometry_from_config,
-    kind_of,
-)
-from cockpit.plan.model import Precision  # noqa: E402
-from trainer.tiny import TINY_MODEL  # noqa: E402
+from cockpit.plan.geometry import geometry_from_config, kind_of
+from cockpit.plan.model import Precision
+from trainer.tiny import TINY_MODEL
 
 STORY_CONFIG = (
     Path(__file__).resolve().parent.parent / "profiles/models/qwen3-235b-a22b-thinking-2507/config.json"
@@ -104,7 +100,7 @@ def test_tensors_match_the_real_model(name: str) -> None:
 
 @pytest.mark.parametrize("name", sorted(CONFIGS))
 def test_counts_by_kind_match_the_audit_census(name: str) -> None:
-    """The plan's kinds are the trainer's audit groups: the real model's names grouped by the same `kind_of`."""
+    """The plan's kinds are the audit's groups: the real model's names grouped by the same `kind_of`."""
     cfg = CONFIGS[name]
     census: dict[str, int] = {}
     for n, p in meta_named(name).named_parameters():

@@ -48,8 +48,9 @@ def plan16():
 
 
 def test_four_bit_layout_matches_bitsandbytes() -> None:
-    torch = pytest.importorskip("torch")
-    bnb = pytest.importorskip("bitsandbytes.functional")
+    import bitsandbytes.functional as bnb
+    import torch
+
     a = torch.randn(300, 100, dtype=torch.bfloat16)
     for dq in (True, False):
         for storage, name in (

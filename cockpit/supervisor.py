@@ -107,6 +107,7 @@ class Supervisor:
         self.reserve = self.paths.root / ".reserve"
         self.disk_full = False
         self.gpu_util: dict[int, float | None] = {}
+        self.telemetry: subprocess.Popen[bytes] | None = None
 
     # --- manifest --------------------------------------------------------------------------------
     def _update_manifest(self, **fields: Any) -> None:
@@ -207,11 +208,39 @@ class Supervisor:
             self.ram_peak_fraction = used / vm.total
             self.ram_peak_mib = used / 2**20
 
+    # --- telemetry ---------------------------------------------------------------------------------
+    def _start_telemetry(self) -> None:
+        """Start the sampler (its own process, its own event file) for the whole run: its root is this
+        supervisor, so the process tree it measures holds every stage's processes (train, eval)."""
+        root = str(os.getpid())
+        argv = [sys.executable, "-m", "cockpit.telemetry", str(self.paths.root), "--root-pid", root]
+        log = open(self.paths.root / "telemetry.log", "ab")  # noqa: SIM115 - handed to the child
+        try:
+            self.telemetry = subprocess.Popen(
+                argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=child_env()
+            )
+        except OSError as exc:  # telemetry is worth having, never worth failing a run for
+            self.events.write("note", message=f"telemetry sampler did not start: {exc}")
+        finally:
+            log.close()
+
+    def _stop_telemetry(self) -> None:
+        """Ask the sampler to write its last line and exit; kill it if it does not."""
+        if self.telemetry is None or self.telemetry.poll() is not None:
+            return
+        self.telemetry.terminate()
+        try:
+            self.telemetry.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.telemetry.kill()
+            self.telemetry.wait()
+
     # --- the run ---------------------------------------------------------------------------------
     def _track_gpus(self, events: list[dict[str, Any]]) -> None:
+        """GPU utilization per GPU from the telemetry sampler's events (lists indexed by GPU)."""
         for e in events:
-            if e["kind"] == "gpu":
-                self.gpu_util[e.get("index", 0)] = e.get("util_pct")
+            if e["kind"] == "telemetry" and "gpu_util_pct" in e:
+                self.gpu_util = dict(enumerate(e["gpu_util_pct"]))
 
     def launch(self, argv: list[str], stage: str) -> None:
         """Start one stage's processes in their own group, output appended to `output.log`."""
@@ -315,6 +344,7 @@ class Supervisor:
             resumed=self.resume or self.manifest.get("resumed", False),
         )
         mode = self.manifest.get("mode", "train")
+        self._start_telemetry()
         try:
             if mode == "eval":
                 status, diagnosis = self.evaluate(["--no-adapter", *self.manifest.get("eval_args", [])])
@@ -327,11 +357,13 @@ class Supervisor:
                     diagnosis = f"{diagnosis}; {summary}"
         except Exception as exc:  # the supervisor itself failed: say so in the record, then re-raise
             self._signal_group(signal.SIGKILL)
+            self._stop_telemetry()
             self.events.write("end", status="failed", diagnosis=f"supervisor error: {exc!r}")
             self._update_manifest(
                 status="failed", diagnosis=f"supervisor error: {exc!r}", ended_at=time.time()
             )
             raise
+        self._stop_telemetry()
         self._durable(
             lambda: self.events.write("end", status=status, diagnosis=diagnosis, exit_code=returncode)
         )

@@ -18,9 +18,9 @@ Event = dict[str, Any]
 class EventTail:
     """Follows one append-only JSONL file, returning only whole new lines on each `poll`."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, offset: int = 0) -> None:
         self.path = path
-        self._offset = 0
+        self._offset = offset  # where to start: 0, or just past the last line already read in bulk
         self._partial = b""
         self.bad_lines = 0
 

@@ -13,7 +13,16 @@ from typing import Any
 from cockpit.record.reader import Event
 
 
-@dataclass
+def _num(value: Any) -> Any:
+    """A column value as the event held it: NaN (a null) back to None."""
+    return None if value is None or value != value else float(value)
+
+
+def _int(value: Any) -> int | None:
+    return None if value is None or value != value else int(value)
+
+
+@dataclass(slots=True)
 class StepPoint:
     """One optimizer step as seen by rank 0."""
 
@@ -60,6 +69,47 @@ class RunView:
             handler = getattr(self, f"_on_{e['kind']}", None)
             if handler is not None:
                 handler(e)
+
+    def apply_step_block(
+        self, rank: int, columns: dict[str, Any], lo: int = 0, hi: int | None = None
+    ) -> None:
+        """Fold rows `lo:hi` of step events given as columns (see `record.columns`), as `apply` would.
+
+        The rows must be one rank's, in time order, with no other event of that rank between them.
+        """
+        t = columns["t"]
+        hi = len(t) if hi is None else hi
+        if hi <= lo:
+            return
+        self.events_seen += hi - lo
+        t0, t1 = float(t[lo]), float(t[hi - 1])
+        self.first_t = t0 if self.first_t is None else min(self.first_t, t0)
+        self.last_t = t1 if self.last_t is None else max(self.last_t, t1)
+        last = hi - 1
+        self.memory[rank] = {k: _num(v[last]) for k, v in columns.items() if k.endswith("_mib")}
+        if rank != 0:
+            return
+        if "max_steps" in columns:
+            self.max_steps = _int(columns["max_steps"][last])
+
+        def col(name: str) -> list[Any]:
+            values = columns.get(name)
+            return [None] * (hi - lo) if values is None else [_num(v) for v in values[lo:hi].tolist()]
+
+        steps = [int(s) for s in columns["step"][lo:hi].tolist()]
+        self.steps.extend(
+            map(
+                StepPoint,
+                t[lo:hi].tolist(),
+                steps,
+                col("loss"),
+                col("tokens_per_s"),
+                col("step_time_s"),
+                col("learning_rate"),
+                col("grad_norm"),
+                col("epoch"),
+            )
+        )
 
     # --- event handlers ------------------------------------------------------------------------
     def _on_phase(self, e: Event) -> None:

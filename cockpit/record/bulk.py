@@ -1,0 +1,243 @@
+"""Reading a whole record at once, fast: the path a viewer takes to open a long run.
+
+Same answers as `EventTail` (whole lines only, torn last line left for later, bad lines counted),
+but the many step and telemetry lines come back as numeric columns (`Block`s, see `columns.py`)
+instead of one dict each. Everything else (phases, the audit, checkpoints, notes) comes back as
+ordinary events. Files are read in chunks, so memory stays bounded whatever their size.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from cockpit.record.columns import parse_uniform
+from cockpit.record.reader import Event
+
+FAST_KINDS = ("step", "telemetry")
+CHUNK_BYTES = 2 * 2**20
+MIN_FAST_LINES = 64  # below this, json is as quick and simpler
+
+
+@dataclass
+class Block:
+    """Rows of one kind from one writer (and one rank), as columns; `t` is sorted."""
+
+    kind: str
+    rank: int | None
+    columns: dict[str, np.ndarray]
+
+    @property
+    def t(self) -> np.ndarray:
+        return self.columns["t"]
+
+    def __len__(self) -> int:
+        return len(self.columns["t"])
+
+
+@dataclass
+class FileChunk:
+    """What one chunk of one file held, and the offset just past its last whole line."""
+
+    blocks: list[Block]
+    events: list[Event]
+    offset: int
+    bad_lines: int
+
+
+def _json_events(lines: list[bytes]) -> tuple[list[Event], int]:
+    events: list[Event] = []
+    bad = 0
+    for line in lines:
+        if not line.strip():
+            continue
+        try:
+            event = json.loads(line)
+        except json.JSONDecodeError:
+            bad += 1
+            continue
+        if isinstance(event, dict) and "kind" in event and "t" in event:
+            events.append(event)
+        else:
+            bad += 1
+    return events, bad
+
+
+# What the fold reads from step events of ranks other than 0 (their memory); rank 0's are all kept.
+_OTHER_RANK_STEP = ("t", "step")
+
+
+def _slim(block: Block) -> Block:
+    """Drop the columns no fold reads, so long records cost less memory."""
+    if block.kind != "step" or not block.rank:
+        return block
+    keep = {k: v for k, v in block.columns.items() if k in _OTHER_RANK_STEP or k.endswith("_mib")}
+    return Block(block.kind, block.rank, keep)
+
+
+def _blocks_from_columns(kind: str, columns: dict[str, np.ndarray]) -> list[Block]:
+    t = columns["t"]
+    if len(t) > 1 and np.any(np.diff(t) < 0):  # a clock step back: keep the block sorted
+        order = np.argsort(t, kind="stable")
+        columns = {k: v[order] for k, v in columns.items()}
+    rank = columns.get("rank")
+    if rank is None:
+        return [Block(kind, None, columns)]
+    blocks = []
+    for r in np.unique(rank):
+        if np.isnan(r):
+            continue
+        mask = rank == r
+        cols = columns if mask.all() else {k: v[mask] for k, v in columns.items()}
+        blocks.append(_slim(Block(kind, int(r), cols)))
+    return blocks
+
+
+def _parse_fast(kind: str, lines: list[bytes]) -> tuple[list[Block], list[Event], int]:
+    """Columns where the layout allows, json for the rest (halving the lines to isolate odd ones)."""
+    if len(lines) < MIN_FAST_LINES:
+        events, bad = _json_events(lines)
+        return [], events, bad
+    columns = parse_uniform(lines)
+    if columns is not None:
+        return _blocks_from_columns(kind, columns), [], 0
+    half = len(lines) // 2
+    b1, e1, bad1 = _parse_fast(kind, lines[:half])
+    b2, e2, bad2 = _parse_fast(kind, lines[half:])
+    return b1 + b2, e1 + e2, bad1 + bad2
+
+
+def parse_lines(lines: list[bytes]) -> tuple[list[Block], list[Event], int]:
+    """Whole lines of one file: blocks for the fast kinds, events for the rest, and the bad line count."""
+    blocks: list[Block] = []
+    rest = lines
+    events: list[Event] = []
+    bad = 0
+    for kind in FAST_KINDS:
+        marker = f'"kind":"{kind}"'.encode()
+        fast = [line for line in rest if marker in line]
+        if not fast:
+            continue
+        rest = [line for line in rest if marker not in line]
+        b, e, n = _parse_fast(kind, fast)
+        blocks += b
+        events += e
+        bad += n
+    e, n = _json_events(rest)
+    events += e
+    events.sort(key=lambda ev: ev["t"])
+    return blocks, events, bad + n
+
+
+def read_file(path: Path, start: int = 0, chunk_bytes: int | None = None) -> Iterator[FileChunk]:
+    """Chunks of whole lines from `start` to the last newline of the file."""
+    try:
+        f = open(path, "rb")  # noqa: SIM115 - closed below; chunks are yielded in between
+    except FileNotFoundError:
+        return
+    chunk_bytes = chunk_bytes or CHUNK_BYTES
+    with f:
+        f.seek(start)
+        partial = b""
+        while True:
+            chunk = f.read(chunk_bytes)
+            if not chunk:
+                break
+            data = partial + chunk
+            cut = data.rfind(b"\n")
+            if cut < 0:
+                partial = data
+                continue
+            partial = data[cut + 1 :]
+            lines = data[:cut].split(b"\n")
+            blocks, events, bad = parse_lines(lines)
+            offset = f.tell() - len(partial)
+            yield FileChunk(blocks, events, offset, bad)
+
+
+def read_record(
+    events_dir: Path,
+    offsets: dict[Path, int] | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> tuple[list[Block], list[Event], dict[Path, int], int]:
+    """Every event file under `events_dir` (from `offsets` where given).
+
+    Returns the blocks, the other events, the new offsets and the count of bad lines."""
+    offsets = dict(offsets or {})
+    paths = sorted(events_dir.glob("*.jsonl")) if events_dir.is_dir() else []
+    total = sum(max(0, p.stat().st_size - offsets.get(p, 0)) for p in paths)
+    done = 0
+    blocks: list[Block] = []
+    events: list[Event] = []
+    bad = 0
+    for path in paths:
+        start = offsets.get(path, 0)
+        for chunk in read_file(path, start):
+            blocks += chunk.blocks
+            events += chunk.events
+            bad += chunk.bad_lines
+            done += chunk.offset - offsets.get(path, start)
+            offsets[path] = chunk.offset
+            if progress is not None:
+                progress(done, total)
+        offsets.setdefault(path, start)
+    events.sort(key=lambda e: e["t"])
+    return merge_blocks(blocks), events, offsets, bad
+
+
+def merge_blocks(blocks: list[Block]) -> list[Block]:
+    """Join consecutive blocks of the same kind and rank with the same columns into one."""
+    groups: dict[tuple[str, int | None, tuple[str, ...]], list[Block]] = {}
+    for b in blocks:
+        groups.setdefault((b.kind, b.rank, tuple(b.columns)), []).append(b)
+    merged = []
+    for (kind, _rank, keys), parts in groups.items():
+        if len(parts) == 1:
+            merged.append(parts[0])
+            continue
+        columns = {k: np.concatenate([p.columns[k] for p in parts]) for k in keys}
+        merged.extend(_blocks_from_columns(kind, columns))
+    merged.sort(key=lambda b: float(b.t[0]) if len(b) else 0.0)
+    return merged
+
+
+def sample_file(path: Path, samples: int, edge_bytes: int) -> list[Event]:
+    """A quick look at a big file: its first and last `edge_bytes` whole, `samples` lines spread between."""
+    try:
+        f = open(path, "rb")  # noqa: SIM115 - closed below
+    except FileNotFoundError:
+        return []
+    with f:
+        size = f.seek(0, 2)
+        if size <= 2 * edge_bytes + samples * 256:
+            f.seek(0)
+            data = f.read()
+            return _json_events(data[: data.rfind(b"\n") + 1].split(b"\n"))[0]
+        lines: list[bytes] = []
+        f.seek(0)
+        head = f.read(edge_bytes)
+        lines += head[: head.rfind(b"\n")].split(b"\n")
+        for k in range(samples):
+            pos = edge_bytes + (size - 2 * edge_bytes) * k // samples
+            f.seek(pos)
+            piece = f.read(4096)
+            start = piece.find(b"\n") + 1
+            end = piece.find(b"\n", start)
+            if start > 0 and end > start:
+                lines.append(piece[start:end])
+        f.seek(size - edge_bytes)
+        tail = f.read(edge_bytes)
+        lines += tail[tail.find(b"\n") + 1 : tail.rfind(b"\n")].split(b"\n")
+        return _json_events(lines)[0]
+
+
+def sample_record(events_dir: Path, samples: int, edge_bytes: int) -> list[Event]:
+    """`sample_file` over every event file, merged by time."""
+    paths = sorted(events_dir.glob("*.jsonl")) if events_dir.is_dir() else []
+    events = [e for p in paths for e in sample_file(p, samples, edge_bytes)]
+    events.sort(key=lambda e: e["t"])
+    return events

@@ -52,7 +52,34 @@ def cmd_run(args: argparse.Namespace) -> int:
         console.print(f"detached: follow with `cockpit ls`, stop with `cockpit stop {run_dir.name}`")
         print(run_dir)
         return 0
+    if not args.no_ui:
+        return _open_app(run_dir, live=True)
     return _follow_headless(run_dir, supervisor.poll)
+
+
+def _open_app(run_dir: Path, *, live: bool, speed: float = 1.0) -> int:
+    """The full-screen app on a run; leaving it never stops the run."""
+    from cockpit.app.app import run_app
+    from cockpit.record import load_manifest
+
+    how = run_app(run_dir, live=live, speed=speed)
+    status = load_manifest(run_dir).get("status", "?")
+    if live and status in ("running", "planned"):
+        console.print(f"{how}: run {run_dir.name} goes on; `cockpit attach {run_dir.name}` to watch it again")
+        return 0
+    console.print(f"run {run_dir.name}: {status}")
+    return EXIT_CODES.get(status, 0) if live else 0
+
+
+# --- attach, replay ---------------------------------------------------------------------------------
+def cmd_attach(args: argparse.Namespace) -> int:
+    return _open_app(_find(args), live=True)
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    if args.speed <= 0:
+        raise UsageError("--speed must be positive")
+    return _open_app(_find(args), live=False, speed=args.speed)
 
 
 def _follow_headless(run_dir: Path, poll: Any) -> int:
@@ -400,6 +427,19 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--host-ram-gib", type=float, help="host RAM in GiB")
     plan.add_argument("--format", choices=("text", "json"), default="text", help="text tables or JSON")
     plan.set_defaults(func=cmd_plan)
+
+    attach = sub.add_parser(
+        "attach", parents=[common], help="open the app on a running run, with its whole history"
+    )
+    attach.add_argument("run", help="run id, unique id prefix, path, or 'latest'")
+    attach.set_defaults(func=cmd_attach)
+
+    replay = sub.add_parser("replay", parents=[common], help="play a saved run record back in the app")
+    replay.add_argument("run", help="run id, unique id prefix, path, or 'latest'")
+    replay.add_argument(
+        "--speed", type=float, default=1.0, help="times real time (default 1; + and - in the app)"
+    )
+    replay.set_defaults(func=cmd_replay)
     return parser
 
 

@@ -1,0 +1,239 @@
+"""The cockpit app: a Playback driven by one worker thread, shown by one screen.
+
+The follow worker (`@work(thread=True, exclusive=True)`) owns the Playback: it reads the record,
+moves the clock, folds, builds a frozen `Snapshot` and posts it; it never touches a widget. The UI
+thread only shows snapshots and turns keys into commands (queued on the Playback, or written as a
+request file through `cockpit.control` by another worker). Live and replay are the same app: only
+the Playback's clock differs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, ClassVar
+
+from textual import work
+from textual.app import App
+from textual.binding import Binding, BindingType
+from textual.worker import get_current_worker
+
+from cockpit.app.messages import SnapshotReady, StopSent
+from cockpit.app.model import Snapshot, build_snapshot
+from cockpit.app.screens.confirm import ConfirmStop
+from cockpit.app.screens.run import RunScreen
+from cockpit.record.format import TERMINAL_STATUSES
+from cockpit.record.playback import Playback
+
+LIVE_REFRESH_S = 0.5
+REPLAY_REFRESH_S = 0.25
+LOAD_SLICE_S = 0.2  # while reading a long history: show progress this often
+
+
+class CockpitApp(App[str]):
+    """Watch one run: live (`cockpit run`, `cockpit attach`) or from its record (`cockpit replay`)."""
+
+    CSS_PATH = "cockpit.tcss"
+    TITLE = "cockpit"
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("s", "stop", "Stop run"),
+        Binding("d", "detach", "Detach"),
+        Binding("q", "quit", "Quit"),
+        Binding("l", "toggle_log", "Log"),
+        Binding("space", "toggle_pause", "Pause"),
+        Binding("plus,equals_sign,right_square_bracket", "faster", "Faster", key_display="+"),
+        Binding("minus,left_square_bracket", "slower", "Slower", key_display="-"),
+        Binding("e,end", "jump_end", "End"),
+    ]
+
+    def __init__(
+        self,
+        run_dir: Path | None = None,
+        *,
+        live: bool = True,
+        speed: float = 1.0,
+        now: Callable[[], float] = time.time,
+        refresh_s: float | None = None,
+        playback: Playback | None = None,
+    ) -> None:
+        super().__init__()
+        if playback is None:
+            if run_dir is None:
+                raise ValueError("a run directory or a Playback is needed")
+            playback = Playback(run_dir, live=live, speed=speed, now=now)
+        self.playback = playback
+        self.run_dir = playback.paths.root
+        self.refresh_s = refresh_s or (LIVE_REFRESH_S if playback.live else REPLAY_REFRESH_S)
+        self.last_snapshot: Snapshot | None = None
+        self.shown = 0  # snapshots shown so far
+        self.timings: deque[tuple[float, float, float]] = deque(maxlen=200)  # ms: tick, build, show
+        self._dots: dict[str, int] = {}
+        self._wake = threading.Event()
+        self._in_flight = threading.Event()
+        self._status: str | None = None
+        self.run_screen = RunScreen()
+
+    # --- start -----------------------------------------------------------------------------------
+    def on_mount(self) -> None:
+        self.push_screen(self.run_screen)
+        self.follow()  # at once: the first snapshot need not wait for the first layout
+        self.call_after_refresh(self._update_dots)
+
+    def _update_dots(self) -> None:
+        if self.run_screen.is_mounted:
+            self._dots = self.run_screen.dot_columns()
+
+    def on_resize(self) -> None:
+        self.call_after_refresh(self._update_dots)
+        self._wake.set()
+
+    # --- the worker --------------------------------------------------------------------------------
+    @work(thread=True, exclusive=True, group="follow", name="follow")
+    def follow(self) -> None:
+        """Read, tick, snapshot, post; until the app closes. Never touches a widget."""
+        worker = get_current_worker()
+        pb = self.playback
+        preview: Snapshot | None = None
+        if not pb.loaded and pb.live and pb.needs_preview():
+            # A big record, live: a sampled first frame now, the exact one once every line is read.
+            pb.preview()
+            preview = build_snapshot(pb, dict(self._dots))
+            self._in_flight.set()
+            self.post_message(SnapshotReady(preview))
+        while not worker.is_cancelled:
+            if not pb.loaded:
+                # Read for a while, then show what is complete so far (a replay starts playing).
+                deadline = time.perf_counter() + LOAD_SLICE_S
+                while pb.load_step() and time.perf_counter() < deadline:
+                    pass
+                if pb.loaded:
+                    # The history is read once and lives as long as the app: keep the garbage
+                    # collector from walking its objects again and again (a full pass stalls a refresh).
+                    gc.collect()
+                    gc.freeze()
+                elif pb.previewing and preview is not None:
+                    # The preview stays on screen until the exact fold is complete; only its progress moves.
+                    if not self._in_flight.is_set():
+                        header = dataclasses.replace(preview.header, loading=pb.load_fraction)
+                        self._in_flight.set()
+                        self.post_message(SnapshotReady(dataclasses.replace(preview, header=header)))
+                    continue
+            t0 = time.perf_counter()
+            pb.tick()
+            self._post(tick_ms=(time.perf_counter() - t0) * 1000)
+            if pb.loaded:
+                self._wake.wait(self.refresh_s)
+                self._wake.clear()
+
+    def _post(self, force: bool = False, tick_ms: float = 0.0) -> None:
+        # Hold back while the previous snapshot is still waiting to be shown: the UI thread is busy.
+        if self._in_flight.is_set() and not force:
+            return
+        snapshot = build_snapshot(self.playback, dict(self._dots), tick_ms=tick_ms)
+        self._in_flight.set()
+        self.post_message(SnapshotReady(snapshot))
+
+    def on_snapshot_ready(self, message: SnapshotReady) -> None:
+        t0 = time.perf_counter()
+        snapshot = message.snapshot
+        self.last_snapshot = snapshot
+        if self.run_screen.ready:
+            self.run_screen.show(snapshot)  # also while a dialog is over it; else shown once mounted
+        self.shown += 1
+        self.timings.append((snapshot.tick_ms, snapshot.built_ms, (time.perf_counter() - t0) * 1000))
+        self._in_flight.clear()
+        if snapshot.header.status != self._status:
+            self._status = snapshot.header.status
+            self.refresh_bindings()
+        self._update_dots()
+
+    # --- commands ----------------------------------------------------------------------------------
+    def _run_is_active(self) -> bool:
+        return self.playback.live and (self._status or "running") not in TERMINAL_STATUSES
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action == "stop":
+            if not self.playback.live:
+                return False  # a replay cannot stop anything
+            return True if self._run_is_active() else None
+        if action == "detach":
+            return self.playback.live
+        return True
+
+    def action_stop(self) -> None:
+        if not self._run_is_active():
+            return
+
+        def answered(yes: bool | None) -> None:
+            if yes:
+                self.send_stop()
+
+        run_id = self.last_snapshot.header.run_id if self.last_snapshot else self.run_dir.name
+        self.push_screen(ConfirmStop(run_id), answered)
+
+    @work(thread=True, exclusive=True, group="control", name="send-stop")
+    def send_stop(self) -> None:
+        """Write the stop request (a file in the run's control folder)."""
+        from cockpit.control import request_stop
+
+        try:
+            first = request_stop(self.run_dir)
+        except OSError as exc:
+            self.post_message(StopSent(False, f"could not ask for a stop: {exc}"))
+            return
+        detail = (
+            "stop requested: checkpoint at the next step, then exit"
+            if first
+            else "a stop was already requested"
+        )
+        self.post_message(StopSent(True, detail))
+
+    def on_stop_sent(self, message: StopSent) -> None:
+        self.notify(message.detail, severity="information" if message.ok else "error")
+        self._wake.set()
+
+    def action_detach(self) -> None:
+        self.exit("detached")
+
+    async def action_quit(self) -> None:
+        self.exit("quit")
+
+    def action_toggle_log(self) -> None:
+        self.run_screen.query_one("#log").toggle_class("-hidden")
+
+    def _command(self, name: str, *args: Any) -> None:
+        self.playback.command(name, *args)
+        self._wake.set()
+
+    def action_toggle_pause(self) -> None:
+        self._command("toggle_pause")
+
+    def action_faster(self) -> None:
+        self._command("faster")
+
+    def action_slower(self) -> None:
+        self._command("slower")
+
+    def action_jump_end(self) -> None:
+        self._command("end")
+
+    def on_unmount(self) -> None:
+        self._wake.set()
+
+
+def make_app(
+    run_dir: Path, *, live: bool, speed: float = 1.0, now: Callable[[], float] = time.time
+) -> CockpitApp:
+    """The app as the CLI builds it (tests and screenshots build it the same way)."""
+    return CockpitApp(run_dir, live=live, speed=speed, now=now)
+
+
+def run_app(run_dir: Path, *, live: bool, speed: float = 1.0) -> str:
+    """Open the app on a run; returns how it was left (`detached`, `quit`)."""
+    result = make_app(run_dir, live=live, speed=speed).run()
+    return result or "quit"

@@ -1,0 +1,27 @@
+"""Every message the app's workers post, in one place (attributes down, messages up)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from textual.message import Message
+
+from cockpit.app.model import Snapshot
+
+
+@dataclass
+class SnapshotReady(Message):
+    """The follow worker has a new state to show. A newer one replaces one not yet handled."""
+
+    snapshot: Snapshot
+
+    def can_replace(self, message: Message) -> bool:
+        return isinstance(message, SnapshotReady)
+
+
+@dataclass
+class StopSent(Message):
+    """The stop request was written (or could not be)."""
+
+    ok: bool
+    detail: str

@@ -1,0 +1,49 @@
+"""The run screen: header, four charts, the audit and the tail of the output log."""
+
+from __future__ import annotations
+
+from textual.app import ComposeResult
+from textual.containers import Grid, Horizontal, VerticalScroll
+from textual.screen import Screen
+from textual.widgets import Footer
+
+from cockpit.app.model import CHARTS, Snapshot
+from cockpit.app.widgets.chart import BrailleChart
+from cockpit.app.widgets.panels import AuditPanel, LogPane, RunHeader
+
+TITLES = {"loss": "loss", "throughput": "tokens/s", "gpu": "GPU memory", "host": "host RAM"}
+
+
+class RunScreen(Screen[None]):
+    """One run, live or replayed: the same screen, fed the same snapshots."""
+
+    def compose(self) -> ComposeResult:
+        yield RunHeader(id="header")
+        with Grid(id="charts"):
+            for name in CHARTS:
+                yield BrailleChart(TITLES[name], id=f"chart-{name}", classes="chart")
+        with Horizontal(id="bottom"):
+            with VerticalScroll(id="audit-box"):
+                yield AuditPanel(id="audit")
+            yield LogPane(id="log")
+        yield Footer()
+
+    ready = False  # composed and mounted: snapshots can be shown
+
+    def on_mount(self) -> None:
+        self.query_one("#audit-box").border_title = "audit: applied against asked"
+        self.ready = True
+        snapshot = getattr(self.app, "last_snapshot", None)
+        if snapshot is not None:
+            self.show(snapshot)
+
+    def dot_columns(self) -> dict[str, int]:
+        """How many buckets each chart can show (read by the follow worker)."""
+        return {name: self.query_one(f"#chart-{name}", BrailleChart).dot_columns for name in CHARTS}
+
+    def show(self, snapshot: Snapshot) -> None:
+        self.query_one(RunHeader).show(snapshot.header)
+        for name, chart in snapshot.charts.items():
+            self.query_one(f"#chart-{name}", BrailleChart).set_data(chart)
+        self.query_one(AuditPanel).show(snapshot.audit)
+        self.query_one(LogPane).show(snapshot.log_lines)

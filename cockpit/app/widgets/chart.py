@@ -1,0 +1,205 @@
+"""A braille line chart: each cell is 2×4 dots, each dot column one bucket of the data.
+
+The data arrives already bucketed to the widget's width (min/max per dot column, see
+`cockpit.downsample`), so drawing costs the same for a 4-minute run and a 26-hour one. Strips are
+built once per snapshot or resize and served from a cache in `render_line`.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from rich.segment import Segment
+from rich.style import Style
+from textual.geometry import Size
+from textual.strip import Strip
+from textual.widget import Widget
+
+from cockpit.app.model import ChartData
+
+GUTTER = 8  # y-axis labels
+# Braille dot bits, [row][column] within a cell.
+_BITS = np.array([[0x01, 0x08], [0x02, 0x10], [0x04, 0x20], [0x40, 0x80]], dtype=np.int64)
+_AXIS = Style(color="#8a8a8a")
+_NOTE = Style(color="#8a8a8a", italic=True)
+
+
+def fmt_axis(value: float, unit: str, span: float = 0.0) -> str:
+    """A y-axis label, with as many decimals as the span of the axis needs to tell labels apart."""
+    decimals = min(4, max(0, math.ceil(-math.log10(span)) + 1)) if span > 0 else 2
+    if value == 0:
+        return "0"
+    if unit == "mib":
+        if abs(value) >= 1024 or span >= 1024:
+            return f"{value / 1024:.{1 if span >= 10 * 1024 else 2}f}G"
+        return f"{value:.0f}M"
+    a = abs(value)
+    if a >= 1e6:
+        return f"{value / 1e6:.1f}M"
+    if a >= 1e4:
+        return f"{value / 1e3:.0f}k"
+    return f"{value:.{decimals}f}"
+
+
+def fmt_elapsed(seconds: float) -> str:
+    seconds = int(max(0, seconds))
+    h, rem = divmod(seconds, 3600)
+    m, s = divmod(rem, 60)
+    return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
+
+
+def _fit(values: np.ndarray, width: int) -> np.ndarray:
+    """Stretch or squeeze bucket arrays to `width` columns (until the next snapshot has the new width)."""
+    if len(values) == width:
+        return values
+    if len(values) == 0:
+        return np.full(width, np.nan)
+    return values[(np.arange(width) * len(values)) // width]
+
+
+def raster(chart: ChartData, cols: int, rows: int) -> tuple[np.ndarray, np.ndarray]:
+    """Braille codes (rows × cols) and, per cell, the index of the trace drawn on top (-1: none)."""
+    w, h = cols * 2, rows * 4
+    codes = np.zeros((rows, cols), dtype=np.int64)
+    owner = np.full((rows, cols), -1, dtype=np.int64)
+    if cols <= 0 or rows <= 0:
+        return codes, owner
+    span = chart.y_hi - chart.y_lo or 1.0
+    row_index = np.arange(h)[:, None]
+    for k, trace in enumerate(chart.traces):
+        ymin, ymax = _fit(trace.ymin, w), _fit(trace.ymax, w)
+        valid = ~np.isnan(ymin)
+        present = np.flatnonzero(valid)
+        if len(present) == 0:
+            continue
+        # Columns without data between two with data: join them with a straight line.
+        a, b = present[0], present[-1] + 1
+        xs = np.arange(a, b)
+        lo_y = np.interp(xs, present, ymin[valid])
+        hi_y = np.interp(xs, present, ymax[valid])
+        top = np.clip(np.rint((chart.y_hi - hi_y) / span * (h - 1)), 0, h - 1).astype(np.int64)
+        bot = np.clip(np.rint((chart.y_hi - lo_y) / span * (h - 1)), 0, h - 1).astype(np.int64)
+        # Join each column to the one before it, so a steep move stays one unbroken stroke.
+        if len(xs) > 1:
+            t0, b0 = top.copy(), bot.copy()
+            top[1:] = np.where(t0[1:] > b0[:-1], b0[:-1], t0[1:])
+            bot[1:] = np.where(b0[1:] < t0[:-1], t0[:-1], b0[1:])
+        mask = np.zeros((h, w), dtype=bool)
+        mask[:, a:b] = (row_index >= top[None, :]) & (row_index <= bot[None, :])
+        cells = mask.reshape(rows, 4, cols, 2)
+        code = np.einsum("rico,io->rc", cells.astype(np.int64), _BITS)
+        codes |= code
+        owner[code != 0] = k
+    return codes, owner
+
+
+class BrailleChart(Widget):
+    """A titled chart: legend line, braille plot with a y-axis gutter, elapsed-time axis."""
+
+    DEFAULT_CSS = """
+    BrailleChart {
+        height: 1fr;
+        width: 1fr;
+    }
+    """
+
+    def __init__(self, title: str, *, id: str | None = None, classes: str | None = None) -> None:
+        super().__init__(id=id, classes=classes)
+        self.border_title = title
+        self.data: ChartData | None = None
+        self._strips: list[Strip] = []
+        self._built_for: tuple[int, int] | None = None
+
+    @property
+    def dot_columns(self) -> int:
+        """Dot columns of the plot (the content less the y-axis gutter): one bucket each."""
+        return 2 * max(0, self.size.width - GUTTER)
+
+    def set_data(self, data: ChartData) -> None:
+        self.data = data
+        self.border_title = data.title
+        self.border_subtitle = data.note or None
+        self._rebuild()
+        self.refresh()
+
+    def on_resize(self) -> None:
+        self._rebuild()
+
+    def _rebuild(self) -> None:
+        width, height = self.size.width, self.size.height
+        self._built_for = (width, height)
+        blank = Strip([Segment(" " * width)], width) if width else Strip.blank(0)
+        if self.data is None or width <= GUTTER or height < 3:
+            self._strips = [blank] * height
+            return
+        data = self.data
+        strips = self._legend(data, width, max_lines=2 if height >= 10 else 1)
+        cols, rows = width - GUTTER, height - 1 - len(strips)
+        codes, owner = raster(data, cols, rows)
+        empty = not np.any(owner >= 0)
+        styles = [Style(color=t.color) for t in data.traces]
+        span = data.y_hi - data.y_lo
+        labels = {0: fmt_axis(data.y_hi, data.y_unit, span), rows - 1: fmt_axis(data.y_lo, data.y_unit, span)}
+        if rows >= 5:
+            labels[(rows - 1) // 2] = fmt_axis((data.y_hi + data.y_lo) / 2, data.y_unit, span)
+        for r in range(rows):
+            label = labels.get(r, "")
+            segments = [
+                Segment(
+                    label.rjust(GUTTER - 2)[: GUTTER - 2] + " ┤" if label else " " * (GUTTER - 1) + "│", _AXIS
+                )
+            ]
+            row_codes, row_owner = codes[r].tolist(), owner[r].tolist()
+            run_owner, run_chars = -2, []
+            for code, who in zip(row_codes, row_owner, strict=True):
+                if who != run_owner and run_chars:
+                    segments.append(
+                        Segment("".join(run_chars), styles[run_owner] if run_owner >= 0 else None)
+                    )
+                    run_chars = []
+                run_owner = who
+                run_chars.append(chr(0x2800 + code) if code else " ")
+            if run_chars:
+                segments.append(Segment("".join(run_chars), styles[run_owner] if run_owner >= 0 else None))
+            if empty and r == rows // 2:
+                segments = [segments[0], Segment("no data yet".center(cols)[:cols], _NOTE)]
+            strips.append(Strip(segments, width))
+        strips.append(self._x_axis(data, width))
+        self._strips = strips
+
+    def _legend(self, data: ChartData, width: int, max_lines: int = 2) -> list[Strip]:
+        """One line of `━ label value` entries, or two when they do not fit in one."""
+        lines: list[list[Segment]] = [[Segment(" ")]]
+        used = 1
+        for t in data.traces:
+            text = f"{t.label} {t.value}".rstrip() + "  "
+            if used + len(text) + 2 > width:
+                if len(lines) == max_lines:
+                    break
+                lines.append([Segment(" ")])
+                used = 1
+            lines[-1] += [Segment("━ ", Style(color=t.color, bold=True)), Segment(text)]
+            used += len(text) + 2
+        return [Strip(segs).crop(0, width).extend_cell_length(width) for segs in lines]
+
+    def _x_axis(self, data: ChartData, width: int) -> Strip:
+        cols = width - GUTTER
+        left, right = fmt_elapsed(data.x_lo), fmt_elapsed(data.x_hi)
+        mid = fmt_elapsed((data.x_lo + data.x_hi) / 2)
+        line = [" "] * cols
+        for pos, text in ((0, left), ((cols - len(mid)) // 2, mid), (cols - len(right), right)):
+            for i, ch in enumerate(text):
+                if 0 <= pos + i < cols:
+                    line[pos + i] = ch
+        return Strip([Segment(" " * (GUTTER - 1) + "└", _AXIS), Segment("".join(line), _AXIS)], width)
+
+    def render_line(self, y: int) -> Strip:
+        if self._built_for != (self.size.width, self.size.height):
+            self._rebuild()
+        if 0 <= y < len(self._strips):
+            return self._strips[y]
+        return Strip.blank(self.size.width)
+
+    def get_content_height(self, container: Size, viewport: Size, width: int) -> int:
+        return container.height

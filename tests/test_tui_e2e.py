@@ -1,0 +1,92 @@
+"""End to end: the app on a real tiny run, detached mid-run; the run goes on; replay draws the same.
+
+The one real run of the TUI tests (60 steps: a few minutes on 2 CPU cores).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from cockpit.app.app import make_app
+from cockpit.app.model import build_charts
+from cockpit.record import load_manifest, read_events
+from cockpit.record.playback import Playback
+from tests.conftest import run_cockpit
+
+pytestmark = pytest.mark.e2e
+
+
+async def watch_then_detach(run_dir: Path) -> dict:
+    app = make_app(run_dir, live=True)
+    seen: dict = {}
+    async with app.run_test(size=(120, 40)) as pilot:
+        deadline = time.monotonic() + 900
+        while True:
+            snap = app.last_snapshot
+            if snap is not None and snap.header.step >= 3 and app.playback.series.telemetry_samples >= 3:
+                break
+            assert time.monotonic() < deadline, "no steps within 15 minutes"
+            await pilot.pause(0.5)
+        seen["step"] = snap.header.step
+        seen["eta"] = snap.header.eta_s
+        seen["charts"] = {
+            name: any(np.any(~np.isnan(t.ymax)) for t in chart.traces) for name, chart in snap.charts.items()
+        }
+        await pilot.press("d")
+        await pilot.pause()
+    seen["result"] = app.return_value
+    return seen
+
+
+def test_app_follows_a_real_run_detaches_and_replay_draws_the_same(tmp_path: Path, asset_cache: Path) -> None:
+    runs = tmp_path / "runs"
+    # A short real run (60 steps, no evaluation): the app's part is the same at any length.
+    args = [
+        "run",
+        "--detach",
+        "--runs-dir",
+        str(runs),
+        "--set",
+        "training.max_steps=60",
+        "--set",
+        "eval.enabled=false",
+    ]
+    started = run_cockpit(args, asset_cache, timeout=300)
+    assert started.returncode == 0, started.stderr[-2000:]
+    run_dir = Path(started.stdout.strip().splitlines()[-1])
+
+    seen = asyncio.run(watch_then_detach(run_dir))
+    assert seen["result"] == "detached" and seen["step"] >= 3 and seen["eta"] is not None
+    assert seen["charts"] == {"loss": True, "throughput": True, "gpu": True, "host": True}
+    assert load_manifest(run_dir)["status"] == "running"  # leaving the app left the run going
+
+    deadline = time.time() + 1800
+    while load_manifest(run_dir)["status"] == "running":
+        assert time.time() < deadline, "the run did not end"
+        time.sleep(2)
+    assert load_manifest(run_dir)["status"] == "finished"
+    kinds = [
+        json.loads(line)["kind"] for line in (run_dir / "events" / "telemetry.jsonl").read_text().splitlines()
+    ]
+    assert kinds[0] == "telemetry_start" and kinds.count("telemetry") >= 3 and kinds[-1] == "telemetry_end"
+
+    live = Playback(run_dir, live=True)
+    live.load()
+    live.tick()
+    replay = Playback(run_dir, live=False)
+    replay.load()
+    replay.command("end")
+    replay.tick()
+    steps = [e for e in read_events(run_dir, "step") if e["rank"] == 0]
+    assert live.view.step == replay.view.step == steps[-1]["step"]
+    dots = dict.fromkeys(("loss", "throughput", "gpu", "host"), 120)
+    a, b = build_charts(live, dots), build_charts(replay, dots)
+    for name in a:
+        for ta, tb in zip(a[name].traces, b[name].traces, strict=True):
+            np.testing.assert_array_equal(ta.ymax, tb.ymax)

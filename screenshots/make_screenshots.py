@@ -1,0 +1,68 @@
+"""Write the README's pictures: `screenshots/*.svg` of the app at 120×40.
+
+- `run-live.svg`: the run screen following the recorded tiny run, mid-run (the record cut at half
+  its length, the clock at that moment);
+- `replay.svg`: `cockpit replay` of the same record at 8×, paused at the same moment;
+- `run-4gpu-26h.svg`: the run screen over a generated 26-hour, 4-GPU record (the benchmark's).
+
+    python screenshots/make_screenshots.py
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "benchmarks")]
+
+from replay_large import generate  # noqa: E402
+from tui_helpers import FIXTURE, copy_until, fixture_times  # noqa: E402
+
+from cockpit.app.app import CockpitApp, make_app  # noqa: E402
+from cockpit.record.playback import Playback  # noqa: E402
+
+SIZE = (120, 40)
+OUT = ROOT / "screenshots"
+
+
+async def shoot(app: CockpitApp, path: Path) -> None:
+    async with app.run_test(size=SIZE) as pilot:
+        deadline = time.monotonic() + 120
+        while not (app.last_snapshot and app.last_snapshot.header.loading is None):
+            if time.monotonic() > deadline:
+                raise TimeoutError(path.name)
+            await pilot.pause(0.05)
+        seen = app.shown
+        while app.shown < seen + 1:
+            await pilot.pause(0.05)
+        await pilot.pause()
+        app.save_screenshot(path.name, str(path.parent))
+    print(f"wrote {path.relative_to(ROOT)}")
+
+
+async def main() -> None:
+    first, last = fixture_times()
+    mid = first + (last - first) / 2
+    with tempfile.TemporaryDirectory() as tmp:
+        run = copy_until(Path(tmp), mid)
+        await shoot(make_app(run, live=True, now=lambda: mid + 1.0), OUT / "run-live.svg")
+
+        pb = Playback(FIXTURE, live=False, speed=8.0, now=lambda: 0.0)
+        pb.load()
+        pb.command("seek", mid)
+        pb.command("pause")
+        await shoot(CockpitApp(playback=pb), OUT / "replay.svg")
+
+        big = Path(tmp) / "20260101-000000-qwen3-235b-4xh100-0000"
+        generate(big, steps=100_000, ranks=4, gpus=4, samples=100_000)
+        await shoot(make_app(big, live=True), OUT / "run-4gpu-26h.svg")
+        shutil.rmtree(big, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

@@ -186,3 +186,17 @@ async def test_live_app_follows_a_record_written_by_another_process(tmp_path: Pa
     finally:
         writer.kill()
         writer.wait()
+
+
+@sync
+async def test_a_live_view_says_when_the_supervisor_is_gone(tmp_path: Path) -> None:
+    import json
+
+    run = copy_until(tmp_path, MID)
+    manifest = json.loads((run / "run.json").read_text())
+    manifest["supervisor_pid"] = 2**22 + 4321  # no such process
+    (run / "run.json").write_text(json.dumps(manifest))
+    app = live_app(run)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: app.shown > 0 and app.last_snapshot.header.warning is not None)
+        assert "supervisor lost" in app.last_snapshot.header.warning

@@ -47,6 +47,8 @@ def copy_until(dst_parent: Path, until: float | None = None, src: Path = FIXTURE
         (dst / "events" / path.name).write_text("".join(kept))
     manifest = json.loads((src / "run.json").read_text())
     manifest.update(status="running", ended_at=None, exit_code=None, diagnosis=None)
+    for owner in ("supervisor_pid", "trainer_pgid"):  # no process owns this copy
+        manifest.pop(owner, None)
     (dst / "run.json").write_text(json.dumps(manifest, indent=2))
     (dst / "output.log").write_text(_cut_log((src / "output.log").read_text(), last_step))
     return dst
@@ -67,6 +69,8 @@ def feed(src: Path, dst: Path, speed: float) -> None:
     manifest = json.loads((src / "run.json").read_text())
     final = dict(manifest)
     manifest.update(status="running", ended_at=None, exit_code=None, diagnosis=None)
+    for owner in ("supervisor_pid", "trainer_pgid"):  # no process owns this copy
+        manifest.pop(owner, None)
     (dst / "events").mkdir(parents=True, exist_ok=True)
     (dst / "run.json").write_text(json.dumps(manifest, indent=2))
     files = {name: open(dst / "events" / name, "a") for _, name, _ in events}  # noqa: SIM115

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import math
 import threading
 import time
 from collections import deque
@@ -32,6 +33,7 @@ from cockpit.record.playback import Playback
 
 LIVE_REFRESH_S = 0.5
 REPLAY_REFRESH_S = 0.25
+OWNER_CHECK_S = 5.0  # how often a live view checks that the run's supervisor is still there
 LOAD_SLICE_S = 0.2  # while reading a long history: show progress this often
 
 
@@ -77,6 +79,8 @@ class CockpitApp(App[str]):
         self._in_flight = threading.Event()
         self._status: str | None = None
         self.run_screen = RunScreen()
+        self._lost: str | None = None  # set by the worker when a live run's supervisor is gone
+        self._owner_checked = -math.inf
 
     # --- start -----------------------------------------------------------------------------------
     def on_mount(self) -> None:
@@ -125,16 +129,29 @@ class CockpitApp(App[str]):
                     continue
             t0 = time.perf_counter()
             pb.tick()
+            self._check_owner()
             self._post(tick_ms=(time.perf_counter() - t0) * 1000)
             if pb.loaded:
                 self._wake.wait(self.refresh_s)
                 self._wake.clear()
 
+    def _check_owner(self) -> None:
+        """Live, every few seconds: is the supervisor still there? (Read only: nothing is written.)"""
+        pb = self.playback
+        now = time.monotonic()
+        if not pb.live or now - self._owner_checked < OWNER_CHECK_S or pb.status() != "running":
+            return
+        self._owner_checked = now
+        from cockpit.liveness import supervisor_alive
+
+        alive = supervisor_alive(pb.manifest, pb.paths.root) or not pb.manifest.get("supervisor_pid")
+        self._lost = None if alive else "supervisor lost: nothing will diagnose this run (see `cockpit ls`)"
+
     def _post(self, force: bool = False, tick_ms: float = 0.0) -> None:
         # Hold back while the previous snapshot is still waiting to be shown: the UI thread is busy.
         if self._in_flight.is_set() and not force:
             return
-        snapshot = build_snapshot(self.playback, dict(self._dots), tick_ms=tick_ms)
+        snapshot = build_snapshot(self.playback, dict(self._dots), tick_ms=tick_ms, lost=self._lost)
         self._in_flight.set()
         self.post_message(SnapshotReady(snapshot))
 

@@ -70,6 +70,7 @@ class Header:
     diagnosis: str | None
     stop_requested: bool
     eval_progress: str | None = None  # "adapter 120/200" while the evaluation stage runs
+    warning: str | None = None  # a stall suspected, the supervisor lost
 
 
 @dataclass(frozen=True)
@@ -221,7 +222,7 @@ def build_charts(pb: Playback, dots: dict[str, int]) -> dict[str, ChartData]:
     return charts
 
 
-def build_header(pb: Playback) -> Header:
+def build_header(pb: Playback, lost: str | None = None) -> Header:
     v = pb.view
     m = pb.manifest
     status = pb.status()
@@ -246,6 +247,7 @@ def build_header(pb: Playback) -> Header:
         loading=None if pb.loaded else pb.load_fraction,
         diagnosis=pb.series.diagnosis or m.get("diagnosis") if status in TERMINAL_STATUSES else None,
         stop_requested=pb.series.stop_requested,
+        warning=(lost or pb.manifest.get("warning")) if status == "running" and pb.follow else None,
         eval_progress=(
             f"{v.eval_system or 'eval'} {v.eval_done}/{v.eval_total}"
             if v.phase == "eval" and v.eval_total
@@ -270,12 +272,12 @@ def build_audit(pb: Playback) -> Audit | None:
 
 
 def build_snapshot(
-    pb: Playback, dots: dict[str, int], log_lines: int = 200, tick_ms: float = 0.0
+    pb: Playback, dots: dict[str, int], log_lines: int = 200, tick_ms: float = 0.0, lost: str | None = None
 ) -> Snapshot:
     """Everything the run screen shows, from the Playback as it stands (call on the Playback's thread)."""
     t0 = time.perf_counter()
     charts = build_charts(pb, dots)
-    header = build_header(pb)
+    header = build_header(pb, lost)
     audit = build_audit(pb)
     log = tuple(pb.output_tail(log_lines))
     return Snapshot(header, charts, audit, log, built_ms=(time.perf_counter() - t0) * 1000, tick_ms=tick_ms)

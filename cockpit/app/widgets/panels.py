@@ -60,6 +60,8 @@ def header_text(h: Header) -> Text:
         text.append(f" · reading history {h.loading:.0%}", "italic yellow")
     if h.diagnosis:
         text.append(f" · {h.diagnosis}", STATUS_STYLE.get(h.status, ""))
+    if h.warning:
+        text.append(f" · ⚠ {h.warning}", "bold yellow")
     return text
 
 

@@ -89,7 +89,7 @@ class CockpitApp(App[str]):
         self.call_after_refresh(self._update_dots)
 
     def _update_dots(self) -> None:
-        if self.run_screen.is_mounted:
+        if self.run_screen.ready:
             self._dots = self.run_screen.dot_columns()
 
     def on_resize(self) -> None:

@@ -37,8 +37,9 @@ def fmt_axis(value: float, unit: str, span: float = 0.0) -> str:
     a = abs(value)
     if a >= 1e6:
         return f"{value / 1e6:.1f}M"
-    if a >= 1e4:
-        return f"{value / 1e3:.0f}k"
+    if a >= 1e3:
+        k_decimals = min(3, max(0, math.ceil(-math.log10(span / 1e3)) + 1)) if span > 0 else 1
+        return f"{value / 1e3:.{k_decimals}f}k"
     return f"{value:.{decimals}f}"
 
 

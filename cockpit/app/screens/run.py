@@ -32,6 +32,9 @@ class RunScreen(Screen[None]):
 
     def on_mount(self) -> None:
         self.query_one("#audit-box").border_title = "audit: applied against asked"
+        self.call_after_refresh(self._ready)  # after the first refresh every child is in place
+
+    def _ready(self) -> None:
         self.ready = True
         snapshot = getattr(self.app, "last_snapshot", None)
         if snapshot is not None:

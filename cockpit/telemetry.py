@@ -15,6 +15,7 @@ Usage: `python -m cockpit.telemetry RUN_DIR --root-pid PID [--interval 1.0]`.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
 import sys
@@ -181,11 +182,11 @@ class Sampler:
 
     def run(self, max_samples: int | None = None) -> int:
         """Sample until stopped (SIGTERM/SIGINT), the root process is gone, or `max_samples` is reached."""
-        self.start_event()
         parent = os.getppid()
         n = 0
         next_t = time.monotonic()
         try:
+            self.start_event()
             while not self._stop:
                 self.sample()
                 n += 1
@@ -202,9 +203,14 @@ class Sampler:
                 end = time.monotonic() + delay
                 while not self._stop and time.monotonic() < end:
                     time.sleep(min(0.1, max(0.0, end - time.monotonic())))
+        except OSError as exc:  # a full disk: the run's own lines matter more than these
+            print(f"telemetry: stopped writing: {exc}", file=sys.stderr)
+            return 0
         finally:
-            self.writer.write("telemetry_end", samples=n)
-            self.writer.close()
+            with contextlib.suppress(OSError):
+                self.writer.write("telemetry_end", samples=n)
+            with contextlib.suppress(OSError):
+                self.writer.close()
             self.nvml.shutdown()
         return 0
 

@@ -164,3 +164,24 @@ def test_supervisor_reads_gpu_utilization_from_telemetry() -> None:
     assert sup.gpus_idle() is False
     sup._track_gpus([{"t": 3.0, "kind": "telemetry", "ram_used_mib": 1.0}])  # no GPU fields: unchanged
     assert sup.gpus_idle() is False
+
+
+def test_a_full_disk_stops_the_sampler_quietly(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml({"init"}))
+    sampler = Sampler(tmp_path, root_pid=None, interval_s=0.01)
+    calls = {"n": 0}
+    real_write = sampler.writer.write
+
+    def write(kind, **fields):
+        calls["n"] += 1
+        if calls["n"] > 2:
+            raise OSError(28, "No space left on device")
+        return real_write(kind, **fields)
+
+    monkeypatch.setattr(sampler.writer, "write", write)
+    assert sampler.run(max_samples=10) == 0
+    kinds = [
+        json.loads(line)["kind"]
+        for line in (tmp_path / "events" / "telemetry.jsonl").read_text().splitlines()
+    ]
+    assert kinds == ["telemetry_start", "telemetry"]

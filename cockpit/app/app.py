@@ -90,7 +90,7 @@ class CockpitApp(App[str]):
 
     def _update_dots(self) -> None:
         if self.run_screen.ready:
-            self._dots = self.run_screen.dot_columns()
+            self._dots = self.run_screen.dot_columns() or self._dots
 
     def on_resize(self) -> None:
         self.call_after_refresh(self._update_dots)

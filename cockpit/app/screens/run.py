@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from textual.app import ComposeResult
 from textual.containers import Grid, Horizontal, VerticalScroll
+from textual.css.query import NoMatches
 from textual.screen import Screen
 from textual.widgets import Footer
 
@@ -40,13 +41,22 @@ class RunScreen(Screen[None]):
         if snapshot is not None:
             self.show(snapshot)
 
+    def on_unmount(self) -> None:
+        self.ready = False
+
     def dot_columns(self) -> dict[str, int]:
         """How many buckets each chart can show (read by the follow worker)."""
-        return {name: self.query_one(f"#chart-{name}", BrailleChart).dot_columns for name in CHARTS}
+        try:
+            return {name: self.query_one(f"#chart-{name}", BrailleChart).dot_columns for name in CHARTS}
+        except NoMatches:  # the app is closing: its children are going
+            return {}
 
     def show(self, snapshot: Snapshot) -> None:
-        self.query_one(RunHeader).show(snapshot.header)
-        for name, chart in snapshot.charts.items():
-            self.query_one(f"#chart-{name}", BrailleChart).set_data(chart)
-        self.query_one(AuditPanel).show(snapshot.audit)
-        self.query_one(LogPane).show(snapshot.log_lines)
+        try:
+            self.query_one(RunHeader).show(snapshot.header)
+            for name, chart in snapshot.charts.items():
+                self.query_one(f"#chart-{name}", BrailleChart).set_data(chart)
+            self.query_one(AuditPanel).show(snapshot.audit)
+            self.query_one(LogPane).show(snapshot.log_lines)
+        except NoMatches:  # the app is closing: a last snapshot can arrive as the children go
+            return

@@ -94,6 +94,7 @@ class Recipe:
 
     def setup(self) -> None:
         from transformers import AutoTokenizer, DataCollatorForSeq2Seq, Trainer
+        from transformers.trainer_callback import PrinterCallback
 
         from trainer import data as data_mod
         from trainer import model as model_mod
@@ -138,6 +139,8 @@ class Recipe:
             ),
             callbacks=callbacks,
         )
+        # Our step line says the same in one readable line; HF's printed dict would double the log.
+        self.trainer.remove_callback(PrinterCallback)
 
     def samples_per_step(self, args: Any) -> int:
         return args.per_device_train_batch_size * args.gradient_accumulation_steps * args.world_size

@@ -174,6 +174,16 @@ def run_child(spec: dict[str, Any]) -> dict[str, Any]:
     def rss() -> float:
         return proc.memory_info().rss / GIB
 
+    def rss_anon() -> float:
+        """Anonymous resident memory: what the process owns, without mapped checkpoint pages."""
+        try:
+            for line in Path("/proc/self/status").read_text().splitlines():
+                if line.startswith("RssAnon:"):
+                    return int(line.split()[1]) * 1024 / GIB
+        except OSError:
+            pass
+        return float("nan")
+
     def peak_rss() -> float:
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2
 
@@ -232,7 +242,7 @@ def run_child(spec: dict[str, Any]) -> dict[str, Any]:
     model = attach_lora(profile, base)
     load_s = time.perf_counter() - t0
     census = parameter_census(model)
-    rss_loaded = rss()
+    rss_loaded, anon_loaded = rss(), rss_anon()
     expert_bytes = sum(
         p.ds_numel * p.element_size() if hasattr(p, "ds_numel") else p.numel() * p.element_size()
         for n, p in model.named_parameters()
@@ -259,6 +269,7 @@ def run_child(spec: dict[str, Any]) -> dict[str, Any]:
             # The DeepSpeed engine exists now: everything so far is the load phase.
             result["gpu_peak_load_gib"] = gpu_peak()
             result["rss_after_engine_gib"] = rss()
+            result["rss_anon_after_engine_gib"] = rss_anon()
             if cuda:
                 torch.cuda.synchronize()
                 torch.cuda.reset_peak_memory_stats()
@@ -293,6 +304,7 @@ def run_child(spec: dict[str, Any]) -> dict[str, Any]:
             "train_s": round(train_s, 1),
             "rss_start_gib": rss_start,
             "rss_after_load_gib": rss_loaded,
+            "rss_anon_after_load_gib": anon_loaded,
             "rss_peak_gib": peak_rss(),
             "gpu_peak_train_gib": gpu_peak(),
             "median_step_s": median,
@@ -318,8 +330,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def child_env() -> dict[str, str]:
+def child_env(smoke: bool) -> dict[str, str]:
     env = dict(os.environ)
+    if smoke:  # one thread: CPU step times that shared, busy machines do not scramble
+        env["OMP_NUM_THREADS"] = "1"
     env.update(
         {
             "RANK": "0",
@@ -335,11 +349,11 @@ def child_env() -> dict[str, str]:
     return env
 
 
-def run_config(spec: dict[str, Any], timeout: float) -> dict[str, Any]:
+def run_config(spec: dict[str, Any], timeout: float, smoke: bool) -> dict[str, Any]:
     cmd = [sys.executable, str(Path(__file__).resolve()), "--child", json.dumps(spec)]
     t0 = time.perf_counter()
     try:
-        done = subprocess.run(cmd, env=child_env(), capture_output=True, text=True, timeout=timeout)
+        done = subprocess.run(cmd, env=child_env(smoke), capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired as exc:
         tail = (exc.stdout or b"")[-1500:] if isinstance(exc.stdout, bytes) else (exc.stdout or "")[-1500:]
         return {"status": f"timeout after {timeout:.0f} s", "wall_s": timeout, "log_tail": str(tail)}
@@ -357,11 +371,13 @@ def fmt(x: Any, digits: int = 2) -> str:
 
 def table(rows: list[dict[str, Any]]) -> str:
     head = (
-        "| layers | experts | param offload | loader | host RSS after load GiB | host RSS peak GiB | "
-        "GPU peak load GiB | GPU peak train GiB | median step s | tokens/s | expert GiB/layer | 4-bit % | "
+        "| layers | experts | param offload | loader | host RSS after load GiB | RSS anon after engine GiB | "
+        "host RSS peak GiB | "
+        "GPU peak load GiB | GPU peak train GiB | median step s | step CPU s | tokens/s | expert GiB/layer | "
+        "4-bit % | "
         "loss first→last | load s | status |"
     )
-    lines = [head, "|" + "|".join(["---"] * 15) + "|"]
+    lines = [head, "|" + "|".join(["---"] * 17) + "|"]
     for r in rows:
         losses = r.get("losses") or []
         loss = f"{losses[0]:.3f}→{losses[-1]:.3f}" if losses else "-"
@@ -374,10 +390,12 @@ def table(rows: list[dict[str, Any]]) -> str:
                     r["offload"],
                     (r.get("load_facts") or {}).get("loader", "-"),
                     fmt(r.get("rss_after_load_gib")),
+                    fmt(r.get("rss_anon_after_engine_gib")),
                     fmt(r.get("rss_peak_gib")),
                     fmt(r.get("gpu_peak_load_gib")),
                     fmt(r.get("gpu_peak_train_gib")),
                     fmt(r.get("median_step_s"), 3),
+                    fmt(r.get("median_step_cpu_s"), 3),
                     fmt(r.get("tokens_per_s"), 0),
                     fmt(r.get("expert_bytes_per_layer_gib"), 3),
                     fmt(100 * r["fraction_4bit"], 1) if "fraction_4bit" in r else "-",
@@ -395,10 +413,10 @@ def slopes(rows: list[dict[str, Any]]) -> str:
     """Per-layer growth between the shallowest and deepest slice, per variant and offload setting."""
     out = ["", "Per added layer (deepest minus shallowest slice, divided by the layers added):", ""]
     out.append(
-        "| experts | param offload | host RSS after load GiB/layer | GPU peak load GiB/layer | "
-        "GPU peak train GiB/layer | step s/layer |"
+        "| experts | param offload | host RSS after load GiB/layer | RSS anon after engine GiB/layer | "
+        "GPU peak load GiB/layer | GPU peak train GiB/layer | step s/layer |"
     )
-    out.append("|---|---|---|---|---|---|")
+    out.append("|---|---|---|---|---|---|---|")
     keys = sorted({(r["variant"], r["offload"]) for r in rows})
     for variant, offload in keys:
         ok = sorted(
@@ -414,7 +432,8 @@ def slopes(rows: list[dict[str, Any]]) -> str:
             return fmt((b[key] - a[key]) / n, 3)
 
         out.append(
-            f"| {variant} | {offload} | {d('rss_after_load_gib')} | {d('gpu_peak_load_gib')} | "
+            f"| {variant} | {offload} | {d('rss_after_load_gib')} | {d('rss_anon_after_engine_gib')} | "
+            f"{d('gpu_peak_load_gib')} | "
             f"{d('gpu_peak_train_gib')} | {d('median_step_s')} |"
         )
     return "\n".join(out)
@@ -501,7 +520,7 @@ def main(argv: list[str] | None = None) -> int:
             "scratch": str(scratch),
         }
         timeout = max(60.0, min(300.0, args.budget_s + 120 - elapsed))
-        result = run_config(spec, timeout)
+        result = run_config(spec, timeout, args.smoke)
         longest = max(longest, float(result.get("wall_s", 0)))
         rows.append({**row, **result})
         r = rows[-1]

@@ -176,8 +176,9 @@ class Profile(_Section):
         q = self.quantization
         if q.load_in_4bit and self.training.bf16 and q.storage_dtype in ("float16", "float32"):
             raise ValueError(
-                f"quantization.storage_dtype: {q.storage_dtype} with training.bf16 = true: DeepSpeed casts float "
-                "parameters to bf16, which would scramble the packed 4-bit bytes (use bfloat16 or uint8)"
+                f"quantization.storage_dtype: {q.storage_dtype} with training.bf16 = true: DeepSpeed "
+                "casts float parameters to bf16, which would scramble the packed 4-bit bytes "
+                "(use bfloat16 or uint8)"
             )
         if self.lora.target_experts and not q.quantize_experts:
             raise ValueError("lora.target_experts needs quantization.quantize_experts = true")

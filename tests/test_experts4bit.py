@@ -25,6 +25,8 @@ from trainer.experts4bit import (
     NF4Experts,
     PackedLayout,
     dequantize_experts_nf4,
+    expert_lora_state_dict,
+    load_expert_lora,
     quantize_experts_nf4,
     quantize_model_experts,
     set_moe_leaf_modules,
@@ -80,6 +82,7 @@ def test_packing_matches_bitsandbytes_nf4_error():
     layout = PackedLayout(4, 384, 128, torch.bfloat16)
     packed = quantize_experts_nf4(lambda e: w[e], layout, "cpu", chunk=3)  # chunks must not change anything
     assert {k: tuple(v.shape) for k, v in packed.items()} == {k: tuple(s) for k, s in layout.shapes().items()}
+    assert sum(v.numel() * v.element_size() for v in packed.values()) == layout.nbytes
     assert all(v.dtype == torch.bfloat16 for v in packed.values())
     ours = dequantize_experts_nf4(packed, layout, list(range(4)), torch.float32)
     codes, state = bnbf.quantize_4bit(w.reshape(-1), blocksize=64, compress_statistics=True, quant_type="nf4")
@@ -209,7 +212,7 @@ def test_gradients_reach_lora_and_match_reference(reference, quantized):
         assert cos > 0.9, f"{name}: gradient direction off (cosine {cos:.3f})"
 
 
-def test_expert_lora_trains_only_itself_and_gets_gradients(quantized):
+def test_expert_lora_trains_only_itself_and_gets_gradients(quantized, tmp_path):
     profile = tiny_profile(quantize_experts=True)
     profile = profile.model_copy(update={"lora": profile.lora.model_copy(update={"target_experts": True})})
     model = attach_lora(profile, copy.deepcopy(quantized))
@@ -226,10 +229,23 @@ def test_expert_lora_trains_only_itself_and_gets_gradients(quantized):
     for name, p in model.named_parameters():
         if name in expert_lora:
             assert p.grad is not None and p.grad.abs().sum() > 0, name
+    # What the trainer saves beside the PEFT adapter loads back into a fresh model.
+    from safetensors.torch import save_file
+
+    path = tmp_path / "expert_lora.safetensors"
+    save_file(expert_lora_state_dict(model), str(path), metadata={"r": "32", "alpha": "64.0"})
+    fresh = attach_lora(tiny_profile(quantize_experts=True), copy.deepcopy(quantized))
+    assert load_expert_lora(fresh, str(path)) == len(expert_lora)
+    restored = dict(fresh.named_parameters())
+    for name, p in model.named_parameters():
+        if name in expert_lora:
+            assert torch.equal(restored[name], p)
 
 
 def test_layerwise_loader_reproduces_from_pretrained(tiny_dir, reference):
-    model, facts = load_layerwise(tiny_profile(load_in_4bit=False), tiny_dir, torch.device("cpu"), None)
+    model, facts = load_layerwise(
+        tiny_profile(load_in_4bit=False, quantize_experts=False), tiny_dir, torch.device("cpu"), None
+    )
     assert facts["unused_checkpoint_tensors"] == 0 and facts["experts_16bit"] == 4
     want, got = reference.state_dict(), model.state_dict()
     assert want.keys() == got.keys()
@@ -261,6 +277,17 @@ def test_audit_counts_packed_experts_at_logical_size(tiny_dir):
     )
     assert audit["fraction_4bit_body"] < 0.1
     assert any(w.startswith("experts") for w in audit["warnings"])
+
+
+def test_moe_blocks_found_when_zero3_has_partitioned_the_experts(reference):
+    """Under ZeRO-3 a partitioned parameter's data is empty: the MoE block must still be made a leaf."""
+    model = copy.deepcopy(reference)
+    for layer in model.model.layers:
+        for p in (layer.mlp.experts.gate_up_proj, layer.mlp.experts.down_proj):
+            p.ds_shape = p.shape  # what deepspeed.zero.Init leaves behind
+            p.data = torch.empty(0)
+    assert set_moe_leaf_modules(model) == ["Qwen3MoeSparseMoeBlock"]
+    assert all(layer.mlp._z3_leaf for layer in model.model.layers)
 
 
 def test_profile_guards():
@@ -322,3 +349,22 @@ def test_tiny_run_trains_with_experts_in_4bit(tmp_path, tiny_dir):
     assert not audit["warnings"]
     losses = [e["loss"] for e in by_kind["step"]]
     assert len(losses) == 2 and all(0 < loss < 20 for loss in losses)
+
+
+@pytest.mark.e2e
+def test_two_zero3_ranks_with_uneven_routing_finish(tmp_path, tiny_dir):
+    """Two CPU ranks, one of which sends every token to the same experts: no hang, both train."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "COCKPIT_CACHE": str(Path(tiny_dir).parent)}
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    cmd = [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", "2", "--master_port", str(port)]
+    cmd.append(str(REPO / "tests" / "zero3_two_ranks.py"))
+    done = subprocess.run(cmd, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    results = [json.loads(line[7:]) for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+    assert len(results) == 2, done.stdout[-3000:] + done.stderr[-3000:]
+    by_rank = {r["rank"]: r for r in results}
+    assert len(by_rank[0]["experts_hit_layer0"]) > len(by_rank[1]["experts_hit_layer0"]) == 2
+    assert by_rank[1]["losses"][-1] < by_rank[1]["losses"][0]  # the repeated token is learned

@@ -201,7 +201,8 @@ class Recipe:
             state = expert_lora_state_dict(self.model) if self.rank == 0 else {}
         if self.rank == 0:
             path = self.paths.adapter / "expert_lora.safetensors"
-            save_file(state, str(path), metadata={"r": str(self.profile.lora.r), "alpha": str(self.profile.lora.alpha)})
+            lora = self.profile.lora
+            save_file(state, str(path), metadata={"r": str(lora.r), "alpha": str(lora.alpha)})
             self.events.write("expert_adapter", path=str(path), tensors=len(state))
 
     def cleanup(self, outcome: str) -> None:

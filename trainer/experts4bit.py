@@ -86,6 +86,11 @@ class PackedLayout:
                     f"{what} of {nbytes} bytes an expert do not fill whole {self.storage_dtype} items"
                 )
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the packed weight, codes, scales and state, all experts (for memory plans)."""
+        return self.experts * (self.numel // 2 + self.blocks + 4 * (self.blocks // self.nested + 1))
+
     def shapes(self) -> dict[str, tuple[int, int]]:
         """Per suffix, the shape of the parameter in the storage dtype."""
         s = self.itemsize
@@ -170,18 +175,24 @@ def dequantize_experts_nf4(
 # --- the experts module ---------------------------------------------------------------------------
 
 
+def _shape(t: torch.Tensor) -> tuple[int, ...]:
+    """A tensor's shape, or the whole shape of a ZeRO-3 partitioned parameter (whose data is empty)."""
+    return tuple(getattr(t, "ds_shape", None) or t.shape)
+
+
 def is_fused_experts(module: nn.Module) -> bool:
     """A transformers-5 fused experts module in the Qwen3-MoE layout ([E, 2I, H] and [E, H, I], no bias)."""
     gate_up = getattr(module, "gate_up_proj", None)
     down = getattr(module, "down_proj", None)
     if not (isinstance(gate_up, torch.Tensor) and isinstance(down, torch.Tensor)):
         return False
-    if gate_up.dim() != 3 or down.dim() != 3 or not hasattr(module, "act_fn"):
+    gate_up_shape, down_shape = _shape(gate_up), _shape(down)
+    if len(gate_up_shape) != 3 or len(down_shape) != 3 or not hasattr(module, "act_fn"):
         return False
     if getattr(module, "gate_up_proj_bias", None) is not None or getattr(module, "is_transposed", False):
         return False
-    e, two_i, h = gate_up.shape
-    return tuple(down.shape) == (e, h, two_i // 2) and two_i % 2 == 0
+    e, two_i, h = gate_up_shape
+    return down_shape == (e, h, two_i // 2) and two_i % 2 == 0
 
 
 class _DequantChunk:
@@ -550,3 +561,25 @@ def expert_lora_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
         for name, param in model.named_parameters()
         if ".experts.lora_" in name or name.startswith("experts.lora_")
     }
+
+
+def load_expert_lora(model: nn.Module, path: str, dropout: float = 0.0) -> int:
+    """Add expert LoRA to `model` (a PEFT model on an NF4-experts base) and load it from `path`.
+
+    The file is the `expert_lora.safetensors` the trainer writes beside the PEFT adapter; its metadata
+    holds r and alpha. Returns the number of tensors loaded.
+    """
+    from safetensors import safe_open
+
+    with safe_open(path, framework="pt") as f:
+        meta = f.metadata() or {}
+        state = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (safe_open is not a dict)
+    add_expert_lora(model, int(meta["r"]), float(meta["alpha"]), dropout)
+    params = dict(model.named_parameters())
+    missing = [k for k in state if k not in params]
+    if missing:
+        raise KeyError(f"{path}: no parameter for {missing[:3]}")
+    with torch.no_grad():
+        for name, tensor in state.items():
+            params[name].copy_(tensor)
+    return len(state)

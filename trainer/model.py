@@ -73,7 +73,10 @@ def load_base(profile: Profile, model_dir: str) -> Any:
     else:
         from transformers import AutoModelForCausalLM
 
-        kwargs: dict[str, Any] = {"dtype": DTYPES[q.compute_dtype], "trust_remote_code": profile.model.trust_remote_code}
+        kwargs: dict[str, Any] = {
+            "dtype": DTYPES[q.compute_dtype],
+            "trust_remote_code": profile.model.trust_remote_code,
+        }
         if q.load_in_4bit:
             kwargs["quantization_config"] = bnb_config(profile)
         if device.type == "cuda":

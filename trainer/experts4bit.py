@@ -387,6 +387,8 @@ class NF4Experts(nn.Module):
         if not NF4Experts.grouped_failed and _grouped_mode(hidden_states):
             try:
                 return self._forward_grouped(hidden_states, top_k_index, top_k_weights)
+            except torch.OutOfMemoryError:
+                raise
             except (RuntimeError, NotImplementedError) as exc:  # an unsupported grouped GEMM: loop instead
                 NF4Experts.grouped_failed = True
                 log.warning("NF4 experts: grouped GEMM unavailable (%s); looping over experts", exc)

@@ -40,6 +40,11 @@ class ModelSpec(_Section):
     )
     name: str = Field(default="", description="Human name shown in the app and reports.")
     trust_remote_code: bool = False
+    loader: Literal["layerwise", "transformers"] = Field(
+        default="layerwise",
+        description="layerwise: read, quantize and (under ZeRO-3) partition one decoder layer at a time; "
+        "transformers: from_pretrained, which holds the whole model on each rank's GPU before partitioning.",
+    )
 
 
 class HardwareSpec(_Section):
@@ -76,6 +81,10 @@ class LoraSpec(_Section):
     dropout: Annotated[float, Field(ge=0, lt=1)] = 0.05
     target_modules: list[str] = Field(
         default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"], min_length=1
+    )
+    target_experts: bool = Field(
+        default=False,
+        description="Also train LoRA on every MoE expert (needs quantization.quantize_experts).",
     )
 
 
@@ -171,6 +180,19 @@ class Profile(_Section):
             self.deepspeed.offload_optimizer,
         ):
             raise ValueError("deepspeed: nvme offload needs a GPU (hardware.gpus > 0)")
+        return self
+
+    @model_validator(mode="after")
+    def _packed_storage_survives_casts(self) -> Profile:
+        q = self.quantization
+        if q.load_in_4bit and self.training.bf16 and q.storage_dtype in ("float16", "float32"):
+            raise ValueError(
+                f"quantization.storage_dtype: {q.storage_dtype} with training.bf16 = true: DeepSpeed "
+                "casts float parameters to bf16, which would scramble the packed 4-bit bytes "
+                "(use bfloat16 or uint8)"
+            )
+        if self.lora.target_experts and not q.quantize_experts:
+            raise ValueError("lora.target_experts needs quantization.quantize_experts = true")
         return self
 
     @property

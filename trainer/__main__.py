@@ -118,7 +118,11 @@ class Recipe:
         base = model_mod.load_base(self.profile, model_dir)
         partitioned_at_load = any(hasattr(p, "ds_id") for p in base.parameters())
         model = model_mod.attach_lora(self.profile, base)
-        self._load_facts = {"load_s": round(time.time() - t0, 2), "partitioned_at_load": partitioned_at_load}
+        self._load_facts = {
+            "load_s": round(time.time() - t0, 2),
+            "partitioned_at_load": partitioned_at_load,
+            **getattr(base, "cockpit_load_facts", {}),
+        }
         self.events.write("loaded", **self._load_facts, **memory_fields())
         self.model = model
 
@@ -189,7 +193,31 @@ class Recipe:
     def save(self) -> None:
         self.phase("save")
         self.trainer.save_model(str(self.paths.adapter))
+        if self.profile.lora.target_experts:
+            self.save_expert_lora()
         self.events.write("adapter", path=str(self.paths.adapter), step=self.trainer.state.global_step)
+
+    def save_expert_lora(self) -> None:
+        """PEFT saves only its own layers: the expert LoRA goes beside them, gathered from ZeRO-3."""
+        import contextlib
+
+        from safetensors.torch import save_file
+
+        from trainer.experts4bit import expert_lora_state_dict
+
+        params = [p for n, p in self.model.named_parameters() if ".experts.lora_" in n]
+        gather: Any = contextlib.nullcontext()
+        if any(hasattr(p, "ds_id") for p in params):
+            import deepspeed
+
+            gather = deepspeed.zero.GatheredParameters(params, modifier_rank=None)
+        with gather:
+            state = expert_lora_state_dict(self.model) if self.rank == 0 else {}
+        if self.rank == 0:
+            path = self.paths.adapter / "expert_lora.safetensors"
+            lora = self.profile.lora
+            save_file(state, str(path), metadata={"r": str(lora.r), "alpha": str(lora.alpha)})
+            self.events.write("expert_adapter", path=str(path), tensors=len(state))
 
     def cleanup(self, outcome: str) -> None:
         self.events.write(

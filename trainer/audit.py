@@ -53,6 +53,8 @@ def build_audit(
     """The audit event's fields: requested, applied, and warnings for every setting that was dropped."""
     total = sum(g["params"] for name, g in census.items() if name != "lora")
     in_4bit = sum(g["params_4bit"] for g in census.values())
+    # bitsandbytes never quantizes embeddings or the head: on a small vocabulary model they weigh a lot.
+    body = total - sum(census[name]["params"] for name in ("embeddings", "lm_head") if name in census)
     trainable = sum(g["trainable"] for g in census.values())
     warnings: list[str] = []
     q = profile.quantization
@@ -88,6 +90,7 @@ def build_audit(
         "params_total": total,
         "params_4bit": in_4bit,
         "fraction_4bit": in_4bit / total if total else 0.0,
+        "fraction_4bit_body": in_4bit / body if body else 0.0,
         "params_trainable": trainable,
         "groups": census,
         "lora_targets": lora_counts,

@@ -51,3 +51,28 @@ def deepspeed_config(profile: Profile) -> dict[str, Any]:
         "steps_per_print": 1_000_000,
         "wall_clock_breakdown": False,
     }
+
+
+def zero_init_config(profile: Profile, hidden_size: int) -> dict[str, Any]:
+    """The config for `deepspeed.zero.Init` at load: the training config with every "auto" resolved.
+
+    Values are those the HF Trainer fills in later (batch sizes from the profile, bucket sizes and the
+    persistence threshold from the hidden size), so the parameters partitioned at load are partitioned
+    exactly as the engine would have. The optimizer section is left out: the load needs none.
+    """
+    config = deepspeed_config(profile)
+    t = profile.training
+    zero = dict(config["zero_optimization"])
+    zero["reduce_bucket_size"] = hidden_size * hidden_size
+    if zero.get("stage") == 3:
+        zero["stage3_prefetch_bucket_size"] = int(0.9 * hidden_size * hidden_size)
+        zero["stage3_param_persistence_threshold"] = 10 * hidden_size
+    return {
+        "zero_optimization": zero,
+        "bf16": {"enabled": t.bf16},
+        "train_micro_batch_size_per_gpu": t.micro_batch_size,
+        "gradient_accumulation_steps": t.grad_accum,
+        "train_batch_size": t.micro_batch_size * t.grad_accum * profile.world_size,
+        "steps_per_print": config["steps_per_print"],
+        "wall_clock_breakdown": False,
+    }

@@ -5,7 +5,6 @@ The model knows nothing of training or logging: this module builds it and descri
 
 from __future__ import annotations
 
-import os
 from collections import defaultdict
 from typing import Any
 
@@ -36,36 +35,85 @@ def bnb_config(profile: Profile) -> Any:
     )
 
 
+def experts_storage_dtype(profile: Profile) -> torch.dtype:
+    """The float dtype packed NF4 experts are stored in: the training dtype under bf16, else the profile's.
+
+    DeepSpeed casts float parameters that are not yet ZeRO parameters to the training dtype; packed bytes
+    survive only a cast to the dtype they already have.
+    """
+    if profile.training.bf16:
+        return torch.bfloat16
+    storage = DTYPES[profile.quantization.storage_dtype]
+    return storage if storage.is_floating_point else torch.float32
+
+
+def _zero3_init_config(profile: Profile, model_dir: str) -> dict[str, Any] | None:
+    """The DeepSpeed config to partition with at load, or None when ZeRO-3 is not in use."""
+    if profile.deepspeed.stage != 3:
+        return None
+    from transformers import AutoConfig
+
+    from trainer.ds_config import zero_init_config
+
+    config = AutoConfig.from_pretrained(model_dir, trust_remote_code=profile.model.trust_remote_code)
+    hidden = getattr(config, "hidden_size", None) or getattr(config.get_text_config(), "hidden_size", 4096)
+    return zero_init_config(profile, int(hidden))
+
+
 def load_base(profile: Profile, model_dir: str, spread: bool = False) -> Any:
     """The frozen base model, quantized as the profile says, on this rank's device.
 
-    With `spread` (evaluation, one process) it is spread over every visible GPU instead.
+    With `spread` (evaluation: one process, no DeepSpeed) it is spread over every visible GPU with
+    `from_pretrained(device_map="auto")` instead.
+
+    `model.loader = "layerwise"` (default) loads and quantizes one decoder layer at a time and, under
+    ZeRO-3, partitions each as soon as it is built (`trainer.loader`); `"transformers"` is
+    `from_pretrained`, which puts the whole model on each rank's GPU before ZeRO-3 sees it. Either way,
+    `quantization.quantize_experts` packs the fused MoE experts in NF4 (`trainer.experts4bit`), and the
+    MoE blocks become ZeRO-3 leaf modules. What the loader did is left in `model.cockpit_load_facts`.
     """
-    from transformers import AutoModelForCausalLM
+    from trainer import experts4bit
+    from trainer.loader import load_device, load_layerwise
 
     q = profile.quantization
-    kwargs: dict[str, Any] = {
-        "dtype": DTYPES[q.compute_dtype],
-        "trust_remote_code": profile.model.trust_remote_code,
-    }
-    if q.load_in_4bit:
-        kwargs["quantization_config"] = bnb_config(profile)
-    if torch.cuda.is_available() and spread:
-        kwargs["device_map"] = "auto"
-    elif torch.cuda.is_available():
-        # Under ZeRO-3 Transformers refuses a device_map; bitsandbytes then quantizes on the current
-        # device, which must be this rank's GPU.
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-    model = AutoModelForCausalLM.from_pretrained(model_dir, **kwargs)
+    device = load_device()
+    if profile.model.loader == "layerwise" and not profile.model.trust_remote_code and not spread:
+        model, facts = load_layerwise(profile, model_dir, device, _zero3_init_config(profile, model_dir))
+    else:
+        from transformers import AutoModelForCausalLM
+
+        kwargs: dict[str, Any] = {
+            "dtype": DTYPES[q.compute_dtype],
+            "trust_remote_code": profile.model.trust_remote_code,
+        }
+        if q.load_in_4bit:
+            kwargs["quantization_config"] = bnb_config(profile)
+        if device.type == "cuda" and spread:
+            kwargs["device_map"] = "auto"
+        # Otherwise no device_map: under ZeRO-3 Transformers refuses one, and bitsandbytes quantizes on
+        # the current device, which load_device() set to this rank's GPU.
+        model = AutoModelForCausalLM.from_pretrained(model_dir, **kwargs)
+        facts = {"loader": "transformers", "load_device": str(device)}
+        if q.quantize_experts:
+            facts["experts_nf4"] = experts4bit.quantize_model_experts(model, experts_storage_dtype(profile))
     model.config.use_cache = False
     for param in model.parameters():
         param.requires_grad_(False)
+    facts["zero3_leaf_modules"] = experts4bit.set_moe_leaf_modules(model)
+    packed = [p for p in model.parameters() if hasattr(p, "cockpit_logical_numel")]
+    if packed:
+        # ZeRO-3 must own the packed experts and their scales like any parameter (no per-GPU copy).
+        facts["nf4_expert_tensors"] = len(packed)
+        facts["nf4_expert_tensors_partitioned"] = sum(hasattr(p, "ds_id") for p in packed)
+    model.cockpit_load_facts = facts
     return model
 
 
 def attach_lora(profile: Profile, model: Any) -> Any:
-    """Wrap the model with PEFT LoRA on the profile's target modules."""
+    """Wrap the model with PEFT LoRA on the profile's target modules (and the experts if asked)."""
     from peft import LoraConfig, get_peft_model
+
+    from trainer.experts4bit import add_expert_lora
 
     if profile.training.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -79,11 +127,27 @@ def attach_lora(profile: Profile, model: Any) -> Any:
         bias="none",
         task_type="CAUSAL_LM",
     )
-    return get_peft_model(model, config)
+    peft_model = get_peft_model(model, config)
+    if lora.target_experts:
+        add_expert_lora(peft_model, lora.r, lora.alpha, lora.dropout)
+    if profile.training.bf16 and any(hasattr(p, "ds_id") for p in peft_model.parameters()):
+        # DeepSpeed casts a model's parameters to bf16 unless ZeRO-3 partitioned them at load; then the
+        # adapters added since would stay fp32. Cast them as the engine would have.
+        for param in peft_model.parameters():
+            if param.requires_grad and not hasattr(param, "ds_id") and param.dtype != torch.bfloat16:
+                param.data = param.data.to(torch.bfloat16)
+    return peft_model
 
 
 def logical_numel(param: torch.nn.Parameter) -> int:
-    """Elements the parameter stands for: a packed 4-bit tensor or a ZeRO-3 partition counts whole."""
+    """Elements the parameter stands for: a packed 4-bit tensor or a ZeRO-3 partition counts whole.
+
+    Packed NF4 experts say it themselves (`cockpit_logical_numel`: the weight's size for the codes, 0 for
+    their scales, which are part of the same weight).
+    """
+    logical = getattr(param, "cockpit_logical_numel", None)
+    if logical is not None:
+        return int(logical)
     state = getattr(param, "quant_state", None)
     if state is not None and getattr(state, "shape", None) is not None:
         return int(torch.Size(state.shape).numel())

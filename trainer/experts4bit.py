@@ -1,0 +1,587 @@
+"""Fused MoE experts in NF4: packing, a drop-in experts module, and optional expert LoRA.
+
+bitsandbytes replaces only `nn.Linear`, and transformers 5 keeps the Qwen3-MoE experts as two fused
+3-D parameters (`gate_up_proj` [E, 2I, H], `down_proj` [E, H, I]), so under plain QLoRA they stay in
+16 bit. This module quantizes them itself with bitsandbytes' functional NF4 kernels.
+
+Storage, per fused weight `w` of logical shape [E, out, in] (n = out * in elements an expert):
+  `w_nf4`    the 4-bit codes, two a byte, [E, n / 2] bytes
+  `w_absmax` the 64-element block scales, double-quantized to one byte each, [E, n / 64] bytes
+  `w_qstate` float32 per expert: the fp32 scales of those bytes (one per `nested` blocks) and the
+             offset that double quantization subtracts, [E, n / 64 / nested + 1]
+Each is a frozen `nn.Parameter` whose bytes are reinterpreted as the float storage dtype (bf16 or
+fp32), so DeepSpeed ZeRO-3 partitions, offloads and gathers them like any other parameter (it moves
+bytes, never values, and it only casts float parameters that are not yet ZeRO parameters: use the
+training dtype as the storage dtype). Every quantity is per expert, rows of the first dimension, so
+one expert can be dequantized on its own and the quantization of expert e never depends on another.
+
+Forward: tokens are routed exactly as in the 16-bit model (the router is untouched); only the experts
+that received tokens are dequantized, a few experts at a time, and the dequantized weights are never
+kept for backward: a custom autograd function dequantizes them again when the gradient arrives.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+BLOCKSIZE = 64
+NESTED_BLOCKSIZES = (256, 128, 64)
+# Dequantized weights alive at once in the forward: experts are dequantized in chunks of this size.
+DEQUANT_CHUNK_BYTES = 512 * 1024**2
+STORAGE_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+log = logging.getLogger(__name__)
+
+
+# --- packing --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PackedLayout:
+    """Shapes of one packed fused weight of logical shape [experts, out, in]."""
+
+    experts: int
+    out: int
+    inp: int
+    storage_dtype: torch.dtype
+
+    @property
+    def numel(self) -> int:
+        return self.out * self.inp
+
+    @property
+    def blocks(self) -> int:
+        return self.numel // BLOCKSIZE
+
+    @property
+    def nested(self) -> int:
+        for size in NESTED_BLOCKSIZES:
+            if self.blocks % size == 0:
+                return size
+        raise ValueError(
+            f"{self.blocks} blocks an expert: no nested block size in {NESTED_BLOCKSIZES} divides it"
+        )
+
+    @property
+    def itemsize(self) -> int:
+        return torch.empty(0, dtype=self.storage_dtype).element_size()
+
+    def check(self) -> None:
+        if self.storage_dtype not in STORAGE_DTYPES:
+            raise ValueError(f"packed storage must be a float dtype, got {self.storage_dtype}")
+        if self.numel % BLOCKSIZE:
+            raise ValueError(
+                f"expert weight {self.out}x{self.inp} is not a whole number of {BLOCKSIZE}-blocks"
+            )
+        qstate_bytes = 4 * (self.blocks // self.nested + 1)
+        for what, nbytes in (("codes", self.numel // 2), ("scales", self.blocks), ("state", qstate_bytes)):
+            if nbytes % self.itemsize:
+                raise ValueError(
+                    f"{what} of {nbytes} bytes an expert do not fill whole {self.storage_dtype} items"
+                )
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the packed weight, codes, scales and state, all experts (for memory plans)."""
+        return self.experts * (self.numel // 2 + self.blocks + 4 * (self.blocks // self.nested + 1))
+
+    def shapes(self) -> dict[str, tuple[int, int]]:
+        """Per suffix, the shape of the parameter in the storage dtype."""
+        s = self.itemsize
+        return {
+            "nf4": (self.experts, self.numel // 2 // s),
+            "absmax": (self.experts, self.blocks // s),
+            "qstate": (self.experts, 4 * (self.blocks // self.nested + 1) // s),
+        }
+
+
+def quantize_experts_nf4(
+    expert: Callable[[int], torch.Tensor], layout: PackedLayout, device: torch.device | str, chunk: int = 8
+) -> dict[str, torch.Tensor]:
+    """Pack `expert(e)` ([out, in], any float dtype) for every expert, `chunk` experts at a time on `device`.
+
+    Only the packed tensors and one chunk of 16-bit weights are alive at once, so weights can be streamed
+    from a checkpoint one expert at a time. Returns the three tensors keyed by suffix, in the storage dtype.
+    """
+    import bitsandbytes.functional as bnbf
+
+    layout.check()
+    e_all, n, nb, nested = layout.experts, layout.numel, layout.blocks, layout.nested
+    codes = torch.empty(e_all, n // 2, dtype=torch.uint8, device=device)
+    absmax = torch.empty(e_all, nb, dtype=torch.uint8, device=device)
+    qstate = torch.empty(e_all, nb // nested + 1, dtype=torch.float32, device=device)
+    for e0 in range(0, e_all, chunk):
+        e1 = min(e_all, e0 + chunk)
+        w = torch.stack([expert(e).to(device) for e in range(e0, e1)])
+        if w.shape[1:] != (layout.out, layout.inp):
+            raise ValueError(
+                f"expert weight of shape {tuple(w.shape[1:])}, expected {(layout.out, layout.inp)}"
+            )
+        if w.dtype not in STORAGE_DTYPES:
+            w = w.float()
+        packed, state = bnbf.quantize_4bit(
+            w.reshape(-1),
+            blocksize=BLOCKSIZE,
+            compress_statistics=False,
+            quant_type="nf4",
+            quant_storage=torch.uint8,
+        )
+        del w
+        codes[e0:e1] = packed.view(e1 - e0, n // 2)
+        scales = state.absmax.float().view(e1 - e0, nb)
+        # Double quantization as bitsandbytes does it (subtract the mean, 8-bit blockwise), but per expert,
+        # with nested blocks that never straddle two experts.
+        offset = scales.mean(dim=1, keepdim=True)
+        qscales, state2 = bnbf.quantize_blockwise((scales - offset).reshape(-1), blocksize=nested)
+        absmax[e0:e1] = qscales.view(e1 - e0, nb)
+        qstate[e0:e1, :-1] = state2.absmax.view(e1 - e0, nb // nested)
+        qstate[e0:e1, -1] = offset[:, 0]
+    dtype = layout.storage_dtype
+    return {"nf4": codes.view(dtype), "absmax": absmax.view(dtype), "qstate": qstate.view(dtype)}
+
+
+def dequantize_experts_nf4(
+    packed: dict[str, torch.Tensor],
+    layout: PackedLayout,
+    experts: int | list[int] | torch.Tensor,
+    dtype: torch.dtype,
+) -> torch.Tensor:
+    """The [k, out, in] weights (or [out, in] for one int) of the selected experts, in `dtype`."""
+    import bitsandbytes.functional as bnbf
+
+    single = isinstance(experts, int)
+    index = [experts] if single else experts
+    codes = packed["nf4"].view(torch.uint8)[index]
+    qscales = packed["absmax"].view(torch.uint8)[index]
+    qstate = packed["qstate"].view(torch.float32)[index]
+    k = codes.shape[0]
+    scales = bnbf.dequantize_blockwise(
+        qscales.reshape(-1), absmax=qstate[:, :-1].reshape(-1).contiguous(), blocksize=layout.nested
+    )
+    scales = (scales.view(k, layout.blocks) + qstate[:, -1:]).reshape(-1)
+    state = bnbf.QuantState(
+        absmax=scales, shape=(k, layout.out, layout.inp), dtype=dtype, blocksize=BLOCKSIZE, quant_type="nf4"
+    )
+    weights = bnbf.dequantize_4bit(codes.reshape(-1), state)
+    return weights[0] if single else weights
+
+
+# --- the experts module ---------------------------------------------------------------------------
+
+
+def _shape(t: torch.Tensor) -> tuple[int, ...]:
+    """A tensor's shape, or the whole shape of a ZeRO-3 partitioned parameter (whose data is empty)."""
+    return tuple(getattr(t, "ds_shape", None) or t.shape)
+
+
+def is_fused_experts(module: nn.Module) -> bool:
+    """A transformers-5 fused experts module in the Qwen3-MoE layout ([E, 2I, H] and [E, H, I], no bias)."""
+    gate_up = getattr(module, "gate_up_proj", None)
+    down = getattr(module, "down_proj", None)
+    if not (isinstance(gate_up, torch.Tensor) and isinstance(down, torch.Tensor)):
+        return False
+    gate_up_shape, down_shape = _shape(gate_up), _shape(down)
+    if len(gate_up_shape) != 3 or len(down_shape) != 3 or not hasattr(module, "act_fn"):
+        return False
+    if getattr(module, "gate_up_proj_bias", None) is not None or getattr(module, "is_transposed", False):
+        return False
+    e, two_i, h = gate_up_shape
+    return down_shape == (e, h, two_i // 2) and two_i % 2 == 0
+
+
+class _DequantChunk:
+    """The experts of one forward chunk, dequantized again (once, lazily) when their gradients arrive."""
+
+    def __init__(self, owner: NF4Experts, which: str, experts: list[int]) -> None:
+        self.owner, self.which, self.experts = owner, which, experts
+        self.pending = len(experts)
+        self.weights: torch.Tensor | None = None
+
+    def take_all(self) -> torch.Tensor:
+        weights = (
+            self.weights if self.weights is not None else self.owner.dequantize(self.which, self.experts)
+        )
+        self.weights = None
+        return weights
+
+    def take(self, j: int) -> torch.Tensor:
+        if self.weights is None:
+            self.weights = self.owner.dequantize(self.which, self.experts)
+        weight = self.weights[j]
+        self.pending -= 1
+        if self.pending <= 0:
+            self.weights = None
+        return weight
+
+
+class _FrozenExpertLinear(torch.autograd.Function):
+    """y = x @ W.T for a frozen dequantized expert weight, which backward dequantizes again (never saved)."""
+
+    @staticmethod
+    def forward(
+        ctx: Any, x: torch.Tensor, weight: torch.Tensor, chunk: _DequantChunk, j: int
+    ) -> torch.Tensor:
+        ctx.chunk, ctx.j = chunk, j
+        return torch.nn.functional.linear(x, weight)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, None, None, None]:
+        weight = ctx.chunk.take(ctx.j)
+        grad_x = grad @ weight.to(grad.dtype) if ctx.needs_input_grad[0] else None
+        return grad_x, None, None, None
+
+
+class _FrozenExpertsGrouped(torch.autograd.Function):
+    """Rows of x sorted by expert times their experts' frozen weights in one grouped GEMM; backward
+    dequantizes the chunk again instead of saving it."""
+
+    @staticmethod
+    def forward(
+        ctx: Any, x: torch.Tensor, weights: torch.Tensor, offs: torch.Tensor, chunk: _DequantChunk
+    ) -> torch.Tensor:
+        ctx.chunk = chunk
+        ctx.save_for_backward(offs)
+        return torch._grouped_mm(x, weights.transpose(-2, -1), offs=offs)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, None, None, None]:
+        (offs,) = ctx.saved_tensors
+        weights = ctx.chunk.take_all()
+        grad_x = None
+        if ctx.needs_input_grad[0]:
+            grad_x = torch._grouped_mm(grad.contiguous(), weights.to(grad.dtype), offs=offs)
+        return grad_x, None, None, None
+
+
+def _grouped_mode(x: torch.Tensor) -> bool:
+    """One grouped GEMM a chunk of experts where torch has it for this device and dtype, else a loop."""
+    wanted = os.environ.get("COCKPIT_NF4_EXPERTS", "auto")
+    if wanted == "loop" or not hasattr(torch, "_grouped_mm"):
+        return False
+    if wanted == "grouped":
+        return True
+    return x.device.type == "cpu" or (x.device.type == "cuda" and x.dtype == torch.bfloat16)
+
+
+class NF4Experts(nn.Module):
+    """Drop-in replacement for a fused experts module, with its weights packed in NF4 (frozen).
+
+    Called like the original: `forward(hidden_states [T, H], top_k_index [T, k], top_k_weights [T, k])`.
+    """
+
+    WEIGHTS = ("gate_up_proj", "down_proj")
+
+    def __init__(
+        self,
+        num_experts: int,
+        hidden_dim: int,
+        intermediate_dim: int,
+        act_fn: Callable[[torch.Tensor], torch.Tensor],
+        compute_dtype: torch.dtype,
+        storage_dtype: torch.dtype,
+        device: torch.device | str | None = None,
+    ) -> None:
+        super().__init__()
+        self.num_experts = num_experts
+        self.hidden_dim = hidden_dim
+        self.intermediate_dim = intermediate_dim
+        self.act_fn = act_fn
+        self.compute_dtype = compute_dtype
+        self.layouts = {
+            "gate_up_proj": PackedLayout(num_experts, 2 * intermediate_dim, hidden_dim, storage_dtype),
+            "down_proj": PackedLayout(num_experts, hidden_dim, intermediate_dim, storage_dtype),
+        }
+        for name, layout in self.layouts.items():
+            layout.check()
+            for suffix, shape in layout.shapes().items():
+                param = nn.Parameter(
+                    torch.empty(shape, dtype=storage_dtype, device=device), requires_grad=False
+                )
+                param.cockpit_4bit = suffix == "nf4"
+                # The audit counts the codes at the size of the weight they stand for, the scales as nothing.
+                param.cockpit_logical_numel = layout.experts * layout.numel if suffix == "nf4" else 0
+                self.register_parameter(f"{name}_{suffix}", param)
+        bytes_per_expert = 2 * sum(layout.numel for layout in self.layouts.values())
+        self.chunk_experts = max(1, min(num_experts, DEQUANT_CHUNK_BYTES // bytes_per_expert))
+        self.lora_r = 0
+        self.lora_scaling = 0.0
+        self.lora_dropout: nn.Module = nn.Identity()
+
+    # --- building ---------------------------------------------------------------------------------
+    @classmethod
+    def from_fused(
+        cls, experts: nn.Module, storage_dtype: torch.dtype, device: torch.device | str | None = None
+    ) -> NF4Experts:
+        """Quantize an existing fused experts module (weights already in memory) on `device`."""
+        gate_up, down = experts.gate_up_proj, experts.down_proj
+        device = torch.device(device) if device is not None else gate_up.device
+        e, two_i, h = gate_up.shape
+        new = cls(e, h, two_i // 2, experts.act_fn, gate_up.dtype, storage_dtype, device="meta")
+        new.load_weights({"gate_up_proj": lambda i: gate_up[i], "down_proj": lambda i: down[i]}, device)
+        return new
+
+    def load_weights(
+        self, sources: dict[str, Callable[[int], torch.Tensor]], device: torch.device | str
+    ) -> None:
+        """Quantize and store each fused weight from a per-expert source (`source(e)` -> [out, in])."""
+        for name, layout in self.layouts.items():
+            bytes_per_expert = 2 * layout.numel
+            chunk = max(1, min(layout.experts, DEQUANT_CHUNK_BYTES // bytes_per_expert))
+            packed = quantize_experts_nf4(sources[name], layout, device, chunk=chunk)
+            for suffix, tensor in packed.items():
+                old = getattr(self, f"{name}_{suffix}")
+                param = nn.Parameter(tensor, requires_grad=False)
+                param.cockpit_4bit, param.cockpit_logical_numel = old.cockpit_4bit, old.cockpit_logical_numel
+                setattr(self, f"{name}_{suffix}", param)
+
+    def packed(self, which: str) -> dict[str, torch.Tensor]:
+        return {suffix: getattr(self, f"{which}_{suffix}") for suffix in ("nf4", "absmax", "qstate")}
+
+    def dequantize(self, which: str, experts: int | list[int]) -> torch.Tensor:
+        """Weights of the selected experts in the compute dtype ([k, out, in], or [out, in] for an int)."""
+        return dequantize_experts_nf4(self.packed(which), self.layouts[which], experts, self.compute_dtype)
+
+    # --- optional LoRA on the experts ---------------------------------------------------------------
+    def add_lora(self, r: int, alpha: float, dropout: float, dtype: torch.dtype = torch.float32) -> None:
+        """Trainable per-expert low-rank updates on both fused weights (B starts at zero, as in PEFT)."""
+        device = self.gate_up_proj_nf4.device
+        self.lora_r, self.lora_scaling = r, alpha / r
+        self.lora_dropout = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
+        for name, layout in self.layouts.items():
+            a = torch.empty(layout.experts, r, layout.inp, dtype=dtype, device=device)
+            for i in range(layout.experts):  # PEFT's default: kaiming-uniform A per expert
+                nn.init.kaiming_uniform_(a[i], a=5**0.5)
+            self.register_parameter(f"lora_A_{name}", nn.Parameter(a))
+            b = torch.zeros(layout.experts, layout.out, r, dtype=dtype, device=device)
+            self.register_parameter(f"lora_B_{name}", nn.Parameter(b))
+
+    def lora_parameters(self) -> dict[str, nn.Parameter]:
+        return {n: p for n, p in self.named_parameters(recurse=False) if n.startswith("lora_")}
+
+    def _lora(self, which: str, x: torch.Tensor, e: int) -> torch.Tensor:
+        a, b = getattr(self, f"lora_A_{which}"), getattr(self, f"lora_B_{which}")
+        h = self.lora_dropout(x).to(a.dtype) @ a[e].t()
+        return (h @ b[e].t()).to(x.dtype) * self.lora_scaling
+
+    # --- forward --------------------------------------------------------------------------------
+    def _linear(
+        self, which: str, x: torch.Tensor, weights: torch.Tensor, chunk: _DequantChunk | None, j: int, e: int
+    ):
+        if chunk is None:
+            y = torch.nn.functional.linear(x, weights[j].to(x.dtype))
+        else:
+            y = _FrozenExpertLinear.apply(x, weights[j].to(x.dtype), chunk, j)
+        if self.lora_r:
+            y = y + self._lora(which, x, e)
+        return y
+
+    grouped_failed = False
+
+    def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor):
+        if not NF4Experts.grouped_failed and _grouped_mode(hidden_states):
+            try:
+                return self._forward_grouped(hidden_states, top_k_index, top_k_weights)
+            except torch.OutOfMemoryError:
+                raise
+            except (RuntimeError, NotImplementedError) as exc:  # an unsupported grouped GEMM: loop instead
+                NF4Experts.grouped_failed = True
+                log.warning("NF4 experts: grouped GEMM unavailable (%s); looping over experts", exc)
+        return self._forward_loop(hidden_states, top_k_index, top_k_weights)
+
+    def _needs_grad(self, hidden_states: torch.Tensor, top_k_weights: torch.Tensor) -> bool:
+        return torch.is_grad_enabled() and (
+            hidden_states.requires_grad or top_k_weights.requires_grad or bool(self.lora_r)
+        )
+
+    def _forward_grouped(
+        self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor
+    ):
+        """Token-expert pairs sorted by expert; per chunk of hit experts, one grouped GEMM a weight."""
+        k = top_k_index.shape[-1]
+        with torch.no_grad():
+            expert_sorted, perm = torch.sort(top_k_index.reshape(-1), stable=True)
+            counts = torch.bincount(expert_sorted, minlength=self.num_experts + 1)[
+                : self.num_experts
+            ].tolist()
+        token = perm // k
+        starts = [0]
+        for c in counts:
+            starts.append(starts[-1] + c)
+        rows = starts[-1]  # pairs routed to a real expert (an index of num_experts sorts last)
+        hit = [e for e in range(self.num_experts) if counts[e]]
+        x_sorted = hidden_states[token[:rows]]
+        grad = self._needs_grad(hidden_states, top_k_weights)
+        outputs = []
+        for c0 in range(0, len(hit), self.chunk_experts):
+            experts = hit[c0 : c0 + self.chunk_experts]
+            r0, r1 = starts[experts[0]], starts[experts[-1] + 1]
+            sizes = [counts[e] for e in experts]
+            offs = torch.tensor(sizes, device=hidden_states.device, dtype=torch.int32).cumsum(
+                0, dtype=torch.int32
+            )
+            x = x_sorted[r0:r1]
+            with torch.no_grad():
+                gate_up = self.dequantize("gate_up_proj", experts).to(x.dtype)
+                down = self.dequantize("down_proj", experts).to(x.dtype)
+            if grad:
+                gu = _FrozenExpertsGrouped.apply(
+                    x, gate_up, offs, _DequantChunk(self, "gate_up_proj", experts)
+                )
+            else:
+                gu = torch._grouped_mm(x, gate_up.transpose(-2, -1), offs=offs)
+            del gate_up
+            if self.lora_r:
+                gu = gu + self._lora_rows("gate_up_proj", x, experts, sizes)
+            gate, up = gu.chunk(2, dim=-1)
+            h = self.act_fn(gate) * up
+            if grad:
+                y = _FrozenExpertsGrouped.apply(
+                    h.contiguous(), down, offs, _DequantChunk(self, "down_proj", experts)
+                )
+            else:
+                y = torch._grouped_mm(h.contiguous(), down.transpose(-2, -1), offs=offs)
+            del down
+            if self.lora_r:
+                y = y + self._lora_rows("down_proj", h, experts, sizes)
+            outputs.append(y)
+        final = torch.zeros_like(hidden_states)
+        if not outputs:
+            return final
+        out = torch.cat(outputs) * top_k_weights.reshape(-1)[perm[:rows], None]
+        return final.index_add(0, token[:rows], out.to(final.dtype))
+
+    def _lora_rows(self, which: str, x: torch.Tensor, experts: list[int], sizes: list[int]) -> torch.Tensor:
+        parts = [self._lora(which, rows, e) for rows, e in zip(x.split(sizes), experts, strict=True)]
+        return torch.cat(parts)
+
+    def _forward_loop(
+        self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor
+    ):
+        final = torch.zeros_like(hidden_states)
+        with torch.no_grad():
+            # num_experts + 1 classes, as transformers does: an index equal to num_experts means "no expert".
+            mask = torch.nn.functional.one_hot(top_k_index, num_classes=self.num_experts + 1).permute(2, 1, 0)
+            hit = [e for e in torch.greater(mask.sum(dim=(-1, -2)), 0).nonzero().flatten().tolist()]
+            hit = [e for e in hit if e < self.num_experts]
+        grad = self._needs_grad(hidden_states, top_k_weights)
+        for c0 in range(0, len(hit), self.chunk_experts):
+            experts = hit[c0 : c0 + self.chunk_experts]
+            with torch.no_grad():
+                gate_up = self.dequantize("gate_up_proj", experts)
+                down = self.dequantize("down_proj", experts)
+            chunks = (
+                (_DequantChunk(self, "gate_up_proj", experts), _DequantChunk(self, "down_proj", experts))
+                if grad
+                else (None, None)
+            )
+            for j, e in enumerate(experts):
+                top_k_pos, token_idx = torch.where(mask[e])
+                x = hidden_states[token_idx]
+                gate, up = self._linear("gate_up_proj", x, gate_up, chunks[0], j, e).chunk(2, dim=-1)
+                h = self.act_fn(gate) * up
+                y = self._linear("down_proj", h, down, chunks[1], j, e)
+                y = y * top_k_weights[token_idx, top_k_pos, None]
+                final.index_add_(0, token_idx, y.to(final.dtype))
+            del gate_up, down
+        return final
+
+    def extra_repr(self) -> str:
+        lora = f", lora_r={self.lora_r}" if self.lora_r else ""
+        return (
+            f"num_experts={self.num_experts}, hidden={self.hidden_dim}, "
+            f"intermediate={self.intermediate_dim}, nf4, "
+            f"storage={self.layouts['down_proj'].storage_dtype}{lora}"
+        )
+
+
+# --- whole-model helpers --------------------------------------------------------------------------
+
+
+def fused_experts_modules(model: nn.Module) -> Iterable[tuple[str, nn.Module, str, nn.Module]]:
+    """(parent name, parent, attribute, experts module) for every fused experts module still in 16 bit."""
+    for name, parent in list(model.named_modules()):
+        for attr, child in list(parent.named_children()):
+            if is_fused_experts(child) and not isinstance(child, NF4Experts):
+                yield name, parent, attr, child
+
+
+def quantize_model_experts(model: nn.Module, storage_dtype: torch.dtype) -> int:
+    """Replace every fused experts module of an in-memory model by its NF4 form; returns how many."""
+    count = 0
+    for _name, parent, attr, experts in fused_experts_modules(model):
+        new = NF4Experts.from_fused(experts, storage_dtype)
+        setattr(parent, attr, new)
+        del experts
+        count += 1
+    return count
+
+
+def moe_block_classes(model: nn.Module) -> list[type]:
+    """Classes of the modules that hold experts (the MoE blocks): the ZeRO-3 leaf modules."""
+    classes: list[type] = []
+    for module in model.modules():
+        for child in module.children():
+            if (isinstance(child, NF4Experts) or is_fused_experts(child)) and type(module) not in classes:
+                classes.append(type(module))
+    return classes
+
+
+def set_moe_leaf_modules(model: nn.Module) -> list[str]:
+    """Make every MoE block a ZeRO-3 leaf: all its parameters are gathered on entry, whatever the routing.
+
+    Without it ZeRO-3 fetches parameters module by module as they run, and a rank whose tokens miss an
+    expert would skip a collective the other ranks wait on (DeepSpeed#5066).
+    """
+    classes = moe_block_classes(model)
+    if classes:
+        from deepspeed.utils import set_z3_leaf_modules
+
+        set_z3_leaf_modules(model, classes)
+    return [c.__name__ for c in classes]
+
+
+def add_expert_lora(model: nn.Module, r: int, alpha: float, dropout: float) -> int:
+    """LoRA on every NF4 experts module; returns the number of trainable parameters added."""
+    added = 0
+    for module in model.modules():
+        if isinstance(module, NF4Experts):
+            module.add_lora(r, alpha, dropout)
+            added += sum(p.numel() for p in module.lora_parameters().values())
+    return added
+
+
+def expert_lora_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The expert LoRA weights by parameter name (call with ZeRO-3 parameters gathered)."""
+    return {
+        name: param.detach().cpu().clone()
+        for name, param in model.named_parameters()
+        if ".experts.lora_" in name or name.startswith("experts.lora_")
+    }
+
+
+def load_expert_lora(model: nn.Module, path: str, dropout: float = 0.0) -> int:
+    """Add expert LoRA to `model` (a PEFT model on an NF4-experts base) and load it from `path`.
+
+    The file is the `expert_lora.safetensors` the trainer writes beside the PEFT adapter; its metadata
+    holds r and alpha. Returns the number of tensors loaded.
+    """
+    from safetensors import safe_open
+
+    with safe_open(path, framework="pt") as f:
+        meta = f.metadata() or {}
+        state = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (safe_open is not a dict)
+    add_expert_lora(model, int(meta["r"]), float(meta["alpha"]), dropout)
+    params = dict(model.named_parameters())
+    missing = [k for k in state if k not in params]
+    if missing:
+        raise KeyError(f"{path}: no parameter for {missing[:3]}")
+    with torch.no_grad():
+        for name, tensor in state.items():
+            params[name].copy_(tensor)
+    return len(state)

@@ -65,7 +65,9 @@ def test_loss_falls_clearly(tiny_run: tuple[Path, str]) -> None:
     assert last < 0.5 * first, (first, last)
 
 
-def test_audit_says_linear_layers_are_4bit_under_zero3_offload(tiny_run: tuple[Path, str]) -> None:
+def test_audit_says_linear_layers_and_experts_are_4bit_under_zero3_offload(
+    tiny_run: tuple[Path, str],
+) -> None:
     run_dir, _ = tiny_run
     (audit,) = read_events(run_dir, "audit")
     assert audit["groups"]["attention"]["params_4bit"] == audit["groups"]["attention"]["params"] > 0
@@ -74,7 +76,11 @@ def test_audit_says_linear_layers_are_4bit_under_zero3_offload(tiny_run: tuple[P
     assert audit["applied"]["gradient_checkpointing"] is True
     assert all(n > 0 for n in audit["lora_targets"].values())
     assert 0 < audit["params_trainable"] < audit["params_total"]
-    assert any("did not partition at load" in w for w in audit["warnings"])
+    experts = audit["groups"]["experts"]
+    assert experts["params_4bit"] == experts["params"] > 0, "fused experts packed in NF4"
+    assert audit["fraction_4bit_body"] >= 0.95
+    assert audit["applied"]["partitioned_at_load"] is True, "the layer-by-layer loader partitions at load"
+    assert audit["warnings"] == []
 
 
 def test_load_and_train_phases_and_adapter(tiny_run: tuple[Path, str]) -> None:

@@ -177,12 +177,16 @@ def cmd_stop(args: argparse.Namespace) -> int:
 
 def cmd_resume(args: argparse.Namespace) -> int:
     from cockpit.record import load_manifest
+    from cockpit.record.manifest import update_manifest
     from cockpit.supervisor import spawn_detached
 
     run_dir = _find(args)
     status = load_manifest(run_dir).get("status")
     if status in ("running", "planned"):
         raise UsageError(f"{run_dir.name} is {status}; only an ended run can be resumed")
+    # Back to `planned` before the new owner starts, as for a new run: a viewer must not take the old
+    # final status for this attempt's.
+    update_manifest(run_dir, status="planned", diagnosis=None, exit_code=None, ended_at=None)
     supervisor = spawn_detached(run_dir, resume=True)
     console.print(f"run [bold]{run_dir.name}[/] resumed from its last checkpoint")
     if args.detach:

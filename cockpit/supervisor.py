@@ -102,6 +102,7 @@ class Supervisor:
         self.ram_peak_mib = 0.0
         self.stop_reason = "user"
         self.stage = ""
+        self.stage_started_at: float | None = None
         self.stall_warned = False
         self.stall_detail = ""
         self.reserve = self.paths.root / ".reserve"
@@ -154,8 +155,10 @@ class Supervisor:
             self._durable(
                 lambda: self.events.write("stop_request", phase=self.view.phase, step=self.view.step)
             )
-            if self.view.phase not in ("train",):
-                self._signal_group(signal.SIGTERM)  # nothing to checkpoint yet
+            if self.stage != "train" or self.view.phase in ("starting", "setup", "load"):
+                self._signal_group(
+                    signal.SIGTERM
+                )  # nothing to checkpoint (yet): evaluation, or before training
         kill = self.paths.control_dir / "kill"
         if kill.exists() and not self.killed:
             self._note("kill requested: SIGKILL to the training processes")
@@ -179,11 +182,21 @@ class Supervisor:
         """No step for too long in training: say so, then stop the run (see `diagnosis.stall_verdict`)."""
         if self.stage != "train" or self.view.phase != "train" or self.stall_detail:
             return
-        last = self.view.steps[-1].t if self.view.steps else self.view.train_started_t
-        if last is None:
-            return
+        # The clock starts at this stage's launch, its training's start or its last step, whichever is
+        # latest: a resumed run's old steps say nothing about the new attempt.
+        marks = [
+            self.stage_started_at,
+            self.view.train_started_t,
+            self.view.steps[-1].t if self.view.steps else None,
+        ]
+        last = max(t for t in marks if t is not None)
+        # Steps are due once this attempt's engine exists (its train_begin); before that, the timeout alone.
+        training = self.view.train_started_t is not None and self.view.train_started_t >= (
+            self.stage_started_at or 0
+        )
+        median = self.view.median_step_time() if training else None
         verdict, message = stall_verdict(
-            now - last, self.view.median_step_time(), self.profile.training.stall_timeout_s, self.gpus_idle()
+            now - last, median, self.profile.training.stall_timeout_s, self.gpus_idle()
         )
         if verdict == "suspect" and not self.stall_warned:
             self.stall_warned = True
@@ -246,6 +259,7 @@ class Supervisor:
         """Start one stage's processes in their own group, output appended to `output.log`."""
         self.terminated_at = None
         self.stage = stage
+        self.stage_started_at = time.time()
         log = open(self.paths.output_log, "ab")  # noqa: SIM115 - handed to the child
         try:
             self.proc = subprocess.Popen(

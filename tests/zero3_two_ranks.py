@@ -48,4 +48,6 @@ for _ in range(3):
     engine.backward(loss)
     engine.step()
     losses.append(loss.item())
-print("RESULT " + json.dumps({"rank": rank, "experts_hit_layer0": hits[0], "losses": losses}), flush=True)
+# One file per rank: two ranks printing to one pipe can interleave within a line.
+result = {"rank": rank, "experts_hit_layer0": hits[0], "losses": losses}
+Path(f"result-rank{rank}.json").write_text(json.dumps(result))

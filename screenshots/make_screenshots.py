@@ -3,7 +3,9 @@
 - `run-live.svg`: the run screen following the recorded tiny run, mid-run (the record cut at half
   its length, the clock at that moment);
 - `replay.svg`: `cockpit replay` of the same record at 8×, paused at the same moment;
-- `run-4gpu-26h.svg`: the run screen over a generated 26-hour, 4-GPU record (the benchmark's).
+- `run-4gpu-26h.svg`: the run screen over a generated 26-hour, 4-GPU record (the benchmark's);
+- `report.svg`: the report screen (`r`) of the finished tiny run, with the report.json of an evaluated
+  tiny-cpu run (`tests/fixtures/reports/`: the recorded run predates the evaluation stage).
 
     python screenshots/make_screenshots.py
 """
@@ -21,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "benchmarks")]
 
 from replay_large import generate  # noqa: E402
-from tui_helpers import FIXTURE, copy_until, fixture_times  # noqa: E402
+from tui_helpers import FIXTURE, add_report, copy_until, fixture_times  # noqa: E402
 
 from cockpit.app.app import CockpitApp, make_app  # noqa: E402
 from cockpit.record.playback import Playback  # noqa: E402
@@ -30,7 +32,7 @@ SIZE = (120, 40)
 OUT = ROOT / "screenshots"
 
 
-async def shoot(app: CockpitApp, path: Path) -> None:
+async def shoot(app: CockpitApp, path: Path, keys: tuple[str, ...] = ()) -> None:
     async with app.run_test(size=SIZE) as pilot:
         deadline = time.monotonic() + 120
         while not (app.last_snapshot and app.last_snapshot.header.loading is None):
@@ -40,6 +42,13 @@ async def shoot(app: CockpitApp, path: Path) -> None:
         seen = app.shown
         while app.shown < seen + 1:
             await pilot.pause(0.05)
+        if keys:
+            while app.report is None:  # the keys shot here open the report
+                if time.monotonic() > deadline:
+                    raise TimeoutError(path.name)
+                await pilot.pause(0.05)
+            await pilot.press(*keys)
+            await pilot.pause(0.2)
         await pilot.pause()
         app.save_screenshot(path.name, str(path.parent))
     print(f"wrote {path.relative_to(ROOT)}")
@@ -51,6 +60,10 @@ async def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         run = copy_until(Path(tmp), mid)
         await shoot(make_app(run, live=True, now=lambda: mid + 1.0), OUT / "run-live.svg")
+
+        finished = copy_until(Path(tmp) / "finished")
+        add_report(finished)
+        await shoot(make_app(finished, live=True, now=lambda: last + 60.0), OUT / "report.svg", ("r",))
 
         pb = Playback(FIXTURE, live=False, speed=8.0, now=lambda: 0.0)
         pb.load()

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-from tui_helpers import FIXTURE, copy_until, fixture_times
+from tui_helpers import FIXTURE, add_report, copy_until, fixture_times
 
 from cockpit.app.app import CockpitApp, make_app
 from cockpit.record.playback import Playback
@@ -84,5 +84,25 @@ def test_log_pane_hidden(snap_compare, mid_run: Path) -> None:
         await before(pilot)
         await pilot.press("l")
         await pilot.pause()
+
+    assert snap_compare(app, terminal_size=SIZE, run_before=run_before)
+
+
+def test_report_screen(snap_compare, tmp_path: Path) -> None:
+    """The finished run with the fixture's report.json, `r` pressed: table, delta bars, serving cost."""
+    run = copy_until(tmp_path)
+    add_report(run)
+    app = make_app(run, live=True, now=lambda: LAST + 60.0)
+    before = shown(app)
+
+    async def run_before(pilot) -> None:
+        await before(pilot)
+        deadline = time.monotonic() + 20
+        while app.report is None:
+            if time.monotonic() > deadline:
+                raise AssertionError("the report was not read")
+            await pilot.pause(0.05)
+        await pilot.press("r")
+        await pilot.pause(0.2)
 
     assert snap_compare(app, terminal_size=SIZE, run_before=run_before)

@@ -9,6 +9,8 @@ import time
 from pathlib import Path
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "records" / "20261130-053002-tiny-cpu-9d58"
+# report.json of a later tiny-cpu run (same profile, evaluated): the recorded run predates evaluation.
+REPORT = Path(__file__).resolve().parent / "fixtures" / "reports" / "20261130-054410-tiny-cpu-903f.json"
 
 
 def fixture_times(src: Path = FIXTURE) -> tuple[float, float]:
@@ -52,6 +54,23 @@ def copy_until(dst_parent: Path, until: float | None = None, src: Path = FIXTURE
     (dst / "run.json").write_text(json.dumps(manifest, indent=2))
     (dst / "output.log").write_text(_cut_log((src / "output.log").read_text(), last_step))
     return dst
+
+
+def add_report(run_dir: Path, report: Path = REPORT) -> float:
+    """Give a copied record an evaluation report as the supervisor does: `report.json` beside the record,
+    and a `report` event just before its `end` (or after its last event). Returns the event's time."""
+    (run_dir / "report.json").write_text(report.read_text())
+    path = run_dir / "events" / "supervisor.jsonl"
+    lines = path.read_text().splitlines(keepends=True)
+    ends = [i for i, line in enumerate(lines) if json.loads(line)["kind"] == "end"]
+    if ends:
+        at, t = ends[0], json.loads(lines[ends[0]])["t"] - 0.1
+    else:
+        at, t = len(lines), fixture_times(run_dir)[1] + 0.1
+    event = {"t": t, "kind": "report", "path": str(run_dir / "report.json"), "summary": "from the fixture"}
+    lines.insert(at, json.dumps(event) + "\n")
+    path.write_text("".join(lines))
+    return t
 
 
 def feed(src: Path, dst: Path, speed: float) -> None:

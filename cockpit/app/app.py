@@ -24,9 +24,11 @@ from textual.app import App
 from textual.binding import Binding, BindingType
 from textual.worker import get_current_worker
 
-from cockpit.app.messages import SnapshotReady, StopSent
+from cockpit.app.messages import ReportLoaded, SnapshotReady, StopSent
 from cockpit.app.model import Snapshot, build_snapshot
+from cockpit.app.report_model import ReportData, read_report
 from cockpit.app.screens.confirm import ConfirmStop
+from cockpit.app.screens.report import ReportScreen
 from cockpit.app.screens.run import RunScreen
 from cockpit.record.format import TERMINAL_STATUSES
 from cockpit.record.playback import Playback
@@ -47,6 +49,7 @@ class CockpitApp(App[str]):
         Binding("d", "detach", "Detach"),
         Binding("q", "quit", "Quit"),
         Binding("l", "toggle_log", "Log"),
+        Binding("r", "report", "Report"),
         Binding("space", "toggle_pause", "Pause"),
         Binding("plus,equals_sign,right_square_bracket", "faster", "Faster", key_display="+"),
         Binding("minus,left_square_bracket", "slower", "Slower", key_display="-"),
@@ -81,6 +84,8 @@ class CockpitApp(App[str]):
         self.run_screen = RunScreen()
         self._lost: str | None = None  # set by the worker when a live run's supervisor is gone
         self._owner_checked = -math.inf
+        self.report: ReportData | None = None  # the evaluation report, once due and read
+        self._report_state: str | None = None  # None, "reading", "read", "failed"
 
     # --- start -----------------------------------------------------------------------------------
     def on_mount(self) -> None:
@@ -167,7 +172,32 @@ class CockpitApp(App[str]):
         if snapshot.header.status != self._status:
             self._status = snapshot.header.status
             self.refresh_bindings()
+        if snapshot.report_due and self._report_state is None:
+            self._report_state = "reading"
+            self.read_report()
         self._update_dots()
+
+    # --- the report ----------------------------------------------------------------------------------
+    @work(thread=True, exclusive=True, group="report", name="read-report")
+    def read_report(self) -> None:
+        """Read report.json (or build the report from the predictions, in memory); never touches a widget."""
+        try:
+            report = read_report(self.run_dir)
+        except Exception as exc:  # a broken or half-written file: say so, keep watching the run
+            self.post_message(ReportLoaded(None, f"could not read the evaluation report: {exc}"))
+            return
+        self.post_message(ReportLoaded(report, None if report else "the run has no evaluation report"))
+
+    def on_report_loaded(self, message: ReportLoaded) -> None:
+        if message.report is None:
+            self._report_state = "failed"
+            self.notify(message.error or "no report", severity="warning")
+            return
+        self.report = message.report
+        self._report_state = "read"
+        self.refresh_bindings()
+        # Offered, not shown: whoever is looking at the charts stays there until they press the key.
+        self.notify("The evaluation report is ready: press [b]r[/b] to see it.", title="report", timeout=15)
 
     # --- commands ----------------------------------------------------------------------------------
     def _run_is_active(self) -> bool:
@@ -180,6 +210,10 @@ class CockpitApp(App[str]):
             return True if self._run_is_active() else None
         if action == "detach":
             return self.playback.live
+        if action == "report":
+            return self.report is not None
+        if action == "toggle_log":
+            return not isinstance(self.screen, ReportScreen)
         return True
 
     def action_stop(self) -> None:
@@ -213,6 +247,14 @@ class CockpitApp(App[str]):
     def on_stop_sent(self, message: StopSent) -> None:
         self.notify(message.detail, severity="information" if message.ok else "error")
         self._wake.set()
+
+    def action_report(self) -> None:
+        """Open the report over the run screen (its own `r` and `escape` close it)."""
+        if self.report is None or self.screen is not self.run_screen:
+            return
+        self.clear_notifications()  # the offer is taken
+        run_id = self.last_snapshot.header.run_id if self.last_snapshot else self.run_dir.name
+        self.push_screen(ReportScreen(self.report, run_id))
 
     def action_detach(self) -> None:
         self.exit("detached")

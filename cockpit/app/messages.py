@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from textual.message import Message
 
 from cockpit.app.model import Snapshot
+from cockpit.app.report_model import ReportData
 
 
 @dataclass
@@ -25,3 +26,11 @@ class StopSent(Message):
 
     ok: bool
     detail: str
+
+
+@dataclass
+class ReportLoaded(Message):
+    """The report worker read the run's report (None, with `error`, when it could not)."""
+
+    report: ReportData | None
+    error: str | None = None

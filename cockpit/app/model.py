@@ -92,6 +92,7 @@ class Snapshot:
     log_lines: tuple[str, ...]
     built_ms: float = 0.0  # building this snapshot (bucketing every chart), on the worker
     tick_ms: float = 0.0  # the Playback tick before it (read new lines, fold), on the worker
+    report_due: bool = False  # the record, as of the clock, has an evaluation report (see `report_due`)
 
 
 CHARTS = ("loss", "throughput", "gpu", "host")
@@ -271,6 +272,24 @@ def build_audit(pb: Playback) -> Audit | None:
     )
 
 
+def report_due(pb: Playback) -> bool:
+    """Whether the evaluation report belongs to the record as of the clock.
+
+    Live is replay with the clock at now: the report is due once the fold has passed the supervisor's
+    `report` event (live: as soon as it is written; replay: when the clock gets there). A report made
+    outside the run (`cockpit report`, `cockpit import --show`), or predictions without a report, have
+    no event: they count once the record is shown at its end and the run is over. Two stats at most:
+    call it on the worker.
+    """
+    if pb.view.report is not None:
+        return True
+    if not pb.follow or pb.status() not in TERMINAL_STATUSES:
+        return False
+    from cockpit.app.report_model import has_report
+
+    return has_report(pb.paths.root)
+
+
 def build_snapshot(
     pb: Playback, dots: dict[str, int], log_lines: int = 200, tick_ms: float = 0.0, lost: str | None = None
 ) -> Snapshot:
@@ -280,4 +299,6 @@ def build_snapshot(
     header = build_header(pb, lost)
     audit = build_audit(pb)
     log = tuple(pb.output_tail(log_lines))
-    return Snapshot(header, charts, audit, log, built_ms=(time.perf_counter() - t0) * 1000, tick_ms=tick_ms)
+    due = report_due(pb)
+    built_ms = (time.perf_counter() - t0) * 1000
+    return Snapshot(header, charts, audit, log, built_ms=built_ms, tick_ms=tick_ms, report_due=due)

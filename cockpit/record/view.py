@@ -56,6 +56,7 @@ class RunView:
     eval_done: int = 0
     eval_total: int = 0
     eval_system: str | None = None
+    report: dict[str, Any] | None = None  # the supervisor's `report` event: report.json is written
     events_seen: int = 0
     plan: dict[str, Any] | None = None  # the run's plan.json, when the viewer has loaded it
 
@@ -170,6 +171,9 @@ class RunView:
 
     def _on_eval_end(self, e: Event) -> None:
         self.phase = "report"
+
+    def _on_report(self, e: Event) -> None:
+        self.report = e
 
     def _on_note(self, e: Event) -> None:
         self.supervisor_notes.append(e.get("message", ""))

@@ -1,0 +1,93 @@
+"""The evaluation report: per-tenant metrics, the tuned model's deltas with their intervals, serving cost.
+
+It gets the report as plain data (`ReportData`, read by the app's report worker) and reads nothing itself.
+`r` or `escape` goes back to the run screen; `m` cycles the metric shown for each system.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import VerticalScroll
+from textual.screen import Screen
+from textual.widgets import Footer, Static
+
+from cockpit.app.report_model import METRIC_NAMES, METRICS, ReportData
+from cockpit.app.widgets.report import DeltaChart, report_table, serving_text
+
+
+def title_text(report: ReportData, run_id: str) -> Text:
+    """Two lines, like the run header: which run; what was evaluated and how."""
+    text = Text(no_wrap=True, overflow="ellipsis")
+    text.append(" cockpit ", "bold reverse")
+    text.append(f" {run_id} ", "bold")
+    text.append("· evaluation on the held-out split")
+    if report.model:
+        text.append(" · model ")
+        text.append(report.model, "bold")
+    text.append("\n")
+    text.append(" REPORT ", "bold reverse cyan")
+    text.append(f" {len(report.tenants)} tenants · {report.examples} held-out examples · ")
+    text.append(" · ".join(report.systems), "bold")
+    if report.bootstrap_samples:
+        text.append(f" · 95% CI: paired bootstrap, {report.bootstrap_samples:,} resamples")
+    if report.source != "report.json":
+        text.append(f" · {report.source}", "italic yellow")
+    return text
+
+
+class ReportScreen(Screen[None]):
+    """The report of one run, over its run screen (which goes on following the record underneath)."""
+
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("r,escape", "back", "Back to the run", key_display="r"),
+        Binding("m", "metric", "Metric"),
+    ]
+
+    def __init__(self, report: ReportData, run_id: str) -> None:
+        super().__init__()
+        self.report = report
+        self.run_id = run_id
+        self.metric = "macro_f1"
+
+    def compose(self) -> ComposeResult:
+        yield Static(title_text(self.report, self.run_id), id="report-title")
+        with VerticalScroll(id="report-body"):
+            yield Static(id="report-table", classes="report-panel")
+            yield DeltaChart(self.report, id="report-deltas", classes="report-panel")
+            yield Static(id="report-serving", classes="report-panel")
+        yield Footer()
+
+    def _show_serving(self) -> None:
+        self.query_one("#report-serving", Static).update(
+            serving_text(self.report.serving, self.size.width - 4)
+        )
+
+    def on_mount(self) -> None:
+        self._show_table()
+        reference = self.report.reference
+        chart = self.query_one("#report-deltas", DeltaChart)
+        tuned = self.report.tuned or "fine-tuned"
+        chart.border_title = f"{tuned} − {reference}: macro F1 per tenant (points)" if reference else "deltas"
+        chart.border_subtitle = "bar: Δ · whisker: 95% CI"
+        self.query_one("#report-serving", Static).border_title = "serving cost"
+        self._show_serving()
+
+    def on_resize(self) -> None:
+        self._show_serving()
+
+    def _show_table(self) -> None:
+        table = self.query_one("#report-table", Static)
+        table.update(report_table(self.report, self.metric))
+        table.border_title = f"{METRIC_NAMES[self.metric]} per tenant, points (m: next metric)"
+        table.border_subtitle = "Δ green: 95% CI above 0 · red: below 0 · yellow: includes 0"
+
+    def action_metric(self) -> None:
+        self.metric = METRICS[(METRICS.index(self.metric) + 1) % len(METRICS)]
+        self._show_table()
+
+    def action_back(self) -> None:
+        self.dismiss()

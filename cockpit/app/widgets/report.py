@@ -1,0 +1,191 @@
+"""The report screen's parts: the per-tenant table, the delta bars with their intervals, serving cost."""
+
+from __future__ import annotations
+
+from rich import box
+from rich.console import RenderableType
+from rich.style import Style
+from rich.table import Table
+from rich.text import Text
+from textual.geometry import Size
+from textual.widget import Widget
+
+from cockpit.app.report_model import METRIC_NAMES, Delta, ReportData, Row, Serving, bar_cells, delta_scale
+
+MUTED = "#8a8a8a"
+VERDICT_TEXT = {"better": "bold green", "worse": "bold red", "unclear": "bold yellow"}
+VERDICT_BAR = {"better": "#2f7d3a", "worse": "#a3312f", "unclear": "#8c7414"}
+WHISKER = "#f0f0f0"
+LABEL_WIDTH = 12
+VALUE_WIDTH = 24  # "+58.1 [+40.0, +71.2]"
+
+
+def pts(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.1f}"
+
+
+def signed(x: float) -> str:
+    return f"{100 * x:+.1f}"
+
+
+def delta_text(d: Delta | None) -> Text:
+    """`+58.1 [+40.0, +71.2]` in the verdict's colour (green: interval above 0, red: below, yellow: both)."""
+    if d is None:
+        return Text("-", MUTED)
+    text = Text()
+    text.append(signed(d.value), VERDICT_TEXT[d.verdict])
+    text.append(f" [{signed(d.low)}, {signed(d.high)}]", VERDICT_TEXT[d.verdict].replace("bold ", ""))
+    return text
+
+
+def report_table(report: ReportData, metric: str = "macro_f1") -> Table:
+    """Per tenant: every system's `metric` (points), the tuned model's macro-F1 delta against each other
+    system with its 95% interval; then the mean over tenants."""
+    table = Table(box=box.SIMPLE_HEAD, header_style="bold", pad_edge=False, expand=True, show_edge=False)
+    table.add_column("tenant", min_width=10)
+    table.add_column("n", justify="right", style=MUTED)
+    for s in report.systems:
+        style = "bold" if s == report.tuned else ""
+        table.add_column(f"{s}\n{METRIC_NAMES[metric]}", justify="right", style=style, min_width=9)
+    deltas = report.others if report.tuned else ()
+    for o in deltas:
+        table.add_column(f"Δ macro F1 vs {o}\n[95% CI]", justify="right", min_width=VALUE_WIDTH)
+
+    def cells(row: Row) -> list[RenderableType]:
+        out: list[RenderableType] = [pts(row.metrics.get(s, {}).get(metric)) for s in report.systems]
+        out += [delta_text(row.deltas.get(o)) for o in deltas]
+        return out
+
+    for i, t in enumerate(report.tenants):
+        table.add_row(t.name, str(t.n or ""), *cells(t), end_section=i == len(report.tenants) - 1)
+    table.add_row(Text("mean", "bold"), "", *cells(report.mean), style="bold")
+    return table
+
+
+def delta_chart(report: ReportData, width: int) -> Text:
+    """One row per tenant and the mean: a bar from 0 to the tuned model's delta against the reference
+    system, its 95% interval drawn over it as a whisker, the value beside it; a scale underneath."""
+    other = report.reference
+    text = Text(no_wrap=True, overflow="crop")
+    if other is None:
+        text.append("no fine-tuned model to compare (the report has no deltas)", f"italic {MUTED}")
+        return text
+    rows = [t for t in report.tenants if other in t.deltas]
+    mean = report.mean.deltas.get(other)
+    field = max(10, width - LABEL_WIDTH - VALUE_WIDTH - 2)
+    scale = delta_scale([t.deltas[other] for t in rows] + ([mean] if mean else []), field)
+
+    def bar(label: str, d: Delta, label_style: str = "") -> None:
+        text.append(f"{label[: LABEL_WIDTH - 1]:<{LABEL_WIDTH}}", label_style)
+        bar_style = Style(bgcolor=VERDICT_BAR[d.verdict])
+        for cell in bar_cells(d, scale):
+            color = WHISKER if cell.whisker else MUTED
+            style = Style(color=color, bold=cell.whisker) + (bar_style if cell.bar else Style())
+            text.append(cell.glyph, style)
+        text.append("  ")
+        text.append_text(delta_text(d))
+        text.append("\n")
+
+    for t in rows:
+        bar(t.name, t.deltas[other])
+    if mean is not None:
+        if rows:
+            text.append("\n")
+        bar("mean", mean, "bold")
+    # The scale: tick marks on a line, their values (points) under them.
+    axis = [" "] * field
+    labels = [" "] * (field + 6)
+    for tick in scale.ticks():
+        c = scale.col(tick)
+        axis[c] = "┼" if abs(tick) < 1e-9 else "┬"
+        label = "0" if abs(tick) < 1e-9 else f"{100 * tick:+g}"
+        start = min(max(0, c - len(label) // 2), field - len(label))
+        if all(ch == " " for ch in labels[max(0, start - 1) : start + len(label) + 1]):
+            labels[start : start + len(label)] = label
+    text.append(" " * LABEL_WIDTH)
+    text.append("".join(axis).replace(" ", "─"), MUTED)
+    text.append("\n" + " " * LABEL_WIDTH)
+    text.append("".join(labels).rstrip(), MUTED)
+    return text
+
+
+def _money(x: float) -> str:
+    return f"${x:,.2f}" if x >= 0.01 else f"${x:.4f}"
+
+
+def serving_text(s: Serving | None, width: int = 100) -> Text:
+    """Measured latency and throughput, and the cost per million generated tokens against the API's."""
+    text = Text(no_wrap=True, overflow="ellipsis")
+    if s is None:
+        text.append("no serving measurement in this run", f"italic {MUTED}")
+        return text
+    text.append("measured on ", MUTED)
+    text.append(s.measured_on, "bold")
+    text.append(" · the model as evaluated: 4-bit base + LoRA adapter", MUTED)
+    if s.on_cpu:
+        text.append("\n⚠ CPU: ", "bold yellow")
+        text.append("real measurements of the tiny CPU model, not of a production model", "yellow")
+    text.append("\n")
+
+    def figure(label: str, value: str, unit: str) -> None:
+        text.append(f"{label} ", MUTED)
+        text.append(value, "bold")
+        text.append(f" {unit}   ", MUTED)
+
+    if s.ttft_ms is not None:
+        figure("first token", f"{s.ttft_ms:,.1f}", "ms")
+    if s.per_token_ms is not None:
+        figure("per token", f"{s.per_token_ms:,.2f}", "ms")
+    if s.stream_tokens_per_s is not None:
+        figure("one stream", f"{s.stream_tokens_per_s:,.1f}", "tok/s")
+    if s.batch_tokens_per_s is not None:
+        figure(f"batch of {s.batch_size or '?'}", f"{s.batch_tokens_per_s:,.1f}", "tok/s")
+    text.append("\n")
+    ours, api = s.usd_per_mtok, s.api_usd_per_mtok
+    bar_width = max(10, width - 52)
+    top = max([x for x in (ours, api) if x] or [1.0])
+    name_width = max(len("self-hosted"), len(s.api_name)) + 1
+
+    def cost(name: str, value: float | None, color: str, note: str) -> None:
+        text.append(f"{name:<{name_width}}", "bold")
+        if value is None:
+            text.append(note, f"italic {MUTED}")
+            text.append("\n")
+            return
+        text.append(f"{_money(value):>9} / Mtok  ", "bold")
+        eighths = round(value / top * bar_width * 8)
+        full, part = divmod(max(1, eighths), 8)
+        text.append("█" * full + ("▏▎▍▌▋▊▉"[part - 1] if part else ""), color)
+        text.append(f"  {note}", MUTED)
+        text.append("\n")
+
+    price = f"at ${s.hour_usd:,.2f} per machine-hour" if s.hour_usd else ""
+    cost("self-hosted", ours, "#4e9be6", price if ours is not None else "no hourly price in the profile")
+    cost(s.api_name, api, "#f28e2b", "" if api is not None else "no API price in the profile")
+    if ours and api:
+        ratio = api / ours
+        verdict = (
+            f"self-hosted is {ratio:,.0f}× cheaper" if ratio >= 1 else f"the API is {1 / ratio:,.1f}× cheaper"
+        )
+        text.append(verdict, "bold green" if ratio >= 1 else "bold yellow")
+        text.append(" per generated token, at the measured batch throughput", MUTED)
+    text.rstrip()
+    return text
+
+
+class DeltaChart(Widget):
+    """The delta bars: drawn to the widget's width, one line per tenant, the mean, and a scale."""
+
+    def __init__(self, report: ReportData, *, id: str | None = None, classes: str | None = None) -> None:
+        super().__init__(id=id, classes=classes)
+        self.report = report
+
+    def get_content_height(self, container: Size, viewport: Size, width: int) -> int:
+        if self.report.reference is None:
+            return 1
+        rows = sum(1 for t in self.report.tenants if self.report.reference in t.deltas)
+        mean = 2 if self.report.reference in self.report.mean.deltas else 0
+        return rows + mean + 2
+
+    def render(self) -> Text:
+        return delta_chart(self.report, self.size.width)

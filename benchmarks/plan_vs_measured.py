@@ -14,6 +14,10 @@ Predicted figures are the `plan.json` that `cockpit run` writes into the same ru
 
     python benchmarks/plan_vs_measured.py                 # GPU if NVML sees one, else the CPU
     python benchmarks/plan_vs_measured.py --device cpu    # the small CPU slice (a few minutes)
+    python benchmarks/plan_vs_measured.py --device cuda --quantize-experts on --depths 1,4   # NF4, layerwise
+    python benchmarks/plan_vs_measured.py --loader transformers --quantize-experts off      # the old path
+
+`--loader` sets `model.loader` in every case's profile (default: layerwise, the trainer's default).
 
 Writes plan_vs_measured.md and .json under $OUT (else the work directory). Nothing is downloaded.
 """
@@ -134,12 +138,14 @@ class Case:
     depth: int
     offload_param: str
     experts_4bit: bool
+    loader: str = "layerwise"
     result: dict[str, Any] = field(default_factory=dict)
 
     @property
     def name(self) -> str:
         offload = "offload" if self.offload_param != "none" else "nooffload"
-        return f"d{self.depth}-{offload}-{'e4' if self.experts_4bit else 'e16'}"
+        loader = "lw" if self.loader == "layerwise" else "tf"
+        return f"d{self.depth}-{offload}-{'e4' if self.experts_4bit else 'e16'}-{loader}"
 
 
 def profile_for(case: Case, model: Path, data: Path, gpu: bool, seq_len: int, steps: int) -> dict[str, Any]:
@@ -147,7 +153,12 @@ def profile_for(case: Case, model: Path, data: Path, gpu: bool, seq_len: int, st
     return {
         "name": f"bench-{case.name}",
         "description": "plan_vs_measured benchmark slice",
-        "model": {"path": str(model), "config": str(model / "config.json"), "name": model.name},
+        "model": {
+            "path": str(model),
+            "config": str(model / "config.json"),
+            "name": model.name,
+            "loader": case.loader,
+        },
         "hardware": {"gpus": 1 if gpu else 0},
         "quantization": {
             "load_in_4bit": True,
@@ -259,6 +270,7 @@ def run_case(
         "depth": case.depth,
         "offload_param": case.offload_param,
         "experts_4bit_requested": case.experts_4bit,
+        "loader": case.loader,
         "returncode": rc,
         "wall_s": round(time.time() - t0, 1),
         "run_dir": str(run_dir),
@@ -285,9 +297,9 @@ def table(cases: list[Case], device: str) -> tuple[str, dict[str, Any]]:
     lines = [
         f"Predicted / measured (GiB, error against measured; `!` beyond {TOLERANCE:.0%}), device: {device}",
         "",
-        "| depth | param offload | experts asked (in 4 bit) "
+        "| depth | loader | param offload | experts asked (in 4 bit) "
         "| GPU load | GPU train | RSS load | RSS train | step s |",
-        "|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     errors: list[float] = []
     for c in cases:
@@ -301,7 +313,7 @@ def table(cases: list[Case], device: str) -> tuple[str, dict[str, Any]]:
         )
         if not meas:
             lines.append(
-                f"| {c.depth} | {c.offload_param} | {experts} "
+                f"| {c.depth} | {c.loader} | {c.offload_param} | {experts} "
                 f"| failed: see {r.get('run_dir')}/output.log | | | | |"
             )
             continue
@@ -316,7 +328,11 @@ def table(cases: list[Case], device: str) -> tuple[str, dict[str, Any]]:
             if pred.get("step_s") and meas.get("step_s")
             else "-"
         )
-        lines.append(f"| {c.depth} | {c.offload_param} | {experts} | " + " | ".join(cells) + f" | {step} |")
+        lines.append(
+            f"| {c.depth} | {c.loader} | {c.offload_param} | {experts} | "
+            + " | ".join(cells)
+            + f" | {step} |"
+        )
     within = sum(abs(e) <= TOLERANCE for e in errors)
     lines += ["", f"{within} of {len(errors)} figures within {TOLERANCE:.0%}."]
     # What one process costs before any weight: measured training RSS minus the plan's other terms.
@@ -359,6 +375,12 @@ def main() -> int:
         choices=("auto", "off", "on", "both"),
         default="auto",
         help="auto: both if the trainer implements quantization.quantize_experts, else off",
+    )
+    parser.add_argument(
+        "--loader",
+        choices=("layerwise", "transformers", "both"),
+        default="layerwise",
+        help="model.loader of every case (layerwise: the trainer's default; transformers: from_pretrained)",
     )
     parser.add_argument(
         "--jobs", type=int, default=0, help="cases run at once (default: 2 on a GPU, 1 on the CPU)"
@@ -418,7 +440,8 @@ def main() -> int:
     models = {d: slice_dir(work, config, d) for d in depths}
     print(f"slice ready in {time.time() - t0:.0f} s; running the trainer ...", flush=True)
 
-    cases = [Case(d, o, e) for e in experts for d in depths for o in offloads]
+    loaders = ["layerwise", "transformers"] if args.loader == "both" else [args.loader]
+    cases = [Case(d, o, e, ld) for ld in loaders for e in experts for d in depths for o in offloads]
     # Pair heavy with light cases when running several at once.
     by_size = sorted(cases, key=lambda c: -c.depth)
     order = (

@@ -63,8 +63,32 @@ def test_experts_left_in_16_bit_cost_their_difference(plan) -> None:
     assert [w.setting for w in warnings] == ["4bit:experts"]
     w = warnings[0]
     assert w.cost_bytes == pytest.approx(EXPERTS * (2 - (0.5 + 1 / 64 + 4 / 16384)), rel=1e-3)
-    assert "experts" in w.message and "per GPU at load" in w.message and "pinned host RAM" in w.message
+    # The layerwise loader holds one layer on a GPU at load: 16-bit experts cost pinned host RAM and copies.
+    assert "experts" in w.message and "pinned host RAM" in w.message and "per GPU at load" not in w.message
     assert f"{w.cost_bytes / GiB:,.1f} GiB" in w.message
+
+
+def test_experts_in_16_bit_under_from_pretrained_cost_every_gpu_at_load() -> None:
+    profile, _ = load_profile(STORY)
+    profile = profile.model_copy(
+        update={"model": profile.model.model_copy(update={"loader": "transformers"})}
+    )
+    plan = json.loads(json.dumps(build_plan(profile, Hardware(4, "H100-80GB", 80, 960)).to_dict()))
+    assert plan["configured"]["setup"]["loader"] == "transformers"
+    audit = audit_as_planned(plan)
+    audit["groups"]["experts"]["params_4bit"] = 0
+    (w,) = compare_audit(audit, plan)
+    assert "per GPU at load" in w.message
+
+
+def test_plans_written_before_the_layerwise_loader_still_compare(plan) -> None:
+    old = json.loads(json.dumps(plan))
+    del old["configured"]["setup"]["loader"]
+    old["configured"]["setup"]["load_on"] = "gpu"
+    audit = audit_as_planned(old)
+    audit["groups"]["experts"]["params_4bit"] = 0
+    (w,) = compare_audit(audit, old)
+    assert "per GPU at load" in w.message
 
 
 def test_small_groups_are_not_worth_a_warning(plan) -> None:

@@ -21,9 +21,13 @@ def test_json_for_the_story(capsys: pytest.CaptureFixture[str]) -> None:
         "host_ram_gib": 960.0,
         "source": {"gpus": "profile", "gpu_mem_gib": "profile", "host_ram_gib": "profile"},
     }
-    assert plan["configured"]["fits"] is False
-    assert plan["configured"]["binding"] == "GPU memory at load"
-    assert any("CPU offload" in r for r in plan["requirements"])
+    # The default loader reads, packs and partitions one layer at a time: the story fits as configured,
+    # and only because of that loader (from_pretrained would put the whole model on each 80 GiB GPU).
+    assert plan["configured"]["setup"]["loader"] == "layerwise"
+    assert plan["configured"]["fits"] is True
+    assert plan["configured"]["load"]["gpu_peak"] < 8 * 1024**3
+    assert any("layer-by-layer loader" in r for r in plan["requirements"])
+    assert not any("CPU offload of the parameters" in r for r in plan["requirements"])
     assert {o["label"] for o in plan["options"]} >= {
         "no offload",
         "param + optimizer offload",
@@ -65,9 +69,10 @@ def test_text_is_readable(capsys: pytest.CaptureFixture[str], monkeypatch: pytes
         "Parameters and weight bytes",
         "experts",
         "470.2 GB",
-        "DOES NOT FIT",
+        "FITS as configured",
+        "layer-by-layer load",
         "Required:",
-        "CPU offload",
+        'model.loader = "layerwise"',
         "Fastest that fits",
     ):
         assert words in out
@@ -76,3 +81,25 @@ def test_text_is_readable(capsys: pytest.CaptureFixture[str], monkeypatch: pytes
 def test_bad_profile_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["plan", "--profile", "no-such-profile"]) == 2
     assert "no such profile" in capsys.readouterr().err
+
+
+def test_the_transformers_loader_does_not_fit_the_story(
+    tmp_path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """model.loader = "transformers": every rank's whole model on its GPU at load, more than 80 GiB."""
+    from pathlib import Path
+
+    src = Path(__file__).resolve().parent.parent / "profiles" / f"{STORY}.toml"
+    text = src.read_text().replace('loader = "layerwise"', 'loader = "transformers"')
+    assert 'loader = "transformers"' in text
+    text = text.replace('config = "models/', f'config = "{src.parent}/models/')
+    profile = tmp_path / "story-transformers.toml"
+    profile.write_text(text)
+    monkeypatch.setenv("COLUMNS", "140")
+    assert main(["plan", "--profile", str(profile), "--format", "json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["configured"]["setup"]["loader"] == "transformers"
+    assert plan["configured"]["fits"] is False
+    assert plan["configured"]["binding"] == "GPU memory at load"
+    assert plan["configured"]["load"]["gpu_peak"] > 80 * 1024**3
+    assert any("not what the profile says" in r for r in plan["requirements"])

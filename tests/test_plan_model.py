@@ -1,4 +1,4 @@
-"""The memory model's mechanics, and its figures against what was measured on the H200 (FACTS.md)."""
+"""The memory model's mechanics, and its figures against what was measured on the H200."""
 
 from __future__ import annotations
 
@@ -11,43 +11,99 @@ from pathlib import Path
 import pytest
 
 from cockpit.plan.geometry import geometry_from_config
-from cockpit.plan.model import GiB, Inputs, Precision, Setup, estimate
+from cockpit.plan.model import Assumptions, GiB, Inputs, Precision, Setup, estimate
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = json.loads((ROOT / "profiles/models/qwen3-235b-a22b-thinking-2507/config.json").read_text())
 H, E, W, V = 4096, 128, 1536, 151936
 
 
-def slice_inputs(layers: int, experts_4bit: bool = False) -> Inputs:
+def slice_inputs(layers: int, experts_4bit: bool = False, process_rss_gib: float = 2.4) -> Inputs:
     geometry = geometry_from_config(CONFIG).with_layers(layers)
     return Inputs(
-        geometry, Precision(experts_4bit=experts_4bit), ("q_proj", "k_proj", "v_proj", "o_proj"), 16
+        geometry,
+        Precision(experts_4bit=experts_4bit),
+        ("q_proj", "k_proj", "v_proj", "o_proj"),
+        16,
+        Assumptions(process_rss_gib_gpu=process_rss_gib),
     )
 
 
 H200 = Setup(gpus=1, seq_len=1024, gpu_mem_gib=139.8, host_ram_gib=128, gpu_name="NVIDIA H200")
 
+# benchmarks/results/experts4bit_h200.md (one H200, story geometry, seq 1024, LoRA r=16 q/k/v/o, ZeRO-3,
+# CPU AdamW, gradient checkpointing, bf16): (layers, NF4 experts, param offload) ->
+# (GPU peak at load, GPU peak in training, host RSS after the engine, host RSS peak over the load), GiB.
+# NF4 rows use the layerwise loader, bf16 rows from_pretrained (model.loader = "transformers").
+MEASURED = {
+    (1, True, "cpu"): (2.32, 4.22, 7.17, 13.97),
+    (4, True, "cpu"): (2.32, 4.35, 11.98, 32.64),
+    (1, True, "none"): (4.68, 5.38, 1.59, 8.39),
+    (4, True, "none"): (8.26, 9.00, None, 22.31),
+    (1, False, "cpu"): (9.82, 7.56, 11.62, 12.43),
+    (4, False, "cpu"): (23.42, 7.69, 29.77, 30.52),
+    (1, False, "none"): (9.85, 8.72, 1.58, 8.02),
+    (4, False, "none"): (23.46, 22.35, None, 21.92),
+}
+# That benchmark's process before any weight: RSS after the engine of the bf16 no-offload 1-layer row
+# (its GPU model, nothing pinned), not a trainer rank's 2.4 GiB.
+BENCH_PROCESS_GIB = 1.58
 
-def test_one_layer_slice_matches_the_h200_measurements() -> None:
-    """FACTS.md, 1-layer slice of the 235B geometry, seq 1024, param + optimizer offload: GPU peak in
-    training near 8.5 GiB, process RSS 12.4 GiB, step 0.23 s against 0.07 s without offload."""
-    inputs = slice_inputs(1)
-    offload = estimate(inputs, H200)
-    assert offload.train.gpu_peak / GiB == pytest.approx(8.5, rel=0.15)
-    assert offload.train.rss_peak / GiB == pytest.approx(12.4, rel=0.15)
-    no_offload = estimate(inputs, replace(H200, offload_param="none"))
-    assert offload.step_s == pytest.approx(0.23, rel=0.25)
-    assert 2.0 < offload.step_s / no_offload.step_s < 5.0
+
+@pytest.mark.parametrize("key", sorted(MEASURED), ids=lambda k: f"{k[0]}L-{'nf4' if k[1] else 'bf16'}-{k[2]}")
+def test_h200_slices_match_the_measurements(key) -> None:
+    """Within 10%; the load-phase and host figures are derived from the loaders' code, the training GPU
+    peak leans on one constant fitted on these rows (LOGITS_EXTRA_BYTES), so it is held to 5% too."""
+    layers, nf4, offload = key
+    inputs = slice_inputs(layers, nf4, BENCH_PROCESS_GIB)
+    setup = replace(H200, offload_param=offload, loader="layerwise" if nf4 else "transformers")
+    e = estimate(inputs, setup)
+    gpu_load, gpu_train, rss_train, rss_load = MEASURED[key]
+    assert e.load.gpu_peak / GiB == pytest.approx(gpu_load, rel=0.05)
+    assert e.train.gpu_peak / GiB == pytest.approx(gpu_train, rel=0.05)
+    assert e.load.rss_peak / GiB == pytest.approx(rss_load, rel=0.10)
+    if rss_train is not None:
+        assert e.train.rss_peak / GiB == pytest.approx(rss_train, rel=0.05)
 
 
-def test_load_peak_is_the_whole_model_and_grows_with_depth() -> None:
-    """At load the quantized model lands whole on the GPU; each extra layer adds its 16-bit experts."""
-    one, four = (estimate(slice_inputs(n), H200) for n in (1, 4))
-    layer_16bit = 2 * E * 3 * H * W
-    assert four.load.gpu_peak - one.load.gpu_peak == pytest.approx(3 * layer_16bit, rel=0.02)
-    assert one.load.gpu_peak > 2 * (2 * V * H + E * 3 * H * W)  # embeddings, lm_head and the experts, in bf16
+def test_layerwise_load_peak_is_one_layer_with_offload_and_grows_by_a_partition_without() -> None:
+    """Offloaded, a GPU holds one layer being packed (or embeddings + lm_head) whatever the depth;
+    without offload each layer adds its packed bytes (measured 1.196 GiB a layer), not 16-bit experts."""
+    one, four = (estimate(slice_inputs(n, True), H200) for n in (1, 4))
+    assert four.load.gpu_peak - one.load.gpu_peak < 0.05 * GiB
+    embed_head = 2 * V * H * 2
+    assert embed_head <= one.load.gpu_peak < embed_head + 0.2 * GiB
+    no_off = replace(H200, offload_param="none")
+    one, four = (estimate(slice_inputs(n, True), no_off) for n in (1, 4))
+    packed_layer = E * 3 * H * W * (0.5 + 1 / 64) + H * (8192 * 2 + 512 * 2) * (0.5 + 1 / 64)
+    assert (four.load.gpu_peak - one.load.gpu_peak) / 3 == pytest.approx(packed_layer, rel=0.02)
+
+
+def test_from_pretrained_load_peak_is_the_whole_model_and_grows_with_depth() -> None:
+    """With the transformers loader the model lands whole on the GPU, experts in 16 bit even when the
+    trainer packs them afterwards: each extra layer adds its 16-bit experts."""
+    fp = replace(H200, loader="transformers")
+    for nf4 in (False, True):
+        one, four = (estimate(slice_inputs(n, nf4), fp) for n in (1, 4))
+        layer_16bit = 2 * E * 3 * H * W
+        assert four.load.gpu_peak - one.load.gpu_peak == pytest.approx(3 * layer_16bit, rel=0.02)
+        assert one.load.gpu_peak > 2 * (2 * V * H + E * 3 * H * W)
     # In training with offload only one layer is gathered: depth barely matters.
+    one, four = (estimate(slice_inputs(n), fp) for n in (1, 4))
     assert four.train.gpu_peak - one.train.gpu_peak < 0.1 * one.train.gpu_peak
+
+
+def test_layerwise_host_ram_holds_partitions_not_ranks_times_the_model() -> None:
+    inputs = slice_inputs(4, True)
+    four = estimate(inputs, replace(H200, gpus=4))
+    one = estimate(inputs, H200)
+    stored = inputs.weights.stored_bytes
+    pinned4 = four.load.host["offload buffers"]
+    # Four ranks pin a quarter each (rounded up to powers of two): about one model, not four.
+    assert stored < pinned4 < 2 * stored
+    assert pinned4 < 4 * one.load.host["offload buffers"] / 2
+    # Packed experts' scales are parameters: nothing of them stays whole on a GPU.
+    assert four.train.gpu["quantization state"] < 0.01 * GiB
 
 
 def test_partitions_scale_with_gpus_without_offload() -> None:
@@ -73,13 +129,6 @@ def test_without_checkpointing_offload_keeps_every_gathered_layer() -> None:
     layers = sum(v for k, v in inputs.weights.blocks.items() if k.startswith("layer."))
     assert no_ckpt.train.gpu["gathered layer + lm_head"] >= layers
     assert no_ckpt.train.gpu_peak > ckpt.train.gpu_peak + 2 * layers / 4
-
-
-def test_host_placement_counts_a_whole_model_per_rank() -> None:
-    inputs = slice_inputs(2, experts_4bit=True)
-    e = estimate(inputs, replace(H200, gpus=4, load_on="host"))
-    assert e.load.host["ranks x whole model"] >= 4 * inputs.weights.stored_bytes
-    assert e.load.gpu_peak < inputs.weights.stored_bytes
 
 
 def test_cpu_profile_fits_and_has_no_gpu_checks() -> None:

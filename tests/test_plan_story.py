@@ -86,28 +86,72 @@ def test_weights_about_470_gb_in_bf16_and_120_to_130_in_nf4(plan) -> None:
     assert rows["experts"]["planned_4bit_params"] == EXPERTS
 
 
-def test_story_verdict_names_cpu_offload(plan) -> None:
+def test_packed_experts_match_the_trainers_layout() -> None:
+    """A packed experts weight in the plan is the trainer's own `PackedLayout` (codes, scales, state)."""
+    import torch
+
+    from cockpit.plan.formats import packed_experts
+    from trainer.experts4bit import PackedLayout
+
+    for experts, out, inp, dtype, name in (
+        (E, 2 * W, H, torch.bfloat16, "bfloat16"),
+        (E, H, W, torch.bfloat16, "bfloat16"),
+        (8, 256, 512, torch.float32, "float32"),
+    ):
+        layout = PackedLayout(experts, out, inp, dtype)
+        stored = packed_experts(experts, out, inp, name)
+        assert stored.data_bytes == layout.nbytes
+        size = torch.empty(0, dtype=dtype).element_size()
+        assert stored.parts == tuple(math.prod(shape) * size for shape in layout.shapes().values())
+        assert stored.state_bytes == 0  # scales are parameters: nothing stays whole on a GPU
+
+
+def test_story_fits_because_the_loader_goes_layer_by_layer(plan) -> None:
     e = plan.configured
+    assert e.setup.loader == "layerwise"
+    assert e.fits
+    # At load a GPU holds about one layer (its packed experts, 123 GB / 94 / 1.07e9 = 1.2 GiB, and the
+    # 16-bit chunks streamed into them) or the embeddings and lm_head whole (2 x 1.16 GiB): a few GiB,
+    # not the whole 4-bit model (115 GiB) that from_pretrained would put there.
+    embed_head = 2 * V * H * 2
+    assert embed_head <= e.load.gpu_peak < embed_head + 1 * GiB
     whole_nf4 = (ATTENTION + EXPERTS) * NF4_DQ + 2 * SIXTEEN
-    # The trainer loads each rank's whole model onto its GPU: more than an 80 GiB H100 holds.
-    assert e.load.gpu_peak >= whole_nf4 > 80 * GiB
-    assert not e.fits
-    assert e.binding.name == "GPU memory at load"
-    assert "does not fit" in plan.verdict().lower()
+    # Host: each rank pins a quarter of the model (rounded up to powers of two), never the whole of it.
+    assert whole_nf4 <= e.load.host_peak - e.load.host["ranks x process"] < 2 * whole_nf4
+    assert "ranks x whole model" not in e.load.host
+    assert "FITS as configured" in plan.verdict()
     required = " ".join(plan.requirements)
-    assert "CPU offload" in required
-    assert plan.best is not None and plan.best.fits
-    assert plan.best.setup.load_on == "host"
-    # Loading into host RAM: every rank holds the whole model there; it must fit the story's 960 GB.
-    assert 4 * whole_nf4 <= plan.best.load.host_peak < 960 * GiB
+    assert "layer-by-layer loader" in required and "CPU offload" not in required
+    # Faster without parameter offload: partitions (a quarter of 115 GiB) fit on an 80 GiB GPU.
+    assert plan.best is not None and plan.best.setup.offload_param == "none"
+    assert whole_nf4 / 4 < plan.best.train.gpu_peak < 80 * GiB
+
+
+def test_story_under_from_pretrained_needs_the_whole_model_per_gpu() -> None:
+    """model.loader = "transformers": each rank holds the whole model on its GPU, experts still 16 bit."""
+    profile, _ = load_profile(STORY)
+    profile = profile.model_copy(
+        update={"model": profile.model.model_copy(update={"loader": "transformers"})}
+    )
+    p = build_plan(profile, Hardware(4, "H100-80GB", 80, 960))
+    e = p.configured
+    assert e.setup.loader == "transformers"
+    assert e.load.gpu_peak >= 2 * (ATTENTION + EXPERTS + SIXTEEN) * 0.9
+    assert not e.fits and e.binding.name == "GPU memory at load"
+    assert "DOES NOT FIT" in p.verdict()
+    assert p.best is not None and p.best.setup.loader == "layerwise"
 
 
 def test_offload_pins_power_of_two_partitions(plan) -> None:
     """Each rank pins a quarter of every (packed) tensor, each block rounded up to a power of two."""
     e = plan.configured
     per_layer = (
-        2**28  # gate_up: 128 * 3072 * 4096 / 2 bytes / 4 ranks = 201 MB -> 256 MiB
-        + 2**27  # down: 100 MB -> 128 MiB
+        2**28  # gate_up codes: 128 * 3072 * 4096 / 2 bytes / 4 ranks = 201 MB -> 256 MiB
+        + 2**23  # gate_up scales: one byte per 64 weights: 6.3 MB -> 8 MiB
+        + 2**17  # gate_up fp32 state: 128 * 4 * (768 + 1) / 4 = 98 KB -> 128 KiB
+        + 2**27  # down codes: 100 MB -> 128 MiB
+        + 2**22  # down scales: 3.1 MB -> 4 MiB
+        + 2**16  # down state: 128 * 4 * (384 + 1) / 4 = 49 KB -> 64 KiB
         + 2 * 4096 * 8192 // 2 // 4  # q and o, packed: already powers of two
         + 2 * 4096 * 512 // 2 // 4  # k and v
         + 128 * 4096 * 2 // 4  # the router, bf16
@@ -125,8 +169,9 @@ def test_experts_left_in_16_bit_show_the_difference(plan, plan16) -> None:
     w4, w16 = plan.inputs.weights.stored_bytes, plan16.inputs.weights.stored_bytes
     assert w16 - w4 == pytest.approx(EXPERTS * (2 - NF4_DQ), rel=1e-3)
     assert 455e9 < w16 < 465e9
-    # 16-bit experts: even host RAM at load is out of reach (4 ranks x the whole model), nothing fits.
-    assert plan16.best is None
+    # 16-bit experts: only with parameter offload, ~4 x 107 GiB pinned (rounded up) in host RAM.
+    assert plan16.best is not None and plan16.best.setup.offload_param == "cpu"
+    assert 4 * w16 / 4 < plan16.best.train.host_peak < 960 * GiB
     assert plan16.alt_experts is not None and plan16.alt_found.best is not None
     console = Console(width=140, record=True)
     console.print(render(plan16))
@@ -136,7 +181,7 @@ def test_experts_left_in_16_bit_show_the_difference(plan, plan16) -> None:
     console = Console(width=140, record=True)
     console.print(render(plan))
     text = console.export_text()
-    assert "if they stay in 16 bit" in text and "no option fits" in text
+    assert "if they stay" in text and "in 16 bit" in text
 
 
 def test_more_gpus_and_shorter_sequences_are_options(plan) -> None:
@@ -152,4 +197,7 @@ def test_sixteen_bit_experts_cost_four_times_the_copies(plan, plan16) -> None:
     """Offloaded steps move each layer's stored bytes: 16-bit experts about four times the 4-bit ones."""
     ratio = plan16.configured.transfer_s / plan.configured.transfer_s
     assert 3.4 < ratio < 4.0
-    assert math.isclose(plan.configured.step_s, max(plan.configured.compute_s, plan.configured.transfer_s))
+    # Host-to-device copies add to compute (measured on the H200), so the step is longer than either.
+    e = plan.configured
+    assert e.compute_s < e.step_s and e.transfer_s < e.step_s
+    assert e.step_s <= e.compute_s + e.transfer_s + 1e-9

@@ -36,7 +36,8 @@ def _basis(plan: dict[str, Any]) -> dict[str, Any]:
     return {
         "ranks": max(1, setup["gpus"]),
         "gpus": setup["gpus"],
-        "load_on": setup["load_on"],
+        # Plans before the layerwise loader had `load_on` ("gpu": from_pretrained onto the GPU; "host").
+        "loader": setup.get("loader") or ("transformers" if setup.get("load_on") == "gpu" else "host"),
         "offload_param": setup["offload_param"],
         "offload_optimizer": setup["offload_optimizer"],
         "grad_ckpt": setup["grad_ckpt"],
@@ -69,7 +70,7 @@ def compare_audit(audit: dict[str, Any], plan: dict[str, Any]) -> list[PlanWarni
         if want and have and short > MIN_FRACTION * total:
             extra = int(short * b["extra_per_param"])
             where = []
-            if b["gpus"] and b["load_on"] == "gpu":
+            if b["gpus"] and b["loader"] == "transformers":
                 where.append(f"+{_gib(extra)} per GPU at load (the whole model lands on each GPU)")
             if b["offload_param"] == "cpu":
                 where.append(f"+{_gib(extra)} of pinned host RAM across the ranks")
@@ -93,7 +94,7 @@ def compare_audit(audit: dict[str, Any], plan: dict[str, Any]) -> list[PlanWarni
     applied = audit.get("applied") or {}
     if requested.get("zero_stage") == 3 and applied.get("partitioned_at_load") is False and n > 1:
         whole = b["stored"]
-        if b["load_on"] == "gpu":
+        if b["loader"] != "host":
             cost = whole - whole // n
             text = f"+{_gib(cost)} per GPU at load against a partitioned load"
         else:
@@ -104,7 +105,11 @@ def compare_audit(audit: dict[str, Any], plan: dict[str, Any]) -> list[PlanWarni
                 "partition_at_load",
                 f"ZeRO-3 did not partition at load: each of {n} ranks held the whole model "
                 f"({_gib(whole)}): {text} "
-                "(the plan counts the whole model: Transformers skips zero.Init for quantized models)",
+                + (
+                    "(the plan counts the whole model: Transformers skips zero.Init for quantized models)"
+                    if b["loader"] == "transformers"
+                    else "(the plan counts one partition per GPU: the layerwise loader partitions each layer)"
+                ),
                 cost,
             )
         )

@@ -8,6 +8,12 @@ never partitions or offloads it; it stays whole on the device that quantized it)
   fp32 absmax per 256 blocks, a 256-entry fp32 code book and an fp32 offset;
 - the 16-entry fp32 NF4/FP4 code book.
 So NF4 costs 0.5 + 4/64 = 0.5625 bytes a weight without double quant and about 0.5159 with it.
+
+The trainer packs the fused MoE experts itself (`trainer/experts4bit.py`, `PackedLayout`), per expert:
+NF4 codes (n/2 bytes), one double-quantized byte of scale per 64 weights, and per expert an fp32 scale
+per `nested` blocks of those bytes plus an fp32 offset. Those are three ordinary parameters in the
+float storage dtype, so ZeRO-3 partitions, offloads and gathers them like any other: no quantization
+state stays whole on a GPU (`packed_experts`).
 """
 
 from __future__ import annotations
@@ -32,6 +38,15 @@ class Stored:
     data_numel: int  # elements of the stored tensor (packed elements for 4 bit)
     itemsize: int
     state_bytes: int = 0
+    # Bytes of each separately stored parameter when the data is several (packed experts: codes, scales,
+    # state); empty: one parameter of `data_bytes`. ZeRO-3 partitions and pins each on its own.
+    parts: tuple[int, ...] = ()
+
+    def pieces(self) -> tuple[tuple[int, int], ...]:
+        """(elements, itemsize) of every parameter that holds the data."""
+        if not self.parts:
+            return ((self.data_numel, self.itemsize),)
+        return tuple((b // self.itemsize, self.itemsize) for b in self.parts)
 
     @property
     def total(self) -> int:
@@ -39,7 +54,7 @@ class Stored:
 
     @property
     def is_4bit(self) -> bool:
-        return self.fmt in ("nf4", "fp4")
+        return self.fmt in ("nf4", "fp4", "nf4-packed")
 
 
 def plain(numel: int, dtype: str) -> Stored:
@@ -57,6 +72,24 @@ def four_bit(numel: int, double_quant: bool, storage_dtype: str = "uint8", quant
     else:
         state = 4 * blocks
     return Stored(quant_type, packed * size, packed, size, state + CODE_4BIT_BYTES)
+
+
+# trainer/experts4bit.py: BLOCKSIZE, NESTED_BLOCKSIZES (the first that divides an expert's blocks).
+PACKED_NESTED = (256, 128, 64)
+
+
+def packed_experts(experts: int, out: int, inp: int, storage_dtype: str = "bfloat16") -> Stored:
+    """A fused experts weight [experts, out, inp] as the trainer packs it (`PackedLayout.nbytes`)."""
+    size = DTYPE_BYTES[storage_dtype]
+    numel = out * inp
+    blocks = math.ceil(numel / BLOCKSIZE)
+    nested = next((b for b in PACKED_NESTED if blocks % b == 0), PACKED_NESTED[-1])
+    codes = experts * math.ceil(numel / 2)
+    scales = experts * blocks
+    state = experts * 4 * (math.ceil(blocks / nested) + 1)
+    parts = tuple(size * math.ceil(b / size) for b in (codes, scales, state))
+    total = sum(parts)
+    return Stored("nf4-packed", total, total // size, size, 0, parts)
 
 
 def bytes_per_param_4bit(double_quant: bool) -> float:

@@ -14,6 +14,7 @@ from cockpit.plan.formats import bytes_per_param_4bit, four_bit, plain
 from cockpit.plan.geometry import KINDS, GeometryError, ModelGeometry, geometry_from_config, load_geometry
 from cockpit.plan.hardware import Hardware, resolve_hardware
 from cockpit.plan.model import (
+    LOADERS,
     OFFLOAD_MODES,
     Assumptions,
     Estimate,
@@ -26,8 +27,6 @@ from cockpit.plan.model import (
     lora_params,
 )
 from cockpit.profiles import BUILTIN_PREFIX, Profile
-
-PLACEMENTS = ("gpu", "host")
 
 
 class PlanError(ValueError):
@@ -62,6 +61,7 @@ def inputs_for(profile: Profile, geometry: ModelGeometry, assumptions: Assumptio
             storage_dtype=q.storage_dtype,
             compute_dtype=q.compute_dtype,
             experts_4bit=q.quantize_experts,
+            experts_storage_dtype=_experts_storage(profile),
         ),
         lora_targets=tuple(profile.lora.target_modules),
         lora_r=profile.lora.r,
@@ -69,15 +69,28 @@ def inputs_for(profile: Profile, geometry: ModelGeometry, assumptions: Assumptio
     )
 
 
+def _experts_storage(profile: Profile) -> str:
+    """trainer.model.experts_storage_dtype: the training dtype under bf16, else a float storage dtype."""
+    if profile.training.bf16:
+        return "bfloat16"
+    storage = profile.quantization.storage_dtype
+    return storage if storage != "uint8" else "float32"
+
+
+def loader_of(profile: Profile) -> str:
+    """The loader the trainer uses: `model.loader`, except that remote code goes through from_pretrained."""
+    return "transformers" if profile.model.trust_remote_code else profile.model.loader
+
+
 def setup_for(profile: Profile, hw: Hardware) -> Setup:
-    """The profile's own configuration, loaded the way the trainer loads (onto the GPU when there is one)."""
+    """The profile's own configuration, loaded the way the trainer loads it."""
     ds, t = profile.deepspeed, profile.training
     return Setup(
         gpus=hw.gpus,
         stage=ds.stage,
         offload_param=ds.offload_param,
         offload_optimizer=ds.offload_optimizer,
-        load_on="gpu" if hw.gpus else "host",
+        loader=loader_of(profile),
         seq_len=t.seq_len,
         micro_batch=t.micro_batch_size,
         grad_ckpt=t.gradient_checkpointing,
@@ -93,7 +106,7 @@ def _rank(e: Estimate) -> tuple:
     offload = ("none", "cpu", "nvme").index(s.offload_param) * 2 + ("none", "cpu", "nvme").index(
         s.offload_optimizer
     )
-    return (-(e.tokens_per_s or 0.0), s.load_on != "gpu", offload)
+    return (-(e.tokens_per_s or 0.0), s.loader != "layerwise", offload)
 
 
 def pick(estimates: list[Estimate]) -> Estimate:
@@ -307,7 +320,7 @@ def estimate_dict(e: Estimate) -> dict[str, Any]:
             "stage": s.stage,
             "offload_param": s.offload_param,
             "offload_optimizer": s.offload_optimizer,
-            "load_on": s.load_on,
+            "loader": s.loader,
             "seq_len": s.seq_len,
             "micro_batch": s.micro_batch,
             "grad_ckpt": s.grad_ckpt,
@@ -343,10 +356,10 @@ def estimate_dict(e: Estimate) -> dict[str, Any]:
 
 # --- options -----------------------------------------------------------------------------------
 def _variants(inputs: Inputs, base: Setup, gpus: int, seq_len: int) -> list[Estimate]:
-    """Every offload mode and load placement for one GPU count and sequence length."""
+    """Every offload mode and loader for one GPU count and sequence length."""
     out = []
     for param, opt in OFFLOAD_MODES:
-        for where in PLACEMENTS:
+        for loader in LOADERS:
             setup = replace(
                 base,
                 gpus=gpus,
@@ -354,7 +367,7 @@ def _variants(inputs: Inputs, base: Setup, gpus: int, seq_len: int) -> list[Esti
                 stage=3,
                 offload_param=param,
                 offload_optimizer=opt,
-                load_on=where,
+                loader=loader,
             )
             out.append(estimate(inputs, setup))
     return out
@@ -396,13 +409,14 @@ def options(inputs: Inputs, base: Setup) -> OptionSet:
 
     requirements = []
     fit_here = [e for e in here if e.fits]
-    if fit_here and all(e.setup.load_on == "host" for e in fit_here):
-        gpu_load = min(e.load.gpu_peak for e in here if e.setup.load_on == "gpu")
-        host_load = min(e.load.host_peak for e in fit_here)
+    if fit_here and all(e.setup.loader == "layerwise" for e in fit_here):
+        whole = min(e.load.gpu_peak for e in here if e.setup.loader == "transformers")
+        now = "as configured" if base.loader == "layerwise" else "not what the profile says"
         requirements.append(
-            f"CPU offload at load: the whole quantized model must be loaded into host RAM "
-            f"({host_load / GiB:,.0f} GiB for {n} rank(s)), because on the GPU each rank's whole model "
-            f"needs {gpu_load / GiB:,.1f} GiB of {base.gpu_mem_gib:g} GiB before ZeRO-3 partitions it"
+            f'the layer-by-layer loader (model.loader = "layerwise", {now}): from_pretrained would '
+            "put each rank's whole model on its GPU before ZeRO-3 partitions it"
+            + (" (the experts still in 16 bit)" if inputs.precision.experts_4bit else "")
+            + f", {whole / GiB:,.1f} GiB of {base.gpu_mem_gib:g} GiB"
         )
     if fit_here and all(e.setup.offload_param != "none" for e in fit_here):
         no_off = min((e.train.gpu_peak for e in here if e.setup.offload_param == "none"), default=0)

@@ -88,7 +88,12 @@ def weights_table(plan: Plan) -> Table:
         "NF4 columns: every matrix of the kind in 4 bit (0.5 B/param + absmax: fp32 per 64, or 8-bit per 64 "
         "and fp32 per 256 blocks with double quant). As planned: bitsandbytes quantizes nn.Linear only "
         "(never lm_head)"
-        + ("; the fused experts only with quantization.quantize_experts." if plan.geometry.is_moe else ".")
+        + (
+            "; the trainer packs the fused experts (NF4, per-expert double quant) only with "
+            "quantization.quantize_experts."
+            if plan.geometry.is_moe
+            else "."
+        )
     )
     table.caption_justify = "left"
     return table
@@ -120,7 +125,13 @@ def facts_table(plan: Plan) -> Table:
         table.add_row(
             "ZeRO-3",
             f"{s.ranks} partition(s) of {_gib(w.data_bytes / s.ranks)} GiB; largest gathered layer {name}: "
-            f"{_gib(size)} GiB; quantization state {_gib(w.state_bytes)} GiB stays whole on every GPU",
+            f"{_gib(size)} GiB; Linear4bit quantization state {_gib(w.state_bytes)} GiB stays whole on every "
+            "GPU"
+            + (
+                "; the packed experts' scales are parameters, partitioned"
+                if plan.inputs.precision.experts_4bit
+                else ""
+            ),
         )
         if e.pinned_rounded:
             table.add_row(
@@ -194,7 +205,7 @@ def options_table(plan: Plan) -> Table:
     for col in (
         "option",
         "offload",
-        "load into",
+        "loader",
         "fits",
         "GPU load",
         "GPU train",
@@ -203,9 +214,7 @@ def options_table(plan: Plan) -> Table:
         "copies s/step",
         "tokens/s",
     ):
-        table.add_column(
-            col, justify="left" if col in ("option", "offload", "load into", "fits") else "right"
-        )
+        table.add_column(col, justify="left" if col in ("option", "offload", "loader", "fits") else "right")
     for o in plan.options:
         e = o.estimate
         s, b = e.setup, e.binding
@@ -213,7 +222,7 @@ def options_table(plan: Plan) -> Table:
         table.add_row(
             o.label,
             s.offload,
-            "GPU" if s.load_on == "gpu" else "host RAM",
+            "layer by layer" if s.loader == "layerwise" else "from_pretrained",
             fits,
             _gib(e.load.gpu_peak),
             _gib(e.train.gpu_peak),
@@ -225,9 +234,9 @@ def options_table(plan: Plan) -> Table:
     a = plan.inputs.assumptions
     table.caption = (
         f"GiB per GPU and for the whole host; {ref.setup.gpus} GPU(s) and seq {ref.setup.seq_len} unless "
-        f"the option says. Step = max(compute at {a.mfu:.0%} of bf16 peak, copies: host-to-device at "
-        f"{a.h2d_gbps:g} GB/s per GPU, "
-        f"all-gather at {a.nvlink_gbps:g} GB/s, each layer twice a step, embeddings and lm_head once). "
+        f"the option says. Step = max(compute at {a.mfu:.0%} of bf16 peak, all-gathers at "
+        f"{a.nvlink_gbps:g} GB/s) + host-to-device copies at {a.h2d_gbps:g} GB/s per GPU (measured not to "
+        "overlap compute); each layer moves twice a step, embeddings and lm_head once. "
         "tokens/s relative to the configuration as written."
     )
     table.caption_justify = "left"
@@ -238,10 +247,10 @@ def verdict_text(plan: Plan) -> Text:
     e = plan.configured
     lines = [f"[bold {'green' if e.fits else 'red'}]{plan.verdict()}[/]"]
     b = e.binding
-    if b and not e.fits and b.name == "GPU memory at load" and e.setup.load_on == "gpu":
+    if b and not e.fits and b.name == "GPU memory at load" and e.setup.loader == "transformers":
         lines.append(
-            "  A quantized model skips zero.Init: each rank's whole model lands on its GPU "
-            "before ZeRO-3 partitions it."
+            "  from_pretrained skips zero.Init for a quantized model: each rank's whole model lands on its "
+            'GPU before ZeRO-3 partitions it (model.loader = "layerwise" loads one layer at a time).'
         )
     for r in plan.requirements:
         lines.append(f"[bold]Required:[/] {r}.")
@@ -268,8 +277,9 @@ def experts_text(plan: Plan) -> Text | None:
     e = plan.configured
     if planned_4bit:
         head = (
-            "[bold]Experts:[/] planned in 4 bit (quantization.quantize_experts = true). Transformers 5 fuses "
-            "them into 3-D parameters that bitsandbytes does not quantize: if they stay in 16 bit, "
+            "[bold]Experts:[/] planned in NF4, packed by the trainer (quantization.quantize_experts = true). "
+            "Transformers 5 fuses them into 3-D parameters that bitsandbytes does not quantize: if they stay "
+            "in 16 bit, "
         )
     else:
         head = (

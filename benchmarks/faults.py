@@ -1,0 +1,111 @@
+"""Fault -> diagnosis -> time to diagnosis, on real runs of the tiny profile.
+
+Each fault is done to a fresh run (the same drivers as `tests/test_faults.py`): the table gives the
+status and one-line diagnosis the supervisor wrote, and the seconds from the fault to the final
+`run.json` (for faults fired inside the trainer by its test hook, from the last step it logged).
+
+    python benchmarks/faults.py [--only NAME ...]
+
+Writes faults.md under $OUT when set. About 5 minutes on 2 CPU cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT)]
+
+from tests.faults import (  # noqa: E402
+    kill,
+    rank0_steps,
+    start_detached,
+    supervisor_pid,
+    trainer_pid,
+    try_mount_tmpfs,
+    unmount,
+    wait_end,
+    wait_step,
+)
+
+Fault = Callable[[Path, Path], tuple[Path, float]]
+
+
+def sigkill_rank(runs: Path, cache: Path) -> tuple[Path, float]:
+    run = start_detached(runs, cache, 200)
+    wait_step(run, 2)
+    return run, kill(trainer_pid(run), signal.SIGKILL)
+
+
+def sigterm_supervisor(runs: Path, cache: Path) -> tuple[Path, float]:
+    run = start_detached(runs, cache, 200)
+    wait_step(run, 2)
+    return run, kill(supervisor_pid(run), signal.SIGTERM)
+
+
+def hook(spec: str) -> Fault:
+    def fault(runs: Path, cache: Path) -> tuple[Path, float]:
+        run = start_detached(runs, cache, 200, COCKPIT_TEST_FAULT=spec)
+        wait_end(run)
+        steps = rank0_steps(run)
+        return run, steps[-1]["t"] if steps else time.time()
+
+    return fault
+
+
+def disk_full(runs: Path, cache: Path) -> tuple[Path, float]:
+    small = runs / "small-fs"
+    if not try_mount_tmpfs(small, "1m"):
+        return hook("enospc:3")(runs, cache)
+    run = start_detached(small, cache, 200)
+    wait_end(run)
+    steps = rank0_steps(run)
+    return run, steps[-1]["t"] if steps else time.time()
+
+
+FAULTS: dict[str, tuple[str, Fault]] = {
+    "sigkill-rank": ("SIGKILL to trainer rank 0", sigkill_rank),
+    "hang": ("rank 0 sleeps forever (stall timeout 20 s)", hook("hang:3")),
+    "oom": ("out-of-memory error raised in the trainer", hook("oom:2")),
+    "sigterm-supervisor": ("SIGTERM to the supervisor", sigterm_supervisor),
+    "disk-full": ("run directory on a full 1 MiB tmpfs", disk_full),
+}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--only", nargs="*", choices=sorted(FAULTS), help="run only these faults")
+    args = parser.parse_args()
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        cache = Path(os.environ.get("COCKPIT_CACHE", Path(tmp) / "cache"))
+        for name in args.only or list(FAULTS):
+            what, fault = FAULTS[name]
+            runs = Path(tmp) / name
+            runs.mkdir()
+            run, at = fault(runs, cache)
+            manifest = wait_end(run)
+            rows.append((what, manifest["status"], manifest["diagnosis"], manifest["ended_at"] - at))
+            print(f"{name}: {manifest['status']} in {manifest['ended_at'] - at:.1f} s", flush=True)
+            if name == "disk-full":
+                unmount(runs / "small-fs")
+    lines = ["| fault | status | diagnosis | time to diagnosis |", "|---|---|---|---|"]
+    lines += [f"| {w} | {s} | {d} | {t:.1f} s |" for w, s, d, t in rows]
+    table = "\n".join(lines)
+    print(table)
+    if os.environ.get("OUT"):
+        Path(os.environ["OUT"], "faults.md").write_text(table + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

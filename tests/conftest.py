@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.faults import env_for
+
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -19,22 +21,13 @@ def asset_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return Path(shared) if shared else tmp_path_factory.mktemp("cockpit-cache")
 
 
-def cockpit_env(cache: Path, **extra: str) -> dict[str, str]:
-    env = dict(os.environ)
-    env["COCKPIT_CACHE"] = str(cache)
-    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
-    env.pop("COCKPIT_TEST_FAULT", None)
-    env.update(extra)
-    return env
-
-
 def run_cockpit(
     args: list[str], cache: Path, timeout: float = 900, **extra: str
 ) -> subprocess.CompletedProcess[str]:
     """Run `python -m cockpit ARGS` for real and capture its output."""
     return subprocess.run(
         [sys.executable, "-m", "cockpit", *args],
-        env=cockpit_env(cache, **extra),
+        env=env_for(cache, **extra),
         capture_output=True,
         text=True,
         timeout=timeout,

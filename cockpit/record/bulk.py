@@ -8,7 +8,6 @@ ordinary events. Files are read in chunks, so memory stays bounded whatever thei
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +16,7 @@ import numpy as np
 
 from cockpit.record.columns import parse_uniform
 from cockpit.record.reader import Event
+from cockpit.record.reader import parse_lines as json_events
 
 FAST_KINDS = ("step", "telemetry")
 CHUNK_BYTES = 2 * 2**20
@@ -47,24 +47,6 @@ class FileChunk:
     events: list[Event]
     offset: int
     bad_lines: int
-
-
-def _json_events(lines: list[bytes]) -> tuple[list[Event], int]:
-    events: list[Event] = []
-    bad = 0
-    for line in lines:
-        if not line.strip():
-            continue
-        try:
-            event = json.loads(line)
-        except json.JSONDecodeError:
-            bad += 1
-            continue
-        if isinstance(event, dict) and "kind" in event and "t" in event:
-            events.append(event)
-        else:
-            bad += 1
-    return events, bad
 
 
 # What the fold reads from step events of ranks other than 0 (their memory); rank 0's are all kept.
@@ -100,7 +82,7 @@ def _blocks_from_columns(kind: str, columns: dict[str, np.ndarray]) -> list[Bloc
 def _parse_fast(kind: str, lines: list[bytes]) -> tuple[list[Block], list[Event], int]:
     """Columns where the layout allows, json for the rest (halving the lines to isolate odd ones)."""
     if len(lines) < MIN_FAST_LINES:
-        events, bad = _json_events(lines)
+        events, bad = json_events(lines)
         return [], events, bad
     columns = parse_uniform(lines)
     if columns is not None:
@@ -127,7 +109,7 @@ def parse_lines(lines: list[bytes]) -> tuple[list[Block], list[Event], int]:
         blocks += b
         events += e
         bad += n
-    e, n = _json_events(rest)
+    e, n = json_events(rest)
     events += e
     events.sort(key=lambda ev: ev["t"])
     return blocks, events, bad + n
@@ -216,7 +198,7 @@ def sample_file(path: Path, samples: int, edge_bytes: int) -> list[Event]:
         if size <= 2 * edge_bytes + samples * 256:
             f.seek(0)
             data = f.read()
-            return _json_events(data[: data.rfind(b"\n") + 1].split(b"\n"))[0]
+            return json_events(data[: data.rfind(b"\n") + 1].split(b"\n"))[0]
         lines: list[bytes] = []
         f.seek(0)
         head = f.read(edge_bytes)
@@ -232,7 +214,7 @@ def sample_file(path: Path, samples: int, edge_bytes: int) -> list[Event]:
         f.seek(size - edge_bytes)
         tail = f.read(edge_bytes)
         lines += tail[tail.find(b"\n") + 1 : tail.rfind(b"\n")].split(b"\n")
-        return _json_events(lines)[0]
+        return json_events(lines)[0]
 
 
 def sample_record(events_dir: Path, samples: int, edge_bytes: int) -> list[Event]:

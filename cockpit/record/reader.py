@@ -15,6 +15,25 @@ from cockpit.record.format import RunPaths
 Event = dict[str, Any]
 
 
+def parse_lines(lines: list[bytes]) -> tuple[list[Event], int]:
+    """Events from whole JSON lines, and how many lines were not events (blank lines are neither)."""
+    events: list[Event] = []
+    bad = 0
+    for line in lines:
+        if not line.strip():
+            continue
+        try:
+            event = json.loads(line)
+        except json.JSONDecodeError:
+            bad += 1
+            continue
+        if isinstance(event, dict) and "kind" in event and "t" in event:
+            events.append(event)
+        else:
+            bad += 1
+    return events, bad
+
+
 class EventTail:
     """Follows one append-only JSONL file, returning only whole new lines on each `poll`."""
 
@@ -38,19 +57,8 @@ class EventTail:
         data = self._partial + chunk
         lines = data.split(b"\n")
         self._partial = lines.pop()
-        events: list[Event] = []
-        for line in lines:
-            if not line.strip():
-                continue
-            try:
-                event = json.loads(line)
-            except json.JSONDecodeError:
-                self.bad_lines += 1
-                continue
-            if isinstance(event, dict) and "kind" in event and "t" in event:
-                events.append(event)
-            else:
-                self.bad_lines += 1
+        events, bad = parse_lines(lines)
+        self.bad_lines += bad
         return events
 
 

@@ -100,3 +100,60 @@ def test_output_log_holds_what_the_trainer_printed(tiny_run: tuple[Path, str]) -
     log = (run_dir / "output.log").read_text()
     assert "[cockpit] phase: train" in log and "step 1/" in log
     assert "finished" in stderr and str(run_dir) in stderr
+
+
+def test_finetuned_beats_the_base_on_every_tenant(tiny_run: tuple[Path, str]) -> None:
+    run_dir, stderr = tiny_run
+    report = json.loads((run_dir / "report.json").read_text())
+    assert len(report["tenants"]) >= 5
+    for tenant in report["tenants"]:
+        tuned, base = tenant["systems"]["finetuned"]["macro_f1"], tenant["systems"]["base"]["macro_f1"]
+        assert tuned > base, (tenant["tenant"], tuned, base)
+    assert "macro F1 on the held-out split" in stderr, "the headless run prints the comparison"
+    serving = report["serving"]
+    assert serving["measured_on"] == "cpu" and serving["batch_tokens_per_s"] > 0 and serving["ttft_ms"] > 0
+
+
+def test_report_equals_sklearn_on_the_predictions_files(tiny_run: tuple[Path, str]) -> None:
+    from sklearn.metrics import f1_score
+
+    run_dir, _ = tiny_run
+    report = json.loads((run_dir / "report.json").read_text())
+    for system in ("base", "finetuned"):
+        lines = (run_dir / "predictions" / f"{system}.jsonl").read_text().splitlines()[1:]
+        rows = [json.loads(line) for line in lines]
+        for tenant in report["tenants"]:
+            mine = [r for r in rows if r["tenant"] == tenant["tenant"]]
+            labels = sorted(mine[0]["scores"])
+            expected = f1_score(
+                [r["gold"] for r in mine], [r["pred"] for r in mine], labels=labels, average="macro"
+            )
+            assert tenant["systems"][system]["macro_f1"] == pytest.approx(expected)
+
+
+def test_eval_only_run_compares_several_base_models(tmp_path: Path, asset_cache: Path) -> None:
+    """`cockpit eval --profile P --model NAME=PATH`: open models side by side, before any fine-tuning."""
+    import subprocess
+    import sys
+
+    from tests.faults import env_for
+
+    other = tmp_path / "other-model"
+    build = (
+        "import sys, pathlib; from trainer.tiny import build_model; build_model(pathlib.Path(sys.argv[1]), 1)"
+    )
+    subprocess.run(
+        [sys.executable, "-c", build, str(other)], env=env_for(asset_cache), check=True, timeout=300
+    )
+    runs = tmp_path / "runs"
+    result = run_cockpit(
+        ["eval", "--profile", "tiny-cpu", "--model", f"seed1={other}", "--runs-dir", str(runs)], asset_cache
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    (run_dir,) = list(runs.iterdir())
+    manifest = load_manifest(run_dir)
+    assert manifest["mode"] == "eval" and manifest["status"] == "finished"
+    report = json.loads((run_dir / "report.json").read_text())
+    assert sorted(report["systems"]) == ["base", "seed1"]
+    assert all(set(t["systems"]) == {"base", "seed1"} for t in report["tenants"])
+    assert "| tenant |" in result.stdout, "the report is printed"

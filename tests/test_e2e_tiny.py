@@ -78,7 +78,7 @@ def test_audit_says_linear_layers_and_experts_are_4bit_under_zero3_offload(
     assert 0 < audit["params_trainable"] < audit["params_total"]
     experts = audit["groups"]["experts"]
     assert experts["params_4bit"] == experts["params"] > 0, "fused experts packed in NF4"
-    assert audit["fraction_4bit_body"] >= 0.95
+    assert audit["fraction_4bit"] >= 0.95, "at least 95% of all parameters stored in 4 bit"
     assert audit["applied"]["partitioned_at_load"] is True, "the layer-by-layer loader partitions at load"
     assert audit["warnings"] == []
 

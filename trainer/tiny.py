@@ -27,7 +27,7 @@ CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
 )
 TINY_MODEL = {
-    "vocab_size": 2048,
+    "vocab_size": 1024,
     "hidden_size": 128,
     "num_hidden_layers": 4,
     "num_attention_heads": 4,
@@ -35,7 +35,7 @@ TINY_MODEL = {
     "head_dim": 32,
     "intermediate_size": 256,
     "moe_intermediate_size": 256,
-    "num_experts": 32,
+    "num_experts": 16,
     "num_experts_per_tok": 2,
     "max_position_embeddings": 512,
     "norm_topk_prob": True,

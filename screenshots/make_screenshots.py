@@ -4,7 +4,7 @@
   its length, the clock at that moment);
 - `replay.svg`: `cockpit replay` of the same record at 8×, paused at the same moment;
 - `run-4gpu-26h.svg`: the run screen over a generated 26-hour, 4-GPU record (the benchmark's);
-- `run-h200.svg`: the run screen over a tiny run recorded on one H200 (real NVML telemetry), mid-training;
+- `run-2xh200.svg`: the run screen over a tiny run recorded on two H200s (two ranks, real NVML telemetry);
 - `report.svg`: the report screen (`r`) of the finished tiny run, with the report.json of an evaluated
   tiny-cpu run (`tests/fixtures/reports/`: the recorded run predates the evaluation stage).
 
@@ -31,8 +31,8 @@ from cockpit.app.app import CockpitApp, make_app  # noqa: E402
 from cockpit.record.playback import Playback  # noqa: E402
 
 SIZE = (120, 40)
-# A tiny-cpu run recorded on one H200 (hardware.gpus=1, bf16): real NVML telemetry in the record.
-GPU_FIXTURE = ROOT / "tests" / "fixtures" / "records" / "20261130-070452-tiny-cpu-bae1"
+# A tiny-cpu run recorded on two H200s (hardware.gpus=2, bf16, 80 steps): real NVML telemetry of both GPUs.
+GPU_FIXTURE = ROOT / "tests" / "fixtures" / "records" / "20261130-074646-tiny-cpu-5bc8"
 OUT = ROOT / "screenshots"
 
 
@@ -82,7 +82,7 @@ async def main() -> None:
         ]
         gpu_mid = steps[len(steps) * 2 // 3]
         gpu_run = copy_until(Path(tmp) / "gpu", gpu_mid, src=GPU_FIXTURE)
-        await shoot(make_app(gpu_run, live=True, now=lambda: gpu_mid + 1.0), OUT / "run-h200.svg")
+        await shoot(make_app(gpu_run, live=True, now=lambda: gpu_mid + 1.0), OUT / "run-2xh200.svg")
 
         big = Path(tmp) / "20260101-000000-qwen3-235b-4xh100-0000"
         generate(big, steps=100_000, ranks=4, gpus=4, samples=100_000)

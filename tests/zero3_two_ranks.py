@@ -1,7 +1,7 @@
 """Helper for tests/test_experts4bit.py, run by the DeepSpeed launcher with two CPU ranks (gloo).
 
-Rank 1's tokens are all the same token, so in each MoE layer they reach the same top-k experts of
-the eight while rank 0's reach all of them: ZeRO-3 with parameter offload must still gather the packed
+Rank 1's tokens are all the same token, so in each MoE layer they reach the same top-k experts
+while rank 0's reach all of them: ZeRO-3 with parameter offload must still gather the packed
 experts on both ranks, reduce the expert-LoRA gradients and finish. Prints one JSON line a rank.
 """
 
@@ -41,7 +41,7 @@ model.base_model.model.model.layers[0].mlp.experts.register_forward_pre_hook(
     lambda module, args: hits.append(sorted(set(args[1].flatten().tolist())))
 )
 torch.manual_seed(rank)
-ids = torch.full((4, 48), 7) if rank == 1 else torch.randint(0, 2000, (4, 48))
+ids = torch.full((4, 48), 7) if rank == 1 else torch.randint(0, model.config.vocab_size, (4, 48))
 losses = []
 for _ in range(3):
     loss = engine(input_ids=ids, labels=ids).loss

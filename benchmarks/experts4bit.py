@@ -439,6 +439,24 @@ def slopes(rows: list[dict[str, Any]]) -> str:
     return "\n".join(out)
 
 
+def merge_rows(earlier: list[dict[str, Any]], new: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Earlier rows, each replaced by this run's measurement of the same configuration where it has one."""
+
+    def key(row: dict[str, Any]) -> tuple[Any, ...]:
+        return (row["layers"], row["variant"], row["offload"])
+
+    fresh = {key(r): r for r in new}
+    earlier_keys = {key(r) for r in earlier}
+
+    def pick(old: dict[str, Any]) -> dict[str, Any]:
+        row = fresh.get(key(old))
+        if row is not None and (row.get("status") == "ok" or old.get("status") != "ok"):
+            return row
+        return old
+
+    return [pick(r) for r in earlier] + [r for r in new if key(r) not in earlier_keys]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -457,6 +475,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workdir", default=os.path.join(tempfile.gettempdir(), "experts4bit-bench"))
     parser.add_argument(
         "--extra", action="store_true", help="add bf16-layerwise rows at the end if time allows"
+    )
+    parser.add_argument(
+        "--merge",
+        help="an earlier run's experts4bit.json: its measured rows stay in the table unless re-measured here",
     )
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--make-checkpoint", help=argparse.SUPPRESS)
@@ -534,6 +556,8 @@ def main(argv: list[str] | None = None) -> int:
         if r["status"] != "ok":
             print(r.get("log_tail", ""), flush=True)
 
+    if args.merge:
+        rows = merge_rows(json.loads(Path(args.merge).read_text())["rows"], rows)
     geometry_line = ", ".join(f"{k}={v}" for k, v in geometry.items())
     md = "\n".join(
         [
@@ -546,7 +570,8 @@ def main(argv: list[str] | None = None) -> int:
             table(rows),
             slopes(rows),
             "",
-            f"Total wall time {time.perf_counter() - t_start:.0f} s.",
+            f"Total wall time {time.perf_counter() - t_start:.0f} s"
+            + (f"; rows not measured in this run come from {args.merge}." if args.merge else "."),
         ]
     )
     print(md, flush=True)

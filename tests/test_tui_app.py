@@ -3,16 +3,14 @@
 from __future__ import annotations
 
 import asyncio
-import functools
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pytest
-from tui_helpers import FIXTURE, copy_until, fixture_times
+from tui_helpers import FIXTURE, copy_until, fixture_times, sync, wait_for
 
 from cockpit.app.app import CockpitApp, make_app
 from cockpit.app.messages import SnapshotReady, StopSent
@@ -22,26 +20,8 @@ from cockpit.record.playback import Playback
 SIZE = (120, 40)
 
 
-def sync(fn):
-    """Run an async test with asyncio (no async plugin needed)."""
-
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        return asyncio.run(fn(*args, **kwargs))
-
-    return wrapper
-
-
 FIRST, LAST = fixture_times()
 MID = FIRST + (LAST - FIRST) / 2
-
-
-async def wait_for(pilot, predicate: Callable[[], bool], timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        await pilot.pause(0.05)
 
 
 @pytest.fixture

@@ -4,16 +4,12 @@ the supervisor's `report` event)."""
 
 from __future__ import annotations
 
-import asyncio
-import functools
 import json
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from test_report import write_own
-from tui_helpers import REPORT, add_report, copy_until, fixture_times
+from tui_helpers import REPORT, add_report, copy_until, fixture_times, sync, wait_for
 
 from cockpit.app.app import CockpitApp, make_app
 from cockpit.app.report_model import Delta, Scale, bar_cells, delta_scale, read_report, report_data
@@ -26,22 +22,6 @@ from cockpit.record.playback import Playback
 SIZE = (120, 40)
 FIRST, LAST = fixture_times()
 MID = FIRST + (LAST - FIRST) / 2
-
-
-def sync(fn):
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        return asyncio.run(fn(*args, **kwargs))
-
-    return wrapper
-
-
-async def wait_for(pilot, predicate: Callable[[], bool], timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        await pilot.pause(0.05)
 
 
 def offered(app: CockpitApp) -> bool:

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import json
 import shutil
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "records" / "20261130-053002-tiny-cpu-9d58"
@@ -122,3 +125,22 @@ def feed(src: Path, dst: Path, speed: float) -> None:
 
 if __name__ == "__main__":  # python tests/tui_helpers.py SRC DST SPEED: a writer in its own process
     feed(Path(sys.argv[1]), Path(sys.argv[2]), float(sys.argv[3]))
+
+
+def sync(fn):
+    """Run an async test with asyncio (no async plugin needed)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        return asyncio.run(fn(*args, **kwargs))
+
+    return wrapper
+
+
+async def wait_for(pilot, predicate: Callable[[], bool], timeout: float = 20.0) -> None:
+    """Let the app run until `predicate()` holds; fail after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met in time")
+        await pilot.pause(0.05)

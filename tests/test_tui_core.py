@@ -335,3 +335,21 @@ def test_replay_plays_while_the_history_is_still_being_read(monkeypatch: pytest.
     assert pb.view.steps == full.view.steps and pb.view.memory == full.view.memory
     assert np.array_equal(pb.series.loss.y, full.series.loss.y)
     assert np.array_equal(pb.series.ram_used.y, full.series.ram_used.y)
+
+
+def test_chart_legend_says_how_many_entries_did_not_fit():
+    import numpy as np
+
+    from cockpit.app.model import ChartData, Trace
+    from cockpit.app.widgets.chart import BrailleChart
+
+    empty = np.zeros(0)
+    traces = tuple(Trace(f"GPU{i}", "#ffffff", empty, empty, value="61.8G") for i in range(8))
+    data = ChartData("GPU memory", 0.0, 1.0, 0.0, 1.0, "mib", traces)
+    strips = BrailleChart("gpu")._legend(data, 40, max_lines=2)
+    lines = ["".join(seg.text for seg in strip) for strip in strips]
+    shown = sum(line.count("GPU") for line in lines)
+    assert len(lines) == 2 and all(len(line) == 40 for line in lines)
+    assert 0 < shown < 8 and lines[-1].rstrip().endswith(f"+{8 - shown}")
+    wide = BrailleChart("gpu")._legend(data, 400, max_lines=2)
+    assert "+" not in "".join(seg.text for seg in wide[0])

@@ -170,13 +170,16 @@ class BrailleChart(Widget):
         self._strips = strips
 
     def _legend(self, data: ChartData, width: int, max_lines: int = 2) -> list[Strip]:
-        """One line of `━ label value` entries, or two when they do not fit in one."""
+        """One line of `━ label value` entries, or up to `max_lines`; `+N` says how many did not fit."""
         lines: list[list[Segment]] = [[Segment(" ")]]
         used = 1
-        for t in data.traces:
+        for i, t in enumerate(data.traces):
             text = f"{t.label} {t.value}".rstrip() + "  "
-            if used + len(text) + 2 > width:
+            left = len(data.traces) - i - 1  # entries after this one
+            room = width - (len(f"+{left + 1}") + 1 if left and len(lines) == max_lines else 0)
+            if used + len(text) + 2 > room:
                 if len(lines) == max_lines:
+                    lines[-1].append(Segment(f"+{len(data.traces) - i}", _NOTE))
                     break
                 lines.append([Segment(" ")])
                 used = 1

@@ -28,7 +28,7 @@ def header_text(h: Header) -> Text:
     text = Text(no_wrap=True, overflow="ellipsis")
     text.append(" cockpit ", "bold reverse")
     text.append(f" {h.run_id} ", "bold")
-    text.append(f"· {h.profile} · ")
+    text.append("· ")
     text.append(h.status.upper(), STATUS_STYLE.get(h.status, "bold"))
     if h.stop_requested and h.status == "running":
         text.append(" (stop requested)", "yellow")
@@ -37,6 +37,8 @@ def header_text(h: Header) -> Text:
     text.append(f"{h.step}{total}", "bold")
     if h.epoch is not None:
         text.append(f" · epoch {h.epoch:.2f}")
+    if h.profile not in h.run_id:  # run ids carry their profile's name: say it only when they do not
+        text.append(f" · profile {h.profile}")
     text.append("\n")
     if h.live and h.following:
         text.append(" LIVE ", "bold reverse green")

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from cockpit.profiles import DEFAULT_PROFILE, ProfileError, check_runnable, load_profile
@@ -67,7 +68,7 @@ def _open_app(run_dir: Path, *, live: bool, speed: float = 1.0) -> int:
     if live and status in ("running", "planned"):
         console.print(f"{how}: run {run_dir.name} goes on; `cockpit attach {run_dir.name}` to watch it again")
         return 0
-    console.print(f"run {run_dir.name}: {status}")
+    console.print(f"run {run_dir.name}: {status}", markup=False)
     return EXIT_CODES.get(status, 0) if live else 0
 
 
@@ -107,7 +108,7 @@ def _follow_headless(run_dir: Path, poll: Any) -> int:
         status = viewer.follow()
         viewer.print_report()
         for line in viewer.summary():
-            console.print(line)
+            console.print(line, markup=False)  # diagnoses quote logs: "[rank1]: ..." is not markup
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
@@ -138,7 +139,7 @@ def cmd_ls(args: argparse.Namespace) -> int:
             str(manifest.get("status", "?")),
             step,
             f"{age / 3600:.1f} h" if age >= 3600 else f"{age / 60:.0f} min",
-            lost or manifest.get("diagnosis") or manifest.get("warning") or "",
+            escape(lost or manifest.get("diagnosis") or manifest.get("warning") or ""),
         )
     Console(width=None if sys.stdout.isatty() else 200).print(table)
     return 0
@@ -155,17 +156,23 @@ def _find(args: argparse.Namespace) -> Path:
 
 def cmd_stop(args: argparse.Namespace) -> int:
     from cockpit.control import request_kill, request_stop
-    from cockpit.liveness import check
+    from cockpit.liveness import check, reconcile
     from cockpit.record import load_manifest
 
     run_dir = _find(args)
+    reconcile(run_dir)  # a run whose supervisor and trainer are both gone is not running any more
     manifest = load_manifest(run_dir)
     if manifest.get("status") not in ("running", "planned"):
         raise UsageError(f"{run_dir.name} is not running (status {manifest.get('status')})")
     state = check(run_dir, manifest)
-    if args.kill and not state.supervisor_alive and state.trainer_alive:
-        os.killpg(manifest["trainer_pgid"], signal.SIGKILL)  # nobody else will: the supervisor is gone
-        console.print(f"{run_dir.name}: supervisor lost; training process group killed")
+    if manifest.get("status") == "running" and not state.supervisor_alive and state.trainer_alive:
+        # Nobody reads `control/kill` now: the trainer still polls `control/stop` at every step, and a
+        # second stop (or --kill) kills its process group from here.
+        if args.kill or not request_stop(run_dir):
+            os.killpg(manifest["trainer_pgid"], signal.SIGKILL)
+            console.print(f"{run_dir.name}: supervisor lost; training process group killed")
+        else:
+            console.print(f"{run_dir.name}: supervisor lost; stop requested from the trainer itself")
         return 0
     if args.kill or not request_stop(run_dir):
         request_kill(run_dir)
@@ -176,14 +183,18 @@ def cmd_stop(args: argparse.Namespace) -> int:
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
+    from cockpit.control import clear_requests
+    from cockpit.liveness import reconcile
     from cockpit.record import load_manifest
     from cockpit.record.manifest import update_manifest
     from cockpit.supervisor import spawn_detached
 
     run_dir = _find(args)
+    reconcile(run_dir)  # a run whose supervisor and trainer are both gone has ended (supervisor lost)
     status = load_manifest(run_dir).get("status")
     if status in ("running", "planned"):
         raise UsageError(f"{run_dir.name} is {status}; only an ended run can be resumed")
+    clear_requests(run_dir)  # the last attempt's stop must not stop this one
     # Back to `planned` before the new owner starts, as for a new run: a viewer must not take the old
     # final status for this attempt's.
     update_manifest(run_dir, status="planned", diagnosis=None, exit_code=None, ended_at=None)
@@ -206,6 +217,8 @@ def _parse_named(items: list[str], what: str) -> list[tuple[str, Path]]:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
+    from cockpit.liveness import reconcile
+    from cockpit.record import load_manifest
     from cockpit.runs import create_run
     from cockpit.supervisor import child_env, spawn_detached
 
@@ -214,6 +227,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
         if args.profile:
             raise UsageError("give a RUN or --profile, not both")
         run_dir = _find(args)
+        reconcile(run_dir)
+        status = load_manifest(run_dir).get("status")
+        if status in ("running", "planned"):
+            raise UsageError(f"{run_dir.name} is {status}: evaluate it once it has ended")
         argv = [sys.executable, "-m", "trainer.evaluate", "--run-dir", str(run_dir)]
         argv += [a for name, path in models for a in ("--model", f"{name}={path}")]
         console.print(f"evaluating {run_dir.name} (output also in {run_dir / 'output.log'})")
@@ -453,7 +470,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.func(args))
     except UsageError as exc:
-        console.print(f"[red]error:[/] {exc}")
+        console.print(f"[red]error:[/] {escape(str(exc))}")
         return EXIT_BAD_INPUT
 
 

@@ -26,3 +26,10 @@ def request_kill(run_dir: Path) -> None:
     paths = RunPaths(Path(run_dir))
     paths.control_dir.mkdir(exist_ok=True)
     (paths.control_dir / "kill").touch()
+
+
+def clear_requests(run_dir: Path) -> None:
+    """Forget the requests of an attempt that has ended, before a new one starts (a resume)."""
+    paths = RunPaths(Path(run_dir))
+    paths.stop_request.unlink(missing_ok=True)
+    (paths.control_dir / "kill").unlink(missing_ok=True)

@@ -89,6 +89,8 @@ def diagnose(facts: EndFacts) -> tuple[str, str]:
         return "stalled", f"stalled{after}: {facts.stall_detail}".rstrip(": ")
     if facts.returncode == 0 and facts.trainer_outcome in ("finished", None) and not facts.stop_requested:
         return "finished", f"finished{step}"
+    if facts.returncode == 0 and facts.trainer_outcome == "finished":  # the stop came after the last step
+        return "finished", f"finished{step} (the stop request came after the last step)"
     by = "by user" if facts.stop_reason == "user" else f"({facts.stop_reason})"
     if facts.stop_requested and (facts.returncode == 0 or facts.trainer_outcome == "stopped"):
         return "stopped", f"stopped {by}{step}, checkpoint saved"

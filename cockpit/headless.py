@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -74,9 +75,9 @@ class HeadlessViewer:
         for warning in self.view.warnings:
             if warning not in self._warned:
                 self._warned.add(warning)
-                self.console.print(f"[bold yellow]audit warning:[/] {warning}")
+                self.console.print(f"[bold yellow]audit warning:[/] {escape(warning)}")
         for note in self.view.supervisor_notes[self._notes_shown :]:
-            self.console.print(f"[cyan]supervisor:[/] {note}")
+            self.console.print(f"[cyan]supervisor:[/] {escape(note)}")
         self._notes_shown = len(self.view.supervisor_notes)
 
     def follow(self) -> str:
@@ -119,7 +120,8 @@ class HeadlessViewer:
                     if status not in TERMINAL_STATUSES:
                         from cockpit.liveness import reconcile
 
-                        self.console.print(f"[bold red]{reconcile(self.paths.root) or 'supervisor lost'}[/]")
+                        lost = reconcile(self.paths.root) or "supervisor lost"
+                        self.console.print(f"[bold red]{escape(lost)}[/]")
                         status = self._status()
                     break
                 time.sleep(REFRESH_S)
@@ -173,7 +175,7 @@ def report_table(report: dict[str, Any]) -> Table:
         return row
 
     for t in report["tenants"]:
-        table.add_row(t["tenant"], *cells(t["systems"], t["deltas"]))
+        table.add_row(escape(t["tenant"]), *cells(t["systems"], t["deltas"]))
     mean = report["mean"]
     table.add_row("[bold]mean[/]", *cells(mean["systems"], mean["deltas"]), end_section=True)
     return table

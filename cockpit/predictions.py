@@ -23,10 +23,10 @@ class PredictionsError(ValueError):
 
 @dataclass
 class Predictions:
-    """One system's predictions: id -> (tenant, gold, pred)."""
+    """One system's predictions: (tenant, id) -> the row (ids need only be unique within a tenant)."""
 
     system: str
-    rows: dict[str, dict[str, Any]]
+    rows: dict[tuple[str, str], dict[str, Any]]
     meta: dict[str, Any] = field(default_factory=dict)
 
 
@@ -34,17 +34,19 @@ class Predictions:
 class Reference:
     """The held-out split as the record knows it: gold labels and each tenant's label set."""
 
-    gold: dict[str, tuple[str, str]]  # id -> (tenant, gold)
+    gold: dict[tuple[str, str], tuple[str, str]]  # (tenant, id) -> (tenant, gold)
     labels: dict[str, list[str]]  # tenant -> labels
 
-    def ids_of(self, tenant: str) -> list[str]:
-        return [i for i, (t, _) in self.gold.items() if t == tenant]
+    def ids_of(self, tenant: str) -> list[tuple[str, str]]:
+        """The keys, (tenant, id), of one tenant's held-out examples."""
+        return [key for key in self.gold if key[0] == tenant]
 
 
 def _read_jsonl(path: Path) -> list[tuple[int, dict[str, Any]]]:
     rows = []
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
+        # "\n" only: str.splitlines() also breaks at U+2028 and the like, which JSON may hold unescaped
+        lines = path.read_text(encoding="utf-8").split("\n")
     except OSError as exc:
         raise PredictionsError(f"{path}: cannot read ({exc.strerror})") from None
     except UnicodeDecodeError:
@@ -65,12 +67,12 @@ def _read_jsonl(path: Path) -> list[tuple[int, dict[str, Any]]]:
 def load_own(path: Path) -> Predictions:
     """A predictions file the cockpit wrote itself."""
     meta: dict[str, Any] = {}
-    rows: dict[str, dict[str, Any]] = {}
+    rows: dict[tuple[str, str], dict[str, Any]] = {}
     for _, row in _read_jsonl(path):
         if "meta" in row:
             meta = row["meta"]
             continue
-        rows[str(row["id"])] = row
+        rows[(str(row["tenant"]), str(row["id"]))] = row
     return Predictions(meta.get("system", path.stem), rows, meta)
 
 
@@ -82,13 +84,13 @@ def own_predictions(run_dir: Path) -> list[Predictions]:
 
 def reference_from(predictions: list[Predictions]) -> Reference:
     """The held-out split from the record's scored files (those with per-label scores)."""
-    gold: dict[str, tuple[str, str]] = {}
+    gold: dict[tuple[str, str], tuple[str, str]] = {}
     labels: dict[str, list[str]] = {}
     for system in predictions:
-        for pid, row in system.rows.items():
+        for key, row in system.rows.items():
             if "scores" not in row:
                 continue
-            gold.setdefault(pid, (row["tenant"], row["gold"]))
+            gold.setdefault(key, (row["tenant"], row["gold"]))
             labels.setdefault(row["tenant"], list(row["scores"]))
     return Reference(gold, labels)
 
@@ -100,8 +102,8 @@ def check_import(path: Path, reference: Reference) -> Predictions:
     """Read an imported predictions file, refusing anything that would be scored wrong."""
     if not reference.gold:
         raise PredictionsError("the run has no scored held-out split yet: run `cockpit eval` on it first")
-    rows: dict[str, dict[str, Any]] = {}
-    first_line: dict[str, int] = {}
+    rows: dict[tuple[str, str], dict[str, Any]] = {}
+    first_line: dict[tuple[str, str], int] = {}
     meta: dict[str, Any] = {}
     for number, row in _read_jsonl(path):
         if "meta" in row and len(row) == 1:
@@ -116,20 +118,21 @@ def check_import(path: Path, reference: Reference) -> Predictions:
             raise PredictionsError(
                 f"{where}: unknown tenant {tenant!r} (known: {', '.join(sorted(reference.labels))})"
             )
-        if pid in first_line:
-            raise PredictionsError(f"{where}: duplicate id {pid!r} (first at line {first_line[pid]})")
-        if pid not in reference.gold or reference.gold[pid][0] != tenant:
+        key = (tenant, pid)
+        if key in first_line:
+            raise PredictionsError(f"{where}: duplicate id {pid!r} (first at line {first_line[key]})")
+        if key not in reference.gold:
             raise PredictionsError(f"{where}: id {pid!r} is not a held-out example of tenant {tenant!r}")
         if pred not in reference.labels[tenant]:
             known = ", ".join(reference.labels[tenant])
             raise PredictionsError(f"{where}: unknown label {pred!r} for tenant {tenant!r} (labels: {known})")
-        gold = reference.gold[pid][1]
+        gold = reference.gold[key][1]
         if "gold" in row and row["gold"] != gold:
             raise PredictionsError(
                 f"{where}: gold {row['gold']!r} differs from the record's {gold!r} for id {pid!r}"
             )
-        first_line[pid] = number
-        rows[pid] = {"tenant": tenant, "id": pid, "gold": gold, "pred": pred}
+        first_line[key] = number
+        rows[key] = {"tenant": tenant, "id": pid, "gold": gold, "pred": pred}
     by_tenant: dict[str, int] = defaultdict(int)
     for row in rows.values():
         by_tenant[row["tenant"]] += 1
@@ -143,7 +146,7 @@ def check_import(path: Path, reference: Reference) -> Predictions:
         if absent:
             raise PredictionsError(
                 f"{path}: {len(absent)} held-out example(s) of tenant {tenant!r} have no prediction "
-                f"(e.g. id {absent[0]!r})"
+                f"(e.g. id {absent[0][1]!r})"
             )
     return Predictions(meta.get("system", path.stem), rows, meta)
 

@@ -161,7 +161,12 @@ class CostSpec(_Section):
 class Profile(_Section):
     """A whole run profile."""
 
-    name: str = Field(min_length=1)
+    name: str = Field(
+        min_length=1,
+        max_length=64,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$",
+        description="Letters, digits, '.', '_' and '-': it becomes part of every run id and directory name.",
+    )
     description: str = ""
     model: ModelSpec
     hardware: HardwareSpec = HardwareSpec()

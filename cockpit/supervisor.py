@@ -182,10 +182,12 @@ class Supervisor:
         """No step for too long in training: say so, then stop the run (see `diagnosis.stall_verdict`)."""
         if self.stage != "train" or self.view.phase != "train" or self.stall_detail:
             return
-        # The clock starts at this stage's launch, its training's start or its last step, whichever is
-        # latest: a resumed run's old steps say nothing about the new attempt.
+        # The clock starts at this stage's launch, its entry into the training phase (loading can take
+        # longer than the stall timeout), its training's start or its last step, whichever is latest:
+        # a resumed run's old steps say nothing about the new attempt.
         marks = [
             self.stage_started_at,
+            self.view.phase_t,
             self.view.train_started_t,
             self.view.steps[-1].t if self.view.steps else None,
         ]
@@ -198,7 +200,11 @@ class Supervisor:
         verdict, message = stall_verdict(
             now - last, median, self.profile.training.stall_timeout_s, self.gpus_idle()
         )
-        if verdict == "suspect" and not self.stall_warned:
+        if verdict == "ok" and self.stall_warned:  # steps came again
+            self.stall_warned = False
+            self._note(f"steps again at step {self.view.step}", stall_suspected=False)
+            self._update_manifest(warning=None)
+        elif verdict == "suspect" and not self.stall_warned:
             self.stall_warned = True
             self._note(message, stall_suspected=True)
             self._update_manifest(warning=f"stall suspected at step {self.view.step}: {message}")
@@ -334,9 +340,17 @@ class Supervisor:
             return "failed", f"evaluation failed (exit {returncode}{': ' + error if error else ''})"
         from cockpit.report import run_report, summary_line, write_report
 
-        report = run_report(self.paths.root)
-        write_report(self.paths.root, report)
-        self.events.write("report", path=str(self.paths.root / "report.json"), summary=summary_line(report))
+        try:
+            report = run_report(self.paths.root)
+            write_report(self.paths.root, report)
+        except Exception as exc:  # the predictions are on disk: `cockpit report` can try again
+            self._note(f"report failed: {exc}")
+            return "failed", f"report failed: {exc}"
+        self._durable(
+            lambda: self.events.write(
+                "report", path=str(self.paths.root / "report.json"), summary=summary_line(report)
+            )
+        )
         return "finished", summary_line(report)
 
     def run(self) -> int:
@@ -344,8 +358,8 @@ class Supervisor:
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self._on_signal)
         signal.signal(signal.SIGHUP, signal.SIG_IGN)  # the terminal going away is not a reason to stop
-        self.paths.stop_request.unlink(missing_ok=True)
-        (self.paths.control_dir / "kill").unlink(missing_ok=True)
+        # A request already in control/ was made for this attempt (the CLI clears old ones before a
+        # resume): a stop asked for while the supervisor was starting must not be lost.
         self._make_reserve()
         self.events.write("supervisor_start", pid=os.getpid(), resume=self.resume)
         self._update_manifest(
@@ -356,6 +370,7 @@ class Supervisor:
             exit_code=None,
             supervisor_pid=os.getpid(),
             resumed=self.resume or self.manifest.get("resumed", False),
+            warning=None,
         )
         mode = self.manifest.get("mode", "train")
         self._start_telemetry()
@@ -366,9 +381,13 @@ class Supervisor:
             else:
                 status, diagnosis, returncode = self.train()
                 if status == "finished" and self.profile.eval.enabled:
-                    # Training finished whatever evaluation does: its outcome goes into the diagnosis.
-                    _, summary = self.evaluate([])
-                    diagnosis = f"{diagnosis}; {summary}"
+                    if self.stop_requested_at is not None:
+                        later = f"cockpit eval {self.paths.root.name}"
+                        diagnosis += f"; evaluation skipped (stop requested): {later}"
+                    else:
+                        # Training finished whatever evaluation does: its outcome goes into the diagnosis.
+                        _, summary = self.evaluate([])
+                        diagnosis = f"{diagnosis}; {summary}"
         except Exception as exc:  # the supervisor itself failed: say so in the record, then re-raise
             self._signal_group(signal.SIGKILL)
             self._stop_telemetry()

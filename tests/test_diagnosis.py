@@ -89,3 +89,9 @@ def test_error_lines_behind_a_rank_prefix_are_found() -> None:
     error = "ValueError: DeepSpeed Zero-3 is not compatible with passing a `device_map`."
     out = f'[rank0]:   File "x.py", line 3\n[rank0]: {error}\n'
     assert last_error_line(out) == error
+
+
+def test_a_stop_after_the_last_step_leaves_the_run_finished() -> None:
+    facts = EndFacts(0, "", stop_requested=True, trainer_outcome="finished", last_step=400)
+    status, line = diagnose(facts)
+    assert status == "finished" and line.startswith("finished at step 400")

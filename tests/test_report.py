@@ -19,8 +19,9 @@ from cockpit.report import build_report, macro_f1_batch, run_report, to_markdown
 LABELS = {"acme": ["A", "B", "C"], "zeta": ["X", "Y", "Z", "W"]}
 
 
-def write_own(run_dir: Path, system: str, accuracy: float, seed: int) -> None:
-    """A predictions file as the cockpit writes it, with per-label scores."""
+def write_own(run_dir: Path, system: str, accuracy: float, seed: int, shared_ids: bool = False) -> None:
+    """A predictions file as the cockpit writes it, with per-label scores (`shared_ids`: every tenant
+    numbers its examples 0, 1, 2, ...)."""
     rng = random.Random(seed)
     folder = run_dir / "predictions"
     folder.mkdir(parents=True, exist_ok=True)
@@ -35,7 +36,7 @@ def write_own(run_dir: Path, system: str, accuracy: float, seed: int) -> None:
                     json.dumps(
                         {
                             "tenant": tenant,
-                            "id": f"{tenant}-{i}",
+                            "id": str(i) if shared_ids else f"{tenant}-{i}",
                             "gold": gold,
                             "pred": pred,
                             "scores": scores,
@@ -172,3 +173,27 @@ def test_cli_report_json_has_tenants_and_deltas(run_dir: Path) -> None:
     assert {t["tenant"] for t in report["tenants"]} == set(LABELS)
     assert all("finetuned" in t["systems"] and "base" in t["deltas"] for t in report["tenants"])
     assert (run_dir / "report.md").is_file() and (run_dir / "report.json").is_file()
+
+
+def test_ids_repeated_across_tenants_keep_every_tenant(tmp_path: Path) -> None:
+    write_manifest(tmp_path, {"run_id": "r2", "profile": {}})
+    write_own(tmp_path, "base", 0.3, seed=1, shared_ids=True)
+    write_own(tmp_path, "finetuned", 0.8, seed=2, shared_ids=True)
+    report = run_report(tmp_path, samples=50)
+    assert [t["tenant"] for t in report["tenants"]] == ["acme", "zeta"]
+    assert all(t["n"] == 30 for t in report["tenants"])
+    api = tmp_path / "api.jsonl"
+    lines = [
+        json.dumps({"tenant": t, "id": str(i), "pred": labels[0], "note": "a\u2028b"}, ensure_ascii=False)
+        for t, labels in LABELS.items()
+        for i in range(30)
+    ]
+    api.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    assert "\u2028" in api.read_text(encoding="utf-8")  # unescaped, as ensure_ascii=False writes it
+    import_predictions(tmp_path, "api", api)
+    systems = run_report(tmp_path, samples=50)["tenants"][1]["systems"]
+    assert set(systems) == {"base", "finetuned", "api"}
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text("\n".join([*lines[:2], "{oops"]) + "\n", encoding="utf-8")
+    with pytest.raises(PredictionsError, match=r"broken.jsonl:3: broken line"):
+        import_predictions(tmp_path, "broken", broken)

@@ -41,6 +41,7 @@ class RunView:
     """Everything a viewer needs, updated event by event."""
 
     phase: str = "starting"
+    phase_t: float | None = None  # when rank 0 entered `phase`
     max_steps: int | None = None
     start_step: int = 0
     train_started_t: float | None = None
@@ -115,7 +116,12 @@ class RunView:
     # --- event handlers ------------------------------------------------------------------------
     def _on_phase(self, e: Event) -> None:
         if e.get("rank", 0) == 0:
-            self.phase = e["phase"]
+            self.phase, self.phase_t = e["phase"], e["t"]
+
+    def _on_launch(self, e: Event) -> None:
+        """A new training attempt (a resume): the last attempt's phase and outcome no longer hold."""
+        if e.get("stage") == "train":
+            self.phase, self.phase_t, self.trainer_outcome = "starting", e["t"], None
 
     def _on_train_begin(self, e: Event) -> None:
         if e.get("rank", 0) != 0:

@@ -57,7 +57,7 @@ def report_table(report: ReportData, metric: str = "macro_f1") -> Table:
         return out
 
     for i, t in enumerate(report.tenants):
-        table.add_row(t.name, str(t.n or ""), *cells(t), end_section=i == len(report.tenants) - 1)
+        table.add_row(Text(t.name), str(t.n or ""), *cells(t), end_section=i == len(report.tenants) - 1)
     table.add_row(Text("mean", "bold"), "", *cells(report.mean), style="bold")
     return table
 

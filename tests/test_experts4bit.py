@@ -240,6 +240,19 @@ def test_expert_lora_trains_only_itself_and_gets_gradients(quantized, tmp_path):
     for name, p in model.named_parameters():
         if name in expert_lora:
             assert torch.equal(restored[name], p)
+    # Evaluation loads both halves of the adapter: the same logits as the trained model.
+    from trainer.evaluate import load_finetuned
+
+    adapter = tmp_path / "adapter"
+    model.save_pretrained(str(adapter))
+    save_file(expert_lora_state_dict(model), str(adapter / path.name), metadata={"r": "32", "alpha": "64.0"})
+    finetuned = load_finetuned(copy.deepcopy(quantized), adapter)
+    model.eval()
+    with torch.no_grad():
+        want, got = model(input_ids=ids).logits, finetuned(input_ids=ids).logits
+        base = quantized(input_ids=ids).logits
+    assert torch.allclose(got, want, atol=1e-5)
+    assert not torch.allclose(base, want, atol=1e-3)  # the expert LoRA is what makes the difference
 
 
 def test_layerwise_loader_reproduces_from_pretrained(tiny_dir, reference):

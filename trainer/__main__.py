@@ -179,13 +179,16 @@ class Recipe:
     # --- train and save ------------------------------------------------------------------------
     def train(self) -> str:
         """Train to the end or to a stop request; returns `finished` or `stopped`."""
-        from transformers.trainer_utils import get_last_checkpoint
+        from trainer.checkpoints import last_complete_checkpoint
 
         checkpoint = None
-        if self.resume and self.paths.checkpoints.is_dir():
-            checkpoint = get_last_checkpoint(str(self.paths.checkpoints))
         if self.resume:
-            self.events.write("resume", checkpoint=checkpoint)
+            checkpoint, incomplete = last_complete_checkpoint(self.paths.checkpoints)
+            for path in incomplete:
+                print(f"[cockpit] skipping incomplete checkpoint {path} (no trainer_state.json)", flush=True)
+            self.events.write(
+                "resume", checkpoint=checkpoint, skipped_incomplete=[str(p) for p in incomplete]
+            )
         self.phase("train")
         self.trainer.train(resume_from_checkpoint=checkpoint)
         return "stopped" if self.stop_callback.stopped_at is not None else "finished"

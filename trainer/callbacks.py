@@ -147,6 +147,8 @@ class StopRequestCallback(TrainerCallback):
         return wanted
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if state.global_step >= state.max_steps:
+            return  # the last step: training ends here anyway, and finished (adapter saved, evaluated)
         if self.stopped_at is None and self._requested(args):
             self.stopped_at = state.global_step
             control.should_save = True

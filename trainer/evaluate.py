@@ -62,6 +62,24 @@ def _close_thinking(prompt: str, generated: str) -> str:
     return f"{opened}{reasoning}{THINK_CLOSE}"
 
 
+def load_finetuned(base: Any, adapter: Path) -> Any:
+    """The base model with the run's adapter: PEFT LoRA, and LoRA on the NF4 experts where trained."""
+    from peft import PeftModel
+
+    model = PeftModel.from_pretrained(base, str(adapter))
+    expert_lora = adapter / "expert_lora.safetensors"
+    if expert_lora.is_file():  # written beside the PEFT adapter when lora.target_experts is on
+        from trainer.experts4bit import load_expert_lora
+
+        load_expert_lora(model, str(expert_lora))
+    return model
+
+
+def cut_at_end(rows: list[list[int]], ends: set[int]) -> list[list[int]]:
+    """Each generated row up to (not including) its first end token."""
+    return [next((row[:i] for i, tok in enumerate(row) if tok in ends), row) for row in rows]
+
+
 @torch.no_grad()
 def think(model: Any, tokenizer: Any, prompts: list[str], max_new_tokens: int) -> list[str]:
     """Greedy thinking sections for a batch of prompts (left-padded)."""
@@ -75,8 +93,11 @@ def think(model: Any, tokenizer: Any, prompts: list[str], max_new_tokens: int) -
         eos_token_id=[s for s in stop if s is not None],
         pad_token_id=tokenizer.pad_token_id,
     )
-    new = out[:, enc["input_ids"].shape[1] :]
-    return tokenizer.batch_decode(new, skip_special_tokens=False)
+    new = out[:, enc["input_ids"].shape[1] :].tolist()
+    # Each row up to its own end (</think>, eos, or the padding a finished row gets while its batch
+    # goes on): what follows depends on the other prompts of the batch, not on this one.
+    ends = {s for s in stop if s is not None} | ({tokenizer.pad_token_id} - {None})
+    return tokenizer.batch_decode(cut_at_end(new, ends), skip_special_tokens=False)
 
 
 @torch.no_grad()
@@ -208,9 +229,7 @@ class Evaluation:
         if base:
             self.score("base", model, tokenizer, examples, {"model": model_dir})
         if adapter is not None:
-            from peft import PeftModel
-
-            model = PeftModel.from_pretrained(model, str(adapter))
+            model = load_finetuned(model, Path(adapter))
             self.score("finetuned", model, tokenizer, examples, {"model": model_dir, "adapter": str(adapter)})
             if serving:
                 from trainer.data import prompt_text

@@ -1,0 +1,49 @@
+"""Small pure pieces of the trainer: where a resume starts, where a generated thought ends."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from trainer.checkpoints import last_complete_checkpoint
+from trainer.evaluate import cut_at_end
+
+
+def test_resume_skips_a_checkpoint_cut_short(tmp_path: Path) -> None:
+    for step, complete in ((50, True), (100, True), (150, False), (9, True)):
+        folder = tmp_path / f"checkpoint-{step}"
+        folder.mkdir()
+        if complete:
+            (folder / "trainer_state.json").write_text(json.dumps({"global_step": step}))
+    (tmp_path / "checkpoint-x").mkdir()  # not a checkpoint name
+    chosen, skipped = last_complete_checkpoint(tmp_path)
+    assert chosen == str(tmp_path / "checkpoint-100")  # numeric order: 100 after 9, 150 incomplete
+    assert skipped == [tmp_path / "checkpoint-150"]
+    assert last_complete_checkpoint(tmp_path / "none") == (None, [])
+
+
+def test_a_thought_ends_at_its_own_end_not_at_its_batch_mates() -> None:
+    end, eos, pad = 5, 2, 0
+    rows = [[7, 8, end, pad, pad], [7, eos, pad, pad, pad], [7, 8, 9, 9, 9]]
+    assert cut_at_end(rows, {end, eos, pad}) == [[7, 8], [7], [7, 8, 9, 9, 9]]
+
+
+def test_a_stop_request_on_the_last_step_does_not_turn_a_finished_run_into_a_stopped_one(tmp_path: Path):
+    from types import SimpleNamespace
+
+    from transformers import TrainerControl
+
+    from cockpit.record import EventWriter
+    from trainer.callbacks import StopRequestCallback
+
+    request = tmp_path / "stop"
+    request.touch()
+    callback = StopRequestCallback(request, EventWriter(tmp_path / "events.jsonl"))
+    args = SimpleNamespace(process_index=0)
+    last = SimpleNamespace(global_step=40, max_steps=40)
+    control = TrainerControl()
+    callback.on_step_end(args, last, control)
+    assert callback.stopped_at is None and not control.should_training_stop
+    earlier = SimpleNamespace(global_step=39, max_steps=40)
+    callback.on_step_end(args, earlier, control)
+    assert callback.stopped_at == 39 and control.should_save and control.should_training_stop

@@ -381,3 +381,33 @@ def test_two_zero3_ranks_with_uneven_routing_finish(tmp_path, tiny_dir):
     by_rank = {r["rank"]: r for r in results}
     assert len(by_rank[0]["experts_hit_layer0"]) > len(by_rank[1]["experts_hit_layer0"]) == 2
     assert by_rank[1]["losses"][-1] < by_rank[1]["losses"][0]  # the repeated token is learned
+
+
+def test_spread_placement_and_input_moves():
+    from trainer.loader import _move, spread_devices
+
+    cpu, meta = torch.device("cpu"), torch.device("meta")
+    placement = spread_devices(10, [cpu, meta, cpu])
+    assert placement == [cpu] * 4 + [meta] * 3 + [cpu] * 3  # contiguous blocks, first the largest
+    nested = ((torch.ones(2), [torch.zeros(1)]), {"mask": torch.ones(1), "cache": object()}, 3)
+    moved = _move(nested, meta)
+    assert moved[0][0].is_meta and moved[0][1][0].is_meta and moved[1]["mask"].is_meta
+    assert moved[1]["cache"] is nested[1]["cache"] and moved[2] == 3
+    from trainer.loader import follow_inputs
+
+    layer = torch.nn.Linear(4, 3, device="meta")  # another device than its input's
+    follow_inputs(layer, meta)
+    assert layer(input=torch.ones(2, 4)).is_meta  # without the hook: a device mismatch
+
+
+def test_evaluation_load_equals_the_training_load_on_one_device(tiny_dir):
+    """`spread` (evaluation) goes through the layer-by-layer loader too: same weights, same logits."""
+    from trainer.model import load_base
+
+    profile = tiny_profile(quantize_experts=True)
+    spread = load_base(profile, tiny_dir, spread=True)
+    plain, _ = load_layerwise(profile, tiny_dir, torch.device("cpu"), None)
+    assert spread.cockpit_load_facts["loader"] == "layerwise"
+    ids = torch.randint(0, spread.config.vocab_size, (2, 24), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        assert torch.equal(spread(input_ids=ids).logits, plain(input_ids=ids).logits)

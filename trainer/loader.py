@@ -261,10 +261,47 @@ def _bnb_linear_factory(
     return make
 
 
+def spread_devices(n_layers: int, devices: list[torch.device]) -> list[torch.device]:
+    """Decoder layer i's device: contiguous, nearly equal blocks of layers, one block a device."""
+    return [devices[i * len(devices) // n_layers] for i in range(n_layers)]
+
+
+def _move(obj: Any, device: torch.device) -> Any:
+    """Tensors (also inside tuples, lists and dicts) moved to `device`; anything else as it is."""
+    if isinstance(obj, torch.Tensor):
+        return obj.to(device)
+    if isinstance(obj, (tuple, list)):
+        return type(obj)(_move(o, device) for o in obj)
+    if isinstance(obj, dict):
+        return {k: _move(v, device) for k, v in obj.items()}
+    return obj
+
+
+def follow_inputs(module: nn.Module, device: torch.device) -> None:
+    """Move a module's tensor inputs to its own device before it runs (a model spread over GPUs).
+
+    The KV cache is not a tensor and stays as it is: each layer's part of it is made on that layer's
+    device.
+    """
+
+    def hook(_: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, Any]:
+        return _move(args, device), _move(kwargs, device)
+
+    module.register_forward_pre_hook(hook, with_kwargs=True)
+
+
 def load_layerwise(
-    profile: Any, model_dir: str, device: torch.device, zero_init: dict[str, Any] | None
+    profile: Any,
+    model_dir: str,
+    device: torch.device,
+    zero_init: dict[str, Any] | None,
+    spread_over: list[torch.device] | None = None,
 ) -> tuple[nn.Module, dict[str, Any]]:
-    """The frozen base model, quantized as the profile says, loaded one decoder layer at a time."""
+    """The frozen base model, quantized as the profile says, loaded one decoder layer at a time.
+
+    `spread_over` (evaluation: one process, no ZeRO) places the decoder layers in blocks over those
+    devices and everything else on `device`, each layer moving its inputs to its own device.
+    """
     from transformers import AutoConfig, BitsAndBytesConfig
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
     from transformers.utils.quantization_config import QuantizationMethod
@@ -290,14 +327,23 @@ def load_layerwise(
     )
     layers = _decoder_layers(model)
     layers_prefix = next(name for name, m in model.named_modules() if m is layers)
+    placement = spread_devices(len(layers), spread_over) if spread_over else [device] * len(layers)
+    factories: dict[torch.device, Any] = {device: loader.quantize_linear}
     peaks = []
     for i, layer in enumerate(layers):
+        here = placement[i]
+        if here not in factories:
+            factories[here] = _bnb_linear_factory(q, here) if q.load_in_4bit else None
+        loader.device, loader.quantize_linear = here, factories[here]
         loader.fill(layer, f"{layers_prefix}.{i}")
         loader.partition(layer)
-        if device.type == "cuda":
-            peaks.append(torch.cuda.max_memory_allocated(device))
+        if here != device:
+            follow_inputs(layer, here)
+        if here.type == "cuda":
+            peaks.append(torch.cuda.max_memory_allocated(here))
     # The rest (embeddings, final norm, head) in full precision, as bitsandbytes leaves them.
-    saved_quantizer, loader.quantize_linear = loader.quantize_linear, None
+    loader.device = device
+    saved_quantizer, loader.quantize_linear = factories[device], None
     tied = bool(getattr(config, "tie_word_embeddings", False)) and model.get_output_embeddings() is not None
     loader.fill(model, "", skip=(layers,) + ((model.get_output_embeddings(),) if tied else ()))
     if tied:
@@ -333,6 +379,13 @@ def load_layerwise(
         facts["unused_examples"] = unused[:5]
     if peaks:
         facts["cuda_peak_per_layer_mib"] = [round(p / 2**20) for p in peaks]
+    if spread_over and len(set(placement)) > 1:
+        # The layers after the last one on `device` hand back to it: norm and head live there.
+        in_layers = {id(m) for m in layers.modules()}
+        for module in model.modules():
+            if id(module) not in in_layers and list(module.parameters(recurse=False)):
+                follow_inputs(module, device)
+        facts["layer_devices"] = [str(d) for d in placement]
     return model, facts
 
 

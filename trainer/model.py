@@ -63,8 +63,9 @@ def _zero3_init_config(profile: Profile, model_dir: str) -> dict[str, Any] | Non
 def load_base(profile: Profile, model_dir: str, spread: bool = False) -> Any:
     """The frozen base model, quantized as the profile says, on this rank's device.
 
-    With `spread` (evaluation: one process, no DeepSpeed) it is spread over every visible GPU with
-    `from_pretrained(device_map="auto")` instead.
+    With `spread` (evaluation: one process, no DeepSpeed) it is spread over every visible GPU: the
+    layer-by-layer loader places blocks of decoder layers on each (`"transformers"`:
+    `from_pretrained(device_map="auto")`).
 
     `model.loader = "layerwise"` (default) loads and quantizes one decoder layer at a time and, under
     ZeRO-3, partitions each as soon as it is built (`trainer.loader`); `"transformers"` is
@@ -77,7 +78,10 @@ def load_base(profile: Profile, model_dir: str, spread: bool = False) -> Any:
 
     q = profile.quantization
     device = load_device()
-    if profile.model.loader == "layerwise" and not profile.model.trust_remote_code and not spread:
+    if profile.model.loader == "layerwise" and not profile.model.trust_remote_code and spread:
+        gpus = [torch.device("cuda", i) for i in range(torch.cuda.device_count())]
+        model, facts = load_layerwise(profile, model_dir, device, None, spread_over=gpus or None)
+    elif profile.model.loader == "layerwise" and not profile.model.trust_remote_code:
         model, facts = load_layerwise(profile, model_dir, device, _zero3_init_config(profile, model_dir))
     else:
         from transformers import AutoModelForCausalLM

@@ -118,6 +118,11 @@ def _follow_headless(run_dir: Path, poll: Any) -> int:
     return EXIT_CODES[status]
 
 
+def _stdout_console() -> Console:
+    """Tables for stdout: the terminal's width, or a wide page when redirected (a file, a pipe)."""
+    return Console(highlight=False, width=None if sys.stdout.isatty() else 160)
+
+
 # --- ls, stop, resume ------------------------------------------------------------------------------
 def cmd_ls(args: argparse.Namespace) -> int:
     from cockpit.liveness import reconcile
@@ -141,7 +146,7 @@ def cmd_ls(args: argparse.Namespace) -> int:
             f"{age / 3600:.1f} h" if age >= 3600 else f"{age / 60:.0f} min",
             escape(lost or manifest.get("diagnosis") or manifest.get("warning") or ""),
         )
-    Console(width=None if sys.stdout.isatty() else 200).print(table)
+    _stdout_console().print(table)
     return 0
 
 
@@ -324,7 +329,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if args.format == "json":
         print(json.dumps(plan.to_dict(), indent=2))
     else:
-        Console(highlight=False).print(render(plan))
+        _stdout_console().print(render(plan))
     return 0
 
 

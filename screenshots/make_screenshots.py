@@ -1,7 +1,8 @@
-"""Write the README's pictures: `screenshots/*.svg` of the app at 120×40.
+"""Write the README's pictures: `screenshots/*.svg` of the app at 120×40 (and one at 80×24).
 
 - `run-live.svg`: the run screen following the recorded tiny run, mid-run (the record cut at half
   its length, the clock at that moment);
+- `run-80x24.svg`: the same moment in an 80x24 terminal;
 - `replay.svg`: `cockpit replay` of the same record at 8×, paused at the same moment;
 - `run-4gpu-26h.svg`: the run screen over a generated 26-hour, 4-GPU record (the benchmark's);
 - `run-2xh200.svg`: the run screen over a tiny run recorded on two H200s (two ranks, real NVML telemetry);
@@ -36,8 +37,10 @@ GPU_FIXTURE = ROOT / "tests" / "fixtures" / "records" / "20261130-074646-tiny-cp
 OUT = ROOT / "screenshots"
 
 
-async def shoot(app: CockpitApp, path: Path, keys: tuple[str, ...] = ()) -> None:
-    async with app.run_test(size=SIZE) as pilot:
+async def shoot(
+    app: CockpitApp, path: Path, keys: tuple[str, ...] = (), size: tuple[int, int] = SIZE
+) -> None:
+    async with app.run_test(size=size) as pilot:
         deadline = time.monotonic() + 120
         while not (app.last_snapshot and app.last_snapshot.header.loading is None):
             if time.monotonic() > deadline:
@@ -64,6 +67,7 @@ async def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         run = copy_until(Path(tmp), mid)
         await shoot(make_app(run, live=True, now=lambda: mid + 1.0), OUT / "run-live.svg")
+        await shoot(make_app(run, live=True, now=lambda: mid + 1.0), OUT / "run-80x24.svg", size=(80, 24))
 
         finished = copy_until(Path(tmp) / "finished")
         add_report(finished)

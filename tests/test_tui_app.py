@@ -180,3 +180,16 @@ async def test_a_live_view_says_when_the_supervisor_is_gone(tmp_path: Path) -> N
     async with app.run_test(size=SIZE) as pilot:
         await wait_for(pilot, lambda: app.shown > 0 and app.last_snapshot.header.warning is not None)
         assert "supervisor lost" in app.last_snapshot.header.warning
+
+
+@sync
+async def test_everything_fits_an_80x24_terminal(mid_run: Path) -> None:
+    app = live_app(mid_run)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await wait_for(pilot, lambda: app.shown > 0)
+        await pilot.pause()
+        for selector in ("#header", "#chart-loss", "#chart-host", "#audit-box", "#log", "Footer"):
+            region = app.screen.query_one(selector).region
+            assert region.height > 0 and region.y >= 0 and region.bottom <= 24, (selector, region)
+        charts = app.screen.query_one("#chart-loss").region
+        assert charts.height >= 7  # legend, three plot rows, axis, border

@@ -50,6 +50,11 @@ def test_run_screen_live_mid_run(snap_compare, mid_run: Path) -> None:
     assert snap_compare(app, terminal_size=SIZE, run_before=shown(app))
 
 
+def test_run_screen_in_an_80x24_terminal(snap_compare, mid_run: Path) -> None:
+    app = make_app(mid_run, live=True, now=lambda: MID + 1.0)
+    assert snap_compare(app, terminal_size=(80, 24), run_before=shown(app))
+
+
 def test_run_screen_live_finished(snap_compare, tmp_path: Path) -> None:
     app = make_app(copy_until(tmp_path), live=True, now=lambda: LAST + 60.0)
     assert snap_compare(app, terminal_size=SIZE, run_before=shown(app))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from textual.app import ComposeResult
 from textual.containers import Grid, Horizontal, VerticalScroll
 from textual.css.query import NoMatches
@@ -17,6 +19,8 @@ TITLES = {"loss": "loss", "throughput": "tokens/s", "gpu": "GPU memory", "host":
 
 class RunScreen(Screen[None]):
     """One run, live or replayed: the same screen, fed the same snapshots."""
+
+    VERTICAL_BREAKPOINTS: ClassVar[list[tuple[int, str]] | None] = [(0, "-short"), (32, "-tall")]
 
     def compose(self) -> ComposeResult:
         yield RunHeader(id="header")

@@ -14,6 +14,7 @@ A plot that is W dots wide never needs more than W buckets, whatever the length 
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -100,7 +101,9 @@ class Series:
     """Append-only (x, y) points with bounded memory.
 
     `mode="envelope"` halves by keeping each group of four's minimum and maximum (in time order);
-    `mode="mean"` halves by averaging pairs. Missing values (NaN) are not stored.
+    `mode="mean"` halves by averaging pairs. Missing or non-finite values (NaN, inf) are not stored.
+    x never decreases: a point stamped before the last one (the wall clock stepped back) is stored at
+    the last one's x, so the series stays sorted for bucketing.
     """
 
     def __init__(self, capacity: int = DEFAULT_CAPACITY, mode: str = "envelope") -> None:
@@ -128,10 +131,12 @@ class Series:
         return self._y[: self._n]
 
     def append(self, x: float, y: float | None) -> None:
-        if y is None or y != y:
+        if y is None or not math.isfinite(y):
             return
         if self._n == len(self._x):
             self._grow(1)
+        if self._n and x < self._x[self._n - 1]:
+            x = float(self._x[self._n - 1])
         self._x[self._n] = x
         self._y[self._n] = y
         self._n += 1
@@ -141,9 +146,12 @@ class Series:
     def extend(self, xs: np.ndarray, ys: np.ndarray) -> None:
         xs = np.asarray(xs, dtype=np.float64)
         ys = np.asarray(ys, dtype=np.float64)
-        ok = ~np.isnan(ys)
+        ok = np.isfinite(ys)
         if not ok.all():
             xs, ys = xs[ok], ys[ok]
+        if len(xs) and (self._n or np.any(np.diff(xs) < 0)):
+            floor = self._x[self._n - 1] if self._n else -np.inf
+            xs = np.maximum.accumulate(np.maximum(xs, floor))
         while len(xs):
             if self._n == len(self._x):
                 self._grow(len(xs))

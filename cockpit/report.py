@@ -117,7 +117,7 @@ def build_report(
     mean: dict[str, Any] = {"systems": {}, "deltas": {}}
     for system in systems:
         values = [t["systems"][system]["macro_f1"] for t in tenants if system in t["systems"]]
-        if values:
+        if values and len(values) == len(tenants):  # a mean over fewer tenants would not compare
             mean["systems"][system] = {"macro_f1": float(np.mean(values))}
     for other, draws in mean_draws.items():
         if draws and len(draws) == len(tenants):

@@ -59,20 +59,21 @@ class Nvml:
         self._nvml = pynvml
         count = _try(pynvml.nvmlDeviceGetCount) or 0
         for index in range(count):
+            # A GPU whose handle fails keeps its place (None), so GPU i stays at index i in every list.
             handle = _try(pynvml.nvmlDeviceGetHandleByIndex, index)
-            if handle is None:
-                continue
-            name = _try(pynvml.nvmlDeviceGetName, handle)
+            name = _try(pynvml.nvmlDeviceGetName, handle) if handle is not None else None
             self.handles.append(handle)
             self.names.append(name.decode() if isinstance(name, bytes) else str(name or f"GPU {index}"))
 
     @property
     def available(self) -> bool:
-        return self._nvml is not None and bool(self.handles)
+        return self._nvml is not None and any(h is not None for h in self.handles)
 
     def read(self, handle: Any) -> dict[str, float | None]:
         nv = self._nvml
         assert nv is not None
+        if handle is None:
+            return dict.fromkeys(GPU_FIELDS)
         memory = _try(nv.nvmlDeviceGetMemoryInfo, handle)
         util = _try(nv.nvmlDeviceGetUtilizationRates, handle)
         power_mw = _try(nv.nvmlDeviceGetPowerUsage, handle)

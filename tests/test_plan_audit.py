@@ -146,3 +146,22 @@ def test_a_new_run_stores_its_plan(tmp_path: Path) -> None:
     assert stored is not None and stored["profile"] == "tiny-cpu"
     assert stored["configured"]["fits"] is True
     assert load_plan(tmp_path) is None
+
+
+def test_the_app_shows_the_plan_warnings_too(plan, tmp_path: Path) -> None:
+    from cockpit.app.model import build_audit
+    from cockpit.plan.store import PLAN_FILE
+    from cockpit.record import write_manifest
+    from cockpit.record.playback import Playback
+
+    audit = audit_as_planned(plan, partitioned_at_load=False)
+    audit.update(t=1.0, rank=0)
+    write_manifest(tmp_path, {"run_id": "r", "status": "running", "profile": {}})
+    (tmp_path / "events").mkdir()
+    (tmp_path / "events" / "trainer-rank0.jsonl").write_text(json.dumps(audit) + "\n")
+    (tmp_path / PLAN_FILE).write_text(json.dumps(plan))
+    pb = Playback(tmp_path, live=True)
+    pb.load()
+    pb.tick()
+    shown = build_audit(pb)
+    assert shown is not None and any(w.startswith("against the plan:") for w in shown.warnings)

@@ -103,3 +103,13 @@ def test_the_transformers_loader_does_not_fit_the_story(
     assert plan["configured"]["binding"] == "GPU memory at load"
     assert plan["configured"]["load"]["gpu_peak"] > 80 * 1024**3
     assert any("not what the profile says" in r for r in plan["requirements"])
+
+
+def test_unknown_gpu_memory_is_not_called_a_fit(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", "--profile", STORY, "--gpu-mem-gib", "0", "--format", "json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["configured"]["unchecked"] == ["GPU memory"]
+    assert plan["verdict"].startswith("NOT CHECKED: GPU memory unknown")
+    assert main(["plan", "--profile", STORY, "--gpu-mem-gib", "0"]) == 0
+    text = capsys.readouterr().out
+    assert "FITS as configured" not in text and "Fastest that fits (not checked: GPU memory)" in text

@@ -197,3 +197,13 @@ def test_ids_repeated_across_tenants_keep_every_tenant(tmp_path: Path) -> None:
     broken.write_text("\n".join([*lines[:2], "{oops"]) + "\n", encoding="utf-8")
     with pytest.raises(PredictionsError, match=r"broken.jsonl:3: broken line"):
         import_predictions(tmp_path, "broken", broken)
+
+
+def test_a_system_missing_for_a_tenant_gets_no_mean(run_dir: Path) -> None:
+    rows = (run_dir / "predictions" / "base.jsonl").read_text().splitlines()
+    partial = [rows[0].replace('"base"', '"partial"')] + [r for r in rows[1:] if '"acme"' in r]
+    (run_dir / "predictions" / "partial.jsonl").write_text("\n".join(partial) + "\n")
+    report = run_report(run_dir, samples=50)
+    acme, zeta = report["tenants"]
+    assert "partial" in acme["systems"] and "partial" not in zeta["systems"]
+    assert "partial" not in report["mean"]["systems"] and "base" in report["mean"]["systems"]

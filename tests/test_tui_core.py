@@ -265,6 +265,9 @@ def test_output_tail_follows_the_replayed_step() -> None:
     pb = Playback(FIXTURE, live=False, speed=1.0, now=wall)
     pb.load()
     first, _ = fixture_times()
+    pb.tick()  # the first frame: setup and load, no step yet
+    early = pb.output_tail(200)
+    assert pb.view.step == 0 and early and not any(line.startswith("step ") for line in early)
     pb.command("seek", first + 120.0)
     pb.tick()
     step = pb.view.step
@@ -353,3 +356,82 @@ def test_chart_legend_says_how_many_entries_did_not_fit():
     assert 0 < shown < 8 and lines[-1].rstrip().endswith(f"+{8 - shown}")
     wide = BrailleChart("gpu")._legend(data, 400, max_lines=2)
     assert "+" not in "".join(seg.text for seg in wide[0])
+
+
+def test_a_clock_that_steps_back_or_an_infinite_value_keeps_the_series_drawable():
+    s = Series(capacity=64)
+    s.append(30.0, 1.0)
+    s.append(29.01, 2.0)  # NTP stepped the clock back
+    s.append(30.01, float("inf"))  # not a reading: left out
+    s.extend(np.array([29.5, 31.0, 30.5]), np.array([3.0, 4.0, float("-inf")]))
+    assert list(s.x) == [30.0, 30.0, 30.0, 31.0] and list(s.y) == [1.0, 2.0, 3.0, 4.0]
+    buckets = bucketize(s.x, s.y, 29.0, 31.0, 4)
+    assert buckets.count.sum() == 4 and np.nanmax(buckets.ymax) == 4.0
+
+
+def test_the_live_view_survives_a_clock_step_back_and_infinity(tmp_path: Path):
+    from cockpit.record.series import RunSeries
+
+    t0 = 1_700_000_000.0
+    lines = [
+        {"kind": "telemetry", "t": t0 + 30, "gpu_mem_used_mib": [100.0], "ram_used_mib": 5.0},
+        {"kind": "telemetry", "t": t0 + 29.01, "gpu_mem_used_mib": [101.0], "ram_used_mib": 6.0},
+        {"kind": "step", "t": t0 + 31, "rank": 0, "step": 1, "loss": float("inf"), "tokens_per_s": 9.0},
+        {"kind": "step", "t": t0 + 32, "rank": 0, "step": 2, "loss": 2.0, "tokens_per_s": 9.0},
+    ]
+    series = RunSeries()
+    for line in lines:
+        series.apply([json.loads(json.dumps(line))])  # json writes inf as Infinity and reads it back
+    assert list(series.loss.y) == [2.0]
+    assert np.all(np.diff(series.gpu_used[0].x) >= 0)
+
+
+def test_unpausing_a_live_view_goes_back_to_now(tmp_path: Path) -> None:
+    first, last = fixture_times()
+    mid = first + (last - first) / 2
+    run = copy_until(tmp_path, mid)
+    pb = Playback(run, live=True, now=FakeClock(mid + 1))
+    pb.load()
+    pb.tick()
+    pb.command("toggle_pause")
+    pb.tick()
+    assert pb.paused and not pb.follow
+    held = pb.view.step
+    for path in sorted((FIXTURE / "events").glob("*.jsonl")):  # the run goes on meanwhile
+        rest = [line for line in path.read_text().splitlines(keepends=True) if json.loads(line)["t"] > mid]
+        with open(run / "events" / path.name, "a") as f:
+            f.writelines(rest)
+    pb.tick()
+    assert pb.view.step == held  # paused: the clock stands
+    pb.command("toggle_pause")
+    pb.tick()
+    assert pb.follow and not pb.paused and pb.view.step == 400
+
+
+def test_output_tail_of_a_resumed_run_follows_the_second_attempt(tmp_path: Path) -> None:
+    from cockpit.record import write_manifest
+
+    write_manifest(tmp_path, {"run_id": "r", "status": "finished", "profile": {}})
+    events, log, t = [], ["loading\n"], 1000.0
+    for attempt, steps in enumerate(([1, 2, 3], [3, 4])):  # stopped after 3, resumed from checkpoint 2
+        t += 1
+        events.append({"kind": "train_begin", "t": t, "rank": 0, "max_steps": 4, "start_step": steps[0] - 1})
+        for step in steps:
+            t += 1
+            events.append({"kind": "step", "t": t, "rank": 0, "step": step, "loss": 1.0})
+            log.append(f"step {step}/4 loss 1.0 (attempt {attempt})\n")
+    last_step_t = t
+    events.append({"kind": "trainer_end", "t": t + 5, "rank": 0, "outcome": "finished"})
+    log.append("saving the adapter\n")
+    (tmp_path / "events").mkdir()
+    (tmp_path / "events" / "trainer-rank0.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    (tmp_path / "output.log").write_text("".join(log))
+    pb = Playback(tmp_path, live=False, speed=1.0, now=FakeClock(0.0))
+    pb.load()
+    pb.command("seek", 1004.0)  # the first attempt's step 3
+    pb.tick()
+    assert pb.view.step == 3 and pb.output_tail(10)[-1] == "step 3/4 loss 1.0 (attempt 0)"
+    pb.command("seek", last_step_t)
+    pb.tick()
+    assert not pb.at_end and pb.view.step == 4 and pb.view.step_events == 5
+    assert pb.output_tail(10)[-1] == "step 4/4 loss 1.0 (attempt 1)"

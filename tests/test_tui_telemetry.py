@@ -75,6 +75,15 @@ def test_one_gpu_unsupported_is_null(monkeypatch: pytest.MonkeyPatch) -> None:
     assert Nvml().sample()["gpu_power_w"] == [500.0, None]
 
 
+def test_a_gpu_whose_handle_fails_keeps_its_place(monkeypatch: pytest.MonkeyPatch) -> None:
+    m = fake_pynvml(set(), count=3)
+    m.nvmlDeviceGetHandleByIndex = lambda i: (_ for _ in ()).throw(NVMLError("Unknown")) if i == 1 else i
+    monkeypatch.setitem(sys.modules, "pynvml", m)
+    nv = Nvml()
+    assert nv.available and len(nv.names) == 3
+    assert nv.sample()["gpu_mem_used_mib"] == [10240.0, None, 12288.0]  # GPU2 stays GPU2
+
+
 def test_no_nvml_means_no_gpu_fields(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml({"init"}))
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])

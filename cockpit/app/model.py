@@ -268,7 +268,7 @@ def build_audit(pb: Playback) -> Audit | None:
         requested=dict(a.get("requested") or {}),
         applied=dict(a.get("applied") or {}),
         lora_targets=dict(a.get("lora_targets") or {}),
-        warnings=tuple(a.get("warnings") or ()),
+        warnings=tuple(pb.view.warnings),  # the trainer's, then what the audit costs against the plan
     )
 
 

@@ -404,8 +404,13 @@ class Check:
     limit: int
 
     @property
+    def checked(self) -> bool:
+        """False when the limit is unknown (no NVML, nothing in the profile or on the command line)."""
+        return self.limit > 0
+
+    @property
     def ok(self) -> bool:
-        return self.limit <= 0 or self.need <= self.limit
+        return not self.checked or self.need <= self.limit
 
     @property
     def ratio(self) -> float:
@@ -428,7 +433,13 @@ class Estimate:
 
     @property
     def fits(self) -> bool:
+        """Within every known limit (see `unchecked` for the limits nobody knows)."""
         return all(c.ok for c in self.checks)
+
+    @property
+    def unchecked(self) -> list[str]:
+        """Resources whose limit is unknown, so `fits` says nothing about them."""
+        return sorted({c.name.split(" at ")[0].split(" in ")[0] for c in self.checks if not c.checked})
 
     @property
     def binding(self) -> Check | None:

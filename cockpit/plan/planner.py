@@ -202,6 +202,12 @@ class Plan:
     def verdict(self) -> str:
         e = self.configured
         b = e.binding
+        if e.fits and e.unchecked:
+            missing = " and ".join(e.unchecked)
+            return (
+                f"NOT CHECKED: {missing} unknown (pass --gpu-mem-gib / --host-ram-gib, or set them in the "
+                f"profile's [hardware]); as configured ({e.setup.describe()}) it fits what is known"
+            )
         if e.fits:
             head = f"FITS as configured ({e.setup.describe()})"
             return head + (f"; tightest: {b.name}, {gib(b.need)} of {gib(b.limit)} usable" if b else "")
@@ -348,6 +354,7 @@ def estimate_dict(e: Estimate) -> dict[str, Any]:
         "transfer_s": e.transfer_s,
         "tokens_per_s": e.tokens_per_s,
         "fits": e.fits,
+        "unchecked": e.unchecked,
         "binding": e.binding.name if e.binding else None,
         "checks": [{"name": c.name, "need": c.need, "limit": c.limit, "ok": c.ok} for c in e.checks],
         "notes": e.notes,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from rich.console import Group
+from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
@@ -245,7 +246,8 @@ def options_table(plan: Plan) -> Table:
 
 def verdict_text(plan: Plan) -> Text:
     e = plan.configured
-    lines = [f"[bold {'green' if e.fits else 'red'}]{plan.verdict()}[/]"]
+    colour = "yellow" if e.fits and e.unchecked else "green" if e.fits else "red"
+    lines = [f"[bold {colour}]{escape(plan.verdict())}[/]"]
     b = e.binding
     if b and not e.fits and b.name == "GPU memory at load" and e.setup.loader == "transformers":
         lines.append(
@@ -256,8 +258,10 @@ def verdict_text(plan: Plan) -> Text:
         lines.append(f"[bold]Required:[/] {r}.")
     if plan.best is not None:
         bs = plan.best
+        unknown = f" (not checked: {' and '.join(e.unchecked)})" if e.unchecked else ""
         lines.append(
-            f"[bold]Fastest that fits:[/] {bs.setup.describe()}: GPU {_gib(bs.load.gpu_peak)} GiB at load, "
+            f"[bold]Fastest that fits{unknown}:[/] {bs.setup.describe()}: "
+            f"GPU {_gib(bs.load.gpu_peak)} GiB at load, "
             f"{_gib(bs.train.gpu_peak)} GiB in training; host {_gib(bs.load.host_peak)} GiB at load, "
             f"{_gib(bs.train.host_peak)} GiB in training; ~{bs.tokens_per_s:,.0f} tokens/s"
         )

@@ -9,7 +9,6 @@ from a worker thread and sends it commands through `command`, which is thread-sa
 
 from __future__ import annotations
 
-import bisect
 import json
 import math
 import queue
@@ -23,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from cockpit.plan.store import load_plan
 from cockpit.record.bulk import Block, FileChunk, merge_blocks, read_file, sample_record
 from cockpit.record.format import TERMINAL_STATUSES, RunPaths
 from cockpit.record.reader import Event, EventTail
@@ -61,7 +61,7 @@ class Playback:
         self.now = now
         self.paused = False
         self.follow = live  # the clock is pinned to the newest event
-        self.view = RunView()
+        self.view = RunView(plan=load_plan(self.paths.root))
         self.series = RunSeries() if capacity is None else RunSeries(capacity)
         self.manifest: dict[str, Any] = {}
         self.clock: float | None = None  # record time shown (replay); None until the record has a first event
@@ -82,7 +82,7 @@ class Playback:
         self._offsets: dict[Path, int] = {}
         self._load_total = self._load_done = 0
         self._log_scanned = 0
-        self._log_steps: list[int] = []
+        self._log_starts: list[int] = []
         self._log_offsets: list[int] = []
 
     # --- loading ----------------------------------------------------------------------------------
@@ -114,7 +114,7 @@ class Playback:
         """
         self._read_manifest()
         if self.previewing:  # the exact fold replaces the sampled one
-            self.view, self.series = RunView(), RunSeries(self.series.capacity)
+            self.view, self.series = RunView(plan=self.view.plan), RunSeries(self.series.capacity)
             self._first_t = self._last_t = None
             self.clock = None
         paths = sorted(self.paths.events_dir.glob("*.jsonl")) if self.paths.events_dir.is_dir() else []
@@ -229,6 +229,8 @@ class Playback:
             if name in ("toggle_pause", "pause") and self.follow:
                 # Pausing a live view stops its clock where it stands; `end` goes back to now.
                 self.follow, self.paused, self.clock = False, True, self.view.last_t or self._last_t
+            elif name in ("toggle_pause", "resume") and self.live and self.paused:
+                self.follow, self.paused = True, False  # unpausing a live view goes back to now
             elif name == "toggle_pause":
                 self.paused = not self.paused
             elif name == "pause":
@@ -361,8 +363,8 @@ class Playback:
                 f.seek(0, 2)
                 size = f.tell()
                 limit = size
-                if not self.at_end and self.view.steps:
-                    limit = self._log_offset_of_step(f, self.view.step, size)
+                if not self.at_end:
+                    limit = self._log_offset_after(f, self.view.step_events, size)
                 f.seek(max(0, limit - OUTPUT_TAIL_BYTES))
                 data = f.read(limit - max(0, limit - OUTPUT_TAIL_BYTES))
         except OSError:
@@ -372,15 +374,20 @@ class Playback:
             lines = lines[1:]
         return [line for line in lines if line.strip()][-max_lines:]
 
-    def _log_offset_of_step(self, f: Any, step: int, size: int) -> int:
-        """Byte offset just past the trainer's `step N/` line (the log has no times; steps are its clock)."""
+    def _log_offset_after(self, f: Any, steps: int, size: int) -> int:
+        """Byte offset just past the trainer's `steps`-th `step N/` line; before the first, its start.
+
+        The log has no times: the trainer prints one such line a step, so the count of rank 0's step
+        events folded so far is the clock (a resumed run prints its repeated steps again, in order).
+        """
         if self._log_scanned < size:
             f.seek(self._log_scanned)
             data = f.read(size - self._log_scanned)
             cut = data.rfind(b"\n") + 1
             for m in _STEP_LINE.finditer(data, 0, cut):
-                self._log_steps.append(int(m.group(1)))
+                self._log_starts.append(self._log_scanned + m.start())
                 self._log_offsets.append(self._log_scanned + m.end())
             self._log_scanned += cut
-        i = bisect.bisect_right(self._log_steps, step) - 1
-        return self._log_offsets[i] if i >= 0 else 0
+        if steps == 0:
+            return self._log_starts[0] if self._log_starts else size
+        return self._log_offsets[min(steps, len(self._log_offsets)) - 1] if self._log_offsets else size

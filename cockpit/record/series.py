@@ -7,6 +7,7 @@ viewer's memory does not grow with the length of the run. Both are fed the same 
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -38,7 +39,7 @@ def _value(v: Any) -> float | None:
         f = float(v)
     except (TypeError, ValueError):
         return None
-    return None if f != f else f
+    return f if math.isfinite(f) else None
 
 
 class RunSeries:
@@ -141,7 +142,7 @@ class RunSeries:
             if "loss" in cols:
                 loss = cols["loss"][lo:hi]
                 self.loss.extend(t, loss)
-                ok = ~np.isnan(loss)
+                ok = np.isfinite(loss)
                 smooth, self._ema = ema(loss[ok], LOSS_SMOOTHING, self._ema)
                 self.loss_smooth.extend(t[ok], smooth)
             if "tokens_per_s" in cols:

@@ -48,6 +48,7 @@ class RunView:
     first_t: float | None = None
     last_t: float | None = None
     steps: list[StepPoint] = field(default_factory=list)
+    step_events: int = 0  # rank 0's step events folded, also those a resume replaced (the log's lines)
     audit: dict[str, Any] | None = None
     load_peaks: dict[int, dict[str, Any]] = field(default_factory=dict)
     memory: dict[int, dict[str, Any]] = field(default_factory=dict)  # last step event's memory, per rank
@@ -99,6 +100,7 @@ class RunView:
             return [None] * (hi - lo) if values is None else [_num(v) for v in values[lo:hi].tolist()]
 
         steps = [int(s) for s in columns["step"][lo:hi].tolist()]
+        self.step_events += len(steps)
         self.steps.extend(
             map(
                 StepPoint,
@@ -138,6 +140,7 @@ class RunView:
         if rank != 0:
             return
         self.max_steps = e.get("max_steps", self.max_steps)
+        self.step_events += 1
         self.steps.append(
             StepPoint(
                 t=e["t"],

@@ -42,8 +42,10 @@ def header_text(h: Header) -> Text:
     text.append("\n")
     if h.live and h.following:
         text.append(" LIVE ", "bold reverse green")
-    elif h.live:
+    elif h.live and h.paused:
         text.append(" LIVE · PAUSED ", "bold reverse yellow")
+    elif h.live:
+        text.append(f" LIVE · BEHIND, {h.speed:g}× ", "bold reverse yellow")
     else:
         state = "PAUSED" if h.paused else "END" if h.following else "PLAYING"
         text.append(f" REPLAY {h.speed:g}× · {state} ", "bold reverse magenta")

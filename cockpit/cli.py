@@ -129,11 +129,15 @@ def cmd_ls(args: argparse.Namespace) -> int:
     from cockpit.record import read_events
     from cockpit.runs import list_run_dirs, manifest_or_none
 
+    run_dirs = list_run_dirs(_runs_dir(args))
+    if not run_dirs:
+        console.print(f"no runs in {_runs_dir(args)} (start one with `cockpit run`)", markup=False)
+        return 0
     table = Table(box=None, header_style="bold")
     for col in ("run", "status", "step", "age", "diagnosis"):
         table.add_column(col)
     now = time.time()
-    for run_dir in list_run_dirs(_runs_dir(args)):
+    for run_dir in run_dirs:
         lost = reconcile(run_dir) if (manifest_or_none(run_dir) or {}).get("status") == "running" else None
         manifest = manifest_or_none(run_dir) or {}
         steps = [e for e in read_events(run_dir, "step") if e.get("rank", 0) == 0]

@@ -201,3 +201,16 @@ def test_sixteen_bit_experts_cost_four_times_the_copies(plan, plan16) -> None:
     e = plan.configured
     assert e.compute_s < e.step_s and e.transfer_s < e.step_s
     assert e.step_s <= e.compute_s + e.transfer_s + 1e-9
+
+
+def test_each_expert_run_costs_its_fixed_time_on_top_of_its_flops() -> None:
+    from cockpit.plan.model import Assumptions
+
+    profile, _ = load_profile(STORY)
+    hw = Hardware(4, "H100-80GB", 80, 960)
+    flops_only = build_plan(profile, hw, Assumptions(expert_pass_ms=0)).configured.compute_s
+    with_cost = build_plan(profile, hw, Assumptions(expert_pass_ms=0.12)).configured.compute_s
+    # 94 MoE layers x 128 experts (4,096 tokens of top-8 reach all of them) x 3 passes x 0.12 ms
+    assert with_cost - flops_only == pytest.approx(94 * 128 * 3 * 0.12e-3, rel=1e-6)
+    tiny, _ = load_profile("tiny-cpu")
+    assert build_plan(tiny, Hardware(0, "", 0, 24)).configured.compute_s is None  # no GPU: no speed

@@ -94,6 +94,10 @@ class Assumptions:
     nvlink_gbps: float = 150.0  # effective all-gather bandwidth per GPU over NVLink
     nvme_gbps: float = 6.0  # aggregate read bandwidth of the NVMe offload drive(s)
     mfu: float = 0.1  # achieved fraction of bf16 peak; 0.076 measured on the 1-layer slice (FACTS.md)
+    # Fixed cost of running one expert in one pass (its own small GEMMs, gathers and launches), on top
+    # of its FLOPs: 0.12 ms fitted to the 10 step times of benchmarks/results/plan_vs_measured*_h200
+    # (story geometry, 1 to 4 layers, seq 1024, 64 tokens an expert: 0.045 s a layer the FLOPs miss).
+    expert_pass_ms: float = 0.12
     gpu_tflops: float = 0.0  # bf16 dense peak per GPU; 0 = from the GPU's name (default 300)
     process_rss_gib_gpu: float = (
         2.4  # RSS of a trainer rank before weights (torch, CUDA, NCCL): FACTS.md 12.4 GiB
@@ -646,6 +650,10 @@ def estimate(inputs: Inputs, setup: Setup) -> Estimate:
         attn = 2 * setup.seq_len * g.q_dim * g.layers
         flops = tokens * passes * (2 * g.active_matmul_params() + attn)
         compute_s = flops / (a.tflops(setup.gpu_name) * 1e12 * a.mfu)
+        if g.experts:
+            # Experts that get at least one of the micro-batch's tokens (top-k routing, uniform).
+            hit = g.experts * (1.0 - (1.0 - g.top_k / g.experts) ** tokens)
+            compute_s += len(g.sparse_layers) * hit * passes * a.expert_pass_ms / 1000
         blocks = w.blocks
         layers = sum(v for k, v in blocks.items() if k.startswith("layer."))
         moved = 2 * layers + blocks.get("embed", 0) + blocks.get("lm_head", 0) + blocks.get("norm", 0)

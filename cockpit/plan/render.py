@@ -235,7 +235,8 @@ def options_table(plan: Plan) -> Table:
     a = plan.inputs.assumptions
     table.caption = (
         f"GiB per GPU and for the whole host; {ref.setup.gpus} GPU(s) and seq {ref.setup.seq_len} unless "
-        f"the option says. Step = max(compute at {a.mfu:.0%} of bf16 peak, all-gathers at "
+        f"the option says. Step = max(compute at {a.mfu:.0%} of bf16 peak plus {a.expert_pass_ms:g} ms per "
+        f"expert and pass, all-gathers at "
         f"{a.nvlink_gbps:g} GB/s) + host-to-device copies at {a.h2d_gbps:g} GB/s per GPU (measured not to "
         "overlap compute); each layer moves twice a step, embeddings and lm_head once. "
         "tokens/s relative to the configuration as written."

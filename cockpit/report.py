@@ -198,6 +198,14 @@ def _signed(x: float) -> str:
     return f"{100 * x:+.1f}"
 
 
+def _delta_cell(d: dict[str, Any] | None, bold: bool = False) -> str:
+    """`+5.2 [+1.0, +9.3]` for a delta and its 95% interval; `-` when there is none."""
+    if not d:
+        return "-"
+    value = _signed(d["macro_f1"])
+    return f"{'**' + value + '**' if bold else value} [{_signed(d['ci95'][0])}, {_signed(d['ci95'][1])}]"
+
+
 def to_markdown(report: dict[str, Any]) -> str:
     """The report as Markdown: one table per metric view, the mean, and serving cost."""
     systems = report["systems"]
@@ -213,24 +221,12 @@ def to_markdown(report: dict[str, Any]) -> str:
         row = [t["tenant"], str(t["n"])]
         row += [_pct(t["systems"].get(s, {}).get("macro_f1")) for s in systems]
         if report["tuned"]:
-            for o in others:
-                d = t["deltas"].get(o)
-                row.append(
-                    f"{_signed(d['macro_f1'])} [{_signed(d['ci95'][0])}, {_signed(d['ci95'][1])}]"
-                    if d
-                    else "-"
-                )
+            row += [_delta_cell(t["deltas"].get(o)) for o in others]
         lines.append("| " + " | ".join(row) + " |")
     mean = report["mean"]
     row = ["**mean**", ""] + [_pct(mean["systems"].get(s, {}).get("macro_f1")) for s in systems]
     if report["tuned"]:
-        for o in others:
-            d = mean["deltas"].get(o)
-            row.append(
-                f"**{_signed(d['macro_f1'])}** [{_signed(d['ci95'][0])}, {_signed(d['ci95'][1])}]"
-                if d
-                else "-"
-            )
+        row += [_delta_cell(mean["deltas"].get(o), bold=True) for o in others]
     lines += ["| " + " | ".join(row) + " |", ""]
     lines += ["## Precision, recall, micro F1 per system", ""]
     lines += ["| tenant | system | precision | recall | micro F1 | macro F1 |", "|---|---|---|---|---|---|"]

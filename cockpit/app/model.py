@@ -174,13 +174,17 @@ def build_charts(pb: Playback, dots: dict[str, int]) -> dict[str, ChartData]:
     # GPU memory: used (NVML) against total, and the trainer's CUDA peak per rank
     k = n("gpu")
     traces: list[Trace] = []
+    peaks = [
+        Trace(
+            f"peak r{r}", PEAK_COLORS[r % len(PEAK_COLORS)], *_line(peak, lo, hi, k), value=fmt_mib(peak.last)
+        )
+        for r, peak in sorted(s.rank_peak.items())
+    ]
     if s.has_gpus:
         for i, used in sorted(s.gpu_used.items()):
             color = GPU_COLORS[i % len(GPU_COLORS)]
             traces.append(Trace(f"GPU{i}", color, *_envelope(used, lo, hi, k), value=fmt_mib(used.last)))
-        for r, peak in sorted(s.rank_peak.items()):
-            color = PEAK_COLORS[r % len(PEAK_COLORS)]
-            traces.append(Trace(f"peak r{r}", color, *_line(peak, lo, hi, k), value=fmt_mib(peak.last)))
+        traces += peaks
         totals = [t for t in s.gpu_total.values() if len(t)]
         if totals:
             total = max(totals, key=lambda t: t.last or 0)
@@ -192,9 +196,7 @@ def build_charts(pb: Playback, dots: dict[str, int]) -> dict[str, ChartData]:
         for r, rss in sorted(s.rank_rss.items()):
             color = GPU_COLORS[r % len(GPU_COLORS)]
             traces.append(Trace(f"rank{r} RSS", color, *_envelope(rss, lo, hi, k), value=fmt_mib(rss.last)))
-        for r, peak in sorted(s.rank_peak.items()):
-            color = PEAK_COLORS[r % len(PEAK_COLORS)]
-            traces.append(Trace(f"peak r{r}", color, *_line(peak, lo, hi, k), value=fmt_mib(peak.last)))
+        traces += peaks
         y_lo, y_hi = _range(traces, floor_zero=True)
         info = s.telemetry_info or {}
         nvml = str(info.get("nvml", "no telemetry"))

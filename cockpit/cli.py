@@ -163,6 +163,22 @@ def _find(args: argparse.Namespace) -> Path:
         raise UsageError(str(exc)) from None
 
 
+def _ended_run(args: argparse.Namespace, refusal: str) -> Path:
+    """The run named in `args`; while it is planned or running, a usage error ending in `refusal`.
+
+    A run whose supervisor and training processes are both gone is marked ended first (supervisor lost).
+    """
+    from cockpit.liveness import reconcile
+    from cockpit.record import load_manifest
+
+    run_dir = _find(args)
+    reconcile(run_dir)
+    status = load_manifest(run_dir).get("status")
+    if status in ("running", "planned"):
+        raise UsageError(f"{run_dir.name} is {status}{refusal}")
+    return run_dir
+
+
 def cmd_stop(args: argparse.Namespace) -> int:
     from cockpit.control import request_kill, request_stop
     from cockpit.liveness import check, reconcile
@@ -193,16 +209,10 @@ def cmd_stop(args: argparse.Namespace) -> int:
 
 def cmd_resume(args: argparse.Namespace) -> int:
     from cockpit.control import clear_requests
-    from cockpit.liveness import reconcile
-    from cockpit.record import load_manifest
     from cockpit.record.manifest import update_manifest
     from cockpit.supervisor import spawn_detached
 
-    run_dir = _find(args)
-    reconcile(run_dir)  # a run whose supervisor and trainer are both gone has ended (supervisor lost)
-    status = load_manifest(run_dir).get("status")
-    if status in ("running", "planned"):
-        raise UsageError(f"{run_dir.name} is {status}; only an ended run can be resumed")
+    run_dir = _ended_run(args, "; only an ended run can be resumed")
     clear_requests(run_dir)  # the last attempt's stop must not stop this one
     # Back to `planned` before the new owner starts, as for a new run: a viewer must not take the old
     # final status for this attempt's.
@@ -226,8 +236,6 @@ def _parse_named(items: list[str], what: str) -> list[tuple[str, Path]]:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from cockpit.liveness import reconcile
-    from cockpit.record import load_manifest
     from cockpit.runs import create_run
     from cockpit.supervisor import child_env, spawn_detached
 
@@ -235,11 +243,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if args.run:
         if args.profile:
             raise UsageError("give a RUN or --profile, not both")
-        run_dir = _find(args)
-        reconcile(run_dir)
-        status = load_manifest(run_dir).get("status")
-        if status in ("running", "planned"):
-            raise UsageError(f"{run_dir.name} is {status}: evaluate it once it has ended")
+        run_dir = _ended_run(args, ": evaluate it once it has ended")
         argv = [sys.executable, "-m", "trainer.evaluate", "--run-dir", str(run_dir)]
         argv += [a for name, path in models for a in ("--model", f"{name}={path}")]
         console.print(f"evaluating {run_dir.name} (output also in {run_dir / 'output.log'})")

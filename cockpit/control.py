@@ -25,11 +25,11 @@ def request_kill(run_dir: Path) -> None:
     """Ask the supervisor to kill the training processes now."""
     paths = RunPaths(Path(run_dir))
     paths.control_dir.mkdir(exist_ok=True)
-    (paths.control_dir / "kill").touch()
+    paths.kill_request.touch()
 
 
 def clear_requests(run_dir: Path) -> None:
     """Forget the requests of an attempt that has ended, before a new one starts (a resume)."""
     paths = RunPaths(Path(run_dir))
     paths.stop_request.unlink(missing_ok=True)
-    (paths.control_dir / "kill").unlink(missing_ok=True)
+    paths.kill_request.unlink(missing_ok=True)

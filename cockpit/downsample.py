@@ -149,7 +149,7 @@ class Series:
         ok = np.isfinite(ys)
         if not ok.all():
             xs, ys = xs[ok], ys[ok]
-        if len(xs) and (self._n or np.any(np.diff(xs) < 0)):
+        if len(xs):  # never before the last stored x (see the class docstring)
             floor = self._x[self._n - 1] if self._n else -np.inf
             xs = np.maximum.accumulate(np.maximum(xs, floor))
         while len(xs):

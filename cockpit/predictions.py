@@ -34,7 +34,7 @@ class Predictions:
 class Reference:
     """The held-out split as the record knows it: gold labels and each tenant's label set."""
 
-    gold: dict[tuple[str, str], tuple[str, str]]  # (tenant, id) -> (tenant, gold)
+    gold: dict[tuple[str, str], str]  # (tenant, id) -> gold label
     labels: dict[str, list[str]]  # tenant -> labels
 
     def ids_of(self, tenant: str) -> list[tuple[str, str]]:
@@ -84,13 +84,13 @@ def own_predictions(run_dir: Path) -> list[Predictions]:
 
 def reference_from(predictions: list[Predictions]) -> Reference:
     """The held-out split from the record's scored files (those with per-label scores)."""
-    gold: dict[tuple[str, str], tuple[str, str]] = {}
+    gold: dict[tuple[str, str], str] = {}
     labels: dict[str, list[str]] = {}
     for system in predictions:
         for key, row in system.rows.items():
             if "scores" not in row:
                 continue
-            gold.setdefault(key, (row["tenant"], row["gold"]))
+            gold.setdefault(key, row["gold"])
             labels.setdefault(row["tenant"], list(row["scores"]))
     return Reference(gold, labels)
 
@@ -126,7 +126,7 @@ def check_import(path: Path, reference: Reference) -> Predictions:
         if pred not in reference.labels[tenant]:
             known = ", ".join(reference.labels[tenant])
             raise PredictionsError(f"{where}: unknown label {pred!r} for tenant {tenant!r} (labels: {known})")
-        gold = reference.gold[key][1]
+        gold = reference.gold[key]
         if "gold" in row and row["gold"] != gold:
             raise PredictionsError(
                 f"{where}: gold {row['gold']!r} differs from the record's {gold!r} for id {pid!r}"

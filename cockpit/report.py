@@ -92,7 +92,7 @@ def build_report(
     for t_index, tenant in enumerate(sorted(reference.labels)):
         labels = reference.labels[tenant]
         ids = reference.ids_of(tenant)
-        gold = [reference.gold[i][1] for i in ids]
+        gold = [reference.gold[i] for i in ids]
         entry: dict[str, Any] = {
             "tenant": tenant,
             "n": len(ids),

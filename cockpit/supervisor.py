@@ -25,6 +25,7 @@ from typing import Any
 
 import psutil
 
+from cockpit.control import request_stop
 from cockpit.diagnosis import EndFacts, diagnose, last_error_line, stall_verdict
 from cockpit.profiles import Profile, parse_profile
 from cockpit.record import EventWriter, RunPaths, RunReader, load_manifest, write_manifest
@@ -146,8 +147,7 @@ class Supervisor:
 
     def request_stop(self) -> None:
         """Ask the trainer to checkpoint and exit (it polls the request file at every step)."""
-        self.paths.control_dir.mkdir(exist_ok=True)
-        self.paths.stop_request.touch()
+        request_stop(self.paths.root)
 
     def _check_requests(self, now: float) -> None:
         if self.stop_requested_at is None and self.paths.stop_request.exists():
@@ -159,8 +159,7 @@ class Supervisor:
                 self._signal_group(
                     signal.SIGTERM
                 )  # nothing to checkpoint (yet): evaluation, or before training
-        kill = self.paths.control_dir / "kill"
-        if kill.exists() and not self.killed:
+        if self.paths.kill_request.exists() and not self.killed:
             self._note("kill requested: SIGKILL to the training processes")
             self._signal_group(signal.SIGKILL)
         if self.terminated_at is not None and now - self.terminated_at > KILL_GRACE_S and not self.killed:

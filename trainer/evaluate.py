@@ -85,18 +85,18 @@ def think(model: Any, tokenizer: Any, prompts: list[str], max_new_tokens: int) -
     """Greedy thinking sections for a batch of prompts (left-padded)."""
     tokenizer.padding_side = "left"
     enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False).to(model.device)
-    stop = [tokenizer.convert_tokens_to_ids(THINK_END), tokenizer.eos_token_id]
+    stop = [s for s in (tokenizer.convert_tokens_to_ids(THINK_END), tokenizer.eos_token_id) if s is not None]
     out = model.generate(
         **enc,
         max_new_tokens=max_new_tokens,
         do_sample=False,
-        eos_token_id=[s for s in stop if s is not None],
+        eos_token_id=stop,
         pad_token_id=tokenizer.pad_token_id,
     )
     new = out[:, enc["input_ids"].shape[1] :].tolist()
     # Each row up to its own end (</think>, eos, or the padding a finished row gets while its batch
     # goes on): what follows depends on the other prompts of the batch, not on this one.
-    ends = {s for s in stop if s is not None} | ({tokenizer.pad_token_id} - {None})
+    ends = set(stop) | ({tokenizer.pad_token_id} - {None})
     return tokenizer.batch_decode(cut_at_end(new, ends), skip_special_tokens=False)
 
 

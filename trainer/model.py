@@ -78,10 +78,11 @@ def load_base(profile: Profile, model_dir: str, spread: bool = False) -> Any:
 
     q = profile.quantization
     device = load_device()
-    if profile.model.loader == "layerwise" and not profile.model.trust_remote_code and spread:
+    layerwise = profile.model.loader == "layerwise" and not profile.model.trust_remote_code
+    if layerwise and spread:
         gpus = [torch.device("cuda", i) for i in range(torch.cuda.device_count())]
         model, facts = load_layerwise(profile, model_dir, device, None, spread_over=gpus or None)
-    elif profile.model.loader == "layerwise" and not profile.model.trust_remote_code:
+    elif layerwise:
         model, facts = load_layerwise(profile, model_dir, device, _zero3_init_config(profile, model_dir))
     else:
         from transformers import AutoModelForCausalLM

@@ -403,9 +403,14 @@ class Phase:
 
 @dataclass(frozen=True)
 class Check:
-    name: str
+    resource: str  # "GPU memory", "host RAM"
+    phase: str  # "at load", "in training"
     need: int
     limit: int
+
+    @property
+    def name(self) -> str:
+        return f"{self.resource} {self.phase}"
 
     @property
     def checked(self) -> bool:
@@ -418,7 +423,7 @@ class Check:
 
     @property
     def ratio(self) -> float:
-        return self.need / self.limit if self.limit > 0 else 0.0
+        return self.need / self.limit if self.checked else 0.0
 
 
 @dataclass
@@ -443,12 +448,12 @@ class Estimate:
     @property
     def unchecked(self) -> list[str]:
         """Resources whose limit is unknown, so `fits` says nothing about them."""
-        return sorted({c.name.split(" at ")[0].split(" in ")[0] for c in self.checks if not c.checked})
+        return sorted({c.resource for c in self.checks if not c.checked})
 
     @property
     def binding(self) -> Check | None:
         """The failed check furthest over its limit, or (when it fits) the tightest one."""
-        known = [c for c in self.checks if c.limit > 0]
+        known = [c for c in self.checks if c.checked]
         if not known:
             return None
         return max(known, key=lambda c: c.ratio)
@@ -677,10 +682,10 @@ def estimate(inputs: Inputs, setup: Setup) -> Estimate:
     gpu_limit = int(setup.gpu_mem_gib * GiB * a.gpu_usable_fraction)
     host_limit = int(setup.host_ram_gib * GiB * a.host_usable_fraction)
     if setup.gpus:
-        checks.append(Check("GPU memory at load", load.gpu_peak, gpu_limit))
-        checks.append(Check("GPU memory in training", train.gpu_peak, gpu_limit))
-    checks.append(Check("host RAM at load", load.host_peak, host_limit))
-    checks.append(Check("host RAM in training", train.host_peak, host_limit))
+        checks.append(Check("GPU memory", "at load", load.gpu_peak, gpu_limit))
+        checks.append(Check("GPU memory", "in training", train.gpu_peak, gpu_limit))
+    checks.append(Check("host RAM", "at load", load.host_peak, host_limit))
+    checks.append(Check("host RAM", "in training", train.host_peak, host_limit))
     return Estimate(
         setup=setup,
         load=load,

@@ -59,6 +59,10 @@ class RunPaths:
         return self.control_dir / "stop"
 
     @property
+    def kill_request(self) -> Path:
+        return self.control_dir / "kill"
+
+    @property
     def checkpoints(self) -> Path:
         return self.root / "checkpoints"
 

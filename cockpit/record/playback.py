@@ -34,7 +34,7 @@ PREVIEW_MIN_BYTES = 8 * 2**20  # records smaller than this are read whole before
 PREVIEW_SAMPLES = 400  # lines sampled across each big file for the first frame
 PREVIEW_EDGE_BYTES = 32 * 1024  # read whole at each end of each file for the first frame
 OUTPUT_TAIL_BYTES = 64 * 1024
-_STEP_LINE = re.compile(rb"^step (\d+)/[^\n]*\n", re.MULTILINE)
+_STEP_LINE = re.compile(rb"^step \d+/[^\n]*\n", re.MULTILINE)
 
 
 @dataclass
@@ -82,7 +82,7 @@ class Playback:
         self._offsets: dict[Path, int] = {}
         self._load_total = self._load_done = 0
         self._log_scanned = 0
-        self._log_starts: list[int] = []
+        self._log_first_step: int | None = None  # where the first `step N/` line starts
         self._log_offsets: list[int] = []
 
     # --- loading ----------------------------------------------------------------------------------
@@ -385,9 +385,10 @@ class Playback:
             data = f.read(size - self._log_scanned)
             cut = data.rfind(b"\n") + 1
             for m in _STEP_LINE.finditer(data, 0, cut):
-                self._log_starts.append(self._log_scanned + m.start())
+                if self._log_first_step is None:
+                    self._log_first_step = self._log_scanned + m.start()
                 self._log_offsets.append(self._log_scanned + m.end())
             self._log_scanned += cut
         if steps == 0:
-            return self._log_starts[0] if self._log_starts else size
+            return size if self._log_first_step is None else self._log_first_step
         return self._log_offsets[min(steps, len(self._log_offsets)) - 1] if self._log_offsets else size

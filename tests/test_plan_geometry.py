@@ -10,9 +10,9 @@ import pytest
 import torch
 import transformers
 
-from cockpit.plan.geometry import geometry_from_config, kind_of
+from cockpit.contract import TINY_MODEL, kind_of
+from cockpit.plan.geometry import geometry_from_config
 from cockpit.plan.model import Precision
-from trainer.tiny import TINY_MODEL
 
 STORY_CONFIG = (
     Path(__file__).resolve().parent.parent / "profiles/models/qwen3-235b-a22b-thinking-2507/config.json"

@@ -31,11 +31,15 @@ from typing import Any
 import torch
 from torch import nn
 
-BLOCKSIZE = 64
-NESTED_BLOCKSIZES = (256, 128, 64)
-# Dequantized weights alive at once in the forward: experts are dequantized in chunks of this size.
-DEQUANT_CHUNK_BYTES = 512 * 1024**2
-STORAGE_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+from cockpit.contract import (
+    NF4_BLOCKSIZE,
+    PACKED_STORAGE_DTYPES,
+    dequant_chunk_experts,
+    packed_nested_blocksize,
+)
+
+BLOCKSIZE = NF4_BLOCKSIZE
+STORAGE_DTYPES = tuple(getattr(torch, name) for name in PACKED_STORAGE_DTYPES)
 log = logging.getLogger(__name__)
 
 
@@ -61,12 +65,7 @@ class PackedLayout:
 
     @property
     def nested(self) -> int:
-        for size in NESTED_BLOCKSIZES:
-            if self.blocks % size == 0:
-                return size
-        raise ValueError(
-            f"{self.blocks} blocks an expert: no nested block size in {NESTED_BLOCKSIZES} divides it"
-        )
+        return packed_nested_blocksize(self.blocks)
 
     @property
     def itemsize(self) -> int:
@@ -307,8 +306,9 @@ class NF4Experts(nn.Module):
                 # The audit counts the codes at the size of the weight they stand for, the scales as nothing.
                 param.cockpit_logical_numel = layout.experts * layout.numel if suffix == "nf4" else 0
                 self.register_parameter(f"{name}_{suffix}", param)
-        bytes_per_expert = 2 * sum(layout.numel for layout in self.layouts.values())
-        self.chunk_experts = max(1, min(num_experts, DEQUANT_CHUNK_BYTES // bytes_per_expert))
+        self.chunk_experts = dequant_chunk_experts(
+            num_experts, sum(layout.numel for layout in self.layouts.values())
+        )
         self.lora_r = 0
         self.lora_scaling = 0.0
         self.lora_dropout: nn.Module = nn.Identity()
@@ -331,8 +331,7 @@ class NF4Experts(nn.Module):
     ) -> None:
         """Quantize and store each fused weight from a per-expert source (`source(e)` -> [out, in])."""
         for name, layout in self.layouts.items():
-            bytes_per_expert = 2 * layout.numel
-            chunk = max(1, min(layout.experts, DEQUANT_CHUNK_BYTES // bytes_per_expert))
+            chunk = dequant_chunk_experts(layout.experts, layout.numel)
             packed = quantize_experts_nf4(sources[name], layout, device, chunk=chunk)
             for suffix, tensor in packed.items():
                 old = getattr(self, f"{name}_{suffix}")

@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 from trainer.experts4bit import NF4Experts, is_fused_experts
+from trainer.quant import DTYPES, bnb_config, experts_storage_dtype
 
 
 class Checkpoint:
@@ -231,8 +232,6 @@ def _bnb_linear_factory(
 ) -> Callable[[nn.Linear, torch.Tensor, torch.Tensor | None], nn.Module]:
     import bitsandbytes as bnb
 
-    from trainer.model import DTYPES
-
     compute, storage = DTYPES[q.compute_dtype], DTYPES[q.storage_dtype]
 
     def make(old: nn.Linear, weight: torch.Tensor, bias: torch.Tensor | None) -> nn.Module:
@@ -306,8 +305,6 @@ def load_layerwise(
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
     from transformers.utils.quantization_config import QuantizationMethod
 
-    from trainer.model import DTYPES, experts_storage_dtype
-
     q = profile.quantization
     t0 = time.time()
     config = AutoConfig.from_pretrained(model_dir)
@@ -362,8 +359,6 @@ def load_layerwise(
         # layer and the Trainer never tries to move the model.
         model.is_loaded_in_4bit = True
         model.quantization_method = QuantizationMethod.BITS_AND_BYTES
-        from trainer.model import bnb_config
-
         bnb: BitsAndBytesConfig = bnb_config(profile)
         model.config.quantization_config = bnb.to_dict()
     unused = [k for k in ckpt.unused() if not _beyond_depth(k, len(layers))]

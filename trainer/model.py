@@ -10,41 +10,9 @@ from typing import Any
 
 import torch
 
-from cockpit.plan.geometry import kind_of
+from cockpit.contract import kind_of
 from cockpit.profiles import Profile
-
-DTYPES = {
-    "bfloat16": torch.bfloat16,
-    "float16": torch.float16,
-    "float32": torch.float32,
-    "uint8": torch.uint8,
-}
-
-
-def bnb_config(profile: Profile) -> Any:
-    """The bitsandbytes config the profile asks for."""
-    from transformers import BitsAndBytesConfig
-
-    q = profile.quantization
-    return BitsAndBytesConfig(
-        load_in_4bit=True,
-        bnb_4bit_quant_type=q.quant_type,
-        bnb_4bit_use_double_quant=q.double_quant,
-        bnb_4bit_compute_dtype=DTYPES[q.compute_dtype],
-        bnb_4bit_quant_storage=DTYPES[q.storage_dtype],
-    )
-
-
-def experts_storage_dtype(profile: Profile) -> torch.dtype:
-    """The float dtype packed NF4 experts are stored in: the training dtype under bf16, else the profile's.
-
-    DeepSpeed casts float parameters that are not yet ZeRO parameters to the training dtype; packed bytes
-    survive only a cast to the dtype they already have.
-    """
-    if profile.training.bf16:
-        return torch.bfloat16
-    storage = DTYPES[profile.quantization.storage_dtype]
-    return storage if storage.is_floating_point else torch.float32
+from trainer.quant import DTYPES, bnb_config, experts_storage_dtype, uses_layerwise_loader
 
 
 def _zero3_init_config(profile: Profile, model_dir: str) -> dict[str, Any] | None:
@@ -78,7 +46,7 @@ def load_base(profile: Profile, model_dir: str, spread: bool = False) -> Any:
 
     q = profile.quantization
     device = load_device()
-    layerwise = profile.model.loader == "layerwise" and not profile.model.trust_remote_code
+    layerwise = uses_layerwise_loader(profile)
     if layerwise and spread:
         gpus = [torch.device("cuda", i) for i in range(torch.cuda.device_count())]
         model, facts = load_layerwise(profile, model_dir, device, None, spread_over=gpus or None)

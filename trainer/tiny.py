@@ -16,6 +16,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+from cockpit.contract import TINY_MODEL
 from trainer.tenants import generate
 
 ASSET_VERSION = 1
@@ -26,21 +27,6 @@ CHAT_TEMPLATE = (
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
 )
-TINY_MODEL = {
-    "vocab_size": 1024,
-    "hidden_size": 128,
-    "num_hidden_layers": 4,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "head_dim": 32,
-    "intermediate_size": 256,
-    "moe_intermediate_size": 256,
-    "num_experts": 16,
-    "num_experts_per_tok": 2,
-    "max_position_embeddings": 512,
-    "norm_topk_prob": True,
-    "tie_word_embeddings": False,
-}
 
 
 EMBED_STD = 0.1

@@ -21,9 +21,16 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from cockpit.contract import (
+    BNB_NESTED_BLOCKSIZE,
+    NF4_BLOCKSIZE,
+    PACKED_NESTED_BLOCKSIZES,
+    packed_nested_blocksize,
+)
+
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "uint8": 1, "int8": 1}
-BLOCKSIZE = 64
-NESTED_BLOCKSIZE = 256
+BLOCKSIZE = NF4_BLOCKSIZE
+NESTED_BLOCKSIZE = BNB_NESTED_BLOCKSIZE
 CODE_4BIT_BYTES = 16 * 4
 CODE_NESTED_BYTES = 256 * 4
 OFFSET_BYTES = 4
@@ -74,16 +81,15 @@ def four_bit(numel: int, double_quant: bool, storage_dtype: str = "uint8", quant
     return Stored(quant_type, packed * size, packed, size, state + CODE_4BIT_BYTES)
 
 
-# trainer/experts4bit.py: BLOCKSIZE, NESTED_BLOCKSIZES (the first that divides an expert's blocks).
-PACKED_NESTED = (256, 128, 64)
-
-
 def packed_experts(experts: int, out: int, inp: int, storage_dtype: str = "bfloat16") -> Stored:
     """A fused experts weight [experts, out, inp] as the trainer packs it (`PackedLayout.nbytes`)."""
     size = DTYPE_BYTES[storage_dtype]
     numel = out * inp
     blocks = math.ceil(numel / BLOCKSIZE)
-    nested = next((b for b in PACKED_NESTED if blocks % b == 0), PACKED_NESTED[-1])
+    try:
+        nested = packed_nested_blocksize(blocks)
+    except ValueError:  # the trainer refuses such a layout at load; plan its size all the same
+        nested = PACKED_NESTED_BLOCKSIZES[-1]
     codes = experts * math.ceil(numel / 2)
     scales = experts * blocks
     state = experts * 4 * (math.ceil(blocks / nested) + 1)

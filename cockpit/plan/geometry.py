@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cockpit.contract import kind_of
+
 KINDS = ("embeddings", "attention", "router", "experts", "dense_mlp", "norms", "lm_head")
 MOE_TYPES = ("qwen3_moe", "qwen2_moe", "mixtral")
 DENSE_TYPES = ("llama", "mistral", "qwen2", "qwen3")
@@ -21,28 +23,6 @@ DENSE_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 
 class GeometryError(ValueError):
     """A config.json the planner cannot read."""
-
-
-def kind_of(name: str) -> str:
-    """The kind of a parameter, by name; the trainer's audit counts with the same rules."""
-    n = name.lower()
-    if "lora_" in n:
-        return "lora"
-    if "embed_tokens" in n or "wte" in n:
-        return "embeddings"
-    if "lm_head" in n:
-        return "lm_head"
-    if "experts" in n:
-        return "experts"
-    if ".gate." in n or n.endswith(".gate.weight") or "router" in n:
-        return "router"
-    if "norm" in n:
-        return "norms"
-    if "self_attn" in n or "attention" in n:
-        return "attention"
-    if "mlp" in n:
-        return "dense_mlp"
-    return "other"
 
 
 @dataclass(frozen=True)

@@ -45,6 +45,7 @@ import math
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 
+from cockpit.contract import dequant_chunk_experts
 from cockpit.plan.formats import DTYPE_BYTES, Stored, four_bit, packed_experts, plain, pow2_ceil
 from cockpit.plan.geometry import ModelGeometry, TensorSpec
 
@@ -56,10 +57,6 @@ PERSISTENCE_PER_HIDDEN = 10  # stage3_param_persistence_threshold = 10 * hidden_
 # DeepSpeed NVMe offload defaults: 5 swap buffers of 1e8 elements; up to 1e9 elements kept in host RAM.
 NVME_BUFFERS = 5 * 100_000_000
 NVME_MAX_IN_CPU = 1_000_000_000
-# trainer/experts4bit.py DEQUANT_CHUNK_BYTES (derived, not fitted): experts are packed at load, and
-# dequantized in training, this many bytes of 16-bit weights at a time (counted at 2 bytes a weight).
-EXPERT_CHUNK_BYTES = 512 * 1024**2
-LOADERS = ("layerwise", "transformers")
 # Measured, not derived: bytes per logit alive at the training peak beyond the logits' own dtype (fp32
 # upcast for the loss and what the loss keeps). Fitted on the H200 slices (experts4bit_h200.md, seq 1024,
 # bf16): every one of the 8 configurations (bf16 or NF4 experts, with or without param offload, 1 or
@@ -123,7 +120,7 @@ class Precision:
     storage_dtype: str = "bfloat16"
     compute_dtype: str = "bfloat16"
     experts_4bit: bool = False
-    experts_storage_dtype: str = "bfloat16"  # trainer.model.experts_storage_dtype: bf16 when training in bf16
+    experts_storage_dtype: str = "bfloat16"  # cockpit.contract.experts_storage_dtype
 
     def packs_experts(self, t: TensorSpec) -> bool:
         return self.experts_4bit and t.kind == "experts" and len(t.shape) == 3
@@ -273,7 +270,7 @@ class Weights:
         Derived from `trainer/loader.py` and `trainer/experts4bit.py`, tensor by tensor in order: what is
         already loaded of the unit stays whole; a `Linear4bit` weight is copied to the GPU in the compute
         dtype and quantized there; a packed experts weight allocates its packed tensors whole, then
-        streams `chunk` experts (EXPERT_CHUNK_BYTES of 16-bit weights): the per-expert copies and their
+        streams `chunk` experts (`cockpit.contract.dequant_chunk_experts`): the per-expert copies and their
         stack coexist (2 chunks in the checkpoint dtype), beside the previous chunk's quantize outputs
         (codes, fp32 absmax, 8-bit absmax) that are still referenced. On the H200 (1 layer of the story
         geometry) this gives 2,379 MiB against 2,378 MiB measured (`cuda_peak_per_layer_mib`).
@@ -283,7 +280,7 @@ class Weights:
         for t, s in self.by_block.get(block, []):
             if s.fmt == "nf4-packed":
                 per_expert = t.numel // t.shape[0]
-                chunk = max(1, min(t.shape[0], EXPERT_CHUNK_BYTES // (2 * per_expert)))
+                chunk = dequant_chunk_experts(t.shape[0], per_expert)
                 m = chunk * per_expert
                 transient = 2 * m * ckpt + m // 2 + 4 * m // 64 + m // 64
                 peak = max(peak, held + s.data_bytes + transient)
@@ -314,7 +311,7 @@ class Weights:
 
     def dequant_chunk_bytes(self) -> int:
         """16-bit weights of the experts one forward (or backward) chunk dequantizes at once
-        (`NF4Experts.chunk_experts`: EXPERT_CHUNK_BYTES over both fused weights of an expert)."""
+        (`NF4Experts.chunk_experts`: `cockpit.contract.dequant_chunk_experts` over both fused weights)."""
         per_expert = {}
         for t, s in self.items:
             if s.fmt == "nf4-packed":
@@ -323,7 +320,7 @@ class Weights:
             return 0
         numel = max(per_expert.values())
         experts = self.geometry.experts
-        chunk = max(1, min(experts, EXPERT_CHUNK_BYTES // (2 * numel)))
+        chunk = dequant_chunk_experts(experts, numel)
         return chunk * numel * self.precision.act_bytes
 
     def largest_tensor(self) -> int:

@@ -10,11 +10,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from cockpit.contract import LOADERS, TINY_MODEL, experts_storage_dtype, loader_of
 from cockpit.plan.formats import bytes_per_param_4bit, four_bit, plain
 from cockpit.plan.geometry import KINDS, GeometryError, ModelGeometry, geometry_from_config, load_geometry
 from cockpit.plan.hardware import Hardware, resolve_hardware
 from cockpit.plan.model import (
-    LOADERS,
     OFFLOAD_MODES,
     Assumptions,
     Estimate,
@@ -40,8 +40,6 @@ def resolve_geometry(profile: Profile) -> ModelGeometry:
         if profile.model.config:
             return load_geometry(profile.model.config, name)
         if profile.model.path.startswith(BUILTIN_PREFIX):
-            from trainer.tiny import TINY_MODEL  # a constant: importing it builds nothing
-
             return geometry_from_config({"model_type": "qwen3_moe", **TINY_MODEL}, name)
         return load_geometry(profile.model.path, name)
     except GeometryError as exc:
@@ -61,25 +59,12 @@ def inputs_for(profile: Profile, geometry: ModelGeometry, assumptions: Assumptio
             storage_dtype=q.storage_dtype,
             compute_dtype=q.compute_dtype,
             experts_4bit=q.quantize_experts,
-            experts_storage_dtype=_experts_storage(profile),
+            experts_storage_dtype=experts_storage_dtype(profile.training.bf16, q.storage_dtype),
         ),
         lora_targets=tuple(profile.lora.target_modules),
         lora_r=profile.lora.r,
         assumptions=assumptions or Assumptions(),
     )
-
-
-def _experts_storage(profile: Profile) -> str:
-    """trainer.model.experts_storage_dtype: the training dtype under bf16, else a float storage dtype."""
-    if profile.training.bf16:
-        return "bfloat16"
-    storage = profile.quantization.storage_dtype
-    return storage if storage != "uint8" else "float32"
-
-
-def loader_of(profile: Profile) -> str:
-    """The loader the trainer uses: `model.loader`, except that remote code goes through from_pretrained."""
-    return "transformers" if profile.model.trust_remote_code else profile.model.loader
 
 
 def setup_for(profile: Profile, hw: Hardware) -> Setup:
@@ -90,7 +75,7 @@ def setup_for(profile: Profile, hw: Hardware) -> Setup:
         stage=ds.stage,
         offload_param=ds.offload_param,
         offload_optimizer=ds.offload_optimizer,
-        loader=loader_of(profile),
+        loader=loader_of(profile.model.loader, profile.model.trust_remote_code),
         seq_len=t.seq_len,
         micro_batch=t.micro_batch_size,
         grad_ckpt=t.gradient_checkpointing,

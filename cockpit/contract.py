@@ -1,0 +1,96 @@
+"""What the trainer does, stated once: the planner predicts it and the trainer does it, both from here.
+
+Torch-free on purpose: `cockpit.plan` reads these numbers to count bytes and time, `trainer/` reads the
+same numbers to lay out tensors and pick code paths, and `tests/test_contract.py` checks that the two
+agree on real tensors. A trainer change that would make the plan drift changes this file instead.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+# --- NF4 storage -------------------------------------------------------------------------------------
+# 64 weights share one absmax scale (bitsandbytes' blocksize, for Linear4bit and our packed experts).
+NF4_BLOCKSIZE = 64
+# bitsandbytes' double quantization of Linear4bit scales: 8-bit blocks of 256 scales.
+BNB_NESTED_BLOCKSIZE = 256
+# The trainer's packed experts double-quantize per expert, with the first of these that divides an
+# expert's number of blocks (blocks never straddle two experts).
+PACKED_NESTED_BLOCKSIZES = (256, 128, 64)
+# Experts are quantized at load and dequantized in training this many bytes of 16-bit weights at a time.
+DEQUANT_CHUNK_BYTES = 512 * 1024**2
+# Float dtypes packed 4-bit bytes may be stored in (DeepSpeed moves float parameters' bytes untouched).
+PACKED_STORAGE_DTYPES = ("bfloat16", "float16", "float32")
+
+# --- the loader --------------------------------------------------------------------------------------
+LOADERS = ("layerwise", "transformers")
+
+# --- the built-in tiny model (trainer/tiny.py builds it; the planner plans it) --------------------------
+TINY_MODEL: dict[str, Any] = {
+    "vocab_size": 1024,
+    "hidden_size": 128,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 32,
+    "intermediate_size": 256,
+    "moe_intermediate_size": 256,
+    "num_experts": 16,
+    "num_experts_per_tok": 2,
+    "max_position_embeddings": 512,
+    "norm_topk_prob": True,
+    "tie_word_embeddings": False,
+}
+
+
+def packed_nested_blocksize(blocks: int) -> int:
+    """The nested block size of one expert's `blocks` scales; ValueError when none divides them."""
+    for size in PACKED_NESTED_BLOCKSIZES:
+        if blocks % size == 0:
+            return size
+    raise ValueError(
+        f"{blocks} blocks an expert: no nested block size in {PACKED_NESTED_BLOCKSIZES} divides it"
+    )
+
+
+def dequant_chunk_experts(num_experts: int, numel_per_expert: int) -> int:
+    """Experts dequantized at once when each holds `numel_per_expert` 16-bit weights."""
+    return max(1, min(num_experts, DEQUANT_CHUNK_BYTES // (2 * numel_per_expert)))
+
+
+def experts_storage_dtype(bf16: bool, storage_dtype: str) -> str:
+    """The float dtype packed NF4 experts are stored in: the training dtype under bf16, else the profile's.
+
+    DeepSpeed casts float parameters that are not yet ZeRO parameters to the training dtype; packed bytes
+    survive only a cast to the dtype they already have.
+    """
+    if bf16:
+        return "bfloat16"
+    return storage_dtype if storage_dtype in PACKED_STORAGE_DTYPES else "float32"
+
+
+def loader_of(loader: str, trust_remote_code: bool) -> str:
+    """The loader the trainer uses: `model.loader`, except that remote code goes through from_pretrained."""
+    return "transformers" if trust_remote_code else loader
+
+
+def kind_of(name: str) -> str:
+    """The kind of a parameter, by name: the plan's groups and the trainer's audit count with these rules."""
+    n = name.lower()
+    if "lora_" in n:
+        return "lora"
+    if "embed_tokens" in n or "wte" in n:
+        return "embeddings"
+    if "lm_head" in n:
+        return "lm_head"
+    if "experts" in n:
+        return "experts"
+    if ".gate." in n or n.endswith(".gate.weight") or "router" in n:
+        return "router"
+    if "norm" in n:
+        return "norms"
+    if "self_attn" in n or "attention" in n:
+        return "attention"
+    if "mlp" in n:
+        return "dense_mlp"
+    return "other"

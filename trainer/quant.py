@@ -1,0 +1,45 @@
+"""The profile's quantization settings as torch and bitsandbytes objects (no model code here).
+
+Both the model builder (`trainer.model`) and the layer-by-layer loader (`trainer.loader`) read these,
+so neither imports the other for them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from cockpit import contract
+from cockpit.profiles import Profile
+
+DTYPES = {
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+    "float32": torch.float32,
+    "uint8": torch.uint8,
+}
+
+
+def bnb_config(profile: Profile) -> Any:
+    """The bitsandbytes config the profile asks for."""
+    from transformers import BitsAndBytesConfig
+
+    q = profile.quantization
+    return BitsAndBytesConfig(
+        load_in_4bit=True,
+        bnb_4bit_quant_type=q.quant_type,
+        bnb_4bit_use_double_quant=q.double_quant,
+        bnb_4bit_compute_dtype=DTYPES[q.compute_dtype],
+        bnb_4bit_quant_storage=DTYPES[q.storage_dtype],
+    )
+
+
+def experts_storage_dtype(profile: Profile) -> torch.dtype:
+    """The float dtype packed NF4 experts are stored in (`cockpit.contract.experts_storage_dtype`)."""
+    return DTYPES[contract.experts_storage_dtype(profile.training.bf16, profile.quantization.storage_dtype)]
+
+
+def uses_layerwise_loader(profile: Profile) -> bool:
+    """True when the trainer loads layer by layer (`cockpit.contract.loader_of`)."""
+    return contract.loader_of(profile.model.loader, profile.model.trust_remote_code) == "layerwise"

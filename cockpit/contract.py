@@ -22,6 +22,10 @@ DEQUANT_CHUNK_BYTES = 512 * 1024**2
 # Float dtypes packed 4-bit bytes may be stored in (DeepSpeed moves float parameters' bytes untouched).
 PACKED_STORAGE_DTYPES = ("bfloat16", "float16", "float32")
 
+# --- the loss ------------------------------------------------------------------------------------------
+# The head's logits are computed this many bytes (fp32) at a time, never whole (trainer/loss.py).
+LOSS_CHUNK_BYTES = 256 * 1024**2
+
 # --- the loader --------------------------------------------------------------------------------------
 LOADERS = ("layerwise", "transformers")
 
@@ -56,6 +60,11 @@ def packed_nested_blocksize(blocks: int) -> int:
 def dequant_chunk_experts(num_experts: int, numel_per_expert: int) -> int:
     """Experts dequantized at once when each holds `numel_per_expert` 16-bit weights."""
     return max(1, min(num_experts, DEQUANT_CHUNK_BYTES // (2 * numel_per_expert)))
+
+
+def loss_chunk_rows(vocab_size: int) -> int:
+    """Target rows whose fp32 logits are alive at once in the chunked loss."""
+    return max(64, LOSS_CHUNK_BYTES // (4 * vocab_size))
 
 
 def experts_storage_dtype(bf16: bool, storage_dtype: str) -> str:

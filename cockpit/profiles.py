@@ -95,6 +95,11 @@ class DeepSpeedSpec(_Section):
     offload_param: Literal["none", "cpu", "nvme"] = "cpu"
     offload_optimizer: Literal["none", "cpu", "nvme"] = "cpu"
     nvme_path: str = ""
+    prefetch_layers: Annotated[float, Field(ge=0)] = Field(
+        default=0.0,
+        description="ZeRO-3 prefetch bucket in decoder layers (the next layer's weights fetched while this "
+        "one computes); 0: DeepSpeed's size from the hidden size.",
+    )
 
     @model_validator(mode="after")
     def _offload_needs_stage(self) -> DeepSpeedSpec:
@@ -120,6 +125,19 @@ class TrainingSpec(_Section):
     max_grad_norm: PositiveFloat = 1.0
     gradient_checkpointing: bool = True
     bf16: bool = True
+    packing: bool = Field(
+        default=True,
+        description="Pack several examples into each sequence of seq_len tokens (positions restart, "
+        "attention never crosses an example); false: one example a sequence, padded.",
+    )
+    chunked_loss: bool = Field(
+        default=True,
+        description="Compute the head's logits and loss a few hundred tokens at a time, only where there "
+        "is a target, so the vocabulary-wide logits are never whole in memory.",
+    )
+    attention: Literal["sdpa", "eager", "flex_attention"] = Field(
+        default="sdpa", description="Transformers attention implementation."
+    )
     save_steps: NonNegInt = Field(
         default=0, description="Checkpoint every N optimizer steps; 0 = only at the end."
     )
@@ -137,6 +155,14 @@ class DataSpec(_Section):
     train_examples_per_tenant: PositiveInt = 320
     eval_examples_per_tenant: PositiveInt = 40
     seed: int = 0
+    examples: NonNegInt = Field(
+        default=0,
+        description="Training examples, for plans and rehearsals where the data file is not (0: unknown).",
+    )
+    mean_tokens: NonNegInt = Field(
+        default=0,
+        description="Mean tokens an example, for plans and rehearsals made where the data file is not.",
+    )
 
 
 class EvalSpec(_Section):

@@ -10,6 +10,7 @@ import argparse
 import os
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,11 @@ def resolve_assets(profile: Profile) -> tuple[str, Path]:
     return model_dir, Path(data.source)
 
 
+# COCKPIT_BARE_TRAINER=1: no step events, no stop checks, no per-step logging (the overhead benchmark's
+# control run; a real run never sets it).
+BARE = os.environ.get("COCKPIT_BARE_TRAINER") == "1"
+
+
 def _rank() -> int:
     return int(os.environ.get("RANK", "0"))
 
@@ -40,12 +46,26 @@ def _local_rank() -> int:
     return int(os.environ.get("LOCAL_RANK", "0"))
 
 
+@dataclass(frozen=True)
+class Rehearsal:
+    """A rehearsal depth: the profile's architecture sliced to `layers`, random weights, `steps` steps.
+
+    Its step events are numbered after `step_offset` (the steps of the depths before it), so one record
+    holds every depth on one axis.
+    """
+
+    layers: int
+    steps: int
+    step_offset: int = 0
+
+
 class Recipe:
     """QLoRA fine-tuning under DeepSpeed ZeRO-3, writing every fact to the run record."""
 
-    def __init__(self, run_dir: Path, resume: bool) -> None:
+    def __init__(self, run_dir: Path, resume: bool, rehearsal: Rehearsal | None = None) -> None:
         self.paths = RunPaths(run_dir)
         self.resume = resume
+        self.rehearsal = rehearsal
         manifest = load_manifest(run_dir)
         self.profile: Profile = parse_profile(manifest["profile"], str(self.paths.manifest))
         self.rank = _rank()
@@ -66,6 +86,9 @@ class Recipe:
         from trainer.ds_config import deepspeed_config
 
         t = self.profile.training
+        max_steps, save_steps = t.max_steps, t.save_steps
+        if self.rehearsal is not None:  # a few steps, then one checkpoint (its save is timed)
+            max_steps = save_steps = self.rehearsal.steps
         return TrainingArguments(
             output_dir=str(self.paths.checkpoints),
             per_device_train_batch_size=t.micro_batch_size,
@@ -75,12 +98,12 @@ class Recipe:
             warmup_steps=t.warmup_ratio,
             lr_scheduler_type=t.lr_scheduler,
             num_train_epochs=t.epochs,
-            max_steps=t.max_steps,
+            max_steps=max_steps,
             max_grad_norm=t.max_grad_norm,
-            logging_steps=1,
+            logging_steps=10**9 if BARE else 1,
             logging_first_step=True,
-            save_strategy="steps" if t.save_steps else "no",
-            save_steps=t.save_steps or 500,
+            save_strategy="steps" if save_steps else "no",
+            save_steps=save_steps or 500,
             save_total_limit=t.save_total_limit,
             bf16=t.bf16,
             seed=t.seed,
@@ -92,55 +115,137 @@ class Recipe:
             dataloader_num_workers=0,
         )
 
-    def setup(self) -> None:
-        from transformers import AutoTokenizer, DataCollatorForSeq2Seq, Trainer
-        from transformers.trainer_callback import PrinterCallback
+    def model_dir(self) -> str:
+        """Where the model's config (and, outside a rehearsal, its weights and tokenizer) are.
+
+        A rehearsal needs only the config: `model.config` when `model.path` is not on this machine.
+        """
+        model_dir, _ = resolve_assets(self.profile)
+        here = (Path(model_dir) / "config.json").is_file()
+        if self.rehearsal is not None and not here and self.profile.model.config:
+            return str(Path(self.profile.model.config).parent)
+        return model_dir
+
+    def train_rows(self, model_dir: str) -> tuple[list[dict[str, list[int]]], Any]:
+        """The training rows (packed when the profile says so) and the tokenizer, if there is one.
+
+        A rehearsal uses the real examples when the data file and tokenizer are here, else random-token
+        examples of `data.mean_tokens` (else `seq_len`) tokens, enough for its steps.
+        """
+        from transformers import AutoConfig, AutoTokenizer
 
         from trainer import data as data_mod
+        from trainer.packing import pack_rows, packing_efficiency
+
+        t, d = self.profile.training, self.profile.data
+        _, data_file = resolve_assets(self.profile)
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        except (OSError, ValueError):
+            if self.rehearsal is None:
+                raise
+            tokenizer = None
+        if tokenizer is not None and data_file.is_file():
+            rows = data_mod.train_dataset(tokenizer, data_mod.load_examples(data_file), t.seq_len)
+            source = str(data_file)
+        elif self.rehearsal is not None:
+            vocab = AutoConfig.from_pretrained(model_dir).get_text_config().vocab_size
+            mean = d.mean_tokens or t.seq_len
+            per_row = max(1, t.seq_len // mean) if t.packing else 1
+            count = (
+                t.micro_batch_size * t.grad_accum * self.profile.world_size * self.rehearsal.steps * per_row
+            )
+            spread = 0.5 if d.mean_tokens else 0.0  # no mean given: every example fills a sequence
+            rows = data_mod.synthetic_rows(vocab, 2 * count, mean, t.seq_len, seed=t.seed, spread=spread)
+            source = f"random tokens, {mean} a mean example" + (" (±50%)" if spread else "")
+        else:
+            raise FileNotFoundError(f"{data_file}: no such data file")
+        examples = len(rows)
+        tokens = sum(len(r["input_ids"]) for r in rows)
+        targets = sum(sum(1 for x in r["labels"][1:] if x != -100) for r in rows)
+        if t.packing:
+            rows = pack_rows(rows, t.seq_len, seed=t.seed)
+        self.events.write(
+            "data",
+            source=source,
+            examples=examples,
+            tokens=tokens,
+            target_fraction=round(targets / max(1, tokens), 4),
+            rows=len(rows),
+            packing=t.packing,
+            fill=round(packing_efficiency(rows, t.seq_len), 4) if t.packing else None,
+        )
+        return rows, tokenizer
+
+    def collator(self, tokenizer: Any) -> Any:
+        from transformers import DataCollatorForSeq2Seq
+
+        from trainer.packing import PackedCollator
+
+        pad = getattr(tokenizer, "pad_token_id", None) if tokenizer is not None else None
+        if self.profile.training.packing:
+            return PackedCollator(pad if pad is not None else 0)
+        return DataCollatorForSeq2Seq(tokenizer, padding=True, label_pad_token_id=-100, pad_to_multiple_of=8)
+
+    def setup(self) -> None:
+        from transformers import Trainer
+        from transformers.trainer_callback import PrinterCallback
+
         from trainer import model as model_mod
         from trainer.callbacks import (
             FaultInjectionCallback,
+            ProfilerCallback,
             RecordCallback,
             StopRequestCallback,
             memory_fields,
         )
 
         self.phase("setup")
-        model_dir, data_file = resolve_assets(self.profile)
-        tokenizer = AutoTokenizer.from_pretrained(model_dir)
-        examples = data_mod.load_examples(data_file)
-        train_set = data_mod.train_dataset(tokenizer, examples, self.profile.training.seq_len)
+        model_dir = self.model_dir()
+        train_set, tokenizer = self.train_rows(model_dir)
         # TrainingArguments first: it registers the DeepSpeed config that from_pretrained consults.
         args = self.training_args()
 
         self.phase("load", model=model_dir, train_examples=len(train_set))
         t0 = time.time()
-        base = model_mod.load_base(self.profile, model_dir)
+        layers = self.rehearsal.layers if self.rehearsal is not None else None
+        base = model_mod.load_base(self.profile, model_dir, random_layers=layers)
         partitioned_at_load = any(hasattr(p, "ds_id") for p in base.parameters())
+        training_facts = model_mod.configure_training(self.profile, base)
         model = model_mod.attach_lora(self.profile, base)
         self._load_facts = {
             "load_s": round(time.time() - t0, 2),
             "partitioned_at_load": partitioned_at_load,
             **getattr(base, "cockpit_load_facts", {}),
+            **training_facts,
         }
         self.events.write("loaded", **self._load_facts, **memory_fields())
         self.model = model
 
+        self.stop_callback = StopRequestCallback(self.paths.stop_request, self.events)
         callbacks: list[Any] = [
-            RecordCallback(self.events, self.audit, self.samples_per_step(args)),
-            StopRequestCallback(self.paths.stop_request, self.events),
+            RecordCallback(
+                self.events,
+                self.audit,
+                self.samples_per_step(args),
+                step_offset=self.rehearsal.step_offset if self.rehearsal else 0,
+            ),
+            self.stop_callback,
         ]
+        if BARE:  # the speed benchmark's control: what the trainer costs without the cockpit's callbacks
+            callbacks = []
         fault = FaultInjectionCallback.from_env()
         if fault is not None:
             callbacks.append(fault)
-        self.stop_callback = callbacks[1]
+        profiler = ProfilerCallback.from_env(self.events, self.paths.root / "profile")
+        if profiler is not None:
+            callbacks.append(profiler)
         self.trainer = Trainer(
             model=model,
             args=args,
             train_dataset=train_set,
-            data_collator=DataCollatorForSeq2Seq(
-                tokenizer, padding=True, label_pad_token_id=-100, pad_to_multiple_of=8
-            ),
+            data_collator=self.collator(tokenizer),
+            processing_class=tokenizer,
             callbacks=callbacks,
         )
         # Our step line says the same in one readable line; HF's printed dict would double the log.
@@ -190,7 +295,14 @@ class Recipe:
                 "resume", checkpoint=checkpoint, skipped_incomplete=[str(p) for p in incomplete]
             )
         self.phase("train")
-        self.trainer.train(resume_from_checkpoint=checkpoint)
+        result = self.trainer.train(resume_from_checkpoint=checkpoint)
+        self.events.write(
+            "train_end",
+            train_runtime_s=result.metrics.get("train_runtime"),
+            steps=self.trainer.state.global_step,
+            tokens=self.trainer.state.num_input_tokens_seen,
+            bare=BARE,
+        )
         return "stopped" if self.stop_callback.stopped_at is not None else "finished"
 
     def save(self) -> None:
@@ -234,11 +346,21 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m trainer", description=__doc__)
     parser.add_argument("--run-dir", required=True, type=Path, help="the run directory (holds run.json)")
     parser.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
+    parser.add_argument(
+        "--rehearse-layers", type=int, help="a rehearsal: the architecture sliced to N layers, random weights"
+    )
+    parser.add_argument("--rehearse-steps", type=int, default=6, help="steps of a rehearsal depth")
+    parser.add_argument(
+        "--step-offset", type=int, default=0, help="steps of the rehearsal depths before this one"
+    )
     args, _unknown = parser.parse_known_args(argv)  # the launcher may append --local_rank
-    recipe = Recipe(args.run_dir, args.resume)
+    rehearsal = None
+    if args.rehearse_layers is not None:
+        rehearsal = Rehearsal(args.rehearse_layers, args.rehearse_steps, args.step_offset)
+    recipe = Recipe(args.run_dir, args.resume, rehearsal)
     recipe.setup()
     outcome = recipe.train()
-    if outcome == "finished":
+    if outcome == "finished" and rehearsal is None:
         recipe.save()
     recipe.cleanup(outcome)
     return 0

@@ -42,15 +42,21 @@ class RecordCallback(TrainerCallback):
     """Writes `load_peak`, `audit`, `train_begin`, `step` and `checkpoint` events for this rank."""
 
     def __init__(
-        self, writer: EventWriter, audit: Callable[[], dict[str, Any]], samples_per_step: int
+        self,
+        writer: EventWriter,
+        audit: Callable[[], dict[str, Any]],
+        samples_per_step: int,
+        step_offset: int = 0,
     ) -> None:
         self.writer = writer
+        self.step_offset = step_offset
         self.audit = audit
         self.samples_per_step = samples_per_step
         self._step_start = 0.0
         self._tokens_before = 0
         self._step_times: list[float] = []
         self._pending: dict[str, float] = {}
+        self._logged_at = 0.0  # when the last step event was written: a save that follows is timed from it
         self.is_main = True
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
@@ -66,9 +72,9 @@ class RecordCallback(TrainerCallback):
                 print(f"[cockpit] AUDIT WARNING: {warning}", flush=True)
         self.writer.write(
             "train_begin",
-            max_steps=state.max_steps,
+            max_steps=state.max_steps + self.step_offset,
             num_train_epochs=args.num_train_epochs,
-            start_step=state.global_step,
+            start_step=state.global_step + self.step_offset,
             world_size=args.world_size,
             micro_batch_size=args.per_device_train_batch_size,
             grad_accum=args.gradient_accumulation_steps,
@@ -101,8 +107,8 @@ class RecordCallback(TrainerCallback):
             return
         event = self.writer.write(
             "step",
-            step=state.global_step,
-            max_steps=state.max_steps,
+            step=state.global_step + self.step_offset,
+            max_steps=state.max_steps + self.step_offset,
             epoch=round(state.epoch or 0.0, 4),
             loss=logs["loss"],
             learning_rate=logs.get("learning_rate"),
@@ -113,15 +119,22 @@ class RecordCallback(TrainerCallback):
         if self.is_main:
             median = statistics.median(self._step_times[-50:]) if self._step_times else 0.0
             print(
-                f"step {event['step']}/{state.max_steps} loss {event['loss']:.4f} "
+                f"step {event['step']}/{event['max_steps']} loss {event['loss']:.4f} "
                 f"lr {event['learning_rate'] or 0:.2e} {event.get('tokens_per_s', 0):.0f} tok/s "
                 f"({median:.2f} s/step)",
                 flush=True,
             )
+        self._logged_at = time.perf_counter()
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         path = Path(args.output_dir) / f"checkpoint-{state.global_step}"
-        self.writer.write("checkpoint", step=state.global_step, path=str(path))
+        save_s = time.perf_counter() - self._logged_at if self._logged_at else None
+        self.writer.write(
+            "checkpoint",
+            step=state.global_step + self.step_offset,
+            path=str(path),
+            save_s=round(save_s, 3) if save_s is not None else None,
+        )
         self.writer.sync()
 
 
@@ -190,3 +203,63 @@ class FaultInjectionCallback(TrainerCallback):
         if self.kind == "exit":
             sys.stdout.flush()
             os._exit(3)
+
+
+class ProfilerCallback(TrainerCallback):
+    """Profiles optimizer steps `first`..`last` with `torch.profiler` and writes one `profile` event.
+
+    On when `COCKPIT_PROFILE_STEPS=first:last` is set (the speed benchmarks set it): the event says
+    where each step's time went (`trainer.trace_summary`). The device is synchronized at both ends, so
+    the profiled steps' wall time is exact; the trace itself is kept only with `COCKPIT_PROFILE_KEEP=1`.
+    """
+
+    def __init__(self, first: int, last: int, writer: EventWriter, out_dir: Path) -> None:
+        self.first, self.last = first, last
+        self.writer = writer
+        self.out_dir = out_dir
+        self._profiler: Any = None
+        self._t0 = 0.0
+
+    @classmethod
+    def from_env(cls, writer: EventWriter, out_dir: Path) -> ProfilerCallback | None:
+        spec = os.environ.get("COCKPIT_PROFILE_STEPS", "")
+        if not spec:
+            return None
+        first, _, last = spec.partition(":")
+        return cls(int(first), int(last or first), writer, out_dir)
+
+    @staticmethod
+    def _sync() -> None:
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+
+    def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self._profiler is None and state.global_step + 1 == self.first:
+            from torch.profiler import ProfilerActivity, profile
+
+            activities = [ProfilerActivity.CPU]
+            if torch.cuda.is_available():
+                activities.append(ProfilerActivity.CUDA)
+            self._sync()
+            self._profiler = profile(activities=activities)
+            self._profiler.__enter__()
+            self._t0 = time.perf_counter()
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self._profiler is None or state.global_step != self.last:
+            return
+        import json
+
+        from trainer.trace_summary import summarize_trace
+
+        self._sync()
+        wall = time.perf_counter() - self._t0
+        self._profiler.__exit__(None, None, None)
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        path = self.out_dir / f"trace-rank{self.writer.rank or 0}.json"
+        self._profiler.export_chrome_trace(str(path))
+        summary = summarize_trace(json.loads(path.read_text()), self.last - self.first + 1, wall)
+        if os.environ.get("COCKPIT_PROFILE_KEEP") != "1":
+            path.unlink()
+        self.writer.write("profile", first_step=self.first, last_step=self.last, **summary)
+        self._profiler = None

@@ -95,3 +95,30 @@ def train_dataset(tokenizer: Any, examples: list[dict[str, Any]], seq_len: int) 
             {"input_ids": tok.input_ids, "labels": tok.labels, "attention_mask": [1] * len(tok.input_ids)}
         )
     return rows
+
+
+def synthetic_rows(
+    vocab_size: int,
+    count: int,
+    mean_tokens: int,
+    seq_len: int,
+    seed: int = 0,
+    prompt_fraction: float = 0.5,
+    spread: float = 0.5,
+) -> list[dict[str, list[int]]]:
+    """Random-token examples for a rehearsal where the real data is not at hand.
+
+    Lengths are uniform within ±`spread` of `mean_tokens` (at most `seq_len`); the first
+    `prompt_fraction` of each example is prompt (no target), as in chat data where the answer follows
+    the question.
+    """
+    import random
+
+    rng = random.Random(seed)
+    rows = []
+    for _ in range(count):
+        n = max(2, min(seq_len, round(mean_tokens * rng.uniform(1 - spread, 1 + spread))))
+        ids = [rng.randrange(vocab_size) for _ in range(n)]
+        cut = int(n * prompt_fraction)
+        rows.append({"input_ids": ids, "labels": [-100] * cut + ids[cut:], "attention_mask": [1] * n})
+    return rows

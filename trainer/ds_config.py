@@ -16,8 +16,24 @@ def _offload(device: str, profile: Profile) -> dict[str, Any] | None:
     return section
 
 
+def layer_elements(profile: Profile) -> int:
+    """Stored elements of the model's largest decoder layer (what ZeRO-3 gathers for it), from the plan."""
+    from cockpit.plan.model import Weights
+    from cockpit.plan.planner import inputs_for, resolve_geometry
+
+    inputs = inputs_for(profile, resolve_geometry(profile))
+    _, nbytes = Weights.of(inputs.geometry, inputs.precision).largest_layer()
+    return nbytes // 2  # ZeRO-3 counts elements of the 16-bit storage dtype
+
+
 def deepspeed_config(profile: Profile) -> dict[str, Any]:
-    """A ZeRO config with the profile's stage and offload (DeepSpeed rejects unknown keys: none added)."""
+    """A ZeRO config with the profile's stage and offload (DeepSpeed rejects unknown keys: none added).
+
+    `deepspeed.prefetch_layers` sizes the ZeRO-3 prefetch bucket in decoder layers, so the next layer's
+    weights are fetched (copied from the host, with parameter offload) while this one computes. Without
+    optimizer offload the optimizer is torch's AdamW (`torch_adam`): DeepSpeed's own fused Adam would be
+    compiled on first use, a minute of nvcc on every fresh machine.
+    """
     ds = profile.deepspeed
     zero: dict[str, Any] = {
         "stage": ds.stage,
@@ -33,6 +49,8 @@ def deepspeed_config(profile: Profile) -> dict[str, Any]:
                 "stage3_gather_16bit_weights_on_model_save": True,
             }
         )
+        if ds.prefetch_layers:
+            zero["stage3_prefetch_bucket_size"] = int(ds.prefetch_layers * layer_elements(profile))
     for key, device in (("offload_param", ds.offload_param), ("offload_optimizer", ds.offload_optimizer)):
         section = _offload(device, profile)
         if section is not None:
@@ -42,7 +60,13 @@ def deepspeed_config(profile: Profile) -> dict[str, Any]:
         "bf16": {"enabled": "auto"},
         "optimizer": {
             "type": "AdamW",
-            "params": {"lr": "auto", "betas": "auto", "eps": "auto", "weight_decay": "auto"},
+            "params": {
+                "lr": "auto",
+                "betas": "auto",
+                "eps": "auto",
+                "weight_decay": "auto",
+                **({"torch_adam": True} if ds.offload_optimizer == "none" else {}),
+            },
         },
         "gradient_clipping": "auto",
         "train_micro_batch_size_per_gpu": "auto",
@@ -64,8 +88,9 @@ def zero_init_config(profile: Profile, hidden_size: int) -> dict[str, Any]:
     t = profile.training
     zero = dict(config["zero_optimization"])
     zero["reduce_bucket_size"] = hidden_size * hidden_size
-    if zero.get("stage") == 3:
+    if zero.get("stage") == 3 and zero["stage3_prefetch_bucket_size"] == "auto":
         zero["stage3_prefetch_bucket_size"] = int(0.9 * hidden_size * hidden_size)
+    if zero.get("stage") == 3:
         zero["stage3_param_persistence_threshold"] = 10 * hidden_size
     return {
         "zero_optimization": zero,

@@ -29,6 +29,7 @@ from torch import nn
 
 from trainer.experts4bit import NF4Experts, is_fused_experts
 from trainer.quant import DTYPES, bnb_config, experts_storage_dtype
+from trainer.random_weights import RandomWeights, sliced_config
 
 
 class Checkpoint:
@@ -115,7 +116,7 @@ class LayerwiseLoader:
 
     def __init__(
         self,
-        ckpt: Checkpoint,
+        ckpt: Checkpoint | RandomWeights,
         device: torch.device,
         compute_dtype: torch.dtype,
         quantize_linear: Callable[[nn.Linear, torch.Tensor, torch.Tensor | None], nn.Module] | None,
@@ -295,11 +296,15 @@ def load_layerwise(
     device: torch.device,
     zero_init: dict[str, Any] | None,
     spread_over: list[torch.device] | None = None,
+    *,
+    random_layers: int | None = None,
 ) -> tuple[nn.Module, dict[str, Any]]:
     """The frozen base model, quantized as the profile says, loaded one decoder layer at a time.
 
     `spread_over` (evaluation: one process, no ZeRO) places the decoder layers in blocks over those
     devices and everything else on `device`, each layer moving its inputs to its own device.
+    `random_layers` (a rehearsal): the architecture of `model_dir/config.json` sliced to that many
+    decoder layers, with random weights drawn on `device` instead of a checkpoint read.
     """
     from transformers import AutoConfig, BitsAndBytesConfig
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
@@ -308,12 +313,16 @@ def load_layerwise(
     q = profile.quantization
     t0 = time.time()
     config = AutoConfig.from_pretrained(model_dir)
+    if random_layers is not None:
+        config = sliced_config(config, random_layers)
     compute = DTYPES[q.compute_dtype]
     config.dtype = compute
     model_cls = MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]
     with torch.device("meta"):
         model = model_cls(config)
-    ckpt = Checkpoint(model_dir)
+    ckpt: Checkpoint | RandomWeights = (
+        Checkpoint(model_dir) if random_layers is None else RandomWeights(model, device, compute)
+    )
     loader = LayerwiseLoader(
         ckpt,
         device,
@@ -364,6 +373,7 @@ def load_layerwise(
     unused = [k for k in ckpt.unused() if not _beyond_depth(k, len(layers))]
     facts = {
         "loader": "layerwise",
+        "weights": "checkpoint" if random_layers is None else "random",
         "load_device": str(device),
         "layers": len(layers),
         **loader.counts,

@@ -28,7 +28,9 @@ def _zero3_init_config(profile: Profile, model_dir: str) -> dict[str, Any] | Non
     return zero_init_config(profile, int(hidden))
 
 
-def load_base(profile: Profile, model_dir: str, spread: bool = False) -> Any:
+def load_base(
+    profile: Profile, model_dir: str, spread: bool = False, random_layers: int | None = None
+) -> Any:
     """The frozen base model, quantized as the profile says, on this rank's device.
 
     With `spread` (evaluation: one process, no DeepSpeed) it is spread over every visible GPU: the
@@ -40,6 +42,8 @@ def load_base(profile: Profile, model_dir: str, spread: bool = False) -> Any:
     `from_pretrained`, which puts the whole model on each rank's GPU before ZeRO-3 sees it. Either way,
     `quantization.quantize_experts` packs the fused MoE experts in NF4 (`trainer.experts4bit`), and the
     MoE blocks become ZeRO-3 leaf modules. What the loader did is left in `model.cockpit_load_facts`.
+    `random_layers` (a rehearsal): the architecture sliced to that many decoder layers, random weights
+    (the layer-by-layer loader only).
     """
     from trainer import experts4bit
     from trainer.loader import load_device, load_layerwise
@@ -47,11 +51,14 @@ def load_base(profile: Profile, model_dir: str, spread: bool = False) -> Any:
     q = profile.quantization
     device = load_device()
     layerwise = uses_layerwise_loader(profile)
+    if random_layers is not None and not layerwise:
+        raise ValueError('random weights need the layer-by-layer loader (model.loader = "layerwise")')
     if layerwise and spread:
         gpus = [torch.device("cuda", i) for i in range(torch.cuda.device_count())]
         model, facts = load_layerwise(profile, model_dir, device, None, spread_over=gpus or None)
     elif layerwise:
-        model, facts = load_layerwise(profile, model_dir, device, _zero3_init_config(profile, model_dir))
+        zero_init = _zero3_init_config(profile, model_dir)
+        model, facts = load_layerwise(profile, model_dir, device, zero_init, random_layers=random_layers)
     else:
         from transformers import AutoModelForCausalLM
 
@@ -80,6 +87,17 @@ def load_base(profile: Profile, model_dir: str, spread: bool = False) -> Any:
         facts["nf4_expert_tensors_partitioned"] = sum(hasattr(p, "ds_id") for p in packed)
     model.cockpit_load_facts = facts
     return model
+
+
+def configure_training(profile: Profile, model: Any) -> dict[str, Any]:
+    """The profile's training-time choices on a loaded base model: attention kernel, chunked loss."""
+    from trainer.loss import use_chunked_loss
+
+    t = profile.training
+    if getattr(model.config, "_attn_implementation", None) != t.attention:
+        model.set_attn_implementation(t.attention)
+    chunked = use_chunked_loss(model) if t.chunked_loss else False
+    return {"attention": model.config._attn_implementation, "chunked_loss": chunked}
 
 
 def attach_lora(profile: Profile, model: Any) -> Any:

@@ -1,0 +1,409 @@
+"""Speed of the story's training step: tokens/s, MFU and where the time goes, one row per configuration.
+
+Every row is one run of the cockpit's own trainer (`python -m trainer --rehearse-layers N`): the story's
+architecture (Qwen3-235B-A22B, from its config.json) sliced to 1, 2 or 4 decoder layers plus embeddings
+and head, random weights, the profile's settings with a row's overrides, a few optimizer steps. Figures
+come from the run record the trainer writes: step events (median step time after the warm-up steps,
+tokens a step), the `data` event (packing fill, target fraction) and a `profile` event (`torch.profiler`
+over two steps, summarized by `trainer/trace_summary.py`).
+
+MFU = tokens/s x model FLOPs per token / the bf16 matmul rate this script measures on the GPU (an
+8192^3 bf16 product, median of 10). Model FLOPs per token: `cockpit.plan.flops.FORMULA`.
+
+"before" rows use the trainer's earlier paths (bitsandbytes-dequantized experts in chunks with one
+grouped GEMM each, the whole-vocabulary loss, one example a sequence); "after" rows its present defaults.
+Offload rows put parameters and optimizer state on the host; their floor is the host-to-device bytes of
+a step (from the profile) over the pinned bandwidth this script measures.
+
+    python benchmarks/step_speed.py                    # every row, on the GPU
+    python benchmarks/step_speed.py --rows after-4096,before-4096
+    python benchmarks/step_speed.py --cpu              # the tiny profile on the CPU: a smoke test
+
+Writes step_speed.md and step_speed.json under $OUT (else benchmarks/results/).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+STORY_PROFILE = "qwen3-235b-a22b-thinking-4xh100"
+STORY_MEAN_TOKENS = 2000  # the story's examples: about 2,000 tokens each, reasoning traces included
+WARMUP_STEPS = 3
+
+
+@dataclass
+class Row:
+    """One configuration: a depth, a sequence and batch, offload, and the trainer's paths."""
+
+    name: str
+    layers: int
+    seq: int
+    mb: int = 1
+    offload: bool = False
+    paths: str = "after"  # "after": the trainer's defaults; "before": its earlier paths
+    mean_tokens: int = STORY_MEAN_TOKENS  # 0: every example fills its sequence
+    steps: int = 8
+    profile: bool = False
+    bare: bool = False  # no step callbacks, no telemetry sampler: the cockpit's overhead control
+    telemetry: bool = False
+    result: dict[str, Any] = field(default_factory=dict)
+
+    def overrides(self, gpu: bool) -> list[str]:
+        before = self.paths == "before"
+        sets = [
+            f"hardware.gpus={1 if gpu else 0}",
+            f"training.seq_len={self.seq}",
+            f"training.micro_batch_size={self.mb}",
+            "training.grad_accum=1",
+            "training.gradient_checkpointing=true",
+            f"training.packing={'false' if before else 'true'}",
+            f"training.chunked_loss={'false' if before else 'true'}",
+            f"data.mean_tokens={self.mean_tokens}",
+            f'deepspeed.offload_param="{"cpu" if self.offload else "none"}"',
+            f'deepspeed.offload_optimizer="{"cpu" if self.offload else "none"}"',
+            f"deepspeed.prefetch_layers={0 if before or not self.offload else 1}",
+        ]
+        if not gpu:
+            sets += ["training.bf16=false"]
+        return sets
+
+    def env(self) -> dict[str, str]:
+        env = {"COCKPIT_NF4_EXPERTS": "grouped" if self.paths == "before" else "auto"}
+        if self.profile:
+            first = WARMUP_STEPS + 1
+            env["COCKPIT_PROFILE_STEPS"] = f"{first}:{first + 1}"
+        if self.bare:
+            env["COCKPIT_BARE_TRAINER"] = "1"
+        return env
+
+
+def gpu_rows() -> list[Row]:
+    return [
+        Row("before-4096", 4, 4096, paths="before", mean_tokens=0, profile=True),
+        Row("after-4096", 4, 4096, profile=True, steps=20),
+        Row("after-8192", 4, 8192, profile=True),
+        Row("after-1024", 4, 1024),
+        Row("after-4096-mb2", 4, 4096, mb=2),
+        Row("after-4096-1L", 1, 4096),
+        Row("after-4096-2L", 2, 4096),
+        Row("before-packed-4096", 4, 4096, paths="before", steps=20),
+        Row("offload-4096-1L", 1, 4096, offload=True, profile=True),
+        Row("offload-4096-2L", 2, 4096, offload=True),
+        Row("offload-4096", 4, 4096, offload=True, profile=True),
+        Row("after-4096-bare", 4, 4096, steps=20, bare=True),
+        Row("after-4096-telemetry", 4, 4096, steps=20, telemetry=True),
+    ]
+
+
+def cpu_rows() -> list[Row]:
+    return [
+        Row("before-192", 2, 192, mb=4, paths="before", mean_tokens=0, steps=5, profile=True),
+        Row("after-192", 2, 192, mb=4, mean_tokens=100, steps=5, profile=True),
+        Row("after-192-1L", 1, 192, mb=4, mean_tokens=100, steps=5),
+        Row("offload-192", 2, 192, mb=4, mean_tokens=100, steps=5, offload=True),
+    ]
+
+
+# --- device ceilings ---------------------------------------------------------------------------------
+def measure_ceilings() -> dict[str, float]:
+    """bf16 matmul rate (TFLOP/s) and pinned host-to-device bandwidth (GB/s), measured here."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return {}
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    times = []
+    for i in range(13):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        a @ b
+        end.record()
+        torch.cuda.synchronize()
+        if i >= 3:
+            times.append(start.elapsed_time(end) / 1e3)
+    tflops = 2 * 8192**3 / statistics.median(times) / 1e12
+    host = torch.empty(1024**3, dtype=torch.uint8).pin_memory()
+    dev = torch.empty_like(host, device="cuda")
+    copies = []
+    for i in range(7):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        dev.copy_(host, non_blocking=True)
+        end.record()
+        torch.cuda.synchronize()
+        if i >= 2:
+            copies.append(start.elapsed_time(end) / 1e3)
+    h2d = host.numel() / statistics.median(copies) / 1e9
+    del a, b, host, dev
+    torch.cuda.empty_cache()
+    return {"bf16_tflops": round(tflops, 1), "h2d_gbps": round(h2d, 1), "gpu": torch.cuda.get_device_name()}
+
+
+# --- one row -------------------------------------------------------------------------------------------
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_row(row: Row, profile_name: str, runs: Path, gpu: bool, timeout: float) -> dict[str, Any]:
+    from cockpit.profiles import load_profile
+    from cockpit.runs import create_run
+
+    profile, path = load_profile(profile_name, row.overrides(gpu))
+    run_dir = create_run(runs, profile.model_copy(update={"name": f"speed-{row.name}"}), path, sys.argv)
+    env = {
+        **os.environ,
+        **row.env(),
+        "RANK": "0",
+        "LOCAL_RANK": "0",
+        "WORLD_SIZE": "1",
+        "LOCAL_WORLD_SIZE": "1",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(_free_port()),
+        "PYTHONUNBUFFERED": "1",
+    }
+    argv = [sys.executable, "-m", "trainer", "--run-dir", str(run_dir)]
+    argv += ["--rehearse-layers", str(row.layers), "--rehearse-steps", str(row.steps)]
+    t0 = time.time()
+    with open(run_dir / "output.log", "wb") as log:
+        proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+        sampler = None
+        if row.telemetry:
+            sampler = subprocess.Popen(
+                [sys.executable, "-m", "cockpit.telemetry", str(run_dir), "--root-pid", str(proc.pid)],
+                cwd=ROOT,
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+        try:
+            code = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            code = "timeout"
+        finally:
+            if sampler is not None:
+                sampler.terminate()
+                sampler.wait()
+    result = read_row(run_dir, row)
+    result.update(exit=code, wall_s=round(time.time() - t0, 1), run_dir=str(run_dir))
+    if code != 0:
+        tail = (run_dir / "output.log").read_text(errors="replace").strip().splitlines()[-6:]
+        result["error"] = " | ".join(line[-200:] for line in tail)
+    return result
+
+
+def read_row(run_dir: Path, row: Row) -> dict[str, Any]:
+    """A row's figures from its run record."""
+    from cockpit.record import read_events
+
+    events = read_events(run_dir)
+    kinds: dict[str, list[dict[str, Any]]] = {}
+    for e in events:
+        if e.get("rank", 0) == 0:
+            kinds.setdefault(e["kind"], []).append(e)
+    out: dict[str, Any] = {}
+    steps = kinds.get("step", [])
+    timed = [s for s in steps if s["step"] > WARMUP_STEPS and s.get("step_time_s")]
+    profiled = kinds.get("profile", [{}])[0]
+    if profiled:
+        lo, hi = profiled["first_step"], profiled["last_step"]
+        timed = [s for s in timed if not lo <= s["step"] <= hi]  # the profiler's own cost stays out
+    if timed:
+        out["step_s"] = statistics.median(s["step_time_s"] for s in timed)
+        out["tokens_per_step"] = statistics.median(s["tokens"] for s in timed)
+        out["tokens_per_s"] = out["tokens_per_step"] / out["step_s"]
+        out["cuda_peak_gib"] = max(s.get("cuda_peak_alloc_mib", 0) for s in steps) / 1024
+    out["losses"] = [s["loss"] for s in steps]
+    end = kinds.get("train_end", [{}])[0]
+    if end.get("train_runtime_s"):
+        out["train_runtime_s"] = end["train_runtime_s"]
+        out["run_tokens"] = end.get("tokens")
+        out["run_tokens_per_s"] = end["tokens"] / end["train_runtime_s"] if end.get("tokens") else None
+    data = kinds.get("data", [{}])[0]
+    out["fill"] = data.get("fill")
+    out["target_fraction"] = data.get("target_fraction")
+    out["mean_example_tokens"] = data["tokens"] / data["examples"] if data.get("examples") else None
+    loaded = kinds.get("loaded", [{}])[0]
+    out["load_s"] = loaded.get("load_s")
+    out["attention"] = loaded.get("attention")
+    if profiled:
+        out["profile"] = {k: v for k, v in profiled.items() if k not in ("t", "kind", "rank")}
+    return out
+
+
+# --- derived figures ----------------------------------------------------------------------------------
+def derive(row: Row, result: dict[str, Any], profile_name: str, ceilings: dict[str, float]) -> None:
+    """FLOPs per token, MFU and the offload floor, added to the row's result."""
+    from cockpit.plan.flops import token_flops
+    from cockpit.plan.model import lora_params
+    from cockpit.plan.planner import resolve_geometry
+    from cockpit.profiles import load_profile
+
+    profile, _ = load_profile(profile_name)
+    g = resolve_geometry(profile).with_layers(row.layers)
+    doc = result.get("mean_example_tokens") or row.seq
+    frac = result.get("target_fraction") or 1.0
+    lora = lora_params(g, profile.lora.target_modules, profile.lora.r)
+    flops = token_flops(g, doc, frac, lora)
+    result["flops_per_token"] = flops.total
+    result["flops_terms"] = asdict(flops)
+    tps = result.get("tokens_per_s")
+    if tps and ceilings.get("bf16_tflops"):
+        result["mfu"] = tps * flops.total / (ceilings["bf16_tflops"] * 1e12)
+    prof = result.get("profile") or {}
+    if row.offload and prof.get("h2d_bytes_per_step") and ceilings.get("h2d_gbps"):
+        result["h2d_floor_s"] = prof["h2d_bytes_per_step"] / (ceilings["h2d_gbps"] * 1e9)
+
+
+def per_layer(rows: list[Row], offload: bool) -> float | None:
+    """Seconds a decoder layer adds to a step: the slope of step time over depth (least squares)."""
+    pts = [
+        (r.layers, r.result["step_s"])
+        for r in rows
+        if r.offload == offload
+        and r.paths == "after"
+        and r.seq == 4096
+        and r.mb == 1
+        and "step_s" in r.result
+        and not r.bare
+        and not r.telemetry
+    ]
+    if len({d for d, _ in pts}) < 2:
+        return None
+    n = len(pts)
+    mx, my = sum(d for d, _ in pts) / n, sum(s for _, s in pts) / n
+    return sum((d - mx) * (s - my) for d, s in pts) / sum((d - mx) ** 2 for d, _ in pts)
+
+
+# --- report -------------------------------------------------------------------------------------------
+def _f(v: Any, fmt: str) -> str:
+    return "-" if v is None else format(v, fmt)
+
+
+def table(rows: list[Row], ceilings: dict[str, float]) -> str:
+    from cockpit.plan.flops import FORMULA
+
+    lines = [
+        "| row | layers | seq x mb | offload | paths | fill | step s | tokens/s | GFLOP/token | MFU | "
+        "GPU peak GiB | floor s | status |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        x = r.result
+        status = "ok" if x.get("exit") == 0 else (x.get("error") or str(x.get("exit", "skipped")))[:80]
+        gflop = x["flops_per_token"] / 1e9 if x.get("flops_per_token") else None
+        mfu = x["mfu"] * 100 if x.get("mfu") else None
+        cells = [
+            r.name,
+            str(r.layers),
+            f"{r.seq}x{r.mb}",
+            "param+opt" if r.offload else "none",
+            r.paths,
+            _f(x.get("fill"), ".2f"),
+            _f(x.get("step_s"), ".3f"),
+            _f(x.get("tokens_per_s"), ",.0f"),
+            _f(gflop, ".3g"),
+            _f(mfu, ".1f") + "%",
+            _f(x.get("cuda_peak_gib"), ".1f"),
+            _f(x.get("h2d_floor_s"), ".3f"),
+            status,
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    out = ["# Step speed (story geometry, random weights)", ""]
+    if ceilings:
+        out.append(
+            f"GPU: {ceilings.get('gpu')}; bf16 matmul {ceilings['bf16_tflops']} TFLOP/s and pinned "
+            f"host-to-device {ceilings['h2d_gbps']} GB/s, both measured by this script."
+        )
+    out += ["", f"Model FLOPs: {FORMULA}.", "", *lines, ""]
+    for offload in (False, True):
+        slope = per_layer(rows, offload)
+        if slope is not None:
+            how = "offload" if offload else "no offload"
+            out.append(f"- seconds per decoder layer, seq 4096, {how}: {slope:.4f}")
+    prof_rows = [r for r in rows if r.result.get("profile")]
+    if prof_rows:
+        out += ["", "## Where the time goes (seconds a step, torch.profiler over two steps)", ""]
+        cats: list[str] = []
+        for r in prof_rows:
+            for c in r.result["profile"]["categories_s"]:
+                if c not in cats:
+                    cats.append(c)
+        extra = ["logits and loss (within the above)", "device busy", "host-bound (device idle)", "step"]
+        out.append("| category | " + " | ".join(r.name for r in prof_rows) + " |")
+        out.append("|---|" + "---|" * len(prof_rows))
+        for c in [*cats, *extra]:
+            cells = []
+            for r in prof_rows:
+                p = r.result["profile"]
+                value = {
+                    "device busy": p["device_busy_s"],
+                    "host-bound (device idle)": p["host_bound_s"],
+                    "step": p["step_wall_s"],
+                }.get(c, p["categories_s"].get(c, p.get("annotations_s", {}).get(c)))
+                cells.append(_f(value, ".4f"))
+            out.append(f"| {c} | " + " | ".join(cells) + " |")
+    return "\n".join(out) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--cpu", action="store_true", help="the tiny profile on the CPU (a smoke test)")
+    parser.add_argument("--rows", default="", help="comma-separated row names (default: all)")
+    parser.add_argument("--budget-s", type=float, default=540, help="skip rows that would start after this")
+    parser.add_argument("--runs-dir", type=Path, default=Path("/tmp/step-speed-runs"))
+    args = parser.parse_args(argv)
+    gpu = not args.cpu
+    rows = gpu_rows() if gpu else cpu_rows()
+    if args.rows:
+        wanted = args.rows.split(",")
+        rows = [r for r in rows if r.name in wanted]
+    profile_name = STORY_PROFILE if gpu else "tiny-cpu"
+    ceilings = measure_ceilings() if gpu else {}
+    print(json.dumps(ceilings), flush=True)
+    start = time.time()
+    for row in rows:
+        if time.time() - start > args.budget_s:
+            row.result = {"exit": "skipped (time budget)"}
+            continue
+        row.result = run_row(row, profile_name, args.runs_dir, gpu, timeout=max(60, args.budget_s))
+        derive(row, row.result, profile_name, ceilings)
+        x = row.result
+        speed = f"{_f(x.get('tokens_per_s'), ',.0f')} tok/s, MFU {_f(x.get('mfu'), '.3f')}"
+        print(
+            f"{row.name}: exit {x.get('exit')} step {_f(x.get('step_s'), '.3f')} s, {speed}, "
+            f"wall {x.get('wall_s')} s" + (f" ERROR {x['error']}" if x.get("error") else ""),
+            flush=True,
+        )
+    report = table(rows, ceilings)
+    print(report)
+    out = Path(os.environ.get("OUT") or ROOT / "benchmarks/results")
+    out.mkdir(parents=True, exist_ok=True)
+    suffix = "" if gpu else "_cpu"
+    (out / f"step_speed{suffix}.md").write_text(report)
+    (out / f"step_speed{suffix}.json").write_text(
+        json.dumps({"ceilings": ceilings, "rows": [asdict(r) for r in rows]}, indent=1, default=str)
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

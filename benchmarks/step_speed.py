@@ -42,6 +42,9 @@ sys.path.insert(0, str(ROOT))
 STORY_PROFILE = "qwen3-235b-a22b-thinking-4xh100"
 STORY_MEAN_TOKENS = 2000  # the story's examples: about 2,000 tokens each, reasoning traces included
 WARMUP_STEPS = 3
+PYTHON_PROFILE = False  # --python-profile: cProfile the profiled steps too (host-side hot spots)
+LEAF = ('deepspeed.zero3_leaf="decoder_layer"',)
+PERSIST = ("deepspeed.persistence_threshold=1000000",)
 
 
 @dataclass
@@ -59,6 +62,7 @@ class Row:
     profile: bool = False
     bare: bool = False  # no step callbacks, no telemetry sampler: the cockpit's overhead control
     telemetry: bool = False
+    extra: tuple[str, ...] = ()  # further profile overrides (a lever tried on its own)
     result: dict[str, Any] = field(default_factory=dict)
 
     def overrides(self, gpu: bool) -> list[str]:
@@ -76,9 +80,11 @@ class Row:
             f'deepspeed.offload_optimizer="{"cpu" if self.offload else "none"}"',
             f"deepspeed.prefetch_layers={0 if before or not self.offload else 1}",
         ]
+        if before:
+            sets += ['training.attention="sdpa"']
         if not gpu:
             sets += ["training.bf16=false"]
-        return sets
+        return [*sets, *self.extra]
 
     def env(self) -> dict[str, str]:
         env = {"COCKPIT_NF4_EXPERTS": "grouped" if self.paths == "before" else "auto"}
@@ -87,6 +93,8 @@ class Row:
             env["COCKPIT_PROFILE_STEPS"] = f"{first}:{first + 1}"
         if self.bare:
             env["COCKPIT_BARE_TRAINER"] = "1"
+        if self.profile and PYTHON_PROFILE:
+            env["COCKPIT_PROFILE_PYTHON"] = "1"
         return env
 
 
@@ -104,6 +112,9 @@ def gpu_rows() -> list[Row]:
         Row("offload-4096-2L", 2, 4096, offload=True),
         Row("offload-4096", 4, 4096, offload=True, profile=True),
         Row("after-4096-bare", 4, 4096, steps=20, bare=True),
+        Row("lever-sdpa-mask-4096", 4, 4096, profile=True, extra=('training.attention="sdpa"',)),
+        Row("lever-leaf-layer-4096", 4, 4096, profile=True, extra=LEAF),
+        Row("lever-leaf-persist-4096", 4, 4096, profile=True, extra=LEAF + PERSIST),
         Row("after-4096-telemetry", 4, 4096, steps=20, telemetry=True),
     ]
 
@@ -359,6 +370,11 @@ def table(rows: list[Row], ceilings: dict[str, float]) -> str:
                 }.get(c, p["categories_s"].get(c, p.get("annotations_s", {}).get(c)))
                 cells.append(_f(value, ".4f"))
             out.append(f"| {c} | " + " | ".join(cells) + " |")
+    for r in prof_rows:
+        top = r.result["profile"].get("python_top")
+        if top:
+            out += ["", f"Host functions, {r.name} (own seconds a step, cumulative, calls a step):", ""]
+            out += [f"- {name}: {own:.4f} / {cum:.4f} s, {calls} calls" for name, own, cum, calls in top[:15]]
     return "\n".join(out) + "\n"
 
 
@@ -370,7 +386,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rows", default="", help="comma-separated row names (default: all)")
     parser.add_argument("--budget-s", type=float, default=540, help="skip rows that would start after this")
     parser.add_argument("--runs-dir", type=Path, default=Path("/tmp/step-speed-runs"))
+    parser.add_argument("--python-profile", action="store_true", help="cProfile the profiled steps too")
     args = parser.parse_args(argv)
+    global PYTHON_PROFILE
+    PYTHON_PROFILE = args.python_profile
     gpu = not args.cpu
     rows = gpu_rows() if gpu else cpu_rows()
     if args.rows:

@@ -95,6 +95,16 @@ class DeepSpeedSpec(_Section):
     offload_param: Literal["none", "cpu", "nvme"] = "cpu"
     offload_optimizer: Literal["none", "cpu", "nvme"] = "cpu"
     nvme_path: str = ""
+    zero3_leaf: Literal["moe_block", "decoder_layer"] = Field(
+        default="moe_block",
+        description="What ZeRO-3 gathers as one unit: every MoE block (its experts at once), or every whole "
+        "decoder layer (attention, LoRA and experts at once: far fewer hooks a step).",
+    )
+    persistence_threshold: NonNegInt = Field(
+        default=0,
+        description="Parameters with at most this many elements stay whole on every GPU (never gathered); "
+        "0: DeepSpeed's 10 x hidden size.",
+    )
     prefetch_layers: Annotated[float, Field(ge=0)] = Field(
         default=0.0,
         description="ZeRO-3 prefetch bucket in decoder layers (the next layer's weights fetched while this "
@@ -135,8 +145,10 @@ class TrainingSpec(_Section):
         description="Compute the head's logits and loss a few hundred tokens at a time, only where there "
         "is a target, so the vocabulary-wide logits are never whole in memory.",
     )
-    attention: Literal["sdpa", "eager", "flex_attention"] = Field(
-        default="sdpa", description="Transformers attention implementation."
+    attention: Literal["varlen", "sdpa", "eager", "flex_attention"] = Field(
+        default="varlen",
+        description="varlen: causal SDPA one packed example at a time (no mask, nothing computed across "
+        "examples); otherwise a Transformers attention implementation.",
     )
     save_steps: NonNegInt = Field(
         default=0, description="Checkpoint every N optimizer steps; 0 = only at the end."

@@ -111,3 +111,40 @@ def test_packed_loss_equals_the_examples_loss() -> None:
             total += float(model(input_ids=torch.tensor([r["input_ids"]]), labels=labels).loss) * n
             count += n
     assert float(loss) == pytest.approx(total / count, rel=1e-5)
+
+
+def test_varlen_attention_matches_each_example_alone() -> None:
+    """The varlen attention (one document at a time) gives each example its logits alone, like the mask."""
+    from trainer.attention import register
+
+    model = _tiny_model("sdpa")
+    model.set_attn_implementation(register())
+    rows = _rows([7, 11, 5], seed=1)
+    packed = pack_rows(rows, seq_len=32)
+    batch = PackedCollator(pad_token_id=0, doc_lens=True)(packed)
+    assert batch["doc_lens"] == [packed[0]["lengths"]]
+    with torch.no_grad():
+        together = model(**{k: v for k, v in batch.items() if k != "labels"}).logits[0]
+        start = 0
+        for n in packed[0]["lengths"]:
+            alone = model(input_ids=batch["input_ids"][:, start : start + n]).logits[0]
+            torch.testing.assert_close(together[start : start + n], alone, rtol=1e-4, atol=1e-4)
+            start += n
+
+
+def test_varlen_gradients_match_the_masked_sdpa() -> None:
+    """Loss and gradients through the varlen attention equal those through Transformers' masked SDPA."""
+    from trainer.attention import register
+
+    rows = _rows([9, 4, 12], seed=4) + _rows([20, 6], seed=5)
+    packed = pack_rows(rows, seq_len=32)
+    grads = []
+    for attn in ("sdpa", register()):
+        model = _tiny_model(attn)
+        model.train()
+        batch = PackedCollator(pad_token_id=0, doc_lens=attn != "sdpa")(packed)
+        model(**batch).loss.backward()
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
+    assert grads[0].keys() == grads[1].keys()
+    for name in grads[0]:
+        torch.testing.assert_close(grads[1][name], grads[0][name], rtol=1e-4, atol=1e-5, msg=name)

@@ -183,8 +183,9 @@ class Recipe:
         from trainer.packing import PackedCollator
 
         pad = getattr(tokenizer, "pad_token_id", None) if tokenizer is not None else None
-        if self.profile.training.packing:
-            return PackedCollator(pad if pad is not None else 0)
+        t = self.profile.training
+        if t.packing:
+            return PackedCollator(pad if pad is not None else 0, doc_lens=t.attention == "varlen")
         return DataCollatorForSeq2Seq(tokenizer, padding=True, label_pad_token_id=-100, pad_to_multiple_of=8)
 
     def setup(self) -> None:

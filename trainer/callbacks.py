@@ -218,6 +218,7 @@ class ProfilerCallback(TrainerCallback):
         self.writer = writer
         self.out_dir = out_dir
         self._profiler: Any = None
+        self._python: Any = None  # cProfile over the same steps, with COCKPIT_PROFILE_PYTHON=1
         self._t0 = 0.0
 
     @classmethod
@@ -243,6 +244,11 @@ class ProfilerCallback(TrainerCallback):
             self._sync()
             self._profiler = profile(activities=activities)
             self._profiler.__enter__()
+            if os.environ.get("COCKPIT_PROFILE_PYTHON") == "1":
+                import cProfile
+
+                self._python = cProfile.Profile()
+                self._python.enable()
             self._t0 = time.perf_counter()
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
@@ -254,6 +260,7 @@ class ProfilerCallback(TrainerCallback):
 
         self._sync()
         wall = time.perf_counter() - self._t0
+        python_top = self._python_top() if self._python is not None else None
         self._profiler.__exit__(None, None, None)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         path = self.out_dir / f"trace-rank{self.writer.rank or 0}.json"
@@ -261,5 +268,26 @@ class ProfilerCallback(TrainerCallback):
         summary = summarize_trace(json.loads(path.read_text()), self.last - self.first + 1, wall)
         if os.environ.get("COCKPIT_PROFILE_KEEP") != "1":
             path.unlink()
+        if python_top is not None:
+            summary["python_top"] = python_top
         self.writer.write("profile", first_step=self.first, last_step=self.last, **summary)
         self._profiler = None
+
+    def _python_top(self, count: int = 30) -> list[list[Any]]:
+        """The host functions that took the most time of their own (seconds a step), with call counts."""
+        import pstats
+
+        self._python.disable()
+        steps = self.last - self.first + 1
+        stats = pstats.Stats(self._python).stats  # (file, line, name) -> (cc, nc, tottime, cumtime, callers)
+        rows = sorted(stats.items(), key=lambda kv: -kv[1][2])[:count]
+        self._python = None
+        return [
+            [
+                f"{Path(k[0]).name}:{k[1]}:{k[2]}",
+                round(v[2] / steps, 5),
+                round(v[3] / steps, 5),
+                v[1] // steps,
+            ]
+            for k, v in rows
+        ]

@@ -49,6 +49,8 @@ def deepspeed_config(profile: Profile) -> dict[str, Any]:
                 "stage3_gather_16bit_weights_on_model_save": True,
             }
         )
+        if ds.persistence_threshold:
+            zero["stage3_param_persistence_threshold"] = ds.persistence_threshold
         if ds.prefetch_layers:
             zero["stage3_prefetch_bucket_size"] = int(ds.prefetch_layers * layer_elements(profile))
     for key, device in (("offload_param", ds.offload_param), ("offload_optimizer", ds.offload_optimizer)):
@@ -90,7 +92,7 @@ def zero_init_config(profile: Profile, hidden_size: int) -> dict[str, Any]:
     zero["reduce_bucket_size"] = hidden_size * hidden_size
     if zero.get("stage") == 3 and zero["stage3_prefetch_bucket_size"] == "auto":
         zero["stage3_prefetch_bucket_size"] = int(0.9 * hidden_size * hidden_size)
-    if zero.get("stage") == 3:
+    if zero.get("stage") == 3 and zero["stage3_param_persistence_threshold"] == "auto":
         zero["stage3_param_persistence_threshold"] = 10 * hidden_size
     return {
         "zero_optimization": zero,

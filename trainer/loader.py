@@ -80,7 +80,7 @@ class Checkpoint:
         return sorted(set(self.files) - self.used)
 
 
-def _decoder_layers(model: nn.Module) -> nn.ModuleList:
+def decoder_layers(model: nn.Module) -> nn.ModuleList:
     """The model's list of decoder layers (the ModuleList of its `_no_split_modules` classes)."""
     names = set(getattr(model, "_no_split_modules", None) or [])
     lists = [
@@ -331,7 +331,7 @@ def load_layerwise(
         experts_storage_dtype(profile) if q.quantize_experts else None,
         zero_init,
     )
-    layers = _decoder_layers(model)
+    layers = decoder_layers(model)
     layers_prefix = next(name for name, m in model.named_modules() if m is layers)
     placement = spread_devices(len(layers), spread_over) if spread_over else [device] * len(layers)
     factories: dict[torch.device, Any] = {device: loader.quantize_linear}

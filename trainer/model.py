@@ -79,7 +79,16 @@ def load_base(
     model.config.use_cache = False
     for param in model.parameters():
         param.requires_grad_(False)
-    facts["zero3_leaf_modules"] = experts4bit.set_moe_leaf_modules(model)
+    if profile.deepspeed.zero3_leaf == "decoder_layer":
+        from deepspeed.utils import set_z3_leaf_modules
+
+        from trainer.loader import decoder_layers
+
+        layer_cls = type(decoder_layers(model)[0])
+        set_z3_leaf_modules(model, [layer_cls])
+        facts["zero3_leaf_modules"] = [layer_cls.__name__]
+    else:
+        facts["zero3_leaf_modules"] = experts4bit.set_moe_leaf_modules(model)
     packed = [p for p in model.parameters() if hasattr(p, "cockpit_logical_numel")]
     if packed:
         # ZeRO-3 must own the packed experts and their scales like any parameter (no per-GPU copy).
@@ -94,6 +103,10 @@ def configure_training(profile: Profile, model: Any) -> dict[str, Any]:
     from trainer.loss import use_chunked_loss
 
     t = profile.training
+    if t.attention == "varlen":
+        from trainer.attention import register
+
+        register()
     if getattr(model.config, "_attn_implementation", None) != t.attention:
         model.set_attn_implementation(t.attention)
     chunked = use_chunked_loss(model) if t.chunked_loss else False

@@ -78,6 +78,7 @@ class PackedCollator:
 
     pad_token_id: int
     multiple: int = 8
+    doc_lens: bool = False  # also send each row's example lengths (`doc_lens`) for the varlen attention
 
     def __call__(self, features: list[dict[str, Any]]) -> dict[str, Any]:
         import torch
@@ -90,8 +91,11 @@ class PackedCollator:
             ids.append(list(f["input_ids"]) + [self.pad_token_id] * pad)
             labels.append(list(f["labels"]) + [IGNORE] * pad)
             positions.append(list(f["position_ids"]) + list(range(pad)))
-        return {
+        batch: dict[str, Any] = {
             "input_ids": torch.tensor(ids, dtype=torch.long),
             "labels": torch.tensor(labels, dtype=torch.long),
             "position_ids": torch.tensor(positions, dtype=torch.long),
         }
+        if self.doc_lens:
+            batch["doc_lens"] = [list(f["lengths"]) for f in features]
+        return batch

@@ -271,6 +271,7 @@ class Plan:
                 "partition_bytes_per_gpu": w.data_bytes // max(1, hw.gpus),
                 "pinned_exact_per_rank": self.configured.pinned_exact,
                 "pinned_rounded_per_rank": self.configured.pinned_rounded,
+                "blocks": w.blocks,
             },
             "disk": self.disk(),
             "configured": estimate_dict(self.configured),

@@ -1,0 +1,143 @@
+"""What each rehearsal depth measured, read from the run record.
+
+The supervisor brackets every depth with `rehearse_begin` / `rehearse_end` events; between them the
+trainer ranks wrote `loaded`, `load_peak`, `step` and `checkpoint` events as in any run. Per depth and
+per rank: GPU peak and host RSS at load (the `load_peak` event, written once the DeepSpeed engine exists)
+and in training (the largest of the step events), the load time, the median step time after the
+warm-up steps, the tokens a step and the time to save a checkpoint.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+from typing import Any
+
+BEGIN, END = "rehearse_begin", "rehearse_end"
+WARMUP_STEPS = 2  # steps of each depth left out of its median (allocator warm-up, first launches)
+MIB_PER_GIB = 1024.0
+
+
+@dataclass(frozen=True)
+class DepthMeasure:
+    """One depth of a rehearsal. Memory in GiB, per rank; times in seconds (rank 0)."""
+
+    layers: int
+    status: str  # "ok", "failed", "stopped", "running"
+    ranks: int = 1
+    load_s: float | None = None
+    gpu_load_gib: dict[int, float] = field(default_factory=dict)
+    gpu_train_gib: dict[int, float] = field(default_factory=dict)
+    rss_load_gib: dict[int, float] = field(default_factory=dict)
+    rss_train_gib: dict[int, float] = field(default_factory=dict)
+    step_s: float | None = None
+    steps_timed: int = 0
+    tokens_per_step: float | None = None
+    save_s: float | None = None
+    data: dict[str, Any] = field(default_factory=dict)
+    message: str = ""
+
+    @property
+    def complete(self) -> bool:
+        """Measured far enough to fit: it finished its steps and its memory peaks are known."""
+        return (
+            self.status == "ok" and self.step_s is not None and bool(self.gpu_train_gib or self.rss_train_gib)
+        )
+
+    def peak(self, what: str) -> float | None:
+        """The largest rank's figure for `gpu_load`, `gpu_train`, `rss_load` or `rss_train`."""
+        values = getattr(self, f"{what}_gib")
+        return max(values.values()) if values else None
+
+    def to_dict(self) -> dict[str, Any]:
+        out = dict(self.__dict__)
+        for key in ("gpu_load_gib", "gpu_train_gib", "rss_load_gib", "rss_train_gib"):
+            out[key] = {str(k): round(v, 3) for k, v in out[key].items()}
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> DepthMeasure:
+        values = dict(data)
+        for key in ("gpu_load_gib", "gpu_train_gib", "rss_load_gib", "rss_train_gib"):
+            values[key] = {int(k): float(v) for k, v in values.get(key, {}).items()}
+        return cls(**values)
+
+
+def _gib(mib: Any) -> float | None:
+    return None if mib is None else float(mib) / MIB_PER_GIB
+
+
+def _measure(layers: int, status: str, message: str, events: list[dict[str, Any]]) -> DepthMeasure:
+    gpu_load: dict[int, float] = {}
+    rss_load: dict[int, float] = {}
+    gpu_train: dict[int, float] = {}
+    rss_train: dict[int, float] = {}
+    steps: list[dict[str, Any]] = []
+    load_s = save_s = None
+    data: dict[str, Any] = {}
+    ranks = 1
+    first_step: int | None = None
+    for e in events:
+        rank, kind = int(e.get("rank", 0) or 0), e["kind"]
+        if kind == "load_peak":
+            if (g := _gib(e.get("cuda_peak_alloc_mib"))) is not None:
+                gpu_load[rank] = g
+            if (r := _gib(e.get("rss_peak_mib"))) is not None:
+                rss_load[rank] = r
+        elif kind == "step":
+            if (g := _gib(e.get("cuda_peak_alloc_mib"))) is not None:
+                gpu_train[rank] = max(gpu_train.get(rank, 0.0), g)
+            if (r := _gib(e.get("rss_mib"))) is not None:
+                rss_train[rank] = max(rss_train.get(rank, 0.0), r)
+            if rank == 0:
+                steps.append(e)
+        elif kind == "train_begin" and rank == 0:
+            ranks = int(e.get("world_size") or 1)
+            first_step = int(e.get("start_step", 0))
+        elif kind == "loaded" and rank == 0:
+            load_s = e.get("load_s")
+        elif kind == "checkpoint" and rank == 0:
+            save_s = e.get("save_s")
+        elif kind == "data" and rank == 0:
+            data = {k: e.get(k) for k in ("source", "examples", "tokens", "rows", "fill", "target_fraction")}
+    start = first_step or 0
+    timed = [s for s in steps if s["step"] > start + WARMUP_STEPS and s.get("step_time_s")]
+    return DepthMeasure(
+        layers=layers,
+        status=status,
+        ranks=ranks,
+        load_s=load_s,
+        gpu_load_gib=gpu_load,
+        gpu_train_gib=gpu_train,
+        rss_load_gib=rss_load,
+        rss_train_gib=rss_train,
+        step_s=statistics.median(s["step_time_s"] for s in timed) if timed else None,
+        steps_timed=len(timed),
+        tokens_per_step=statistics.median(s["tokens"] for s in timed if s.get("tokens")) if timed else None,
+        save_s=save_s,
+        data=data,
+        message=message,
+    )
+
+
+def depth_measures(events: list[dict[str, Any]]) -> list[DepthMeasure]:
+    """Every depth the record has begun, in order, measured from the events between its brackets."""
+    out: list[DepthMeasure] = []
+    current: dict[str, Any] | None = None
+    inside: list[dict[str, Any]] = []
+    for e in events:
+        kind = e.get("kind")
+        if kind == BEGIN:
+            if current is not None:  # a depth that never ended (the supervisor died)
+                out.append(_measure(int(current["layers"]), "failed", "no end recorded", inside))
+            current, inside = e, []
+        elif kind == END and current is not None:
+            out.append(
+                _measure(int(current["layers"]), e.get("status", "failed"), e.get("message", ""), inside)
+            )
+            current, inside = None, []
+        elif current is not None and kind not in (BEGIN, END):
+            inside.append(e)
+    if current is not None:
+        out.append(_measure(int(current["layers"]), "running", "", inside))
+    return out

@@ -1,0 +1,328 @@
+"""The whole run predicted from a rehearsal: costs linear in depth, fitted, then scaled to the target.
+
+Every figure a depth measured is fitted as `fixed + per_layer x layers` (least squares over the depths;
+two depths at least) and read at the model's full depth: that is the prediction for the machine the
+rehearsal ran on. Scaling to the profile's GPUs (their count and model) uses the plan's exact weight
+bytes (`cockpit.plan`, checked against the trainer by `tests/test_contract.py`) and states every
+assumption it makes (`Scaling.lines`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from cockpit.plan.model import GPU_TFLOPS
+from cockpit.rehearse.measure import DepthMeasure
+
+TOLERANCE = 0.15
+METRICS = ("gpu_load", "gpu_train", "rss_load", "rss_train", "step_s", "load_s", "save_s")
+GIB = 1024**3
+
+
+@dataclass(frozen=True)
+class Linear:
+    """value = fixed + per_layer x layers, fitted to (layers, value) points."""
+
+    fixed: float
+    per_layer: float
+    points: tuple[tuple[int, float], ...]
+
+    def at(self, layers: float) -> float:
+        return self.fixed + self.per_layer * layers
+
+
+def fit(points: list[tuple[int, float]]) -> Linear | None:
+    """Least squares over at least two distinct depths; None with fewer."""
+    if len({d for d, _ in points}) < 2:
+        return None
+    n = len(points)
+    mx = sum(d for d, _ in points) / n
+    my = sum(v for _, v in points) / n
+    slope = sum((d - mx) * (v - my) for d, v in points) / sum((d - mx) ** 2 for d, _ in points)
+    return Linear(my - slope * mx, slope, tuple(points))
+
+
+def fit_all(measures: list[DepthMeasure]) -> dict[str, Linear | None]:
+    """A fit per metric over the complete depths."""
+    done = [m for m in measures if m.complete]
+    fits: dict[str, Linear | None] = {}
+    for metric in METRICS:
+        points = []
+        for m in done:
+            value = getattr(m, metric) if metric.endswith("_s") else m.peak(metric)
+            if value is not None:
+                points.append((m.layers, float(value)))
+        fits[metric] = fit(points)
+    return fits
+
+
+def _tflops(name: str) -> float:
+    for key, value in GPU_TFLOPS.items():
+        if key.lower() in name.lower():
+            return value
+    return 0.0
+
+
+@dataclass(frozen=True)
+class Scaling:
+    """From the machine the rehearsal ran on to the profile's: every assumption, with its value."""
+
+    measured_gpus: int
+    measured_gpu: str
+    target_gpus: int
+    target_gpu: str
+    target_gpu_mem_gib: float
+    target_host_ram_gib: float
+    compute_ratio: float  # target step compute time / measured (datasheet bf16 rates; 1.0 when unknown)
+    h2d_gbps_measured: float
+    h2d_gbps_target: float
+    gpu2gpu_gbps: float
+    disk_gbps: float
+
+    def lines(self) -> list[str]:
+        return [
+            f"GPUs: measured on {self.measured_gpus} x {self.measured_gpu or 'CPU'}, predicted for "
+            f"{self.target_gpus} x {self.target_gpu or self.measured_gpu or 'CPU'}",
+            f"bf16 rate: target compute time = measured x {self.compute_ratio:.2f} (datasheet dense bf16 "
+            "rates; the H100 and the H200 share one chip, so 1.00 between them)",
+            f"GPU memory: {self.target_gpu_mem_gib:g} GiB a GPU on the target; host RAM "
+            f"{self.target_host_ram_gib:g} GiB",
+            f"host-to-device: {self.h2d_gbps_measured:g} GB/s measured here, {self.h2d_gbps_target:g} GB/s "
+            "a GPU on the target (each GPU its own link); offload copies do not overlap compute (as measured)",
+            f"GPU-to-GPU: ZeRO-3 gathers {self.gpu2gpu_gbps:g} GB/s a GPU (NVLink all-gather, assumed); "
+            "prefetch hides them under compute when shorter",
+            f"disk: the 16-bit checkpoint read once at {self.disk_gbps:g} GB/s at load (random weights read "
+            "nothing)",
+            "ZeRO-3 partitions: weights (GPU without offload, pinned host memory with it) divide by the "
+            "rank count; activations and the gathered working set do not",
+        ]
+
+
+@dataclass
+class Forecast:
+    """The whole run, predicted."""
+
+    layers: int
+    fits: dict[str, Linear | None]
+    here: dict[str, float | None]  # at full depth, on the measured machine (per rank)
+    target: dict[str, float | None]  # on the profile's machine (per rank; host_gib for all ranks)
+    wall: dict[str, float | None]
+    plan: dict[str, float | None]
+    disagreements: list[str]
+    scaling: Scaling
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "layers": self.layers,
+            "fits": {
+                k: None if v is None else {"fixed": v.fixed, "per_layer": v.per_layer, "points": v.points}
+                for k, v in self.fits.items()
+            },
+            "here": self.here,
+            "target": self.target,
+            "wall": self.wall,
+            "plan": self.plan,
+            "disagreements": self.disagreements,
+            "assumptions": self.scaling.lines(),
+            "notes": self.notes,
+        }
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """What the plan knows exactly about the whole model (bytes from the contract-checked formats)."""
+
+    layers: int
+    layer_bytes: float  # stored weight bytes of one decoder layer (what ZeRO-3 partitions and gathers)
+    other_bytes: float  # embeddings, final norm, head
+    checkpoint_bytes: float  # the 16-bit checkpoint on disk
+    decode_bytes_per_token: float  # weights a batched decode step reads (eval estimate)
+
+
+def model_facts(plan: dict[str, Any]) -> ModelFacts:
+    """ModelFacts from a plan's dict (`Plan.to_dict()`: `model.layers`, `zero3.blocks`, `disk`)."""
+    blocks = plan.get("zero3", {}).get("blocks", {})
+    layer_blocks = [v for k, v in blocks.items() if k.startswith("layer.")]
+    layers = int(plan.get("model", {}).get("layers") or len(layer_blocks) or 1)
+    layer_bytes = sum(layer_blocks) / max(1, len(layer_blocks))
+    other = sum(v for k, v in blocks.items() if not k.startswith("layer."))
+    return ModelFacts(
+        layers=layers,
+        layer_bytes=layer_bytes,
+        other_bytes=other,
+        checkpoint_bytes=float(plan.get("weights_bytes", {}).get("checkpoint") or 0.0),
+        decode_bytes_per_token=layer_bytes * layers + other,
+    )
+
+
+def run_steps(profile: Any, data: dict[str, Any], ranks: int) -> tuple[int, str]:
+    """Optimizer steps of the whole run and how the token count was found (the data file or an assumption)."""
+    t, d = profile.training, profile.data
+    source = str(data.get("source") or "")
+    if data.get("tokens") and not source.startswith("random tokens"):
+        tokens, examples, how = float(data["tokens"]), float(data.get("examples") or 0), f"tokens of {source}"
+    elif d.examples and d.mean_tokens:
+        examples, tokens = float(d.examples), float(d.examples * d.mean_tokens)
+        how = f"assumed: {d.examples} examples of {d.mean_tokens} tokens (data.examples, data.mean_tokens)"
+    else:
+        return 0, "unknown: no data file here and no data.examples / data.mean_tokens in the profile"
+    fill = float(data.get("fill") or 0.9) if t.packing else 1.0
+    rows = math.ceil(tokens / (t.seq_len * fill)) if t.packing else int(examples)
+    per_step = t.micro_batch_size * t.grad_accum * ranks
+    steps = math.ceil(rows / per_step) * t.epochs if t.max_steps < 0 else t.max_steps
+    return int(math.ceil(steps)), how
+
+
+def forecast(
+    measures: list[DepthMeasure],
+    profile: Any,
+    plan: dict[str, Any],
+    scaling: Scaling,
+    eval_examples: int = 0,
+) -> Forecast:
+    """Fit the depths, read them at the model's full depth, scale to the profile's machine, add the wall clock."""
+    facts = model_facts(plan)
+    fits = fit_all(measures)
+    full = facts.layers
+    here: dict[str, float | None] = {k: (v.at(full) if v else None) for k, v in fits.items()}
+    notes: list[str] = []
+    done = [m for m in measures if m.complete]
+    if len(done) < 2:
+        notes.append("fewer than two depths measured: nothing can be fitted")
+    nm, nt = scaling.measured_gpus or 1, scaling.target_gpus or 1
+    ds = profile.deepspeed
+    offload = ds.offload_param != "none"
+    weights = facts.layer_bytes * full + facts.other_bytes
+    moved = weights * (1 / nm - 1 / nt) / GIB  # partitions each rank no longer holds
+    target: dict[str, float | None] = dict(here)
+    if not offload and ds.stage == 3:
+        for key in ("gpu_load", "gpu_train"):
+            target[key] = None if here[key] is None else here[key] - moved
+    if offload and ds.stage == 3:
+        for key in ("rss_load", "rss_train"):
+            target[key] = None if here[key] is None else here[key] - moved
+    rss = (
+        max(v for v in (target["rss_load"], target["rss_train"]) if v is not None)
+        if here["rss_train"]
+        else None
+    )
+    target["host_gib"] = None if rss is None else rss * nt
+    step = here["step_s"]
+    grad_accum = profile.training.grad_accum
+    passes = 3 if profile.training.gradient_checkpointing else 2
+    if step is not None:
+        h2d_here = passes * grad_accum * weights / nm / (scaling.h2d_gbps_measured * 1e9) if offload else 0.0
+        h2d_target = passes * grad_accum * weights / nt / (scaling.h2d_gbps_target * 1e9) if offload else 0.0
+        gather = (
+            passes * grad_accum * weights * (nt - 1) / nt / (scaling.gpu2gpu_gbps * 1e9) if nt > 1 else 0.0
+        )
+        compute = max(0.0, step - h2d_here) * scaling.compute_ratio
+        target["step_s"] = max(compute, gather) + h2d_target
+        if gather > compute:
+            notes.append(f"ZeRO-3 gathers ({gather:.2f} s a step) would outlast compute ({compute:.2f} s)")
+    tokens_step = statistics_tokens(done)
+    here["tokens_per_s"] = tokens_step / step if tokens_step and step else None
+    target["tokens_per_s"] = (
+        tokens_step * nt / target["step_s"] if tokens_step and target.get("step_s") else None
+    )
+    data = next((m.data for m in reversed(done) if m.data), {})
+    steps, how = run_steps(profile, data, nt)
+    notes.append(f"training tokens: {how}")
+    load = (target["load_s"] or 0.0) + facts.checkpoint_bytes / (scaling.disk_gbps * 1e9)
+    train = steps * target["step_s"] if target.get("step_s") and steps else None
+    saves = steps // profile.training.save_steps if profile.training.save_steps else 0
+    save = (saves + 1) * (target["save_s"] or 0.0)
+    eval_s = eval_estimate(profile, facts, eval_examples, scaling)
+    wall = {
+        "load_s": load,
+        "steps": float(steps),
+        "train_s": train,
+        "saves": float(saves + 1),
+        "save_s": save,
+        "eval_s": eval_s,
+        "total_s": None if train is None else load + train + save + eval_s,
+    }
+    if eval_examples:
+        notes.append(
+            f"evaluation not rehearsed: {eval_examples} examples x {profile.eval.max_think_tokens} thinking "
+            "tokens, each decode step reading every weight once at the target's memory bandwidth (estimate)"
+        )
+    plan_values = plan_figures(plan)
+    return Forecast(
+        layers=full,
+        fits=fits,
+        here=here,
+        target=target,
+        wall=wall,
+        plan=plan_values,
+        disagreements=disagreements(target, plan_values),
+        scaling=scaling,
+        notes=notes,
+    )
+
+
+def statistics_tokens(done: list[DepthMeasure]) -> float | None:
+    values = [m.tokens_per_step for m in done if m.tokens_per_step]
+    return sum(values) / len(values) if values else None
+
+
+HBM_GBPS = {"H200": 4800.0, "H100": 3350.0, "A100": 2039.0}
+
+
+def eval_estimate(profile: Any, facts: ModelFacts, examples: int, scaling: Scaling) -> float:
+    """Seconds of evaluation: every example's thinking decoded token by token, 16 examples a batch."""
+    if not examples:
+        return 0.0
+    bandwidth = next((v for k, v in HBM_GBPS.items() if k in scaling.target_gpu), 3000.0) * 1e9
+    per_token = facts.decode_bytes_per_token / (bandwidth * max(1, scaling.target_gpus))
+    batches = math.ceil(examples / 16)
+    return batches * profile.eval.max_think_tokens * per_token
+
+
+def plan_figures(plan: dict[str, Any]) -> dict[str, float | None]:
+    """The plan's own figures for the configured setup, in the forecast's units."""
+    c = plan.get("configured") or {}
+    load, train = c.get("load") or {}, c.get("train") or {}
+
+    def gib(v: Any) -> float | None:
+        return None if v is None else float(v) / GIB
+
+    return {
+        "gpu_load": gib(load.get("gpu_peak")),
+        "gpu_train": gib(train.get("gpu_peak")),
+        "rss_load": gib(load.get("rss_peak")),
+        "rss_train": gib(train.get("rss_peak")),
+        "host_gib": gib(max(load.get("host_peak") or 0, train.get("host_peak") or 0) or None),
+        "step_s": c.get("step_s"),
+        "tokens_per_s": c.get("tokens_per_s"),
+    }
+
+
+LABELS = {
+    "gpu_load": "GPU peak at load, GiB a GPU",
+    "gpu_train": "GPU peak in training, GiB a GPU",
+    "rss_load": "host RSS at load, GiB a rank",
+    "rss_train": "host RSS in training, GiB a rank",
+    "host_gib": "host RAM, GiB all ranks",
+    "step_s": "optimizer step, s",
+    "tokens_per_s": "tokens/s, all GPUs",
+}
+
+
+def disagreements(target: dict[str, float | None], plan: dict[str, float | None]) -> list[str]:
+    """Figures where the plan and the rehearsal differ by more than 15% (the rehearsal's is measured)."""
+    out = []
+    for key, label in LABELS.items():
+        mine, theirs = target.get(key), plan.get(key)
+        if mine is None or theirs is None or mine == 0:
+            continue
+        error = (theirs - mine) / abs(mine)
+        if abs(error) > TOLERANCE:
+            out.append(
+                f"{label}: plan {theirs:.3g}, rehearsal {mine:.3g} ({error:+.0%}); the rehearsal's is "
+                "measured (fitted over the depths and scaled), the plan's is modelled"
+            )
+    return out

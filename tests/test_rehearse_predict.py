@@ -1,0 +1,120 @@
+"""Rehearsal figures: per-depth measures from events, linear fits over depth, the forecast and its flags."""
+
+from __future__ import annotations
+
+import pytest
+
+from cockpit.profiles import load_profile
+from cockpit.rehearse.measure import BEGIN, END, DepthMeasure, depth_measures
+from cockpit.rehearse.predict import Scaling, disagreements, fit, forecast
+
+GIB_MIB = 1024.0
+
+
+def _depth_events(t: float, layers: int, steps: int, offset: int, status: str = "ok") -> list[dict]:
+    """A depth whose costs are linear in `layers`: GPU 2 + 1.5 L GiB, RSS 3 + 0.5 L, step 0.1 + 0.05 L s."""
+    events = [{"t": t, "kind": BEGIN, "layers": layers, "step_offset": offset, "steps": steps}]
+    for rank in (0, 1):
+        events += [
+            {"t": t + 1, "kind": "loaded", "rank": rank, "load_s": 4 + 2 * layers},
+            {"t": t + 2, "kind": "train_begin", "rank": rank, "world_size": 2, "start_step": offset},
+            {
+                "t": t + 2,
+                "kind": "load_peak",
+                "rank": rank,
+                "cuda_peak_alloc_mib": (1 + layers) * GIB_MIB,
+                "rss_peak_mib": (3 + layers) * GIB_MIB,
+            },
+        ]
+        for s in range(1, steps + 1):
+            slow = 5.0 if s == 1 else 1.0  # a slow first step: the warm-up the median leaves out
+            events.append(
+                {
+                    "t": t + 2 + s,
+                    "kind": "step",
+                    "rank": rank,
+                    "step": offset + s,
+                    "step_time_s": slow * (0.1 + 0.05 * layers),
+                    "tokens": 4096,
+                    "cuda_peak_alloc_mib": (2 + 1.5 * layers + 0.01 * rank) * GIB_MIB,
+                    "rss_mib": (3 + 0.5 * layers) * GIB_MIB,
+                }
+            )
+    events.append({"t": t + 3 + steps, "kind": "checkpoint", "rank": 0, "save_s": 1 + 0.5 * layers})
+    events.append({"t": t + 4 + steps, "kind": END, "layers": layers, "status": status})
+    return events
+
+
+def test_depths_are_measured_from_their_brackets() -> None:
+    events = _depth_events(0, 1, 6, 0) + _depth_events(100, 2, 6, 6)
+    measures = depth_measures(events)
+    assert [m.layers for m in measures] == [1, 2]
+    one, two = measures
+    assert one.complete and two.complete
+    assert one.ranks == 2
+    assert one.step_s == pytest.approx(0.15)
+    assert two.step_s == pytest.approx(0.2)
+    assert two.peak("gpu_train") == pytest.approx(5.01)
+    assert two.gpu_train_gib[0] == pytest.approx(5.0)
+    assert one.peak("rss_load") == pytest.approx(4.0)
+    assert two.load_s == 8 and two.save_s == 2.0
+    assert DepthMeasure.from_dict(two.to_dict()) == two
+
+
+def test_a_stopped_rehearsal_keeps_the_depths_already_measured() -> None:
+    events = _depth_events(0, 1, 6, 0) + _depth_events(100, 2, 6, 6)
+    events += [{"t": 300, "kind": BEGIN, "layers": 4}, {"t": 301, "kind": "loaded", "rank": 0, "load_s": 9}]
+    events += [{"t": 302, "kind": END, "layers": 4, "status": "stopped"}]
+    measures = depth_measures(events)
+    assert [(m.layers, m.complete) for m in measures] == [(1, True), (2, True), (4, False)]
+    assert measures[2].status == "stopped"
+
+
+def test_fit_is_exact_on_linear_costs_and_refuses_one_depth() -> None:
+    line = fit([(1, 0.15), (2, 0.2), (4, 0.3)])
+    assert line is not None
+    assert line.fixed == pytest.approx(0.1) and line.per_layer == pytest.approx(0.05)
+    assert line.at(94) == pytest.approx(4.8)
+    assert fit([(2, 1.0), (2, 1.1)]) is None
+
+
+def _plan(layers: int) -> dict:
+    layer = 2 * 1024**3
+    return {
+        "model": {"layers": layers},
+        "zero3": {
+            "blocks": {**{f"layer.{i}": layer for i in range(layers)}, "embed": 1024**3, "lm_head": 1024**3}
+        },
+        "weights_bytes": {"checkpoint": 0},
+        "configured": {
+            "load": {"gpu_peak": 10 * 1024**3, "rss_peak": 20 * 1024**3, "host_peak": 40 * 1024**3},
+            "train": {"gpu_peak": 100 * 1024**3, "rss_peak": 20 * 1024**3, "host_peak": 40 * 1024**3},
+            "step_s": 1.0,
+            "tokens_per_s": 1000.0,
+        },
+    }
+
+
+def _scaling(target_gpus: int) -> Scaling:
+    return Scaling(2, "NVIDIA H200", target_gpus, "H100-80GB", 80, 960, 1.0, 55, 55, 150, 2.0)
+
+
+def test_forecast_reads_the_fit_at_full_depth_and_partitions_weights() -> None:
+    profile, _ = load_profile(
+        "tiny-cpu", ['deepspeed.offload_param="none"', 'deepspeed.offload_optimizer="none"']
+    )
+    measures = depth_measures(_depth_events(0, 1, 6, 0) + _depth_events(100, 2, 6, 6))
+    same = forecast(measures, profile, _plan(10), _scaling(2))
+    assert same.here["gpu_train"] == pytest.approx(2.01 + 1.5 * 10)
+    assert same.target["gpu_train"] == pytest.approx(same.here["gpu_train"])
+    assert same.here["step_s"] == pytest.approx(0.1 + 0.05 * 10)
+    more = forecast(measures, profile, _plan(10), _scaling(4))
+    weights_gib = 2 * 10 + 2  # ten 2-GiB layers, embeddings and head
+    assert more.target["gpu_train"] == pytest.approx(same.here["gpu_train"] - weights_gib * (1 / 2 - 1 / 4))
+    assert more.target["tokens_per_s"] == pytest.approx(4096 * 4 / more.target["step_s"])
+
+
+def test_disagreements_name_the_figure_and_which_is_measured() -> None:
+    flags = disagreements({"step_s": 1.0, "gpu_train": 50.0}, {"step_s": 1.1, "gpu_train": 80.0})
+    assert len(flags) == 1
+    assert "GPU peak in training" in flags[0] and "+60%" in flags[0] and "measured" in flags[0]

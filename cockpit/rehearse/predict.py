@@ -90,7 +90,8 @@ class Scaling:
             f"GPU memory: {self.target_gpu_mem_gib:g} GiB a GPU on the target; host RAM "
             f"{self.target_host_ram_gib:g} GiB",
             f"host-to-device: {self.h2d_gbps_measured:g} GB/s measured here, {self.h2d_gbps_target:g} GB/s "
-            "a GPU on the target (each GPU its own link); offload copies do not overlap compute (as measured)",
+            "a GPU on the target (each GPU its own link); offload copies do not overlap compute (as "
+            "measured)",
             f"GPU-to-GPU: ZeRO-3 gathers {self.gpu2gpu_gbps:g} GB/s a GPU (NVLink all-gather, assumed); "
             "prefetch hides them under compute when shorter",
             f"disk: the 16-bit checkpoint read once at {self.disk_gbps:g} GB/s at load (random weights read "
@@ -173,7 +174,7 @@ def run_steps(profile: Any, data: dict[str, Any], ranks: int) -> tuple[int, str]
     rows = math.ceil(tokens / (t.seq_len * fill)) if t.packing else int(examples)
     per_step = t.micro_batch_size * t.grad_accum * ranks
     steps = math.ceil(rows / per_step) * t.epochs if t.max_steps < 0 else t.max_steps
-    return int(math.ceil(steps)), how
+    return math.ceil(steps), how
 
 
 def forecast(
@@ -183,7 +184,7 @@ def forecast(
     scaling: Scaling,
     eval_examples: int = 0,
 ) -> Forecast:
-    """Fit the depths, read them at the model's full depth, scale to the profile's machine, add the wall clock."""
+    """Fit the depths, read them at full depth, scale to the profile's machine, add the wall clock."""
     facts = model_facts(plan)
     fits = fit_all(measures)
     full = facts.layers

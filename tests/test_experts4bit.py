@@ -18,8 +18,11 @@ from pathlib import Path
 import pytest
 import torch
 
+if not torch.cuda.is_available():  # the Triton kernels run on the CPU only in Triton's interpreter
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
 from cockpit.profiles import ProfileError, load_profile, parse_profile, profile_to_dict
-from trainer import tiny
+from trainer import experts4bit, tiny
 from trainer.audit import EngineFacts, build_audit
 from trainer.experts4bit import (
     NF4Experts,
@@ -140,6 +143,93 @@ def test_grouped_and_looped_expert_paths_agree(reference, monkeypatch):
         assert rel(b, a) < 1e-5
     for name, g in loop[3].items():
         assert g.abs().sum() > 0 and rel(grouped[3][name], g) < 1e-5
+
+
+def small_experts(lora: bool) -> NF4Experts:
+    """4 experts, hidden 64, width 64: small enough for Triton's interpreter."""
+    torch.manual_seed(6)
+    experts = NF4Experts(4, 64, 64, torch.nn.SiLU(), torch.float32, torch.float32, device="meta")
+    gate_up, down = torch.randn(4, 128, 64) * 0.05, torch.randn(4, 64, 64) * 0.05
+    experts.load_weights({"gate_up_proj": lambda e: gate_up[e], "down_proj": lambda e: down[e]}, "cpu")
+    if lora:
+        experts.add_lora(4, 8.0, 0.0)
+        with torch.no_grad():
+            for p in experts.lora_parameters().values():
+                p.normal_(0, 0.05)
+    return experts
+
+
+def run_experts(experts: NF4Experts, mode: str, monkeypatch: pytest.MonkeyPatch):
+    """Forward and backward on 12 tokens, top-2, one pair routed to no expert (index = num_experts)."""
+    monkeypatch.setenv("COCKPIT_NF4_EXPERTS", mode)
+    gen = torch.Generator().manual_seed(7)
+    x = torch.randn(12, experts.hidden_dim, generator=gen).requires_grad_(True)
+    logits = torch.randn(12, experts.num_experts, generator=gen).requires_grad_(True)
+    weights, index = torch.topk(logits.softmax(-1), 2)
+    index = index.clone()
+    index[3, 1] = experts.num_experts
+    out = experts(x, index, weights)
+    out.pow(2).sum().backward()
+    grads = {n: p.grad.clone() for n, p in experts.lora_parameters().items()}
+    experts.zero_grad()
+    return out.detach(), x.grad, logits.grad, grads
+
+
+@pytest.mark.parametrize("mode", ["fused", "dequant"])
+def test_kernel_paths_agree_with_the_loop(mode, monkeypatch):
+    """The Triton paths (interpreter) give the loop's outputs and gradients, expert LoRA included."""
+    pytest.importorskip("triton")
+    from trainer.kernels import triton_status
+
+    assert triton_status(torch.device("cpu"))[0]
+    experts = small_experts(lora=True)
+    called = {}
+    real = experts.packed_mm
+
+    def spy(*args, **kwargs):
+        called[kwargs["path"]] = called.get(kwargs["path"], 0) + 1
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(experts, "packed_mm", spy)
+    loop = run_experts(experts, "loop", monkeypatch)
+    got = run_experts(experts, mode, monkeypatch)
+    assert called == {mode: 4}  # two weights forward, their two input gradients backward
+    assert not NF4Experts.kernels_failed
+    for a, b in zip(loop[:3], got[:3], strict=True):
+        assert rel(b, a) < 1e-5
+    for name, g in loop[3].items():
+        assert g.abs().sum() > 0 and rel(got[3][name], g) < 1e-5
+
+
+def test_path_choice_and_fallbacks(monkeypatch, caplog):
+    x = torch.zeros(2, 4)
+    for mode, want in (("auto", "grouped"), ("grouped", "grouped"), ("loop", "loop"), ("bogus", "grouped")):
+        monkeypatch.setenv("COCKPIT_NF4_EXPERTS", mode)
+        assert experts4bit.expert_path(x, 1000.0) == want
+    # Kernels that cannot run here: the bitsandbytes path, said once.
+    import trainer.kernels
+
+    monkeypatch.setattr(trainer.kernels, "triton_status", lambda device: (False, "no Triton in this test"))
+    monkeypatch.setenv("COCKPIT_NF4_EXPERTS", "fused")
+    assert experts4bit.expert_path(x) == "grouped"
+    assert "no Triton in this test" in caplog.text
+
+
+def test_a_failing_kernel_falls_back_to_bitsandbytes(monkeypatch):
+    pytest.importorskip("triton")
+    from trainer.kernels import nf4_triton
+
+    experts = small_experts(lora=False)
+    want = run_experts(experts, "grouped", monkeypatch)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("no kernel image for this device")
+
+    monkeypatch.setattr(nf4_triton, "nf4_grouped_mm", broken)
+    monkeypatch.setattr(NF4Experts, "kernels_failed", False)
+    got = run_experts(experts, "fused", monkeypatch)
+    assert NF4Experts.kernels_failed
+    assert all(torch.equal(a, b) for a, b in zip(want[:3], got[:3], strict=True))
 
 
 def test_routing_identical_and_layer_outputs_close(reference, quantized):

@@ -15,9 +15,17 @@ bytes, never values, and it only casts float parameters that are not yet ZeRO pa
 training dtype as the storage dtype). Every quantity is per expert, rows of the first dimension, so
 one expert can be dequantized on its own and the quantization of expert e never depends on another.
 
-Forward: tokens are routed exactly as in the 16-bit model (the router is untouched); only the experts
-that received tokens are dequantized, a few experts at a time, and the dequantized weights are never
-kept for backward: a custom autograd function dequantizes them again when the gradient arrives.
+Forward: tokens are routed exactly as in the 16-bit model (the router is untouched). Token-expert pairs
+are sorted by expert and each weight is applied by one of these paths (`COCKPIT_NF4_EXPERTS`):
+  fused    Triton grouped GEMM that dequantizes NF4 inside its K loop (`trainer.kernels.nf4_triton`):
+           no dequantized weight in memory, no host sync; backward runs the transposed kernel
+  dequant  one Triton launch dequantizes every expert of a weight, then one `torch._grouped_mm`
+  grouped  bitsandbytes dequantizes the hit experts a chunk at a time, one `torch._grouped_mm` a chunk
+  loop     the same chunks, one matmul an expert
+  auto     on CUDA (bf16/fp16) where Triton works: fused below `DEQUANT_MIN_ROWS` token-expert pairs an
+           expert, dequant from there on (the faster of the two on an H200); else grouped (CPU) or loop
+Dequantized weights are never kept for backward: it dequantizes them again (or runs the fused kernel).
+Expert LoRA works on every path (on fused and dequant its term loops over the experts, one host sync).
 """
 
 from __future__ import annotations
@@ -258,6 +266,16 @@ class _FrozenExpertsGrouped(torch.autograd.Function):
         return grad_x, None, None, None
 
 
+MODES = ("auto", "fused", "dequant", "grouped", "loop")
+_warned: set[str] = set()
+
+
+def _warn_once(key: str, message: str, *args: Any) -> None:
+    if key not in _warned:
+        _warned.add(key)
+        log.warning(message, *args)
+
+
 def _grouped_mode(x: torch.Tensor) -> bool:
     """One grouped GEMM a chunk of experts where torch has it for this device and dtype, else a loop."""
     wanted = os.environ.get("COCKPIT_NF4_EXPERTS", "auto")
@@ -266,6 +284,75 @@ def _grouped_mode(x: torch.Tensor) -> bool:
     if wanted == "grouped":
         return True
     return x.device.type == "cpu" or (x.device.type == "cuda" and x.dtype == torch.bfloat16)
+
+
+def _kernels_work(x: torch.Tensor, mode: str) -> bool:
+    """Whether the Triton kernels run for x: CUDA with bf16/fp16 (fp32 too under TRITON_INTERPRET=1 on
+    the CPU), Triton importable, and `torch._grouped_mm` for the dequant path."""
+    from trainer.kernels import triton_status
+
+    ok, why = triton_status(x.device)
+    interpret = x.device.type == "cpu"
+    if ok and not interpret and x.dtype not in (torch.bfloat16, torch.float16):
+        ok, why = False, f"compute dtype {x.dtype} (the kernels take bf16 or fp16)"
+    if ok and mode == "dequant" and not hasattr(torch, "_grouped_mm"):
+        ok, why = False, "torch has no _grouped_mm"
+    if not ok:
+        _warn_once(f"{mode}:{why}", "NF4 experts: %s path unavailable (%s); bitsandbytes path", mode, why)
+    return ok
+
+
+# Measured on an H200, story shapes (benchmarks/results/nf4_kernels_h200.md): the fused kernel is ahead at
+# 64 rows an expert (1.5x) and level at 256; from about 384 rows on, one dequantization (0.75 ms a weight
+# pair) plus torch's grouped GEMM (near dense speed there) is faster. `auto` takes the faster one.
+DEQUANT_MIN_ROWS = 384
+
+
+def expert_path(x: torch.Tensor, rows_per_expert: float = 0.0) -> str:
+    """The path the experts take for x: fused, dequant, grouped or loop (see the module docstring)."""
+    wanted = os.environ.get("COCKPIT_NF4_EXPERTS", "auto")
+    if wanted not in MODES:
+        _warn_once(f"mode:{wanted}", "COCKPIT_NF4_EXPERTS=%s is not one of %s; using auto", wanted, MODES)
+        wanted = "auto"
+    if wanted in ("fused", "dequant") and not NF4Experts.kernels_failed and _kernels_work(x, wanted):
+        return wanted
+    if wanted == "auto" and x.device.type == "cuda" and not NF4Experts.kernels_failed:
+        from trainer.kernels import triton_status
+
+        if triton_status(x.device)[0] and x.dtype in (torch.bfloat16, torch.float16):
+            return "dequant" if rows_per_expert >= DEQUANT_MIN_ROWS else "fused"
+    if NF4Experts.grouped_failed:
+        return "loop"
+    return "grouped" if _grouped_mode(x) else "loop"
+
+
+class _PackedGroupedMM(torch.autograd.Function):
+    """Rows of x sorted by expert times their experts' frozen packed weights (the fused kernel, or one
+    dequantization of all experts and one grouped GEMM); backward runs the transposed product, reading
+    the packed weights again (ZeRO-3 gathers them again for backward), and saves no weight."""
+
+    @staticmethod
+    def forward(
+        ctx: Any,
+        x: torch.Tensor,
+        owner: NF4Experts,
+        which: str,
+        expert_ids: torch.Tensor,
+        offs: torch.Tensor,
+        path: str,
+    ) -> torch.Tensor:
+        ctx.owner, ctx.which, ctx.path = owner, which, path
+        ctx.save_for_backward(expert_ids, offs)
+        return owner.packed_mm(which, x, expert_ids, offs, trans=False, path=path)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, None, None, None, None, None]:
+        expert_ids, offs = ctx.saved_tensors
+        grad_x = None
+        if ctx.needs_input_grad[0]:
+            grad = grad.contiguous()
+            grad_x = ctx.owner.packed_mm(ctx.which, grad, expert_ids, offs, trans=True, path=ctx.path)
+        return grad_x, None, None, None, None, None
 
 
 class NF4Experts(nn.Module):
@@ -381,9 +468,24 @@ class NF4Experts(nn.Module):
         return y
 
     grouped_failed = False
+    kernels_failed = False
 
     def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor):
-        if not NF4Experts.grouped_failed and _grouped_mode(hidden_states):
+        path = expert_path(hidden_states, top_k_index.numel() / self.num_experts)
+        if path in ("fused", "dequant") and not self.kernels_fit():
+            _warn_once(f"fit:{self.layouts}", "NF4 experts: %s path needs dims multiple of 64", path)
+            path = "grouped" if _grouped_mode(hidden_states) and not NF4Experts.grouped_failed else "loop"
+        if path in ("fused", "dequant"):
+            try:
+                return self._forward_sorted(hidden_states, top_k_index, top_k_weights, path)
+            except torch.OutOfMemoryError:
+                raise
+            except Exception as exc:  # a kernel that does not build or run here: the bitsandbytes path
+                NF4Experts.kernels_failed = True
+                log.warning("NF4 experts: %s path failed (%s: %s); using the bitsandbytes path", path,
+                            type(exc).__name__, exc)  # fmt: skip
+                path = "grouped" if _grouped_mode(hidden_states) else "loop"
+        if path == "grouped" and not NF4Experts.grouped_failed:
             try:
                 return self._forward_grouped(hidden_states, top_k_index, top_k_weights)
             except torch.OutOfMemoryError:
@@ -392,6 +494,80 @@ class NF4Experts(nn.Module):
                 NF4Experts.grouped_failed = True
                 log.warning("NF4 experts: grouped GEMM unavailable (%s); looping over experts", exc)
         return self._forward_loop(hidden_states, top_k_index, top_k_weights)
+
+    def kernels_fit(self) -> bool:
+        """Whether both weights' dimensions suit the Triton kernels (multiples of 64)."""
+        return all(layout.out % 64 == 0 and layout.inp % 64 == 0 for layout in self.layouts.values())
+
+    def packed_mm(
+        self,
+        which: str,
+        x: torch.Tensor,
+        expert_ids: torch.Tensor,
+        offs: torch.Tensor,
+        trans: bool,
+        path: str,
+    ) -> torch.Tensor:
+        """Sorted rows times their experts' weight (`x @ W.T`, or `x @ W` with trans); rows from offs[-1]
+        on come out zero. `fused`: the NF4 grouped GEMM; `dequant`: every listed expert dequantized in one
+        launch (expert -1 gives zeros), then one `torch._grouped_mm`."""
+        from trainer.kernels import nf4_triton
+
+        packed, layout = self.packed(which), self.layouts[which]
+        if path == "fused":
+            return nf4_triton.nf4_grouped_mm(x, packed, layout, expert_ids, offs, trans=trans)
+        # The tail (rows routed to no expert) becomes one more group, with expert -1: zero weights.
+        m = torch.full((1,), x.shape[0], dtype=offs.dtype, device=offs.device)
+        offs = torch.cat([offs, m])
+        expert_ids = torch.cat([expert_ids, torch.full_like(expert_ids[:1], -1)])
+        weights = nf4_triton.nf4_dequantize(packed, layout, expert_ids, x.dtype)
+        return torch._grouped_mm(x, weights if trans else weights.transpose(-2, -1), offs=offs)
+
+    def _forward_sorted(
+        self,
+        hidden_states: torch.Tensor,
+        top_k_index: torch.Tensor,
+        top_k_weights: torch.Tensor,
+        path: str,
+    ) -> torch.Tensor:
+        """Token-expert pairs sorted by expert, one grouped product a weight, offsets kept on the device."""
+        k, device = top_k_index.shape[-1], hidden_states.device
+        with torch.no_grad():
+            expert_sorted, perm = torch.sort(top_k_index.reshape(-1), stable=True)
+            experts = torch.arange(self.num_experts, device=device, dtype=torch.int32)
+            # offs[e]: pairs routed to experts <= e (an index of num_experts, "no expert", sorts last).
+            offs = torch.searchsorted(expert_sorted, experts + 1, out_int32=True)
+        token = perm // k
+        x = hidden_states[token]
+        grad = self._needs_grad(hidden_states, top_k_weights)
+        lora_sizes = torch.diff(offs, prepend=offs.new_zeros(1)).tolist() if self.lora_r else None
+
+        def apply(which: str, rows: torch.Tensor) -> torch.Tensor:
+            if grad:
+                y = _PackedGroupedMM.apply(rows, self, which, experts, offs, path)
+            else:
+                y = self.packed_mm(which, rows, experts, offs, trans=False, path=path)
+            if lora_sizes is not None:
+                y = y + self._lora_sorted(which, rows, lora_sizes)
+            return y
+
+        gate, up = apply("gate_up_proj", x).chunk(2, dim=-1)
+        y = apply("down_proj", self.act_fn(gate) * up)
+        # Back to token order (a gather, no atomics), then each token's weighted sum over its k experts.
+        with torch.no_grad():
+            unsort = torch.empty_like(perm).scatter_(0, perm, torch.arange(perm.numel(), device=device))
+        y = y[unsort].view(*top_k_index.shape, -1) * top_k_weights[..., None]
+        return y.sum(dim=-2).to(hidden_states.dtype)
+
+    def _lora_sorted(self, which: str, x: torch.Tensor, sizes: list[int]) -> torch.Tensor:
+        """The expert LoRA term of rows sorted by expert (`sizes` rows an expert), zero on the tail."""
+        hit = [e for e, n in enumerate(sizes) if n]
+        rows = sum(sizes)
+        split = x[:rows].split([sizes[e] for e in hit])
+        parts = [self._lora(which, part, e) for part, e in zip(split, hit, strict=True)]
+        if rows < x.shape[0]:
+            parts.append(x.new_zeros(x.shape[0] - rows, self.layouts[which].out))
+        return torch.cat(parts) if parts else x.new_zeros(x.shape[0], self.layouts[which].out)
 
     def _needs_grad(self, hidden_states: torch.Tensor, top_k_weights: torch.Tensor) -> bool:
         return torch.is_grad_enabled() and (

@@ -1,0 +1,147 @@
+"""NF4 expert kernels: the pure-torch reference against bitsandbytes, and the Triton kernels against it.
+
+The reference (`trainer.kernels.nf4_ref`) must equal `dequantize_experts_nf4` (bitsandbytes) bit for bit;
+`nf4_grouped_mm_ref` must be dense matmuls of those weights, group by group. The Triton kernels run here
+under Triton's CPU interpreter (`TRITON_INTERPRET=1`, tiny shapes) when Triton imports; on GPUs they are
+checked by `benchmarks/nf4_kernels.py`. The interpreter takes the select-tree decoding where the GPU
+default is PTX byte permutes (inline assembly, which it cannot run).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+if not torch.cuda.is_available():  # before anything defines the Triton kernels
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest
+
+from trainer.experts4bit import PackedLayout, dequantize_experts_nf4, quantize_experts_nf4
+from trainer.kernels.nf4_ref import (
+    NF4_VALUES,
+    dynamic_map,
+    nf4_dequantize_ref,
+    nf4_grouped_mm_ref,
+    nf4_scales,
+)
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.float() - b.float()).norm() / b.float().norm())
+
+
+def packed_weights(experts: int, out: int, inp: int, storage: torch.dtype = torch.bfloat16, seed: int = 0):
+    gen = torch.Generator().manual_seed(seed)
+    w = torch.randn(experts, out, inp, generator=gen) * 0.02
+    layout = PackedLayout(experts, out, inp, storage)
+    return quantize_experts_nf4(lambda e: w[e], layout, "cpu", chunk=3), layout
+
+
+@pytest.fixture(scope="module")
+def kernels():
+    """`trainer.kernels.nf4_triton`, built for Triton's interpreter; skips where Triton does not import."""
+    pytest.importorskip("triton")
+    from trainer.kernels import nf4_triton, triton_status
+
+    ok, why = triton_status(torch.device("cpu"))
+    assert ok, f"Triton imports but its kernels do not run on the CPU here: {why}"
+    return nf4_triton
+
+
+# --- the reference -----------------------------------------------------------------------------------
+
+
+def test_tables_are_bitsandbytes_own():
+    import bitsandbytes.functional as bnbf
+
+    assert torch.equal(dynamic_map("cpu"), bnbf.create_dynamic_map())
+    assert torch.equal(torch.tensor(NF4_VALUES), bnbf.get_4bit_type("nf4", device="cpu"))
+
+
+@pytest.mark.parametrize(
+    ("out", "inp", "storage"),
+    [
+        (384, 128, torch.bfloat16),
+        (128, 64, torch.float32),
+        (64, 64, torch.float16),
+        (96, 128, torch.bfloat16),
+    ],
+)
+def test_reference_dequantization_equals_bitsandbytes_exactly(out, inp, storage):
+    """Every nested block size (256, 128, 64 here) and storage dtype; fp32 and 16-bit outputs."""
+    packed, layout = packed_weights(5, out, inp, storage)
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        want = dequantize_experts_nf4(packed, layout, [4, 0, 2], dtype)
+        got = nf4_dequantize_ref(packed, layout, [4, 0, 2], dtype)
+        assert got.dtype == dtype and torch.equal(got, want)
+    assert torch.equal(nf4_dequantize_ref(packed, layout, 3, torch.float32), dequantize_experts_nf4(
+        packed, layout, 3, torch.float32))  # fmt: skip
+    assert nf4_scales(packed, layout, slice(None)).shape == (5, layout.blocks)
+
+
+def test_reference_grouped_mm_is_dense_matmul_per_group():
+    """Groups in any expert order, empty groups, rows past the last offset (zeros), both orientations."""
+    packed, layout = packed_weights(4, 128, 64)
+    weights = dequantize_experts_nf4(packed, layout, list(range(4)), torch.float32)
+    expert_ids = torch.tensor([2, 0, 3, 1], dtype=torch.int32)
+    offs = torch.tensor([5, 5, 17, 20], dtype=torch.int32)
+    gen = torch.Generator().manual_seed(1)
+    for trans in (False, True):
+        x = torch.randn(23, layout.out if trans else layout.inp, generator=gen)
+        got = nf4_grouped_mm_ref(x, packed, layout, expert_ids, offs, trans)
+        want = torch.zeros_like(got)
+        for e, (a, b) in zip([2, 3, 1], [(0, 5), (5, 17), (17, 20)], strict=True):
+            w = weights[e]
+            want[a:b] = x[a:b] @ (w if trans else w.t())
+        assert torch.allclose(got, want, atol=1e-6, rtol=1e-5)
+        assert (got[20:] == 0).all()
+
+
+# --- the Triton kernels (interpreter) -----------------------------------------------------------------
+
+
+def test_dequantize_kernel_matches_reference(kernels):
+    packed, layout = packed_weights(5, 128, 64)  # 8192 elements: 4096 bytes, two programs an expert
+    ids = torch.tensor([3, -1, 0], dtype=torch.int32)  # -1: zeros
+    for decode in (kernels.GATHER, kernels.TREE):
+        cfg = kernels.DequantConfig(block=2048, decode=decode)
+        out = torch.full((3, 128, 64), float("nan"))
+        got = kernels.nf4_dequantize(packed, layout, ids, torch.float32, cfg, out=out)
+        assert got is out
+        assert torch.equal(got[[0, 2]], nf4_dequantize_ref(packed, layout, [3, 0], torch.float32))
+        assert (got[1] == 0).all()
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        {"bm": 32, "bn": 64, "bk": 64, "swap": False, "decode": 0},
+        {"bm": 32, "bn": 128, "bk": 128, "swap": True, "decode": 1},  # 128 columns: two scales a row
+        {"bm": 64, "bn": 128, "bk": 64, "swap": True, "decode": 2},  # PRMT: the tree on the CPU
+    ],
+)
+def test_grouped_mm_kernel_matches_reference(kernels, config):
+    """Forward and input-gradient orientation; uneven groups, an empty one, a tail of rows to no expert."""
+    packed, layout = packed_weights(5, 64, 128)
+    cfg = kernels.MMConfig(**config)
+    expert_ids = torch.tensor([2, 0, 4, 1], dtype=torch.int32)
+    offs = torch.tensor([3, 3, 40, 45], dtype=torch.int32)
+    gen = torch.Generator().manual_seed(2)
+    for trans in (False, True):
+        x = torch.randn(50, layout.out if trans else layout.inp, generator=gen)
+        want = nf4_grouped_mm_ref(x, packed, layout, expert_ids, offs, trans)
+        out = torch.full_like(want, float("nan"))
+        got = kernels.nf4_grouped_mm(x, packed, layout, expert_ids, offs, trans, cfg, out=out)
+        assert torch.isfinite(got).all(), "a row was not written"
+        assert rel(got, want) < 1e-5 and (got[45:] == 0).all()
+
+
+def test_grouped_mm_kernel_refuses_bad_shapes(kernels):
+    packed, layout = packed_weights(2, 128, 64)
+    offs, ids = torch.tensor([3], dtype=torch.int32), torch.tensor([0], dtype=torch.int32)
+    with pytest.raises(ValueError, match="must be"):
+        kernels.nf4_grouped_mm(torch.zeros(3, 128), packed, layout, ids, offs)  # in is 64, not 128
+    assert kernels.pick_config(64 * 128, 128) is kernels.SMALL_GROUPS
+    assert kernels.pick_config(256 * 128, 128) is kernels.LARGE_GROUPS

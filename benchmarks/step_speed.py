@@ -27,9 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
-import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -99,23 +97,23 @@ class Row:
 
 
 def gpu_rows() -> list[Row]:
+    """In order of importance: a time budget skips the last ones."""
     return [
         Row("before-4096", 4, 4096, paths="before", mean_tokens=0, profile=True),
         Row("after-4096", 4, 4096, profile=True, steps=20),
         Row("after-8192", 4, 8192, profile=True),
-        Row("after-1024", 4, 1024),
-        Row("after-4096-mb2", 4, 4096, mb=2),
+        Row("offload-4096", 4, 4096, offload=True, profile=True),
+        Row("before-packed-4096", 4, 4096, paths="before", steps=20, extra=("training.packing=true",)),
         Row("after-4096-1L", 1, 4096),
         Row("after-4096-2L", 2, 4096),
-        Row("before-packed-4096", 4, 4096, paths="before", steps=20),
-        Row("offload-4096-1L", 1, 4096, offload=True, profile=True),
+        Row("after-1024", 4, 1024),
+        Row("after-4096-mb2", 4, 4096, mb=2),
+        Row("offload-4096-1L", 1, 4096, offload=True),
         Row("offload-4096-2L", 2, 4096, offload=True),
-        Row("offload-4096", 4, 4096, offload=True, profile=True),
         Row("after-4096-bare", 4, 4096, steps=20, bare=True),
-        Row("lever-sdpa-mask-4096", 4, 4096, profile=True, extra=('training.attention="sdpa"',)),
-        Row("lever-leaf-layer-4096", 4, 4096, profile=True, extra=LEAF),
-        Row("lever-leaf-persist-4096", 4, 4096, profile=True, extra=LEAF + PERSIST),
         Row("after-4096-telemetry", 4, 4096, steps=20, telemetry=True),
+        Row("lever-leaf-layer-4096", 4, 4096, profile=True, extra=LEAF),
+        Row("lever-sdpa-mask-4096", 4, 4096, profile=True, extra=('training.attention="sdpa"',)),
     ]
 
 
@@ -165,57 +163,16 @@ def measure_ceilings() -> dict[str, float]:
 
 
 # --- one row -------------------------------------------------------------------------------------------
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run_row(row: Row, profile_name: str, runs: Path, gpu: bool, timeout: float) -> dict[str, Any]:
-    from cockpit.profiles import load_profile
-    from cockpit.runs import create_run
+    from benchmarks.trainer_runs import log_tail, new_run, run_depth
 
-    profile, path = load_profile(profile_name, row.overrides(gpu))
-    run_dir = create_run(runs, profile.model_copy(update={"name": f"speed-{row.name}"}), path, sys.argv)
-    env = {
-        **os.environ,
-        **row.env(),
-        "RANK": "0",
-        "LOCAL_RANK": "0",
-        "WORLD_SIZE": "1",
-        "LOCAL_WORLD_SIZE": "1",
-        "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": str(_free_port()),
-        "PYTHONUNBUFFERED": "1",
-    }
-    argv = [sys.executable, "-m", "trainer", "--run-dir", str(run_dir)]
-    argv += ["--rehearse-layers", str(row.layers), "--rehearse-steps", str(row.steps)]
+    run_dir, _ = new_run(profile_name, row.overrides(gpu), runs, f"speed-{row.name}")
     t0 = time.time()
-    with open(run_dir / "output.log", "wb") as log:
-        proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
-        sampler = None
-        if row.telemetry:
-            sampler = subprocess.Popen(
-                [sys.executable, "-m", "cockpit.telemetry", str(run_dir), "--root-pid", str(proc.pid)],
-                cwd=ROOT,
-                env=env,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-            )
-        try:
-            code = proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            code = "timeout"
-        finally:
-            if sampler is not None:
-                sampler.terminate()
-                sampler.wait()
+    code = run_depth(run_dir, row.layers, row.steps, row.env(), timeout=timeout, sampler=row.telemetry)
     result = read_row(run_dir, row)
     result.update(exit=code, wall_s=round(time.time() - t0, 1), run_dir=str(run_dir))
     if code != 0:
-        tail = (run_dir / "output.log").read_text(errors="replace").strip().splitlines()[-6:]
-        result["error"] = " | ".join(line[-200:] for line in tail)
+        result["error"] = log_tail(run_dir)
     return result
 
 
@@ -370,12 +327,49 @@ def table(rows: list[Row], ceilings: dict[str, float]) -> str:
                 }.get(c, p["categories_s"].get(c, p.get("annotations_s", {}).get(c)))
                 cells.append(_f(value, ".4f"))
             out.append(f"| {c} | " + " | ".join(cells) + " |")
+    out += loss_comparison(rows) + overhead(rows)
     for r in prof_rows:
         top = r.result["profile"].get("python_top")
         if top:
             out += ["", f"Host functions, {r.name} (own seconds a step, cumulative, calls a step):", ""]
             out += [f"- {name}: {own:.4f} / {cum:.4f} s, {calls} calls" for name, own, cum, calls in top[:15]]
     return "\n".join(out) + "\n"
+
+
+def loss_comparison(rows: list[Row]) -> list[str]:
+    """The first steps' losses of the earlier paths against the present ones, on the same packed data."""
+    by = {r.name: r.result.get("losses") or [] for r in rows}
+    before, after = by.get("before-packed-4096", []), by.get("after-4096", [])
+    n = min(len(before), len(after))
+    if not n:
+        return []
+    diffs = [abs(a - b) for a, b in zip(before[:n], after[:n], strict=True)]
+    worst = max(range(n), key=lambda i: diffs[i])
+    return [
+        "",
+        f"Loss over the first {n} steps, earlier paths (before-packed-4096) against present (after-4096), "
+        f"same packed data: largest difference {diffs[worst]:.4f} at step {worst + 1} "
+        f"({diffs[worst] / abs(before[worst]):.2%} of {before[worst]:.4f}); mean difference "
+        f"{sum(diffs) / n:.4f}.",
+    ]
+
+
+def overhead(rows: list[Row]) -> list[str]:
+    """The cockpit's cost: tokens/s with its callbacks and sampler against a bare trainer, whole runs."""
+    by = {r.name: r.result for r in rows}
+    bare = by.get("after-4096-bare", {}).get("run_tokens_per_s")
+    lines = []
+    for name, what in (
+        ("after-4096", "step callbacks"),
+        ("after-4096-telemetry", "step callbacks + sampler"),
+    ):
+        mine = by.get(name, {}).get("run_tokens_per_s")
+        if bare and mine:
+            lines.append(
+                f"- {what}: {mine:,.0f} tokens/s against {bare:,.0f} bare (whole 20-step runs): "
+                f"{1 - mine / bare:+.2%} overhead"
+            )
+    return ["", "The cockpit's own cost:", *lines] if lines else []
 
 
 def main(argv: list[str] | None = None) -> int:

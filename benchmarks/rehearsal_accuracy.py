@@ -141,11 +141,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--configs", default=",".join(CONFIGS), help="comma-separated configurations")
     parser.add_argument("--budget-s", type=float, default=480)
     parser.add_argument("--runs-dir", type=Path, default=Path("/tmp/rehearsal-accuracy-runs"))
+    parser.add_argument(
+        "--merge", type=Path, help="an earlier rehearsal_accuracy.json: its configurations are kept"
+    )
     args = parser.parse_args(argv)
     gpu = not args.cpu
     profile_name = "qwen3-235b-a22b-thinking-4xh100" if gpu else "tiny-cpu"
     deadline = time.time() + args.budget_s
-    results: dict[str, dict[str, Any]] = {}
+    results: dict[str, dict[str, Any]] = json.loads(args.merge.read_text()) if args.merge else {}
     for config in args.configs.split(","):
         t0 = time.time()
         results[config] = rehearse(config, profile_name, gpu, args.runs_dir, deadline)
@@ -157,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
         if gpu
         else "The tiny profile on the CPU (a smoke test of the method, not a claim)."
     )
-    report = table(results, note)
+    report = table({c: results[c] for c in CONFIGS if c in results}, note)
     print(report)
     out = Path(os.environ.get("OUT") or ROOT / "benchmarks/results")
     out.mkdir(parents=True, exist_ok=True)

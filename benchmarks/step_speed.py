@@ -381,6 +381,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budget-s", type=float, default=540, help="skip rows that would start after this")
     parser.add_argument("--runs-dir", type=Path, default=Path("/tmp/step-speed-runs"))
     parser.add_argument("--python-profile", action="store_true", help="cProfile the profiled steps too")
+    parser.add_argument(
+        "--merge", type=Path, help="an earlier step_speed.json: its successful rows are kept, not run again"
+    )
     args = parser.parse_args(argv)
     global PYTHON_PROFILE
     PYTHON_PROFILE = args.python_profile
@@ -391,9 +394,18 @@ def main(argv: list[str] | None = None) -> int:
         rows = [r for r in rows if r.name in wanted]
     profile_name = STORY_PROFILE if gpu else "tiny-cpu"
     ceilings = measure_ceilings() if gpu else {}
+    earlier: dict[str, dict[str, Any]] = {}
+    if args.merge:
+        kept = json.loads(args.merge.read_text())
+        earlier = {r["name"]: r["result"] for r in kept["rows"] if r["result"].get("exit") == 0}
+        ceilings = ceilings or kept["ceilings"]
     print(json.dumps(ceilings), flush=True)
     start = time.time()
     for row in rows:
+        if row.name in earlier:
+            row.result = earlier[row.name]
+            derive(row, row.result, profile_name, ceilings)
+            continue
         if time.time() - start > args.budget_s:
             row.result = {"exit": "skipped (time budget)"}
             continue

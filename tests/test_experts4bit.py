@@ -501,3 +501,31 @@ def test_evaluation_load_equals_the_training_load_on_one_device(tiny_dir):
     ids = torch.randint(0, spread.config.vocab_size, (2, 24), generator=torch.Generator().manual_seed(5))
     with torch.no_grad():
         assert torch.equal(spread(input_ids=ids).logits, plain(input_ids=ids).logits)
+
+
+def test_a_recomputation_stop_is_not_taken_for_a_failed_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Non-reentrant checkpointing stops a recompute by raising inside a saved-tensor hook: the kernel
+    path must let that through, not fall back to another path mid-recompute (which then breaks)."""
+    import torch.utils.checkpoint as ckpt
+
+    from trainer import experts4bit
+
+    torch.manual_seed(0)
+    layer = NF4Experts(4, 64, 64, torch.nn.SiLU(), torch.float32, torch.float32, "cpu")
+    layer.load_weights(
+        {w: (lambda e, w=w: torch.randn(layer.layouts[w].out, layer.layouts[w].inp)) for w in layer.WEIGHTS},
+        "cpu",
+    )
+    monkeypatch.setattr(experts4bit, "expert_path", lambda *a: "fused")
+    monkeypatch.setattr(NF4Experts, "kernels_fit", lambda self: True)
+    monkeypatch.setattr(
+        NF4Experts, "_forward_sorted", lambda self, h, i, w, path: self._forward_grouped(h, i, w)
+    )
+    monkeypatch.setattr(NF4Experts, "kernels_failed", False)
+    x = torch.randn(10, 64, requires_grad=True)
+    index = torch.randint(0, 4, (10, 2))
+    weights = torch.rand(10, 2, requires_grad=True)
+    out = ckpt.checkpoint(lambda a, b: layer(a * 1.0, index, b) * 2.0, x, weights, use_reentrant=False)
+    out.sum().backward()
+    assert x.grad is not None and torch.isfinite(x.grad).all()
+    assert not NF4Experts.kernels_failed

@@ -48,6 +48,12 @@ from cockpit.contract import (
 
 BLOCKSIZE = NF4_BLOCKSIZE
 STORAGE_DTYPES = tuple(getattr(torch, name) for name in PACKED_STORAGE_DTYPES)
+# Exceptions that are control flow, never a path that failed: out of memory, and the signal with which
+# non-reentrant gradient checkpointing stops a recomputation once it has what backward needs.
+PASS_THROUGH: tuple[type[BaseException], ...] = (
+    torch.OutOfMemoryError,
+    getattr(torch.utils.checkpoint, "_StopRecomputationError", torch.OutOfMemoryError),
+)
 log = logging.getLogger(__name__)
 
 
@@ -478,7 +484,7 @@ class NF4Experts(nn.Module):
         if path in ("fused", "dequant"):
             try:
                 return self._forward_sorted(hidden_states, top_k_index, top_k_weights, path)
-            except torch.OutOfMemoryError:
+            except PASS_THROUGH:
                 raise
             except Exception as exc:  # a kernel that does not build or run here: the bitsandbytes path
                 NF4Experts.kernels_failed = True
@@ -488,7 +494,7 @@ class NF4Experts(nn.Module):
         if path == "grouped" and not NF4Experts.grouped_failed:
             try:
                 return self._forward_grouped(hidden_states, top_k_index, top_k_weights)
-            except torch.OutOfMemoryError:
+            except PASS_THROUGH:
                 raise
             except (RuntimeError, NotImplementedError) as exc:  # an unsupported grouped GEMM: loop instead
                 NF4Experts.grouped_failed = True

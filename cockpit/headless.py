@@ -142,7 +142,7 @@ class HeadlessViewer:
 
     def print_report(self) -> None:
         """The per-tenant comparison, if the run has a report."""
-        path = self.paths.root / "report.json"
+        path = self.paths.report_json
         if path.is_file():
             self.console.print(report_table(json.loads(path.read_text(encoding="utf-8"))))
 

@@ -150,8 +150,7 @@ def test_a_new_run_stores_its_plan(tmp_path: Path) -> None:
 
 def test_the_app_shows_the_plan_warnings_too(plan, tmp_path: Path) -> None:
     from cockpit.app.model import build_audit
-    from cockpit.plan.store import PLAN_FILE
-    from cockpit.record import write_manifest
+    from cockpit.record import RunPaths, write_manifest
     from cockpit.record.playback import Playback
 
     audit = audit_as_planned(plan, partitioned_at_load=False)
@@ -159,7 +158,7 @@ def test_the_app_shows_the_plan_warnings_too(plan, tmp_path: Path) -> None:
     write_manifest(tmp_path, {"run_id": "r", "status": "running", "profile": {}})
     (tmp_path / "events").mkdir()
     (tmp_path / "events" / "trainer-rank0.jsonl").write_text(json.dumps(audit) + "\n")
-    (tmp_path / PLAN_FILE).write_text(json.dumps(plan))
+    RunPaths(tmp_path).plan.write_text(json.dumps(plan))
     pb = Playback(tmp_path, live=True)
     pb.load()
     pb.tick()

@@ -186,3 +186,18 @@ def test_the_plan_store_is_file_io_only() -> None:
     imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
     imported |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     assert not any(m and m.startswith(("cockpit.plan", "cockpit.profiles")) for m in imported), imported
+
+
+def test_the_record_imports_nothing_of_plan_report_or_app() -> None:
+    """The record is the ground floor: every module of it, lazy imports included."""
+    import ast
+
+    import cockpit.record
+
+    folder = Path(cockpit.record.__file__).parent
+    for path in sorted(folder.glob("*.py")):
+        tree = ast.parse(path.read_text())
+        imported = {n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+        imported |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+        above = sorted(m for m in imported if m.startswith(("cockpit.plan", "cockpit.report", "cockpit.app")))
+        assert above == [], f"{path.name} imports {above}"

@@ -22,7 +22,6 @@ from typing import Any
 
 import numpy as np
 
-from cockpit.plan.store import load_plan
 from cockpit.record.bulk import Block, FileChunk, merge_blocks, read_file, sample_record
 from cockpit.record.format import TERMINAL_STATUSES, RunPaths
 from cockpit.record.reader import Event, EventTail
@@ -61,7 +60,7 @@ class Playback:
         self.now = now
         self.paused = False
         self.follow = live  # the clock is pinned to the newest event
-        self.view = RunView(plan=load_plan(self.paths.root))
+        self.view = RunView()
         self.series = RunSeries() if capacity is None else RunSeries(capacity)
         self.manifest: dict[str, Any] = {}
         self.clock: float | None = None  # record time shown (replay); None until the record has a first event
@@ -114,7 +113,7 @@ class Playback:
         """
         self._read_manifest()
         if self.previewing:  # the exact fold replaces the sampled one
-            self.view, self.series = RunView(plan=self.view.plan), RunSeries(self.series.capacity)
+            self.view, self.series = RunView(), RunSeries(self.series.capacity)
             self._first_t = self._last_t = None
             self.clock = None
         paths = sorted(self.paths.events_dir.glob("*.jsonl")) if self.paths.events_dir.is_dir() else []

@@ -1,7 +1,8 @@
 """The state of a run, folded from its events: what every viewer (headless, TUI, replay) shows.
 
 Feed it events in time order with `apply`; read its fields. Live viewing is replay with the clock at
-now: the same fold, fed as lines arrive.
+now: the same fold, fed as lines arrive. Checking the audit against the run's plan is the viewers'
+business, not the record's.
 """
 
 from __future__ import annotations
@@ -60,7 +61,6 @@ class RunView:
     eval_system: str | None = None
     report: dict[str, Any] | None = None  # the supervisor's `report` event: report.json is written
     events_seen: int = 0
-    plan: dict[str, Any] | None = None  # the run's plan.json, when the viewer has loaded it
 
     def apply(self, events: list[Event]) -> None:
         """Fold new events (already merged by time) into the view."""
@@ -226,10 +226,5 @@ class RunView:
 
     @property
     def warnings(self) -> list[str]:
-        """The trainer's audit warnings, then what the audit costs against the run's plan."""
-        if not self.audit:
-            return []
-        from cockpit.plan.audit import compare_audit
-
-        plan_warnings = [f"against the plan: {w.message}" for w in compare_audit(self.audit, self.plan or {})]
-        return list(self.audit.get("warnings", [])) + plan_warnings
+        """The trainer's own audit warnings (settings it asked for and did not get)."""
+        return list(self.audit.get("warnings", [])) if self.audit else []

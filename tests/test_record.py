@@ -201,3 +201,13 @@ def test_the_record_imports_nothing_of_plan_report_or_app() -> None:
         imported |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
         above = sorted(m for m in imported if m.startswith(("cockpit.plan", "cockpit.report", "cockpit.app")))
         assert above == [], f"{path.name} imports {above}"
+
+
+def test_reader_follows_a_file_from_an_offset(tmp_path: Path) -> None:
+    events = tmp_path / "events"
+    events.mkdir()
+    head = '{"t": 1, "kind": "read-in-bulk"}\n'
+    (events / "x.jsonl").write_text(head + '{"t": 2, "kind": "new"}\n')
+    reader = RunReader(tmp_path)
+    reader.follow(events / "x.jsonl", len(head))
+    assert [e["kind"] for e in reader.poll()] == ["new"]

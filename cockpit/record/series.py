@@ -114,7 +114,7 @@ class RunSeries(Fold):
             if total is not None:
                 self._series(self.gpu_total, i).extend(t, total[lo:hi])
             self.last_gpu[i] = {
-                f: (_value(cols[f"{f}[{i}]"][last]) if f"{f}[{i}]" in cols else None) for f in GPU_FIELDS
+                f: _value(c[last]) if (c := cols.get(f"{f}[{i}]")) is not None else None for f in GPU_FIELDS
             }
         self.last_host = {f: _value(cols[f][last]) for f in HOST_FIELDS if f in cols}
         for name, series in (

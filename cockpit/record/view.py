@@ -69,13 +69,12 @@ class RunView(Fold):
         super().apply_event(e)
 
     def apply_block(self, block: Block, lo: int = 0, hi: int | None = None) -> None:
-        """Fold rows `lo:hi` of a block: one rank's rows of one kind, with no other event of that rank
-        between them."""
+        """Fold rows `lo:hi` of a block: one rank's rows of one kind in time order, with no other event of
+        that rank between them."""
         hi = len(block) if hi is None else hi
         if hi <= lo:
             return
-        t = block.t[lo:hi]
-        self._seen(hi - lo, float(t.min()), float(t.max()))
+        self._seen(hi - lo, float(block.t[lo]), float(block.t[hi - 1]))
         if block.kind == "step":
             self._fold_steps(block.rank or 0, block.columns, lo, hi)
 

@@ -236,6 +236,7 @@ def _parse_named(items: list[str], what: str) -> list[tuple[str, Path]]:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
+    from cockpit.record import RunPaths
     from cockpit.runs import create_run
     from cockpit.supervisor import child_env, spawn_detached
 
@@ -246,11 +247,12 @@ def cmd_eval(args: argparse.Namespace) -> int:
         run_dir = _ended_run(args, ": evaluate it once it has ended")
         argv = [sys.executable, "-m", "trainer.evaluate", "--run-dir", str(run_dir)]
         argv += [a for name, path in models for a in ("--model", f"{name}={path}")]
-        console.print(f"evaluating {run_dir.name} (output also in {run_dir / 'output.log'})")
-        with open(run_dir / "output.log", "ab") as log:
+        output_log = RunPaths(run_dir).output_log
+        console.print(f"evaluating {run_dir.name} (output also in {output_log})")
+        with open(output_log, "ab") as log:
             code = subprocess.run(argv, env=child_env(), stdout=log, stderr=subprocess.STDOUT).returncode
         if code != 0:
-            console.print(f"[red]evaluation failed (exit {code}); see {run_dir / 'output.log'}[/]")
+            console.print(f"[red]evaluation failed (exit {code}); see {output_log}[/]")
             return 1
         return _report_and_print(run_dir, "md", None)
     if not args.profile:

@@ -144,6 +144,9 @@ class Series:
         self.last = float(y)
 
     def extend(self, xs: np.ndarray, ys: np.ndarray) -> None:
+        if len(xs) == 1:  # one new point (a live update): the same as `append`, without numpy's overhead
+            self.append(float(xs[0]), float(ys[0]))
+            return
         xs = np.asarray(xs, dtype=np.float64)
         ys = np.asarray(ys, dtype=np.float64)
         ok = np.isfinite(ys)

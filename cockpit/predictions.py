@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from cockpit.record import RunPaths
+from cockpit.record.atomic import write_jsonl_atomic
 
 
 class PredictionsError(ValueError):
@@ -78,8 +79,7 @@ def load_own(path: Path) -> Predictions:
 
 def own_predictions(run_dir: Path) -> list[Predictions]:
     """Every predictions file in the record, the cockpit's and imported ones alike (already checked)."""
-    folder = RunPaths(Path(run_dir)).predictions
-    return [load_own(p) for p in sorted(folder.glob("*.jsonl"))] if folder.is_dir() else []
+    return [load_own(p) for p in RunPaths(Path(run_dir)).prediction_files()]
 
 
 def reference_from(predictions: list[Predictions]) -> Reference:
@@ -159,11 +159,5 @@ def import_predictions(run_dir: Path, name: str, source: Path) -> Path:
         raise PredictionsError(f"{name!r} is reserved for the cockpit's own systems; pick another name")
     reference = reference_from(own_predictions(run_dir))
     checked = check_import(source, reference)
-    target = RunPaths(Path(run_dir)).predictions / f"{name}.jsonl"
-    tmp = target.with_suffix(".tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(json.dumps({"meta": {"system": name, "imported_from": str(source.resolve())}}) + "\n")
-        for row in checked.rows.values():
-            f.write(json.dumps(row) + "\n")
-    tmp.replace(target)
-    return target
+    meta = {"meta": {"system": name, "imported_from": str(source.resolve())}}
+    return write_jsonl_atomic(RunPaths(Path(run_dir)).prediction(name), [meta, *checked.rows.values()])

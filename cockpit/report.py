@@ -7,7 +7,6 @@ NumPy (the same definition, vectorised over resamples; a test holds the two equa
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,6 +16,7 @@ from sklearn.metrics import f1_score, precision_recall_fscore_support
 
 from cockpit.predictions import Predictions, own_predictions, reference_from
 from cockpit.record import RunPaths, load_manifest, read_events
+from cockpit.record.atomic import write_json_atomic, write_text_atomic
 
 TUNED = "finetuned"
 REPORT_VERSION = 1
@@ -172,10 +172,8 @@ def run_report(run_dir: Path, samples: int | None = None) -> dict[str, Any]:
 def write_report(run_dir: Path, report: dict[str, Any]) -> tuple[Path, Path]:
     """`report.json` and `report.md` beside the run's predictions."""
     paths = RunPaths(Path(run_dir))
-    json_path, md_path = paths.root / "report.json", paths.root / "report.md"
-    json_path.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
-    md_path.write_text(to_markdown(report), encoding="utf-8")
-    return json_path, md_path
+    json_path = write_json_atomic(paths.report_json, report)
+    return json_path, write_text_atomic(paths.report_md, to_markdown(report))
 
 
 def summary_line(report: dict[str, Any]) -> str:

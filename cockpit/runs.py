@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from cockpit.hostinfo import host_facts, library_versions
+from cockpit.plan import build_plan
 from cockpit.plan.store import save_plan
 from cockpit.profiles import Profile, profile_to_dict
 from cockpit.record import RunPaths, load_manifest, write_manifest
@@ -59,14 +60,22 @@ def create_run(
             "diagnosis": None,
         },
     )
-    save_plan(run_dir, profile)
+    save_plan(run_dir, plan_or_error(profile))
     return run_dir
+
+
+def plan_or_error(profile: Profile) -> dict[str, Any]:
+    """The profile planned on this machine, or `{"error": ...}`: planning never stops a run."""
+    try:
+        return build_plan(profile).to_dict()
+    except Exception as exc:  # the plan is advice: a run must start even if its config.json is odd
+        return {"plan_version": 1, "error": f"{type(exc).__name__}: {exc}"}
 
 
 def find_run(runs_dir: Path, ref: str) -> Path:
     """A run by path, by id, or by a unique prefix of its id; `latest` is the newest."""
     direct = Path(ref)
-    if (direct / "run.json").is_file():
+    if RunPaths(direct).manifest.is_file():
         return direct
     runs = list_run_dirs(runs_dir)
     if ref == "latest" and runs:
@@ -83,7 +92,7 @@ def list_run_dirs(runs_dir: Path) -> list[Path]:
     """Run directories, oldest first."""
     if not runs_dir.is_dir():
         return []
-    return sorted((p for p in runs_dir.iterdir() if (p / "run.json").is_file()), key=lambda p: p.name)
+    return sorted((p for p in runs_dir.iterdir() if RunPaths(p).manifest.is_file()), key=lambda p: p.name)
 
 
 def manifest_or_none(run_dir: Path) -> dict[str, Any] | None:

@@ -106,7 +106,7 @@ class Supervisor:
         self.stage_started_at: float | None = None
         self.stall_warned = False
         self.stall_detail = ""
-        self.reserve = self.paths.root / ".reserve"
+        self.reserve = self.paths.reserve
         self.disk_full = False
         self.gpu_util: dict[int, float | None] = {}
         self.telemetry: subprocess.Popen[bytes] | None = None
@@ -232,7 +232,7 @@ class Supervisor:
         supervisor, so the process tree it measures holds every stage's processes (train, eval)."""
         root = str(os.getpid())
         argv = [sys.executable, "-m", "cockpit.telemetry", str(self.paths.root), "--root-pid", root]
-        log = open(self.paths.root / "telemetry.log", "ab")  # noqa: SIM115 - handed to the child
+        log = open(self.paths.telemetry_log, "ab")  # noqa: SIM115 - handed to the child
         try:
             self.telemetry = subprocess.Popen(
                 argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=child_env()
@@ -347,7 +347,7 @@ class Supervisor:
             return "failed", f"report failed: {exc}"
         self._durable(
             lambda: self.events.write(
-                "report", path=str(self.paths.root / "report.json"), summary=summary_line(report)
+                "report", path=str(self.paths.report_json), summary=summary_line(report)
             )
         )
         return "finished", summary_line(report)
@@ -407,7 +407,7 @@ class Supervisor:
 
 def spawn_detached(run_dir: Path, resume: bool = False) -> subprocess.Popen[bytes]:
     """Start a supervisor for `run_dir` in its own session; its own messages go to `supervisor.log`."""
-    log = open(Path(run_dir) / "supervisor.log", "ab")  # noqa: SIM115 - handed to the child
+    log = open(RunPaths(Path(run_dir)).supervisor_log, "ab")  # noqa: SIM115 - handed to the child
     try:
         argv = [sys.executable, "-m", "cockpit.supervisor", str(run_dir)] + (["--resume"] if resume else [])
         return subprocess.Popen(

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from cockpit.plan import Hardware, build_plan
-from cockpit.plan.audit import compare_audit
+from cockpit.plan.audit import compare_audit, plan_warnings
 from cockpit.plan.model import GiB
 from cockpit.profiles import load_profile
 from cockpit.record.view import RunView
@@ -124,16 +124,17 @@ def test_dropped_settings_each_cost_something(plan) -> None:
     assert all(w.cost_bytes > 0 for w in warnings.values())
 
 
-def test_run_view_adds_plan_warnings_to_the_trainer_ones(plan) -> None:
+def test_viewers_add_plan_warnings_to_the_trainer_ones(plan) -> None:
     audit = audit_as_planned(plan)
     audit["groups"]["experts"]["params_4bit"] = 0
     audit["warnings"] = ["experts: not in 4 bit (from the trainer)"]
     audit["t"] = 1.0
-    view = RunView(plan=plan)
+    view = RunView()
     view.apply([audit])
-    assert view.warnings[0] == "experts: not in 4 bit (from the trainer)"
-    assert len(view.warnings) == 2 and view.warnings[1].startswith("against the plan: experts")
-    assert RunView().warnings == [] and len(RunView(audit=audit).warnings) == 1
+    assert view.warnings == ["experts: not in 4 bit (from the trainer)"]  # the record: the trainer's own
+    against = plan_warnings(view.audit, plan)
+    assert len(against) == 1 and against[0].startswith("against the plan: experts")
+    assert RunView().warnings == [] and plan_warnings(None, plan) == [] and plan_warnings(audit, None) == []
 
 
 def test_a_new_run_stores_its_plan(tmp_path: Path) -> None:
@@ -150,8 +151,8 @@ def test_a_new_run_stores_its_plan(tmp_path: Path) -> None:
 
 def test_the_app_shows_the_plan_warnings_too(plan, tmp_path: Path) -> None:
     from cockpit.app.model import build_audit
-    from cockpit.plan.store import PLAN_FILE
-    from cockpit.record import write_manifest
+    from cockpit.plan.store import load_plan
+    from cockpit.record import RunPaths, write_manifest
     from cockpit.record.playback import Playback
 
     audit = audit_as_planned(plan, partitioned_at_load=False)
@@ -159,9 +160,10 @@ def test_the_app_shows_the_plan_warnings_too(plan, tmp_path: Path) -> None:
     write_manifest(tmp_path, {"run_id": "r", "status": "running", "profile": {}})
     (tmp_path / "events").mkdir()
     (tmp_path / "events" / "trainer-rank0.jsonl").write_text(json.dumps(audit) + "\n")
-    (tmp_path / PLAN_FILE).write_text(json.dumps(plan))
+    RunPaths(tmp_path).plan.write_text(json.dumps(plan))
     pb = Playback(tmp_path, live=True)
     pb.load()
     pb.tick()
-    shown = build_audit(pb)
+    shown = build_audit(pb, load_plan(tmp_path))
     assert shown is not None and any(w.startswith("against the plan:") for w in shown.warnings)
+    assert not any(w.startswith("against the plan:") for w in build_audit(pb).warnings)

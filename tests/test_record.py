@@ -82,3 +82,132 @@ def test_create_run_is_owner_only_and_planned(tmp_path: Path) -> None:
     assert find_run(tmp_path, run_dir.name[:15]) == run_dir
     assert find_run(tmp_path, "latest") == run_dir
     assert list_run_dirs(tmp_path) == [run_dir]
+
+
+# --- one atomic writer --------------------------------------------------------------------------------
+def test_atomic_writes_replace_whole_files(tmp_path: Path) -> None:
+    from cockpit.record.atomic import write_json_atomic, write_jsonl_atomic, write_text_atomic
+
+    path = tmp_path / "a.json"
+    assert write_json_atomic(path, {"a": 1}) == path
+    assert json.loads(path.read_text()) == {"a": 1} and path.read_text().endswith("}\n")
+    write_json_atomic(path, {"b": [1, 2]}, indent=1)
+    assert path.read_text() == '{\n "b": [\n  1,\n  2\n ]\n}\n'
+    write_text_atomic(tmp_path / "r.md", "# hi\n")
+    assert (tmp_path / "r.md").read_text() == "# hi\n"
+    write_jsonl_atomic(tmp_path / "p.jsonl", ({"i": i} for i in range(3)))
+    assert (tmp_path / "p.jsonl").read_text() == '{"i": 0}\n{"i": 1}\n{"i": 2}\n'
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.json", "p.jsonl", "r.md"]
+
+
+def test_a_failed_atomic_write_leaves_the_old_file_and_no_partial_one(tmp_path: Path) -> None:
+    from cockpit.record.atomic import atomic_writer, write_json_atomic, write_jsonl_atomic
+
+    path = tmp_path / "p.jsonl"
+    path.write_text("old\n")
+
+    def rows():
+        yield {"i": 0}
+        raise RuntimeError("the scorer died halfway")
+
+    try:
+        write_jsonl_atomic(path, rows())
+    except RuntimeError:
+        pass
+    else:
+        raise AssertionError("the failure must reach the caller")
+    try:
+        write_json_atomic(tmp_path / "new.json", {"x": object()})  # not JSON: fails mid-write
+    except TypeError:
+        pass
+    else:
+        raise AssertionError("an object is not JSON")
+    assert path.read_text() == "old\n"
+    assert [p.name for p in tmp_path.iterdir()] == ["p.jsonl"], "no temporary or half-written file left"
+
+    with atomic_writer(path) as f:  # while it is written, globs over the folder do not see it
+        f.write("new\n")
+        assert list(tmp_path.glob("*.jsonl")) == [path] and path.read_text() == "old\n"
+    assert path.read_text() == "new\n"
+
+
+# --- every name of a run, in RunPaths -----------------------------------------------------------------
+def test_run_paths_name_every_file_of_a_run(tmp_path: Path) -> None:
+    from cockpit.record import RunPaths
+
+    paths = RunPaths(tmp_path)
+    names = {
+        "manifest": "run.json",
+        "plan": "plan.json",
+        "output_log": "output.log",
+        "supervisor_log": "supervisor.log",
+        "telemetry_log": "telemetry.log",
+        "reserve": ".reserve",
+        "report_json": "report.json",
+        "report_md": "report.md",
+        "stop_request": "control/stop",
+        "kill_request": "control/kill",
+    }
+    for attr, name in names.items():
+        assert getattr(paths, attr) == tmp_path / name, attr
+    assert paths.prediction("api") == tmp_path / "predictions" / "api.jsonl"
+    assert paths.events("telemetry") == tmp_path / "events" / "telemetry.jsonl"
+    assert paths.event_files() == [] and paths.prediction_files() == []  # no folders yet
+    for name in ("b.jsonl", "a.jsonl", "notes.txt"):
+        (paths.predictions).mkdir(exist_ok=True)
+        (paths.predictions / name).write_text("")
+    assert paths.prediction_files() == [paths.prediction("a"), paths.prediction("b")]
+
+
+def test_writers_put_files_where_run_paths_say(tmp_path: Path) -> None:
+    from cockpit.plan.store import load_plan, save_plan
+    from cockpit.record import RunPaths
+    from cockpit.report import write_report
+
+    paths = RunPaths(tmp_path)
+    assert save_plan(tmp_path, {"plan_version": 1, "configured": {}}) == paths.plan
+    assert load_plan(tmp_path) == {"plan_version": 1, "configured": {}}
+    save_plan(tmp_path, {"plan_version": 1, "error": "ValueError: odd config"})
+    assert load_plan(tmp_path) is None  # a plan that could not be made is no plan
+    fixture = Path(__file__).parent / "fixtures" / "reports" / "20261130-054410-tiny-cpu-903f.json"
+    report = json.loads(fixture.read_text())
+    assert write_report(tmp_path, report) == (paths.report_json, paths.report_md)
+    assert json.loads(paths.report_json.read_text()) == report and paths.report_md.read_text().strip()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["plan.json", "report.json", "report.md"]
+
+
+def test_the_plan_store_is_file_io_only() -> None:
+    """plan.json is read and written without the planner: whoever wants a fresh plan builds it."""
+    import ast
+
+    import cockpit.plan.store as store
+
+    tree = ast.parse(Path(store.__file__).read_text())
+    imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    imported |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    assert not any(m and m.startswith(("cockpit.plan", "cockpit.profiles")) for m in imported), imported
+
+
+def test_the_record_imports_nothing_of_plan_report_or_app() -> None:
+    """The record is the ground floor: every module of it, lazy imports included."""
+    import ast
+
+    import cockpit.record
+
+    folder = Path(cockpit.record.__file__).parent
+    for path in sorted(folder.glob("*.py")):
+        tree = ast.parse(path.read_text())
+        imported = {n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+        imported |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+        above = sorted(m for m in imported if m.startswith(("cockpit.plan", "cockpit.report", "cockpit.app")))
+        assert above == [], f"{path.name} imports {above}"
+
+
+def test_reader_follows_a_file_from_an_offset(tmp_path: Path) -> None:
+    events = tmp_path / "events"
+    events.mkdir()
+    head = '{"t": 1, "kind": "read-in-bulk"}\n'
+    (events / "x.jsonl").write_text(head + '{"t": 2, "kind": "new"}\n')
+    reader = RunReader(tmp_path)
+    reader.follow(events / "x.jsonl", len(head))
+    assert [e["kind"] for e in reader.poll()] == ["new"]

@@ -181,6 +181,37 @@ def test_bulk_read_folds_like_the_event_reader() -> None:
     assert fast.eta_s() == slow.eta_s() and fast.tokens_per_s == slow.tokens_per_s
 
 
+def test_bulk_read_draws_like_the_event_reader() -> None:
+    """The curves too: the block fold over columns and the event reader's events give the same series."""
+    from cockpit.record.series import RunSeries
+
+    slow = RunSeries()
+    slow.apply(RunReader(FIXTURE).poll())
+    pb = Playback(FIXTURE, live=True)
+    pb.load()
+    pb.tick()
+    fast = pb.series
+    for name in ("loss", "loss_smooth", "tokens_per_s", "ram_used", "ram_total", "run_rss", "swap_used"):
+        a, b = getattr(slow, name), getattr(fast, name)
+        assert np.array_equal(a.x, b.x) and np.allclose(a.y, b.y), name
+    assert slow.rank_rss.keys() == fast.rank_rss.keys() and slow.last_host == fast.last_host
+    assert slow.telemetry_samples == fast.telemetry_samples and slow.status == fast.status
+
+
+def test_bad_lines_count_the_bulk_read_and_what_came_after(tmp_path: Path) -> None:
+    run = copy_until(tmp_path)
+    with open(run / "events" / "supervisor.jsonl", "a") as f:
+        f.write("not json\n")
+    pb = Playback(run, live=True)
+    pb.load()
+    pb.tick()
+    assert pb.bad_lines == 1
+    with open(run / "events" / "supervisor.jsonl", "a") as f:
+        f.write('{"no": "kind"}\n')
+    pb.tick()
+    assert pb.bad_lines == 2
+
+
 # --- the playback clock -------------------------------------------------------------------------------
 class FakeClock:
     def __init__(self, t: float) -> None:

@@ -8,7 +8,6 @@ code scores a base model and a fine-tuned adapter, so their numbers are comparab
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -151,13 +150,10 @@ def classify(
 
 def write_predictions(path: Path, predictions: list[Prediction], meta: dict[str, Any]) -> None:
     """One JSON line per example; a first line `{"meta": ...}` says which system made them."""
+    from cockpit.record.atomic import write_jsonl_atomic
+
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".jsonl.tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(json.dumps({"meta": meta}) + "\n")
-        for p in predictions:
-            f.write(json.dumps(p.to_json()) + "\n")
-    tmp.replace(path)
+    write_jsonl_atomic(path, [{"meta": meta}, *(p.to_json() for p in predictions)])
 
 
 def timed(fn: Callable[[], Any]) -> tuple[Any, float]:
@@ -206,7 +202,7 @@ class Evaluation:
                 model, tokenizer, examples, self.profile.eval.max_think_tokens, progress=progress
             )
         )
-        path = self.paths.predictions / f"{name}.jsonl"
+        path = self.paths.prediction(name)
         write_predictions(path, predictions, {"system": name, **meta})
         accuracy = sum(p.pred == p.gold for p in predictions) / max(1, len(predictions))
         self.events.write("eval_system", system=name, path=str(path), examples=len(predictions),

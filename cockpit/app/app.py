@@ -30,6 +30,7 @@ from cockpit.app.report_model import ReportData, read_report
 from cockpit.app.screens.confirm import ConfirmStop
 from cockpit.app.screens.report import ReportScreen
 from cockpit.app.screens.run import RunScreen
+from cockpit.plan.store import load_plan
 from cockpit.record.format import TERMINAL_STATUSES
 from cockpit.record.playback import Playback
 
@@ -73,6 +74,7 @@ class CockpitApp(App[str]):
             playback = Playback(run_dir, live=live, speed=speed, now=now)
         self.playback = playback
         self.run_dir = playback.paths.root
+        self.plan = load_plan(self.run_dir)  # the audit panel checks the trainer's audit against it
         self.refresh_s = refresh_s or (LIVE_REFRESH_S if playback.live else REPLAY_REFRESH_S)
         self.last_snapshot: Snapshot | None = None
         self.shown = 0  # snapshots shown so far
@@ -111,7 +113,7 @@ class CockpitApp(App[str]):
         if not pb.loaded and pb.live and pb.needs_preview():
             # A big record, live: a sampled first frame now, the exact one once every line is read.
             pb.preview()
-            preview = build_snapshot(pb, dict(self._dots))
+            preview = build_snapshot(pb, dict(self._dots), plan=self.plan)
             self._in_flight.set()
             self.post_message(SnapshotReady(preview))
         while not worker.is_cancelled:
@@ -156,7 +158,9 @@ class CockpitApp(App[str]):
         # Hold back while the previous snapshot is still waiting to be shown: the UI thread is busy.
         if self._in_flight.is_set() and not force:
             return
-        snapshot = build_snapshot(self.playback, dict(self._dots), tick_ms=tick_ms, lost=self._lost)
+        snapshot = build_snapshot(
+            self.playback, dict(self._dots), tick_ms=tick_ms, lost=self._lost, plan=self.plan
+        )
         self._in_flight.set()
         self.post_message(SnapshotReady(snapshot))
 

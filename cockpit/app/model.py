@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from cockpit.downsample import Buckets, Series
+from cockpit.plan.audit import plan_warnings
 from cockpit.record.format import TERMINAL_STATUSES
 from cockpit.record.playback import Playback
 
@@ -259,7 +260,8 @@ def build_header(pb: Playback, lost: str | None = None) -> Header:
     )
 
 
-def build_audit(pb: Playback) -> Audit | None:
+def build_audit(pb: Playback, plan: dict[str, Any] | None = None) -> Audit | None:
+    """The audit panel: the trainer's audit, its warnings, then what it costs against the run's `plan`."""
     a = pb.view.audit
     if not a:
         return None
@@ -270,7 +272,7 @@ def build_audit(pb: Playback) -> Audit | None:
         requested=dict(a.get("requested") or {}),
         applied=dict(a.get("applied") or {}),
         lora_targets=dict(a.get("lora_targets") or {}),
-        warnings=tuple(pb.view.warnings),  # the trainer's, then what the audit costs against the plan
+        warnings=(*pb.view.warnings, *plan_warnings(a, plan)),
     )
 
 
@@ -293,13 +295,19 @@ def report_due(pb: Playback) -> bool:
 
 
 def build_snapshot(
-    pb: Playback, dots: dict[str, int], log_lines: int = 200, tick_ms: float = 0.0, lost: str | None = None
+    pb: Playback,
+    dots: dict[str, int],
+    log_lines: int = 200,
+    tick_ms: float = 0.0,
+    lost: str | None = None,
+    plan: dict[str, Any] | None = None,
 ) -> Snapshot:
-    """Everything the run screen shows, from the Playback as it stands (call on the Playback's thread)."""
+    """Everything the run screen shows, from the Playback as it stands (call on the Playback's thread);
+    `plan` is the run's plan.json, to check the audit against."""
     t0 = time.perf_counter()
     charts = build_charts(pb, dots)
     header = build_header(pb, lost)
-    audit = build_audit(pb)
+    audit = build_audit(pb, plan)
     log = tuple(pb.output_tail(log_lines))
     due = report_due(pb)
     built_ms = (time.perf_counter() - t0) * 1000

@@ -158,16 +158,14 @@ def report_data(report: Mapping[str, Any], source: str = REPORT_FILE) -> ReportD
 def has_report(run_dir: Path) -> bool:
     """Whether the run has a report, or predictions to build one from (two stats; call off the UI thread)."""
     paths = RunPaths(Path(run_dir))
-    return (paths.root / REPORT_FILE).is_file() or (
-        paths.predictions.is_dir() and any(paths.predictions.glob("*.jsonl"))
-    )
+    return paths.report_json.is_file() or bool(paths.prediction_files())
 
 
 def read_report(run_dir: Path) -> ReportData | None:
     """The run's report: `report.json`, else built in memory from its predictions; None when neither is
     there. Reads files (and may run the bootstrap): call it on a worker thread."""
     run_dir = Path(run_dir)
-    path = run_dir / REPORT_FILE
+    path = RunPaths(run_dir).report_json
     if path.is_file():
         return report_data(json.loads(path.read_text(encoding="utf-8")))
     from cockpit.report import run_report

@@ -156,3 +156,10 @@ def compare_audit(audit: dict[str, Any], plan: dict[str, Any]) -> list[PlanWarni
             )
         )
     return out
+
+
+def plan_warnings(audit: dict[str, Any] | None, plan: dict[str, Any] | None) -> list[str]:
+    """What the audit costs against the plan, as the lines a viewer shows after the trainer's own."""
+    if not audit or not plan:
+        return []
+    return [f"against the plan: {w.message}" for w in compare_audit(audit, plan)]

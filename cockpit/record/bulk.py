@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from cockpit.record.columns import parse_uniform
+from cockpit.record.format import jsonl_files
 from cockpit.record.reader import Event
 from cockpit.record.reader import parse_lines as json_events
 
@@ -150,7 +151,7 @@ def read_record(
 
     Returns the blocks, the other events, the new offsets and the count of bad lines."""
     offsets = dict(offsets or {})
-    paths = sorted(events_dir.glob("*.jsonl")) if events_dir.is_dir() else []
+    paths = jsonl_files(events_dir)
     total = sum(max(0, p.stat().st_size - offsets.get(p, 0)) for p in paths)
     done = 0
     blocks: list[Block] = []
@@ -219,7 +220,7 @@ def sample_file(path: Path, samples: int, edge_bytes: int) -> list[Event]:
 
 def sample_record(events_dir: Path, samples: int, edge_bytes: int) -> list[Event]:
     """`sample_file` over every event file, merged by time."""
-    paths = sorted(events_dir.glob("*.jsonl")) if events_dir.is_dir() else []
+    paths = jsonl_files(events_dir)
     events = [e for p in paths for e in sample_file(p, samples, edge_bytes)]
     events.sort(key=lambda e: e["t"])
     return events

@@ -11,13 +11,18 @@ order, numbers or null as values), so their numbers can be pulled out in bulk in
 3. the first line is also parsed with `json` and must give the same numbers (layout check).
 
 Any check that fails returns None and the caller parses those lines with `json`, line by line.
+
+Events already parsed (a live poll, a sampled preview) become the same columns through `columns_of`,
+so every fold reads one shape whatever the path the lines took.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import warnings
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -117,3 +122,40 @@ def list_width(columns: dict[str, np.ndarray], key: str) -> int:
     while f"{key}[{n}]" in columns:
         n += 1
     return n
+
+
+def _number(value: Any) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return math.nan
+
+
+def layout(event: Mapping[str, Any]) -> tuple[Any, ...]:
+    """What must be equal for events to share columns: the keys, which are strings, and list lengths."""
+    return tuple(
+        (k, len(v)) if isinstance(v, list) else (k, -1) if isinstance(v, str) else k for k, v in event.items()
+    )
+
+
+@functools.lru_cache(maxsize=256)
+def _plan(shape: tuple[Any, ...]) -> tuple[list[str], list[tuple[str, int]], list[str]]:
+    """For one `layout`: the scalar keys, the list keys with their lengths, and the column names."""
+    scalars = [k for k in shape if isinstance(k, str)]
+    lists = [(k, n) for k, n in (s for s in shape if not isinstance(s, str)) if n >= 0]
+    return scalars, lists, scalars + [f"{k}[{i}]" for k, n in lists for i in range(n)]
+
+
+def columns_of(
+    events: Sequence[Mapping[str, Any]], shape: tuple[Any, ...] | None = None
+) -> dict[str, np.ndarray]:
+    """Numeric columns of parsed events with one `layout` (`shape`, when the caller has it), named and
+    valued as `parse_uniform` makes them: `key` for scalars, `key[i]` for list items, NaN for a null (or
+    anything that is not a number); strings are left out."""
+    scalars, lists, names = _plan(layout(events[0]) if shape is None else shape)
+    rows = [[e[k] for k in scalars] + [x for k, _ in lists for x in e[k]] for e in events]
+    try:
+        table = np.array(rows, dtype=np.float64)  # None becomes NaN
+    except (TypeError, ValueError):
+        table = np.array([[_number(x) for x in row] for row in rows], dtype=np.float64)
+    return dict(zip(names, table.T, strict=True))  # column views of one table

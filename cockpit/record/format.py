@@ -6,11 +6,17 @@ runs/<run-id>/
   plan.json                the memory plan the run started with (cockpit.plan), for checking the audit
   events/<writer>.jsonl    append-only event streams, one per writing process
   output.log               every byte the training processes printed
-  control/                 requests to the running trainer (stop)
+  supervisor.log           the detached supervisor's own messages
+  telemetry.log            the telemetry sampler's own messages
+  control/{stop,kill}      requests to the running trainer
   checkpoints/             trainer checkpoints
   adapter/                 the final LoRA adapter
-  predictions/             per-system predictions on the held-out split
+  predictions/<system>.jsonl  per-system predictions on the held-out split
+  report.json, report.md   the evaluation report
+  .reserve                 disk space the supervisor holds back for its last words
 ```
+
+Every name above is spelled here only: the rest of the cockpit asks `RunPaths`.
 """
 
 from __future__ import annotations
@@ -20,8 +26,12 @@ from pathlib import Path
 
 FORMAT_VERSION = 1
 
-STATUSES = ("planned", "running", "finished", "failed", "stopped", "stalled")
 TERMINAL_STATUSES = ("finished", "failed", "stopped", "stalled")
+
+
+def jsonl_files(folder: Path) -> list[Path]:
+    """The `*.jsonl` files in a folder, sorted by name (none when the folder is missing)."""
+    return sorted(folder.glob("*.jsonl")) if folder.is_dir() else []
 
 
 @dataclass(frozen=True)
@@ -46,9 +56,29 @@ class RunPaths:
         """The event file owned by one writer (`supervisor`, `trainer-rank0`, `telemetry`, ...)."""
         return self.events_dir / f"{writer}.jsonl"
 
+    def event_files(self) -> list[Path]:
+        """Every writer's event file, sorted by name (none when there is no `events/` yet)."""
+        return jsonl_files(self.events_dir)
+
+    @property
+    def plan(self) -> Path:
+        return self.root / "plan.json"
+
     @property
     def output_log(self) -> Path:
         return self.root / "output.log"
+
+    @property
+    def supervisor_log(self) -> Path:
+        return self.root / "supervisor.log"
+
+    @property
+    def telemetry_log(self) -> Path:
+        return self.root / "telemetry.log"
+
+    @property
+    def reserve(self) -> Path:
+        return self.root / ".reserve"
 
     @property
     def control_dir(self) -> Path:
@@ -73,3 +103,19 @@ class RunPaths:
     @property
     def predictions(self) -> Path:
         return self.root / "predictions"
+
+    def prediction(self, system: str) -> Path:
+        """One system's predictions file."""
+        return self.predictions / f"{system}.jsonl"
+
+    def prediction_files(self) -> list[Path]:
+        """Every system's predictions file, sorted by name (none before the evaluation)."""
+        return jsonl_files(self.predictions)
+
+    @property
+    def report_json(self) -> Path:
+        return self.root / "report.json"
+
+    @property
+    def report_md(self) -> Path:
+        return self.root / "report.md"

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
+from cockpit.record.atomic import write_json_atomic
 from cockpit.record.format import FORMAT_VERSION, RunPaths
 
 Manifest = dict[str, Any]
@@ -15,19 +14,7 @@ Manifest = dict[str, Any]
 
 def write_manifest(run_dir: Path, manifest: Manifest) -> None:
     """Replace `run.json` atomically (write a temporary file, fsync, rename)."""
-    path = RunPaths(Path(run_dir)).manifest
-    manifest = {"format_version": FORMAT_VERSION, **manifest}
-    fd, tmp = tempfile.mkstemp(prefix=".run.json.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(manifest, f, indent=2, sort_keys=False)
-            f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_json_atomic(RunPaths(Path(run_dir)).manifest, {"format_version": FORMAT_VERSION, **manifest})
 
 
 def load_manifest(run_dir: Path) -> Manifest:

@@ -22,10 +22,10 @@ from typing import Any
 
 import numpy as np
 
-from cockpit.plan.store import load_plan
 from cockpit.record.bulk import Block, FileChunk, merge_blocks, read_file, sample_record
+from cockpit.record.fold import split
 from cockpit.record.format import TERMINAL_STATUSES, RunPaths
-from cockpit.record.reader import Event, EventTail
+from cockpit.record.reader import Event, RunReader
 from cockpit.record.series import RunSeries
 from cockpit.record.view import RunView
 
@@ -61,16 +61,16 @@ class Playback:
         self.now = now
         self.paused = False
         self.follow = live  # the clock is pinned to the newest event
-        self.view = RunView(plan=load_plan(self.paths.root))
+        self.view = RunView()
         self.series = RunSeries() if capacity is None else RunSeries(capacity)
         self.manifest: dict[str, Any] = {}
         self.clock: float | None = None  # record time shown (replay); None until the record has a first event
         self.loaded = False
         self.previewing = False
         self.load_fraction = 0.0
-        self.bad_lines = 0
+        self.reader = RunReader(self.paths.root)  # new lines, once the bulk read has passed them
+        self._bulk_bad_lines = 0
         self._manifest_mtime: float | None = None
-        self._tails: dict[Path, EventTail] = {}
         self._pending: list[_Pending] = []
         self._events: deque[Event] = deque()
         self._first_t: float | None = None
@@ -87,8 +87,7 @@ class Playback:
 
     # --- loading ----------------------------------------------------------------------------------
     def record_bytes(self) -> int:
-        d = self.paths.events_dir
-        return sum(p.stat().st_size for p in d.glob("*.jsonl")) if d.is_dir() else 0
+        return sum(p.stat().st_size for p in self.paths.event_files())
 
     def needs_preview(self) -> bool:
         """Whether the record is big enough that a sampled first frame should come before `load`."""
@@ -99,8 +98,7 @@ class Playback:
         whole, lines sampled in between. `view` and `series` are approximate until `load` replaces them."""
         self._read_manifest()
         events = sample_record(self.paths.events_dir, PREVIEW_SAMPLES, PREVIEW_EDGE_BYTES)
-        self.view.apply(events)
-        self.series.apply(events)
+        self._fold_events(events)
         if events:
             self._note_times(events[0]["t"], events[-1]["t"])
             self.clock = events[0]["t"] if not self.follow else events[-1]["t"]
@@ -114,10 +112,10 @@ class Playback:
         """
         self._read_manifest()
         if self.previewing:  # the exact fold replaces the sampled one
-            self.view, self.series = RunView(plan=self.view.plan), RunSeries(self.series.capacity)
+            self.view, self.series = RunView(), RunSeries(self.series.capacity)
             self._first_t = self._last_t = None
             self.clock = None
-        paths = sorted(self.paths.events_dir.glob("*.jsonl")) if self.paths.events_dir.is_dir() else []
+        paths = self.paths.event_files()
         self._load_total = sum(p.stat().st_size for p in paths)
         self._load_done = 0
         self._readers = {p: read_file(p) for p in paths}
@@ -137,9 +135,9 @@ class Playback:
             if chunk is None:
                 del self._readers[path]
                 self._reached[path] = math.inf
-                self._tails[path] = EventTail(path, self._offsets[path])
+                self.reader.follow(path, self._offsets[path])
             else:
-                self.bad_lines += chunk.bad_lines
+                self._bulk_bad_lines += chunk.bad_lines
                 self._load_done += chunk.offset - self._offsets[path]
                 self._offsets[path] = chunk.offset
                 blocks = merge_blocks(chunk.blocks)
@@ -200,20 +198,17 @@ class Playback:
     def poll(self) -> int:
         """Read the lines written since the last call (and new writers); returns how many events came."""
         self._read_manifest()
-        if self.paths.events_dir.is_dir():
-            for path in sorted(self.paths.events_dir.glob("*.jsonl")):
-                if path not in self._tails:
-                    self._tails[path] = EventTail(path)
-        new: list[Event] = []
-        for tail in self._tails.values():
-            new.extend(tail.poll())
+        new = self.reader.poll()
         if new:
-            new.sort(key=lambda e: e["t"])
             self._add([], new)
             if self.clock is None:
                 self.clock = self._first_t
-        self.bad_lines = sum(t.bad_lines for t in self._tails.values())
         return len(new)
+
+    @property
+    def bad_lines(self) -> int:
+        """Lines that were not events, in the bulk read and since."""
+        return self._bulk_bad_lines + self.reader.bad_lines
 
     # --- the clock --------------------------------------------------------------------------------
     def command(self, name: str, arg: Any = None) -> None:
@@ -289,28 +284,26 @@ class Playback:
                     changed = True
             if t_next is None:
                 break
+            # Every due event up to the next unfolded block row (rows at an event's time come after it)
+            # goes in one batch, so `split` can gather its step and telemetry events into blocks.
+            rows = (float(p.block.t[p.pos]) for p in self._pending if p.pos < len(p.block))
+            batch_until = min(until, min(rows, default=math.inf))  # never before t_next
             batch = [events.popleft()]
-            while events and events[0]["t"] == t_next:
+            while events and events[0]["t"] <= batch_until:
                 batch.append(events.popleft())
-            self.view.apply(batch)
-            self.series.apply(batch)
+            self._fold_events(batch)
             changed = True
         self._pending = [p for p in self._pending if p.pos < len(p.block)]
         return changed
 
     def _fold_block(self, block: Block, lo: int, hi: int) -> None:
-        if block.kind == "step":
-            self.view.apply_step_block(block.rank or 0, block.columns, lo, hi)
-        else:
-            t = block.columns["t"]
-            self.view.events_seen += hi - lo
-            self.view.first_t = (
-                float(t[lo]) if self.view.first_t is None else min(self.view.first_t, float(t[lo]))
-            )
-            self.view.last_t = (
-                float(t[hi - 1]) if self.view.last_t is None else max(self.view.last_t, float(t[hi - 1]))
-            )
+        self.view.apply_block(block, lo, hi)
         self.series.apply_block(block, lo, hi)
+
+    def _fold_events(self, events: list[Event]) -> None:
+        for item in split(events):  # gathered into blocks once for both folds
+            self.view.fold(item)
+            self.series.fold(item)
 
     # --- what a viewer shows ----------------------------------------------------------------------
     @property

@@ -6,7 +6,6 @@ The same reader serves a live run (poll again and again) and a saved one (read o
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -69,12 +68,15 @@ class RunReader:
         self.paths = RunPaths(Path(run_dir))
         self._tails: dict[Path, EventTail] = {}
 
+    def follow(self, path: Path, offset: int) -> None:
+        """Follow `path` from `offset` on (its lines before were read another way, e.g. in bulk)."""
+        self._tails[path] = EventTail(path, offset)
+
     def poll(self) -> list[Event]:
         """All new events from all writers, merged by time."""
-        if self.paths.events_dir.is_dir():
-            for path in sorted(self.paths.events_dir.glob("*.jsonl")):
-                if path not in self._tails:
-                    self._tails[path] = EventTail(path)
+        for path in self.paths.event_files():
+            if path not in self._tails:
+                self._tails[path] = EventTail(path)
         events: list[Event] = []
         for tail in self._tails.values():
             events.extend(tail.poll())
@@ -90,10 +92,3 @@ def read_events(run_dir: Path, kind: str | None = None) -> list[Event]:
     """Every event of a run (optionally one kind), merged by time."""
     events = RunReader(run_dir).poll()
     return events if kind is None else [e for e in events if e["kind"] == kind]
-
-
-def iter_kind(events: list[Event], kind: str, rank: int | None = None) -> Iterator[Event]:
-    """Events of one kind, and of one rank where given."""
-    for e in events:
-        if e["kind"] == kind and (rank is None or e.get("rank") == rank):
-            yield e

@@ -1,8 +1,9 @@
 """The plotted side of a run, folded from its events: loss, throughput, GPU memory, host RAM.
 
 `RunView` holds what a header shows; `RunSeries` holds the curves, each a bounded `Series`, so a
-viewer's memory does not grow with the length of the run. Both are fed the same events, one by one
-(`apply`) or as columns (`apply_block`, from `record.bulk`), with the same result.
+viewer's memory does not grow with the length of the run. Both are fed the same events, as events
+(`apply`) or as columns (`apply_block`, from `record.bulk`): the step and telemetry folds take columns
+only (see `record.fold`), so either way gives the same result.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import numpy as np
 from cockpit.downsample import DEFAULT_CAPACITY, Series, ema
 from cockpit.record.bulk import Block
 from cockpit.record.columns import list_width
+from cockpit.record.fold import Fold
 from cockpit.record.reader import Event
 
 LOSS_SMOOTHING = 0.9
@@ -42,7 +44,7 @@ def _value(v: Any) -> float | None:
     return f if math.isfinite(f) else None
 
 
-class RunSeries:
+class RunSeries(Fold):
     """Curves and last readings of a run, updated event by event or block by block."""
 
     def __init__(self, capacity: int = DEFAULT_CAPACITY) -> None:
@@ -68,47 +70,61 @@ class RunSeries:
         self.end_t: float | None = None
         self.stop_requested = False
 
-    # --- one event at a time -------------------------------------------------------------------
-    def apply(self, events: list[Event]) -> None:
-        for e in events:
-            handler = getattr(self, f"_on_{e['kind']}", None)
-            if handler is not None:
-                handler(e)
-
     def _series(self, table: dict[int, Series], key: int) -> Series:
         if key not in table:
             table[key] = Series(self.capacity)
         return table[key]
 
-    def _on_step(self, e: Event) -> None:
-        t = e["t"]
-        rank = int(e.get("rank", 0) or 0)
-        if "cuda_peak_alloc_mib" in e:
-            self._series(self.rank_peak, rank).append(t, _value(e["cuda_peak_alloc_mib"]))
-        if "rss_mib" in e:
-            self._series(self.rank_rss, rank).append(t, _value(e["rss_mib"]))
+    # --- one fold per kind: step and telemetry rows in blocks, the rest event by event --------------
+    def apply_block(self, block: Block, lo: int = 0, hi: int | None = None) -> None:
+        """Rows `lo:hi` of a block (all of it by default)."""
+        hi = len(block) if hi is None else hi
+        if hi <= lo:
+            return
+        if block.kind == "step":
+            self._fold_steps(block.rank or 0, block.columns, lo, hi)
+        elif block.kind == "telemetry":
+            self._fold_telemetry(block.columns, lo, hi)
+
+    def _fold_steps(self, rank: int, cols: dict[str, np.ndarray], lo: int, hi: int) -> None:
+        t = cols["t"][lo:hi]
+        if "cuda_peak_alloc_mib" in cols:
+            self._series(self.rank_peak, rank).extend(t, cols["cuda_peak_alloc_mib"][lo:hi])
+        if "rss_mib" in cols:
+            self._series(self.rank_rss, rank).extend(t, cols["rss_mib"][lo:hi])
         if rank != 0:
             return
-        loss = _value(e.get("loss"))
-        self.loss.append(t, loss)
-        if loss is not None:
-            smooth, self._ema = ema(np.array([loss]), LOSS_SMOOTHING, self._ema)
-            self.loss_smooth.append(t, float(smooth[0]))
-        self.tokens_per_s.append(t, _value(e.get("tokens_per_s")))
+        if "loss" in cols:
+            loss = cols["loss"][lo:hi]
+            self.loss.extend(t, loss)
+            ok = np.isfinite(loss)
+            smooth, self._ema = ema(loss[ok], LOSS_SMOOTHING, self._ema)
+            self.loss_smooth.extend(t[ok], smooth)
+        if "tokens_per_s" in cols:
+            self.tokens_per_s.extend(t, cols["tokens_per_s"][lo:hi])
 
-    def _on_telemetry(self, e: Event) -> None:
-        t = e["t"]
-        self.telemetry_samples += 1
-        used = e.get("gpu_mem_used_mib") or []
-        for i in range(len(used)):
-            self.last_gpu[i] = {f: _value((e.get(f) or [None] * len(used))[i]) for f in GPU_FIELDS}
-            self._series(self.gpu_used, i).append(t, self.last_gpu[i]["gpu_mem_used_mib"])
-            self._series(self.gpu_total, i).append(t, self.last_gpu[i]["gpu_mem_total_mib"])
-        self.last_host = {f: _value(e.get(f)) for f in HOST_FIELDS if f in e}
-        self.ram_used.append(t, self.last_host.get("ram_used_mib"))
-        self.ram_total.append(t, self.last_host.get("ram_total_mib"))
-        self.run_rss.append(t, self.last_host.get("run_rss_mib"))
-        self.swap_used.append(t, self.last_host.get("swap_used_mib"))
+    def _fold_telemetry(self, cols: dict[str, np.ndarray], lo: int, hi: int) -> None:
+        t = cols["t"][lo:hi]
+        self.telemetry_samples += hi - lo
+        last = hi - 1
+        for i in range(list_width(cols, "gpu_mem_used_mib")):
+            used = cols[f"gpu_mem_used_mib[{i}]"]
+            total = cols.get(f"gpu_mem_total_mib[{i}]")
+            self._series(self.gpu_used, i).extend(t, used[lo:hi])
+            if total is not None:
+                self._series(self.gpu_total, i).extend(t, total[lo:hi])
+            self.last_gpu[i] = {
+                f: _value(c[last]) if (c := cols.get(f"{f}[{i}]")) is not None else None for f in GPU_FIELDS
+            }
+        self.last_host = {f: _value(cols[f][last]) for f in HOST_FIELDS if f in cols}
+        for name, series in (
+            ("ram_used_mib", self.ram_used),
+            ("ram_total_mib", self.ram_total),
+            ("run_rss_mib", self.run_rss),
+            ("swap_used_mib", self.swap_used),
+        ):
+            if name in cols:
+                series.extend(t, cols[name][lo:hi])
 
     def _on_telemetry_start(self, e: Event) -> None:
         self.telemetry_info = e
@@ -123,51 +139,6 @@ class RunSeries:
         self.status = e.get("status")
         self.diagnosis = e.get("diagnosis")
         self.end_t = e["t"]
-
-    # --- columns ------------------------------------------------------------------------------
-    def apply_block(self, block: Block, lo: int, hi: int) -> None:
-        """Rows `lo:hi` of a block, as if its events had been applied one by one."""
-        if hi <= lo:
-            return
-        cols = block.columns
-        t = cols["t"][lo:hi]
-        if block.kind == "step":
-            rank = block.rank or 0
-            if "cuda_peak_alloc_mib" in cols:
-                self._series(self.rank_peak, rank).extend(t, cols["cuda_peak_alloc_mib"][lo:hi])
-            if "rss_mib" in cols:
-                self._series(self.rank_rss, rank).extend(t, cols["rss_mib"][lo:hi])
-            if rank != 0:
-                return
-            if "loss" in cols:
-                loss = cols["loss"][lo:hi]
-                self.loss.extend(t, loss)
-                ok = np.isfinite(loss)
-                smooth, self._ema = ema(loss[ok], LOSS_SMOOTHING, self._ema)
-                self.loss_smooth.extend(t[ok], smooth)
-            if "tokens_per_s" in cols:
-                self.tokens_per_s.extend(t, cols["tokens_per_s"][lo:hi])
-        elif block.kind == "telemetry":
-            self.telemetry_samples += hi - lo
-            last = hi - 1
-            for i in range(list_width(cols, "gpu_mem_used_mib")):
-                used = cols[f"gpu_mem_used_mib[{i}]"]
-                total = cols.get(f"gpu_mem_total_mib[{i}]")
-                self._series(self.gpu_used, i).extend(t, used[lo:hi])
-                if total is not None:
-                    self._series(self.gpu_total, i).extend(t, total[lo:hi])
-                self.last_gpu[i] = {
-                    f: (_value(cols[f"{f}[{i}]"][last]) if f"{f}[{i}]" in cols else None) for f in GPU_FIELDS
-                }
-            self.last_host = {f: _value(cols[f][last]) for f in HOST_FIELDS if f in cols}
-            for name, series in (
-                ("ram_used_mib", self.ram_used),
-                ("ram_total_mib", self.ram_total),
-                ("run_rss_mib", self.run_rss),
-                ("swap_used_mib", self.swap_used),
-            ):
-                if name in cols:
-                    series.extend(t, cols[name][lo:hi])
 
     @property
     def has_gpus(self) -> bool:

@@ -1,7 +1,8 @@
 """The state of a run, folded from its events: what every viewer (headless, TUI, replay) shows.
 
-Feed it events in time order with `apply`; read its fields. Live viewing is replay with the clock at
-now: the same fold, fed as lines arrive.
+Feed it events in time order with `apply` (or rows of step and telemetry events as columns with
+`apply_block`); read its fields. Live viewing is replay with the clock at now: the same fold, fed as
+lines arrive. Checking the audit against the run's plan is the viewers' business, not the record's.
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
+from cockpit.record.bulk import Block
+from cockpit.record.fold import Fold
 from cockpit.record.reader import Event
 
 
@@ -37,8 +40,8 @@ class StepPoint:
 
 
 @dataclass
-class RunView:
-    """Everything a viewer needs, updated event by event."""
+class RunView(Fold):
+    """Everything a viewer needs, updated event by event (or block by block)."""
 
     phase: str = "starting"
     phase_t: float | None = None  # when rank 0 entered `phase`
@@ -60,35 +63,29 @@ class RunView:
     eval_system: str | None = None
     report: dict[str, Any] | None = None  # the supervisor's `report` event: report.json is written
     events_seen: int = 0
-    plan: dict[str, Any] | None = None  # the run's plan.json, when the viewer has loaded it
 
-    def apply(self, events: list[Event]) -> None:
-        """Fold new events (already merged by time) into the view."""
-        for e in events:
-            self.events_seen += 1
-            t = e["t"]
-            self.first_t = t if self.first_t is None else min(self.first_t, t)
-            self.last_t = t if self.last_t is None else max(self.last_t, t)
-            handler = getattr(self, f"_on_{e['kind']}", None)
-            if handler is not None:
-                handler(e)
+    def apply_event(self, e: Event) -> None:
+        self._seen(1, e["t"], e["t"])
+        super().apply_event(e)
 
-    def apply_step_block(
-        self, rank: int, columns: dict[str, Any], lo: int = 0, hi: int | None = None
-    ) -> None:
-        """Fold rows `lo:hi` of step events given as columns (see `record.columns`), as `apply` would.
-
-        The rows must be one rank's, in time order, with no other event of that rank between them.
-        """
-        t = columns["t"]
-        hi = len(t) if hi is None else hi
+    def apply_block(self, block: Block, lo: int = 0, hi: int | None = None) -> None:
+        """Fold rows `lo:hi` of a block: one rank's rows of one kind in time order, with no other event of
+        that rank between them."""
+        hi = len(block) if hi is None else hi
         if hi <= lo:
             return
-        self.events_seen += hi - lo
-        t0, t1 = float(t[lo]), float(t[hi - 1])
+        self._seen(hi - lo, float(block.t[lo]), float(block.t[hi - 1]))
+        if block.kind == "step":
+            self._fold_steps(block.rank or 0, block.columns, lo, hi)
+
+    def _seen(self, n: int, t0: float, t1: float) -> None:
+        self.events_seen += n
         self.first_t = t0 if self.first_t is None else min(self.first_t, t0)
         self.last_t = t1 if self.last_t is None else max(self.last_t, t1)
-        last = hi - 1
+
+    # --- one fold per kind: step rows in blocks, the rest event by event ------------------------
+    def _fold_steps(self, rank: int, columns: dict[str, Any], lo: int, hi: int) -> None:
+        t, last = columns["t"], hi - 1
         self.memory[rank] = {k: _num(v[last]) for k, v in columns.items() if k.endswith("_mib")}
         if rank != 0:
             return
@@ -115,7 +112,6 @@ class RunView:
             )
         )
 
-    # --- event handlers ------------------------------------------------------------------------
     def _on_phase(self, e: Event) -> None:
         if e.get("rank", 0) == 0:
             self.phase, self.phase_t = e["phase"], e["t"]
@@ -133,26 +129,6 @@ class RunView:
         self.train_started_t = e["t"]
         # A resumed run repeats the steps after its checkpoint: the new ones replace the old.
         self.steps = [s for s in self.steps if s.step <= self.start_step]
-
-    def _on_step(self, e: Event) -> None:
-        rank = e.get("rank", 0)
-        self.memory[rank] = {k: v for k, v in e.items() if k.endswith("_mib")}
-        if rank != 0:
-            return
-        self.max_steps = e.get("max_steps", self.max_steps)
-        self.step_events += 1
-        self.steps.append(
-            StepPoint(
-                t=e["t"],
-                step=e["step"],
-                loss=e.get("loss"),
-                tokens_per_s=e.get("tokens_per_s"),
-                step_time_s=e.get("step_time_s"),
-                learning_rate=e.get("learning_rate"),
-                grad_norm=e.get("grad_norm"),
-                epoch=e.get("epoch"),
-            )
-        )
 
     def _on_audit(self, e: Event) -> None:
         if e.get("rank", 0) == 0:
@@ -226,10 +202,5 @@ class RunView:
 
     @property
     def warnings(self) -> list[str]:
-        """The trainer's audit warnings, then what the audit costs against the run's plan."""
-        if not self.audit:
-            return []
-        from cockpit.plan.audit import compare_audit
-
-        plan_warnings = [f"against the plan: {w.message}" for w in compare_audit(self.audit, self.plan or {})]
-        return list(self.audit.get("warnings", [])) + plan_warnings
+        """The trainer's own audit warnings (settings it asked for and did not get)."""
+        return list(self.audit.get("warnings", [])) if self.audit else []

@@ -295,13 +295,13 @@ def _import_all(run_dir: Path, items: list[str]) -> None:
 def _report_and_print(run_dir: Path, fmt: str, output: Path | None) -> int:
     import json
 
-    from cockpit.report import run_report, to_markdown, write_report
+    from cockpit.report import render_markdown, run_report, write_report
 
     report = run_report(run_dir)
-    if not report["tenants"]:
+    if not report.tenants:
         raise UsageError(f"{run_dir.name} has no predictions yet: run `cockpit eval {run_dir.name}`")
     write_report(run_dir, report)
-    text = json.dumps(report, indent=2) if fmt == "json" else to_markdown(report)
+    text = json.dumps(report.to_dict(), indent=2) if fmt == "json" else render_markdown(report)
     if output:
         output.write_text(text + ("\n" if not text.endswith("\n") else ""), encoding="utf-8")
         console.print(f"report written to {output}")

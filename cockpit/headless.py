@@ -6,22 +6,19 @@ fold as the TUI.
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
-from cockpit.plan.audit import plan_warnings
 from cockpit.plan.store import load_plan
 from cockpit.record import RunPaths, RunReader, load_manifest
 from cockpit.record.format import TERMINAL_STATUSES
 from cockpit.record.view import RunView
+from cockpit.report import macro_f1_table, read_report_json
 
 REFRESH_S = 0.5
 
@@ -52,8 +49,7 @@ class HeadlessViewer:
         self.paths = RunPaths(Path(run_dir))
         self.console = console or Console(stderr=True)
         self.reader = RunReader(self.paths.root)
-        self.view = RunView()
-        self.plan = load_plan(self.paths.root)  # to check the trainer's audit against
+        self.view = RunView(plan=load_plan(self.paths.root))
         self.alive = alive or self._supervisor_alive
         self._warned: set[str] = set()
         self._notes_shown = 0
@@ -74,7 +70,7 @@ class HeadlessViewer:
             return "planned"
 
     def _print_new_warnings(self) -> None:
-        for warning in self.view.warnings + plan_warnings(self.view.audit, self.plan):
+        for warning in self.view.warnings:
             if warning not in self._warned:
                 self._warned.add(warning)
                 self.console.print(f"[bold yellow]audit warning:[/] {escape(warning)}")
@@ -144,40 +140,6 @@ class HeadlessViewer:
 
     def print_report(self) -> None:
         """The per-tenant comparison, if the run has a report."""
-        path = self.paths.report_json
-        if path.is_file():
-            self.console.print(report_table(json.loads(path.read_text(encoding="utf-8"))))
-
-
-def report_table(report: dict[str, Any]) -> Table:
-    """Per-tenant macro F1 of every system and the tuned model's deltas, as a rich table."""
-    systems = report["systems"]
-    others = [s for s in systems if s != report.get("tuned")]
-    table = Table(title="macro F1 on the held-out split (points)", header_style="bold")
-    table.add_column("tenant")
-    for s in systems:
-        table.add_column(s, justify="right")
-    if report.get("tuned"):
-        for o in others:
-            table.add_column(f"Δ vs {o} [95% CI]", justify="right")
-
-    def cells(systems_metrics: dict[str, Any], deltas: dict[str, Any]) -> list[str]:
-        row = [
-            f"{100 * systems_metrics[s]['macro_f1']:.1f}" if s in systems_metrics else "-" for s in systems
-        ]
-        if report.get("tuned"):
-            for o in others:
-                d = deltas.get(o)
-                if d is None:
-                    row.append("-")
-                    continue
-                colour = "green" if d["ci95"][0] > 0 else "red" if d["ci95"][1] < 0 else "yellow"
-                low, high = (100 * x for x in d["ci95"])
-                row.append(f"[{colour}]{100 * d['macro_f1']:+.1f}[/] [{low:+.1f}, {high:+.1f}]")
-        return row
-
-    for t in report["tenants"]:
-        table.add_row(escape(t["tenant"]), *cells(t["systems"], t["deltas"]))
-    mean = report["mean"]
-    table.add_row("[bold]mean[/]", *cells(mean["systems"], mean["deltas"]), end_section=True)
-    return table
+        report = read_report_json(self.paths.root)
+        if report is not None:
+            self.console.print(macro_f1_table(report))

@@ -162,7 +162,7 @@ def test_run_paths_name_every_file_of_a_run(tmp_path: Path) -> None:
 def test_writers_put_files_where_run_paths_say(tmp_path: Path) -> None:
     from cockpit.plan.store import load_plan, save_plan
     from cockpit.record import RunPaths
-    from cockpit.report import write_report
+    from cockpit.report import Report, write_report
 
     paths = RunPaths(tmp_path)
     assert save_plan(tmp_path, {"plan_version": 1, "configured": {}}) == paths.plan
@@ -170,9 +170,10 @@ def test_writers_put_files_where_run_paths_say(tmp_path: Path) -> None:
     save_plan(tmp_path, {"plan_version": 1, "error": "ValueError: odd config"})
     assert load_plan(tmp_path) is None  # a plan that could not be made is no plan
     fixture = Path(__file__).parent / "fixtures" / "reports" / "20261130-054410-tiny-cpu-903f.json"
-    report = json.loads(fixture.read_text())
+    report = Report.from_dict(json.loads(fixture.read_text()))
     assert write_report(tmp_path, report) == (paths.report_json, paths.report_md)
-    assert json.loads(paths.report_json.read_text()) == report and paths.report_md.read_text().strip()
+    assert Report.from_dict(json.loads(paths.report_json.read_text())) == report
+    assert paths.report_md.read_text().strip()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["plan.json", "report.json", "report.md"]
 
 

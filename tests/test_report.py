@@ -14,7 +14,7 @@ from sklearn.metrics import f1_score, precision_score, recall_score
 
 from cockpit.predictions import PredictionsError, import_predictions, own_predictions
 from cockpit.record import write_manifest
-from cockpit.report import build_report, macro_f1_batch, run_report, to_markdown
+from cockpit.report import Delta, build_report, macro_f1_batch, render_markdown, run_report
 
 LABELS = {"acme": ["A", "B", "C"], "zeta": ["X", "Y", "Z", "W"]}
 
@@ -55,7 +55,8 @@ def run_dir(tmp_path: Path) -> Path:
 
 
 def test_report_equals_sklearn_recomputed_from_the_files(run_dir: Path) -> None:
-    report = run_report(run_dir, samples=200)
+    typed = run_report(run_dir, samples=200)
+    report = typed.to_dict()
     assert [t["tenant"] for t in report["tenants"]] == ["acme", "zeta"]
     rows = {}
     for line in (run_dir / "predictions" / "finetuned.jsonl").read_text().splitlines()[1:]:
@@ -79,7 +80,7 @@ def test_report_equals_sklearn_recomputed_from_the_files(run_dir: Path) -> None:
     assert mean["systems"]["finetuned"]["macro_f1"] == pytest.approx(
         np.mean([t["systems"]["finetuned"]["macro_f1"] for t in report["tenants"]])
     )
-    assert "acme" in to_markdown(report) and "Δ vs base" in to_markdown(report)
+    assert "acme" in render_markdown(typed) and "Δ vs base" in render_markdown(typed)
 
 
 def test_vectorised_bootstrap_f1_matches_sklearn() -> None:
@@ -97,8 +98,8 @@ def test_identical_systems_have_zero_delta_and_a_degenerate_interval(run_dir: Pa
     twin = preds[1]
     twin_copy = type(twin)("base", dict(twin.rows), {})
     report = build_report([twin_copy, twin], samples=100)
-    for t in report["tenants"]:
-        assert t["deltas"]["base"] == {"macro_f1": 0.0, "ci95": [0.0, 0.0]}
+    for t in report.tenants:
+        assert t.deltas["base"] == Delta(0.0, 0.0, 0.0)
 
 
 def write_import(path: Path, rows: list[object]) -> Path:
@@ -118,8 +119,8 @@ def test_good_import_joins_the_comparison(run_dir: Path, tmp_path: Path) -> None
     stored = import_predictions(run_dir, "api", write_import(tmp_path / "api.jsonl", good_rows()))
     assert stored.name == "api.jsonl"
     report = run_report(run_dir, samples=50)
-    assert report["systems"] == ["api", "base", "finetuned"]
-    assert "api" in report["tenants"][0]["deltas"]
+    assert report.systems == ("api", "base", "finetuned")
+    assert "api" in report.tenants[0].deltas
 
 
 @pytest.mark.parametrize(
@@ -180,8 +181,8 @@ def test_ids_repeated_across_tenants_keep_every_tenant(tmp_path: Path) -> None:
     write_own(tmp_path, "base", 0.3, seed=1, shared_ids=True)
     write_own(tmp_path, "finetuned", 0.8, seed=2, shared_ids=True)
     report = run_report(tmp_path, samples=50)
-    assert [t["tenant"] for t in report["tenants"]] == ["acme", "zeta"]
-    assert all(t["n"] == 30 for t in report["tenants"])
+    assert [t.name for t in report.tenants] == ["acme", "zeta"]
+    assert all(t.n == 30 for t in report.tenants)
     api = tmp_path / "api.jsonl"
     lines = [
         json.dumps({"tenant": t, "id": str(i), "pred": labels[0], "note": "a\u2028b"}, ensure_ascii=False)
@@ -191,7 +192,7 @@ def test_ids_repeated_across_tenants_keep_every_tenant(tmp_path: Path) -> None:
     api.write_text("\n".join(lines) + "\n", encoding="utf-8")
     assert "\u2028" in api.read_text(encoding="utf-8")  # unescaped, as ensure_ascii=False writes it
     import_predictions(tmp_path, "api", api)
-    systems = run_report(tmp_path, samples=50)["tenants"][1]["systems"]
+    systems = run_report(tmp_path, samples=50).tenants[1].metrics
     assert set(systems) == {"base", "finetuned", "api"}
     broken = tmp_path / "broken.jsonl"
     broken.write_text("\n".join([*lines[:2], "{oops"]) + "\n", encoding="utf-8")
@@ -204,6 +205,6 @@ def test_a_system_missing_for_a_tenant_gets_no_mean(run_dir: Path) -> None:
     partial = [rows[0].replace('"base"', '"partial"')] + [r for r in rows[1:] if '"acme"' in r]
     (run_dir / "predictions" / "partial.jsonl").write_text("\n".join(partial) + "\n")
     report = run_report(run_dir, samples=50)
-    acme, zeta = report["tenants"]
-    assert "partial" in acme["systems"] and "partial" not in zeta["systems"]
-    assert "partial" not in report["mean"]["systems"] and "base" in report["mean"]["systems"]
+    acme, zeta = report.tenants
+    assert "partial" in acme.metrics and "partial" not in zeta.metrics
+    assert "partial" not in report.mean.metrics and "base" in report.mean.metrics

@@ -4,20 +4,24 @@ the supervisor's `report` event)."""
 
 from __future__ import annotations
 
+import io
 import json
+import re
 from pathlib import Path
 
 import pytest
+from rich.console import Console
 from test_report import write_own
+from test_report_model import markdown_rows
 from tui_helpers import REPORT, add_report, copy_until, fixture_times, sync, wait_for
 
 from cockpit.app.app import CockpitApp, make_app
-from cockpit.app.report_model import Delta, Scale, bar_cells, delta_scale, read_report, report_data
 from cockpit.app.screens.report import ReportScreen
 from cockpit.app.screens.run import RunScreen
-from cockpit.app.widgets.report import delta_chart
+from cockpit.app.widgets.report import delta_chart, metric_table
 from cockpit.record import write_manifest
 from cockpit.record.playback import Playback
+from cockpit.report import Delta, Report, Scale, bar_cells, delta_scale, load_report, render_markdown
 
 SIZE = (120, 40)
 FIRST, LAST = fixture_times()
@@ -32,18 +36,18 @@ def offered(app: CockpitApp) -> bool:
 # --- pure helpers ----------------------------------------------------------------------------------
 def test_report_data_from_the_fixture() -> None:
     raw = json.loads(REPORT.read_text())
-    r = report_data(raw)
+    r = Report.from_dict(raw)
     assert r.systems == ("base", "finetuned") and r.tuned == "finetuned" and r.reference == "base"
     assert [t.name for t in r.tenants] == ["helix", "ledger", "lexis", "northwind", "orbit"]
     assert r.examples == 200
     helix = r.tenants[0]
-    assert helix.metrics["finetuned"]["macro_f1"] == raw["tenants"][0]["systems"]["finetuned"]["macro_f1"]
+    assert helix.metrics["finetuned"].macro_f1 == raw["tenants"][0]["systems"]["finetuned"]["macro_f1"]
     d = helix.deltas["base"]
     assert (d.low, d.high) == tuple(raw["tenants"][0]["deltas"]["base"]["ci95"])
-    assert r.mean.metrics["finetuned"]["macro_f1"] == raw["mean"]["systems"]["finetuned"]["macro_f1"]
+    assert r.mean.metrics["finetuned"].macro_f1 == raw["mean"]["systems"]["finetuned"]["macro_f1"]
     # precision, recall and micro F1 are averaged over tenants like macro F1
     recalls = [t["systems"]["base"]["recall"] for t in raw["tenants"]]
-    assert r.mean.metrics["base"]["recall"] == pytest.approx(sum(recalls) / len(recalls))
+    assert r.mean.metrics["base"].recall == pytest.approx(sum(recalls) / len(recalls))
     assert r.serving is not None and r.serving.on_cpu and r.serving.api_usd_per_mtok == 3.0
 
 
@@ -80,7 +84,7 @@ def test_bar_cells_draw_the_bar_from_zero_and_the_whisker_over_it() -> None:
 
 
 def test_delta_chart_lines_and_colours() -> None:
-    r = report_data(json.loads(REPORT.read_text()))
+    r = Report.from_dict(json.loads(REPORT.read_text()))
     text = delta_chart(r, 100)
     lines = text.plain.split("\n")
     assert [line.split()[0] for line in lines[:5]] == [t.name for t in r.tenants]
@@ -90,12 +94,27 @@ def test_delta_chart_lines_and_colours() -> None:
     assert {str(span.style) for span in text.spans if "green" in str(span.style)}  # every CI above 0
 
 
+def test_the_app_table_shows_the_markdown_numbers() -> None:
+    r = Report.from_dict(json.loads(REPORT.read_text()))
+    console = Console(file=io.StringIO(), width=160, color_system=None)
+    console.print(metric_table(r, "macro_f1"))
+    shown = {}
+    for line in console.file.getvalue().splitlines():
+        cells = re.split(r"\s{2,}", line.strip())
+        if cells[0] in {t.name for t in r.tenants}:
+            shown[cells[0]] = cells[2:]  # after `n`
+        elif cells[0] == "mean":
+            shown["mean"] = cells[1:]  # the mean has no `n`
+    assert shown == markdown_rows(render_markdown(r))
+    assert list(shown) == [*(t.name for t in r.tenants), "mean"]
+
+
 def test_read_report_builds_from_predictions_without_writing(tmp_path: Path) -> None:
     write_manifest(tmp_path, {"run_id": "r1", "profile": {"eval": {"bootstrap_samples": 50}}})
     assert not (tmp_path / "predictions").exists()
     write_own(tmp_path, "base", 0.3, seed=1)
     write_own(tmp_path, "finetuned", 0.9, seed=2)
-    r = read_report(tmp_path)
+    r = load_report(tmp_path)
     assert r is not None and r.source == "built from predictions" and r.bootstrap_samples == 50
     assert [t.name for t in r.tenants] == ["acme", "zeta"] and r.mean.deltas["base"].verdict == "better"
     assert not (tmp_path / "report.json").exists()  # the app only reads the record

@@ -26,13 +26,13 @@ from textual.worker import get_current_worker
 
 from cockpit.app.messages import ReportLoaded, SnapshotReady, StopSent
 from cockpit.app.model import Snapshot, build_snapshot
-from cockpit.app.report_model import ReportData, read_report
 from cockpit.app.screens.confirm import ConfirmStop
 from cockpit.app.screens.report import ReportScreen
 from cockpit.app.screens.run import RunScreen
 from cockpit.plan.store import load_plan
 from cockpit.record.format import TERMINAL_STATUSES
 from cockpit.record.playback import Playback
+from cockpit.report import Report, load_report
 
 LIVE_REFRESH_S = 0.5
 REPLAY_REFRESH_S = 0.25
@@ -86,7 +86,7 @@ class CockpitApp(App[str]):
         self.run_screen = RunScreen()
         self._lost: str | None = None  # set by the worker when a live run's supervisor is gone
         self._owner_checked = -math.inf
-        self.report: ReportData | None = None  # the evaluation report, once due and read
+        self.report: Report | None = None  # the evaluation report, once due and read
         self._report_state: str | None = None  # None, "reading", "read", "failed"
 
     # --- start -----------------------------------------------------------------------------------
@@ -186,7 +186,7 @@ class CockpitApp(App[str]):
     def read_report(self) -> None:
         """Read report.json (or build the report from the predictions, in memory); never touches a widget."""
         try:
-            report = read_report(self.run_dir)
+            report = load_report(self.run_dir)
         except Exception as exc:  # a broken or half-written file: say so, keep watching the run
             self.post_message(ReportLoaded(None, f"could not read the evaluation report: {exc}"))
             return

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from textual.message import Message
 
 from cockpit.app.model import Snapshot
-from cockpit.app.report_model import ReportData
+from cockpit.report import Report
 
 
 @dataclass
@@ -32,5 +32,5 @@ class StopSent(Message):
 class ReportLoaded(Message):
     """The report worker read the run's report (None, with `error`, when it could not)."""
 
-    report: ReportData | None
+    report: Report | None
     error: str | None = None

@@ -289,7 +289,7 @@ def report_due(pb: Playback) -> bool:
         return True
     if not pb.follow or pb.status() not in TERMINAL_STATUSES:
         return False
-    from cockpit.app.report_model import has_report
+    from cockpit.report.store import has_report
 
     return has_report(pb.paths.root)
 

@@ -1,6 +1,6 @@
 """The evaluation report: per-tenant metrics, the tuned model's deltas with their intervals, serving cost.
 
-It gets the report as plain data (`ReportData`, read by the app's report worker) and reads nothing itself.
+It gets the report as a `cockpit.report.Report` (read by the app's report worker) and reads nothing itself.
 `r` or `escape` goes back to the run screen; `m` cycles the metric shown for each system.
 """
 
@@ -15,11 +15,11 @@ from textual.containers import VerticalScroll
 from textual.screen import Screen
 from textual.widgets import Footer, Static
 
-from cockpit.app.report_model import METRIC_NAMES, METRICS, ReportData
-from cockpit.app.widgets.report import DeltaChart, report_table, serving_text
+from cockpit.app.widgets.report import DeltaChart, metric_table, serving_text
+from cockpit.report import METRIC_NAMES, METRICS, REPORT_JSON, Report
 
 
-def title_text(report: ReportData, run_id: str) -> Text:
+def title_text(report: Report, run_id: str) -> Text:
     """Two lines, like the run header: which run; what was evaluated and how."""
     text = Text(no_wrap=True, overflow="ellipsis")
     text.append(" cockpit ", "bold reverse")
@@ -34,7 +34,7 @@ def title_text(report: ReportData, run_id: str) -> Text:
     text.append(" · ".join(report.systems), "bold")
     if report.bootstrap_samples:
         text.append(f" · 95% CI: paired bootstrap, {report.bootstrap_samples:,} resamples")
-    if report.source != "report.json":
+    if report.source != REPORT_JSON:
         text.append(f" · {report.source}", "italic yellow")
     return text
 
@@ -47,7 +47,7 @@ class ReportScreen(Screen[None]):
         Binding("m", "metric", "Metric"),
     ]
 
-    def __init__(self, report: ReportData, run_id: str) -> None:
+    def __init__(self, report: Report, run_id: str) -> None:
         super().__init__()
         self.report = report
         self.run_id = run_id
@@ -81,7 +81,7 @@ class ReportScreen(Screen[None]):
 
     def _show_table(self) -> None:
         table = self.query_one("#report-table", Static)
-        table.update(report_table(self.report, self.metric))
+        table.update(metric_table(self.report, self.metric))
         table.border_title = f"{METRIC_NAMES[self.metric]} per tenant, points (m: next metric)"
         table.border_subtitle = "Δ green: 95% CI above 0 · red: below 0 · yellow: includes 0"
 

@@ -1,4 +1,6 @@
-"""The report screen's parts: the per-tenant table, the delta bars with their intervals, serving cost."""
+"""The report screen's parts: the per-tenant table, the delta bars with their intervals, serving cost.
+
+They render a `cockpit.report.Report`; the figures' wording comes from `cockpit.report.format`."""
 
 from __future__ import annotations
 
@@ -10,35 +12,40 @@ from rich.text import Text
 from textual.geometry import Size
 from textual.widget import Widget
 
-from cockpit.app.report_model import METRIC_NAMES, Delta, ReportData, Row, Serving, bar_cells, delta_scale
+from cockpit.report import (
+    METRIC_NAMES,
+    VERDICT_COLOUR,
+    Delta,
+    Report,
+    Row,
+    Serving,
+    bar_cells,
+    ci_text,
+    delta_scale,
+    points,
+    signed,
+    usd,
+)
 
 MUTED = "#8a8a8a"
-VERDICT_TEXT = {"better": "bold green", "worse": "bold red", "unclear": "bold yellow"}
 VERDICT_BAR = {"better": "#2f7d3a", "worse": "#a3312f", "unclear": "#8c7414"}
 WHISKER = "#f0f0f0"
 LABEL_WIDTH = 12
 VALUE_WIDTH = 24  # "+58.1 [+40.0, +71.2]"
 
 
-def pts(x: float | None) -> str:
-    return "-" if x is None else f"{100 * x:.1f}"
-
-
-def signed(x: float) -> str:
-    return f"{100 * x:+.1f}"
-
-
 def delta_text(d: Delta | None) -> Text:
     """`+58.1 [+40.0, +71.2]` in the verdict's colour (green: interval above 0, red: below, yellow: both)."""
     if d is None:
         return Text("-", MUTED)
+    colour = VERDICT_COLOUR[d.verdict]
     text = Text()
-    text.append(signed(d.value), VERDICT_TEXT[d.verdict])
-    text.append(f" [{signed(d.low)}, {signed(d.high)}]", VERDICT_TEXT[d.verdict].replace("bold ", ""))
+    text.append(signed(d.value), f"bold {colour}")
+    text.append(f" {ci_text(d)}", colour)
     return text
 
 
-def report_table(report: ReportData, metric: str = "macro_f1") -> Table:
+def metric_table(report: Report, metric: str = "macro_f1") -> Table:
     """Per tenant: every system's `metric` (points), the tuned model's macro-F1 delta against each other
     system with its 95% interval; then the mean over tenants."""
     table = Table(box=box.SIMPLE_HEAD, header_style="bold", pad_edge=False, expand=True, show_edge=False)
@@ -47,12 +54,12 @@ def report_table(report: ReportData, metric: str = "macro_f1") -> Table:
     for s in report.systems:
         style = "bold" if s == report.tuned else ""
         table.add_column(f"{s}\n{METRIC_NAMES[metric]}", justify="right", style=style, min_width=9)
-    deltas = report.others if report.tuned else ()
+    deltas = report.compared
     for o in deltas:
         table.add_column(f"Δ macro F1 vs {o}\n[95% CI]", justify="right", min_width=VALUE_WIDTH)
 
     def cells(row: Row) -> list[RenderableType]:
-        out: list[RenderableType] = [pts(row.metrics.get(s, {}).get(metric)) for s in report.systems]
+        out: list[RenderableType] = [points(row.metric(s, metric)) for s in report.systems]
         out += [delta_text(row.deltas.get(o)) for o in deltas]
         return out
 
@@ -62,7 +69,7 @@ def report_table(report: ReportData, metric: str = "macro_f1") -> Table:
     return table
 
 
-def delta_chart(report: ReportData, width: int) -> Text:
+def delta_chart(report: Report, width: int) -> Text:
     """One row per tenant and the mean: a bar from 0 to the tuned model's delta against the reference
     system, its 95% interval drawn over it as a whisker, the value beside it; a scale underneath."""
     other = report.reference
@@ -109,10 +116,6 @@ def delta_chart(report: ReportData, width: int) -> Text:
     return text
 
 
-def _money(x: float) -> str:
-    return f"${x:,.2f}" if x >= 0.01 else f"${x:.4f}"
-
-
 def serving_text(s: Serving | None, width: int = 100) -> Text:
     """Measured latency and throughput, and the cost per million generated tokens against the API's."""
     text = Text(no_wrap=True, overflow="ellipsis")
@@ -152,7 +155,7 @@ def serving_text(s: Serving | None, width: int = 100) -> Text:
             text.append(note, f"italic {MUTED}")
             text.append("\n")
             return
-        text.append(f"{_money(value):>9} / Mtok  ", "bold")
+        text.append(f"{usd(value):>9} / Mtok  ", "bold")
         eighths = round(value / top * bar_width * 8)
         full, part = divmod(max(1, eighths), 8)
         text.append("█" * full + ("▏▎▍▌▋▊▉"[part - 1] if part else ""), color)
@@ -176,7 +179,7 @@ def serving_text(s: Serving | None, width: int = 100) -> Text:
 class DeltaChart(Widget):
     """The delta bars: drawn to the widget's width, one line per tenant, the mean, and a scale."""
 
-    def __init__(self, report: ReportData, *, id: str | None = None, classes: str | None = None) -> None:
+    def __init__(self, report: Report, *, id: str | None = None, classes: str | None = None) -> None:
         super().__init__(id=id, classes=classes)
         self.report = report
 

@@ -1,0 +1,151 @@
+"""The producer: per-tenant metrics of every system, the fine-tuned model's deltas with bootstrap
+intervals, the means over tenants, and the serving cost beside the API it would replace.
+
+scikit-learn computes the metrics (imported where it is used: readers of a report never pay for it);
+the bootstrap recomputes macro F1 from confusion counts with NumPy (the same definition, vectorised
+over resamples; a test holds the two equal).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from cockpit.predictions import Predictions, own_predictions, reference_from
+from cockpit.record import load_manifest, read_events
+from cockpit.report.model import TUNED, Delta, Metrics, Report, Row, Serving, mean_metrics
+
+
+def tenant_metrics(gold: list[str], pred: list[str], labels: list[str]) -> Metrics:
+    """Macro precision, recall and F1, and micro F1, over the tenant's label set."""
+    from sklearn.metrics import f1_score, precision_recall_fscore_support
+
+    precision, recall, macro_f1, _ = precision_recall_fscore_support(
+        gold, pred, labels=labels, average="macro", zero_division=0
+    )
+    micro_f1 = f1_score(gold, pred, labels=labels, average="micro", zero_division=0)
+    return Metrics(float(precision), float(recall), float(micro_f1), float(macro_f1), n=len(gold))
+
+
+def macro_f1_batch(gold: np.ndarray, pred: np.ndarray, n_labels: int) -> np.ndarray:
+    """Macro F1 per row of (resamples x examples) label-index arrays; labels absent from both score 0."""
+    f1s = np.zeros(gold.shape[0])
+    for k in range(n_labels):
+        g, p = gold == k, pred == k
+        tp = np.sum(g & p, axis=1)
+        denom = np.sum(g, axis=1) + np.sum(p, axis=1)
+        f1s += np.where(denom > 0, 2 * tp / np.maximum(denom, 1), 0.0)
+    return f1s / n_labels
+
+
+def bootstrap_resamples(n: int, samples: int, seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, n, size=(samples, n))
+
+
+def paired_delta(
+    gold: list[str], tuned: list[str], other: list[str], labels: list[str], samples: int, seed: int
+) -> tuple[Delta, np.ndarray]:
+    """Macro-F1 delta (tuned - other) with a paired-bootstrap 95% interval, and the resampled deltas."""
+    index = {label: i for i, label in enumerate(labels)}
+    g = np.array([index[x] for x in gold])
+    a = np.array([index[x] for x in tuned])
+    b = np.array([index[x] for x in other])
+    rows = bootstrap_resamples(len(g), samples, seed)
+    deltas = macro_f1_batch(g[rows], a[rows], len(labels)) - macro_f1_batch(g[rows], b[rows], len(labels))
+    point = (
+        macro_f1_batch(g[None], a[None], len(labels))[0] - macro_f1_batch(g[None], b[None], len(labels))[0]
+    )
+    low, high = np.percentile(deltas, [2.5, 97.5])
+    return Delta(float(point), float(low), float(high)), deltas
+
+
+def build_report(
+    predictions: list[Predictions],
+    samples: int = 1000,
+    seed: int = 0,
+    serving: dict[str, Any] | None = None,
+    cost: dict[str, Any] | None = None,
+) -> Report:
+    """The report of these systems' predictions: every tenant, the means, serving cost."""
+    reference = reference_from(predictions)
+    systems = tuple(p.system for p in predictions)
+    others = [s for s in systems if s != TUNED]
+    tenants: list[Row] = []
+    mean_draws: dict[str, list[np.ndarray]] = {o: [] for o in others}
+    for t_index, tenant in enumerate(sorted(reference.labels)):
+        labels = reference.labels[tenant]
+        ids = reference.ids_of(tenant)
+        gold = [reference.gold[i] for i in ids]
+        metrics: dict[str, Metrics] = {}
+        deltas: dict[str, Delta] = {}
+        preds = {}
+        for system in predictions:
+            if not all(i in system.rows for i in ids):
+                continue
+            preds[system.system] = [system.rows[i]["pred"] for i in ids]
+            metrics[system.system] = tenant_metrics(gold, preds[system.system], labels)
+        if TUNED in preds:
+            for other in others:
+                if other not in preds:
+                    continue
+                deltas[other], draws = paired_delta(
+                    gold, preds[TUNED], preds[other], labels, samples, seed + t_index
+                )
+                mean_draws[other].append(draws)
+        tenants.append(Row(tenant, len(ids), metrics, deltas, labels=tuple(labels)))
+    means = {s: m for s in systems if (m := mean_metrics(tenants, s)) is not None}
+    mean_deltas = {}
+    for other, draws in mean_draws.items():
+        if draws and len(draws) == len(tenants):  # a mean over fewer tenants would not compare
+            averaged = np.mean(np.stack(draws), axis=0)
+            low, high = np.percentile(averaged, [2.5, 97.5])
+            value = float(np.mean([t.deltas[other].value for t in tenants]))
+            mean_deltas[other] = Delta(value, float(low), float(high))
+    return Report(
+        systems=systems,
+        tuned=TUNED if TUNED in systems else None,
+        bootstrap_samples=samples,
+        tenants=tuple(tenants),
+        mean=Row("mean", None, means, mean_deltas),
+        serving=serving_cost(serving, cost) if serving else None,
+    )
+
+
+def serving_cost(serving: dict[str, Any], cost: dict[str, Any] | None) -> Serving:
+    """Cost per million generated tokens from measured throughput (the `serving` event) and an hourly
+    price (the profile's `cost`)."""
+    cost = cost or {}
+    hour_usd = float(cost.get("serving_hour_usd") or 0.0)
+    tps = serving.get("batch_tokens_per_s") or 0.0
+    per_mtok = hour_usd / (tps * 3600) * 1e6 if tps and hour_usd else None
+    return Serving.from_dict(
+        {
+            **serving,
+            "hour_usd": hour_usd,
+            "usd_per_mtok": per_mtok,
+            "api_name": cost.get("api_name") or "API",
+            "api_usd_per_mtok": cost.get("api_usd_per_mtok"),
+            "measured_on": serving.get("device", "?"),
+        }
+    )
+
+
+def run_report(run_dir: Path, samples: int | None = None) -> Report:
+    """The report of a run from its record: predictions files, the serving event, the profile's prices."""
+    run_dir = Path(run_dir)
+    manifest = load_manifest(run_dir)
+    profile = manifest.get("profile", {})
+    serving = list(read_events(run_dir, "serving"))
+    report = build_report(
+        own_predictions(run_dir),
+        samples=samples or int(profile.get("eval", {}).get("bootstrap_samples", 1000)),
+        serving=serving[-1] if serving else None,
+        cost=profile.get("cost"),
+    )
+    model = profile.get("model", {})
+    return replace(
+        report, run_id=manifest.get("run_id", run_dir.name), model=model.get("name") or model.get("path")
+    )

@@ -20,16 +20,18 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import psutil
 
 from cockpit.control import request_stop
-from cockpit.diagnosis import EndFacts, diagnose, last_error_line, stall_verdict
+from cockpit.diagnosis import EndFacts, diagnose, last_error_line
 from cockpit.profiles import Profile, parse_profile
 from cockpit.record import EventWriter, RunPaths, RunReader, load_manifest, write_manifest
 from cockpit.record.view import RunView
+from cockpit.stall import StallDetector
 
 POLL_S = 0.5
 TAIL_BYTES = 256 * 1024
@@ -87,7 +89,7 @@ def read_tail(path: Path, size: int = TAIL_BYTES) -> str:
 class Supervisor:
     """Owns one run: launch, watch, stop, diagnose."""
 
-    def __init__(self, run_dir: Path, resume: bool = False) -> None:
+    def __init__(self, run_dir: Path, resume: bool = False, clock: Callable[[], float] = time.time) -> None:
         self.paths = RunPaths(Path(run_dir).resolve())
         self.resume = resume
         self.manifest = load_manifest(self.paths.root)
@@ -103,12 +105,9 @@ class Supervisor:
         self.ram_peak_mib = 0.0
         self.stop_reason = "user"
         self.stage = ""
-        self.stage_started_at: float | None = None
-        self.stall_warned = False
-        self.stall_detail = ""
+        self.stall = StallDetector(self.profile.training.stall_timeout_s, clock)
         self.reserve = self.paths.root / ".reserve"
         self.disk_full = False
-        self.gpu_util: dict[int, float | None] = {}
         self.telemetry: subprocess.Popen[bytes] | None = None
 
     # --- manifest --------------------------------------------------------------------------------
@@ -177,47 +176,20 @@ class Supervisor:
         elif self.terminated_at is None:
             self.terminated_at = time.time()
 
-    def _check_stall(self, now: float) -> None:
-        """No step for too long in training: say so, then stop the run (see `diagnosis.stall_verdict`)."""
-        if self.stage != "train" or self.view.phase != "train" or self.stall_detail:
+    def _check_stall(self) -> None:
+        """Say when a stall is suspected or cleared; stop a stalled run (see `cockpit.stall`)."""
+        change = self.stall.check()
+        if change is None:
             return
-        # The clock starts at this stage's launch, its entry into the training phase (loading can take
-        # longer than the stall timeout), its training's start or its last step, whichever is latest:
-        # a resumed run's old steps say nothing about the new attempt.
-        marks = [
-            self.stage_started_at,
-            self.view.phase_t,
-            self.view.train_started_t,
-            self.view.steps[-1].t if self.view.steps else None,
-        ]
-        last = max(t for t in marks if t is not None)
-        # Steps are due once this attempt's engine exists (its train_begin); before that, the timeout alone.
-        training = self.view.train_started_t is not None and self.view.train_started_t >= (
-            self.stage_started_at or 0
-        )
-        median = self.view.median_step_time() if training else None
-        verdict, message = stall_verdict(
-            now - last, median, self.profile.training.stall_timeout_s, self.gpus_idle()
-        )
-        if verdict == "ok" and self.stall_warned:  # steps came again
-            self.stall_warned = False
+        if change.kind == "cleared":  # steps came again
             self._note(f"steps again at step {self.view.step}", stall_suspected=False)
             self._update_manifest(warning=None)
-        elif verdict == "suspect" and not self.stall_warned:
-            self.stall_warned = True
-            self._note(message, stall_suspected=True)
-            self._update_manifest(warning=f"stall suspected at step {self.view.step}: {message}")
-        elif verdict == "stalled":
-            self.stall_detail = message
-            self._note(f"stalled: {message}")
+        elif change.kind == "suspected":
+            self._note(change.message, stall_suspected=True)
+            self._update_manifest(warning=f"stall suspected at step {self.view.step}: {change.message}")
+        else:
+            self._note(f"stalled: {change.message}")
             self._signal_group(signal.SIGTERM)
-
-    def gpus_idle(self) -> bool | None:
-        """From the telemetry sampler's latest GPU samples: all idle, some busy, or unknown (no GPUs)."""
-        utils = [u for u in self.gpu_util.values() if u is not None]
-        if not utils:
-            return None
-        return max(utils) < 5.0
 
     def _sample_host(self) -> None:
         vm = psutil.virtual_memory()
@@ -254,17 +226,11 @@ class Supervisor:
             self.telemetry.wait()
 
     # --- the run ---------------------------------------------------------------------------------
-    def _track_gpus(self, events: list[dict[str, Any]]) -> None:
-        """GPU utilization per GPU from the telemetry sampler's events (lists indexed by GPU)."""
-        for e in events:
-            if e["kind"] == "telemetry" and "gpu_util_pct" in e:
-                self.gpu_util = dict(enumerate(e["gpu_util_pct"]))
-
     def launch(self, argv: list[str], stage: str) -> None:
         """Start one stage's processes in their own group, output appended to `output.log`."""
         self.terminated_at = None
         self.stage = stage
-        self.stage_started_at = time.time()
+        self.stall.begin_stage(stage)
         log = open(self.paths.output_log, "ab")  # noqa: SIM115 - handed to the child
         try:
             self.proc = subprocess.Popen(
@@ -290,10 +256,10 @@ class Supervisor:
             now = time.time()
             events = self.reader.poll()
             self.view.apply(events)
-            self._track_gpus(events)
+            self.stall.observe(events)
             self._sample_host()
             self._check_requests(now)
-            self._check_stall(now)
+            self._check_stall()
             rc = self.proc.poll()
             if rc is not None:
                 self.view.apply(self.reader.poll())
@@ -309,8 +275,8 @@ class Supervisor:
             output_tail=read_tail(self.paths.output_log),
             stop_requested=self.stop_requested_at is not None,
             stop_reason=self.stop_reason,
-            stalled=bool(self.stall_detail),
-            stall_detail=self.stall_detail,
+            stalled=self.stall.stalled is not None,
+            stall_detail=self.stall.stalled or "",
             disk_full=self.disk_full,
             disk_free_mib=shutil.disk_usage(self.paths.root).free / 2**20,
             host_ram_peak_fraction=self.ram_peak_fraction,

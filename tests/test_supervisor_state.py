@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
@@ -17,24 +16,31 @@ def event(kind: str, t: float, **fields) -> dict:
     return {"kind": kind, "t": t, **fields}
 
 
+class Clock:
+    def __init__(self, now: float) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
 @pytest.fixture
-def supervisor(tmp_path: Path) -> Supervisor:
+def run_dir(tmp_path: Path) -> Path:
     profile, path = load_profile("tiny-cpu")
-    run_dir = create_run(tmp_path, profile, path, ["cockpit", "run"])
-    sup = Supervisor(run_dir)
-    sup.stage = "train"
-    return sup
+    return create_run(tmp_path, profile, path, ["cockpit", "run"])
 
 
-def test_a_load_longer_than_the_stall_timeout_is_not_a_stall(supervisor: Supervisor) -> None:
+def test_a_load_longer_than_the_stall_timeout_is_not_a_stall(run_dir: Path) -> None:
+    clock = Clock(1000.0)
+    supervisor = Supervisor(run_dir, clock=clock)
     timeout = supervisor.profile.training.stall_timeout_s
-    now = time.time()
-    supervisor.stage_started_at = now - 3 * timeout  # setup and load took three timeouts
-    supervisor.view.apply([event("phase", now - 5, phase="train", rank=0)])
-    supervisor._check_stall(now)
-    assert not supervisor.stall_detail
-    supervisor._check_stall(now + timeout + 10)  # then nothing at all for longer than the timeout
-    assert "no step" in supervisor.stall_detail
+    supervisor.stall.begin_stage("train")
+    clock.now += 3 * timeout  # setup and load took three timeouts
+    supervisor.stall.observe([event("phase", clock.now - 5, phase="train", rank=0)])
+    assert supervisor.stall.check() is None
+    clock.now += timeout + 10  # then nothing at all for longer than the timeout
+    change = supervisor.stall.check()
+    assert change is not None and change.kind == "stalled" and "no step" in change.message
 
 
 def test_a_resumed_attempt_starts_with_a_fresh_phase_and_outcome() -> None:

@@ -21,6 +21,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from cockpit.profiles import DEFAULT_PROFILE, ProfileError, check_runnable, load_profile
+from cockpit.runs import default_runs_dir
 
 EXIT_CODES = {"finished": 0, "failed": 1, "stopped": 3, "stalled": 4}
 EXIT_BAD_INPUT = 2
@@ -354,7 +355,7 @@ def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
         "--runs-dir",
-        default=os.environ.get("COCKPIT_RUNS_DIR", "runs"),
+        default=default_runs_dir(),
         help="where run records live (default: $COCKPIT_RUNS_DIR or ./runs)",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")

@@ -36,10 +36,6 @@ def _rank() -> int:
     return int(os.environ.get("RANK", "0"))
 
 
-def _local_rank() -> int:
-    return int(os.environ.get("LOCAL_RANK", "0"))
-
-
 class Recipe:
     """QLoRA fine-tuning under DeepSpeed ZeRO-3, writing every fact to the run record."""
 

@@ -136,7 +136,7 @@ def test_eval_only_run_compares_several_base_models(tmp_path: Path, asset_cache:
     import subprocess
     import sys
 
-    from tests.faults import env_for
+    from cockpit.faults import env_for
 
     other = tmp_path / "other-model"
     build = (

@@ -23,7 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT)]
 
-from tests.faults import (  # noqa: E402
+from cockpit.faults import (  # noqa: E402
     kill,
     rank0_steps,
     start_detached,

@@ -1,4 +1,4 @@
-"""The `cockpit` command.
+"""The `cockpit` command: parses arguments, calls the run's lifecycle (`cockpit.lifecycle`), prints.
 
 Exit codes: 0 the run finished; 1 it failed; 2 bad input (profile, arguments, unknown run);
 3 it was stopped; 4 it stalled.
@@ -7,12 +7,10 @@ Exit codes: 0 the run finished; 1 it failed; 2 bad input (profile, arguments, un
 from __future__ import annotations
 
 import argparse
-import os
 import signal
-import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +18,11 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from cockpit.profiles import DEFAULT_PROFILE, ProfileError, check_runnable, load_profile
+from cockpit import lifecycle
+from cockpit.lifecycle import LifecycleError, StopOutcome
+from cockpit.profiles import DEFAULT_PROFILE, ProfileError, load_profile
+from cockpit.record import RunPaths
+from cockpit.runs import default_runs_dir
 
 EXIT_CODES = {"finished": 0, "failed": 1, "stopped": 3, "stalled": 4}
 EXIT_BAD_INPUT = 2
@@ -29,7 +31,7 @@ console = Console(stderr=True, highlight=False, soft_wrap=True)
 
 
 class UsageError(Exception):
-    """Bad input from the user: reported in one line, exit 2."""
+    """Bad input from the user: reported in one line, exit 2 (as are profile errors and refusals)."""
 
 
 def _runs_dir(args: argparse.Namespace) -> Path:
@@ -38,24 +40,19 @@ def _runs_dir(args: argparse.Namespace) -> Path:
 
 # --- run -----------------------------------------------------------------------------------------
 def cmd_run(args: argparse.Namespace) -> int:
-    from cockpit.runs import create_run
-    from cockpit.supervisor import spawn_detached
+    from cockpit.record import load_manifest
 
-    try:
-        profile, path = load_profile(args.profile, args.overrides)
-        check_runnable(profile, str(path))
-    except ProfileError as exc:
-        raise UsageError(str(exc)) from None
-    run_dir = create_run(_runs_dir(args), profile, path, list(sys.argv))
-    supervisor = spawn_detached(run_dir)
-    console.print(f"run [bold]{run_dir.name}[/] started (profile {profile.name}); record: {run_dir}")
+    launch = lifecycle.start(_runs_dir(args), args.profile, args.overrides, list(sys.argv))
+    run_dir = launch.run_dir
+    profile_name = load_manifest(run_dir)["profile_name"]
+    console.print(f"run [bold]{run_dir.name}[/] started (profile {profile_name}); record: {run_dir}")
     if args.detach:
         console.print(f"detached: follow with `cockpit ls`, stop with `cockpit stop {run_dir.name}`")
         print(run_dir)
         return 0
     if not args.no_ui:
         return _open_app(run_dir, live=True)
-    return _follow_headless(run_dir, supervisor.poll)
+    return _exit_code(_follow_headless(run_dir, launch.running))
 
 
 def _open_app(run_dir: Path, *, live: bool, speed: float = 1.0) -> int:
@@ -83,9 +80,9 @@ def cmd_replay(args: argparse.Namespace) -> int:
     return _open_app(_find(args), live=False, speed=args.speed)
 
 
-def _follow_headless(run_dir: Path, poll: Any) -> int:
-    """Follow in the foreground; Ctrl-C (or SIGTERM) asks for a stop, a second one kills."""
-    from cockpit.control import request_kill, request_stop
+def _follow_headless(run_dir: Path, running: Callable[[], bool]) -> str:
+    """Follow in the foreground until the run ends, and return its status; Ctrl-C (or SIGTERM) asks
+    for a stop, a second one kills."""
     from cockpit.headless import HeadlessViewer
 
     interrupts = 0
@@ -94,17 +91,17 @@ def _follow_headless(run_dir: Path, poll: Any) -> int:
         nonlocal interrupts
         interrupts += 1
         if interrupts == 1:
-            request_stop(run_dir)
+            lifecycle.request_stop(run_dir)
             console.print(
                 "\n[yellow]stopping: the trainer saves a checkpoint and exits (Ctrl-C again to kill)[/]"
             )
         else:
-            request_kill(run_dir)
+            lifecycle.request_kill(run_dir)
             console.print("\n[red]killing the training processes[/]")
 
     previous = {s: signal.signal(s, on_interrupt) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        viewer = HeadlessViewer(run_dir, console=console, alive=lambda: poll() is None)
+        viewer = HeadlessViewer(run_dir, console=console, alive=running)
         status = viewer.follow()
         viewer.print_report()
         for line in viewer.summary():
@@ -112,6 +109,11 @@ def _follow_headless(run_dir: Path, poll: Any) -> int:
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
+    return status
+
+
+def _exit_code(status: str) -> int:
+    """The exit code for a run's final status."""
     if status not in EXIT_CODES:
         console.print("[red]the supervisor ended without writing a final status (see supervisor.log)[/]")
         return 1
@@ -125,7 +127,6 @@ def _stdout_console() -> Console:
 
 # --- ls, stop, resume ------------------------------------------------------------------------------
 def cmd_ls(args: argparse.Namespace) -> int:
-    from cockpit.liveness import reconcile
     from cockpit.record import read_events
     from cockpit.runs import list_run_dirs, manifest_or_none
 
@@ -138,7 +139,8 @@ def cmd_ls(args: argparse.Namespace) -> int:
         table.add_column(col)
     now = time.time()
     for run_dir in run_dirs:
-        lost = reconcile(run_dir) if (manifest_or_none(run_dir) or {}).get("status") == "running" else None
+        running = (manifest_or_none(run_dir) or {}).get("status") == "running"
+        lost = lifecycle.reconcile(run_dir) if running else None
         manifest = manifest_or_none(run_dir) or {}
         steps = [e for e in read_events(run_dir, "step") if e.get("rank", 0) == 0]
         step = f"{steps[-1]['step']}/{steps[-1].get('max_steps', '?')}" if steps else "-"
@@ -163,65 +165,27 @@ def _find(args: argparse.Namespace) -> Path:
         raise UsageError(str(exc)) from None
 
 
-def _ended_run(args: argparse.Namespace, refusal: str) -> Path:
-    """The run named in `args`; while it is planned or running, a usage error ending in `refusal`.
-
-    A run whose supervisor and training processes are both gone is marked ended first (supervisor lost).
-    """
-    from cockpit.liveness import reconcile
-    from cockpit.record import load_manifest
-
-    run_dir = _find(args)
-    reconcile(run_dir)
-    status = load_manifest(run_dir).get("status")
-    if status in ("running", "planned"):
-        raise UsageError(f"{run_dir.name} is {status}{refusal}")
-    return run_dir
+STOP_MESSAGES = {
+    StopOutcome.STOP_REQUESTED: "stop requested (checkpoint, then exit); run stop again to kill",
+    StopOutcome.KILL_REQUESTED: "kill requested",
+    StopOutcome.TRAINER_STOP_REQUESTED: "supervisor lost; stop requested from the trainer itself",
+    StopOutcome.TRAINER_KILLED: "supervisor lost; training process group killed",
+}
 
 
 def cmd_stop(args: argparse.Namespace) -> int:
-    from cockpit.control import request_kill, request_stop
-    from cockpit.liveness import check, reconcile
-    from cockpit.record import load_manifest
-
     run_dir = _find(args)
-    reconcile(run_dir)  # a run whose supervisor and trainer are both gone is not running any more
-    manifest = load_manifest(run_dir)
-    if manifest.get("status") not in ("running", "planned"):
-        raise UsageError(f"{run_dir.name} is not running (status {manifest.get('status')})")
-    state = check(run_dir, manifest)
-    if manifest.get("status") == "running" and not state.supervisor_alive and state.trainer_alive:
-        # Nobody reads `control/kill` now: the trainer still polls `control/stop` at every step, and a
-        # second stop (or --kill) kills its process group from here.
-        if args.kill or not request_stop(run_dir):
-            os.killpg(manifest["trainer_pgid"], signal.SIGKILL)
-            console.print(f"{run_dir.name}: supervisor lost; training process group killed")
-        else:
-            console.print(f"{run_dir.name}: supervisor lost; stop requested from the trainer itself")
-        return 0
-    if args.kill or not request_stop(run_dir):
-        request_kill(run_dir)
-        console.print(f"{run_dir.name}: kill requested")
-    else:
-        console.print(f"{run_dir.name}: stop requested (checkpoint, then exit); run stop again to kill")
+    outcome = lifecycle.stop(run_dir, kill=args.kill)
+    console.print(f"{run_dir.name}: {STOP_MESSAGES[outcome]}")
     return 0
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
-    from cockpit.control import clear_requests
-    from cockpit.record.manifest import update_manifest
-    from cockpit.supervisor import spawn_detached
-
-    run_dir = _ended_run(args, "; only an ended run can be resumed")
-    clear_requests(run_dir)  # the last attempt's stop must not stop this one
-    # Back to `planned` before the new owner starts, as for a new run: a viewer must not take the old
-    # final status for this attempt's.
-    update_manifest(run_dir, status="planned", diagnosis=None, exit_code=None, ended_at=None)
-    supervisor = spawn_detached(run_dir, resume=True)
-    console.print(f"run [bold]{run_dir.name}[/] resumed from its last checkpoint")
+    launch = lifecycle.resume(_find(args))
+    console.print(f"run [bold]{launch.run_dir.name}[/] resumed from its last checkpoint")
     if args.detach:
         return 0
-    return _follow_headless(run_dir, supervisor.poll)
+    return _exit_code(_follow_headless(launch.run_dir, launch.running))
 
 
 # --- eval, import, report -------------------------------------------------------------------------
@@ -236,48 +200,34 @@ def _parse_named(items: list[str], what: str) -> list[tuple[str, Path]]:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from cockpit.record import RunPaths
-    from cockpit.runs import create_run
-    from cockpit.supervisor import child_env, spawn_detached
-
     models = _parse_named(args.model, "--model")
     if args.run:
         if args.profile:
             raise UsageError("give a RUN or --profile, not both")
-        run_dir = _ended_run(args, ": evaluate it once it has ended")
-        argv = [sys.executable, "-m", "trainer.evaluate", "--run-dir", str(run_dir)]
-        argv += [a for name, path in models for a in ("--model", f"{name}={path}")]
-        output_log = RunPaths(run_dir).output_log
-        console.print(f"evaluating {run_dir.name} (output also in {output_log})")
-        with open(output_log, "ab") as log:
-            code = subprocess.run(argv, env=child_env(), stdout=log, stderr=subprocess.STDOUT).returncode
-        if code != 0:
-            console.print(f"[red]evaluation failed (exit {code}); see {output_log}[/]")
+        run_dir = _find(args)
+        launch = lifecycle.evaluate(run_dir, models)
+        console.print(f"evaluating {run_dir.name} (output also in {RunPaths(run_dir).output_log})")
+        status = _follow_headless(run_dir, launch.running)
+        evaluation = lifecycle.last_evaluation(run_dir)
+        if evaluation is None:
+            return _exit_code(status)
+        if evaluation.status == "stopped":
+            return EXIT_CODES["stopped"]
+        if evaluation.exit_code != 0:
+            why = "" if evaluation.exit_code is None else f" (exit {evaluation.exit_code})"
+            console.print(f"[red]evaluation failed{why}; see {RunPaths(run_dir).output_log}[/]")
             return 1
-        return _report_and_print(run_dir, "md", None)
+        return _report_and_print(run_dir, "md", None)  # also where a failed report is tried again
     if not args.profile:
         raise UsageError("give a RUN to evaluate, or --profile P with --model NAME=PATH")
     for name, path in models:
         if not (path / "config.json").is_file():
             raise UsageError(f"--model {name}={path}: no config.json there")
-    try:
-        profile, ppath = load_profile(args.profile)
-        check_runnable(profile, str(ppath))
-    except ProfileError as exc:
-        raise UsageError(str(exc)) from None
-    run_dir = create_run(
-        _runs_dir(args),
-        profile,
-        ppath,
-        list(sys.argv),
-        mode="eval",
-        eval_args=[a for name, path in models for a in ("--model", f"{name}={path.resolve()}")],
-    )
-    supervisor = spawn_detached(run_dir)
-    console.print(f"evaluation run [bold]{run_dir.name}[/]: base model and {len(models)} other(s)")
-    code = _follow_headless(run_dir, supervisor.poll)
+    launch = lifecycle.start_eval(_runs_dir(args), args.profile, models, list(sys.argv))
+    console.print(f"evaluation run [bold]{launch.run_dir.name}[/]: base model and {len(models)} other(s)")
+    code = _exit_code(_follow_headless(launch.run_dir, launch.running))
     if code == 0:
-        _report_and_print(run_dir, "md", None)
+        _report_and_print(launch.run_dir, "md", None)
     return code
 
 
@@ -356,7 +306,7 @@ def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
         "--runs-dir",
-        default=os.environ.get("COCKPIT_RUNS_DIR", "runs"),
+        default=default_runs_dir(),
         help="where run records live (default: $COCKPIT_RUNS_DIR or ./runs)",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -484,7 +434,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return int(args.func(args))
-    except UsageError as exc:
+    except (UsageError, ProfileError, LifecycleError) as exc:
         console.print(f"[red]error:[/] {escape(str(exc))}")
         return EXIT_BAD_INPUT
 

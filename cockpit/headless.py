@@ -116,7 +116,7 @@ class HeadlessViewer:
                     time.sleep(REFRESH_S)  # the owner may have written its last words just now
                     status = self._status()
                     if status not in TERMINAL_STATUSES:
-                        from cockpit.liveness import reconcile
+                        from cockpit.lifecycle import reconcile
 
                         lost = reconcile(self.paths.root) or "supervisor lost"
                         self.console.print(f"[bold red]{escape(lost)}[/]")

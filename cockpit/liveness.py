@@ -1,4 +1,6 @@
-"""Is a run's owner still there? A viewer's check for a supervisor that died without its last words.
+"""Is a run's owner still there? A check for a supervisor that died without its last words.
+
+Read only: `cockpit.lifecycle.reconcile` acts on what it finds.
 
 Process identity is checked by command line, not by PID alone, so a reused PID is not taken for
 the supervisor.
@@ -7,14 +9,13 @@ the supervisor.
 from __future__ import annotations
 
 import os
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import psutil
 
-from cockpit.record import load_manifest, write_manifest
+from cockpit.record import load_manifest
 
 
 @dataclass(frozen=True)
@@ -56,25 +57,3 @@ def group_alive(pgid: int | None) -> bool:
 def check(run_dir: Path, manifest: dict[str, Any] | None = None) -> Liveness:
     manifest = manifest or load_manifest(run_dir)
     return Liveness(supervisor_alive(manifest, run_dir), group_alive(manifest.get("trainer_pgid")))
-
-
-def reconcile(run_dir: Path) -> str | None:
-    """For a run marked running whose supervisor is gone: a warning, and a final status if all is gone.
-
-    Returns None when the run is not in that state.
-    """
-    manifest = load_manifest(run_dir)
-    if manifest.get("status") != "running":
-        return None
-    state = check(run_dir, manifest)
-    if state.supervisor_alive:
-        return None
-    if state.trainer_alive:
-        return (
-            f"supervisor lost: training processes still running (group {manifest.get('trainer_pgid')}); "
-            "nothing will diagnose or evaluate this run: `cockpit stop` ends them"
-        )
-    diagnosis = "supervisor lost: the supervisor and the training processes are gone"
-    manifest.update(status="failed", diagnosis=diagnosis, ended_at=time.time())
-    write_manifest(run_dir, manifest)
-    return diagnosis

@@ -15,6 +15,12 @@ from cockpit.profiles import Profile, profile_to_dict
 from cockpit.record import RunPaths, load_manifest, write_manifest
 
 DEFAULT_RUNS_DIR = Path("runs")
+RUNS_DIR_ENV = "COCKPIT_RUNS_DIR"
+
+
+def default_runs_dir() -> Path:
+    """Where run records live unless told: `$COCKPIT_RUNS_DIR`, else `./runs`."""
+    return Path(os.environ.get(RUNS_DIR_ENV, DEFAULT_RUNS_DIR))
 
 
 def new_run_id(profile_name: str) -> str:

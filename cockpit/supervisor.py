@@ -6,7 +6,8 @@ straight into `output.log` (a file, not a pipe: nothing can fill up and block th
 trainer keeps writing even if the supervisor dies), watches for stop requests, and writes the
 final status and a one-line diagnosis into `run.json`.
 
-Usage: `python -m cockpit.supervisor RUN_DIR [--resume]`.
+Usage: `python -m cockpit.supervisor RUN_DIR [--resume | --eval [--model NAME=PATH ...]]`. Started by
+`cockpit.lifecycle`, never by hand.
 """
 
 from __future__ import annotations
@@ -20,16 +21,19 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import psutil
 
 from cockpit.control import request_stop
-from cockpit.diagnosis import EndFacts, diagnose, last_error_line, stall_verdict
+from cockpit.diagnosis import EndFacts, diagnose, last_error_line
 from cockpit.profiles import Profile, parse_profile
 from cockpit.record import EventWriter, RunPaths, RunReader, load_manifest, write_manifest
 from cockpit.record.view import RunView
+from cockpit.stall import StallDetector
 
 POLL_S = 0.5
 TAIL_BYTES = 256 * 1024
@@ -84,12 +88,46 @@ def read_tail(path: Path, size: int = TAIL_BYTES) -> str:
         return ""
 
 
-class Supervisor:
-    """Owns one run: launch, watch, stop, diagnose."""
+@dataclass(frozen=True)
+class Outcome:
+    """How an attempt ended: the status, diagnosis and exit code for `run.json`, and more fields."""
 
-    def __init__(self, run_dir: Path, resume: bool = False) -> None:
+    status: str
+    diagnosis: str
+    exit_code: int | None
+    fields: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """How an evaluation stage ended: `run.json`'s `evaluation`, read back by `cockpit eval RUN`."""
+
+    status: str  # finished, failed, stopped, skipped
+    summary: str  # the diagnosis's part about the evaluation
+    exit_code: int | None = None  # trainer.evaluate's
+
+    def outcome(self, fields: dict[str, Any]) -> Outcome:
+        """The attempt's outcome when evaluating was all it did (an evaluation-only run)."""
+        return Outcome(self.status, self.summary, 0 if self.status == "finished" else 1, fields)
+
+
+class Supervisor:
+    """Owns one run: launch, watch, stop, diagnose.
+
+    One attempt a process: a new run (train then evaluate, or evaluate base models only), a resume
+    (`resume`), or the evaluation of an ended run (`eval_args`, the arguments for `trainer.evaluate`).
+    """
+
+    def __init__(
+        self,
+        run_dir: Path,
+        resume: bool = False,
+        eval_args: Sequence[str] | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.paths = RunPaths(Path(run_dir).resolve())
         self.resume = resume
+        self.eval_args = None if eval_args is None else list(eval_args)
         self.manifest = load_manifest(self.paths.root)
         self.profile = parse_profile(self.manifest["profile"], str(self.paths.manifest))
         self.events = EventWriter(self.paths.events("supervisor"))
@@ -103,12 +141,9 @@ class Supervisor:
         self.ram_peak_mib = 0.0
         self.stop_reason = "user"
         self.stage = ""
-        self.stage_started_at: float | None = None
-        self.stall_warned = False
-        self.stall_detail = ""
+        self.stall = StallDetector(self.profile.training.stall_timeout_s, clock)
         self.reserve = self.paths.reserve
         self.disk_full = False
-        self.gpu_util: dict[int, float | None] = {}
         self.telemetry: subprocess.Popen[bytes] | None = None
 
     # --- manifest --------------------------------------------------------------------------------
@@ -177,47 +212,20 @@ class Supervisor:
         elif self.terminated_at is None:
             self.terminated_at = time.time()
 
-    def _check_stall(self, now: float) -> None:
-        """No step for too long in training: say so, then stop the run (see `diagnosis.stall_verdict`)."""
-        if self.stage != "train" or self.view.phase != "train" or self.stall_detail:
+    def _check_stall(self) -> None:
+        """Say when a stall is suspected or cleared; stop a stalled run (see `cockpit.stall`)."""
+        change = self.stall.check()
+        if change is None:
             return
-        # The clock starts at this stage's launch, its entry into the training phase (loading can take
-        # longer than the stall timeout), its training's start or its last step, whichever is latest:
-        # a resumed run's old steps say nothing about the new attempt.
-        marks = [
-            self.stage_started_at,
-            self.view.phase_t,
-            self.view.train_started_t,
-            self.view.steps[-1].t if self.view.steps else None,
-        ]
-        last = max(t for t in marks if t is not None)
-        # Steps are due once this attempt's engine exists (its train_begin); before that, the timeout alone.
-        training = self.view.train_started_t is not None and self.view.train_started_t >= (
-            self.stage_started_at or 0
-        )
-        median = self.view.median_step_time() if training else None
-        verdict, message = stall_verdict(
-            now - last, median, self.profile.training.stall_timeout_s, self.gpus_idle()
-        )
-        if verdict == "ok" and self.stall_warned:  # steps came again
-            self.stall_warned = False
+        if change.kind == "cleared":  # steps came again
             self._note(f"steps again at step {self.view.step}", stall_suspected=False)
             self._update_manifest(warning=None)
-        elif verdict == "suspect" and not self.stall_warned:
-            self.stall_warned = True
-            self._note(message, stall_suspected=True)
-            self._update_manifest(warning=f"stall suspected at step {self.view.step}: {message}")
-        elif verdict == "stalled":
-            self.stall_detail = message
-            self._note(f"stalled: {message}")
+        elif change.kind == "suspected":
+            self._note(change.message, stall_suspected=True)
+            self._update_manifest(warning=f"stall suspected at step {self.view.step}: {change.message}")
+        else:
+            self._note(f"stalled: {change.message}")
             self._signal_group(signal.SIGTERM)
-
-    def gpus_idle(self) -> bool | None:
-        """From the telemetry sampler's latest GPU samples: all idle, some busy, or unknown (no GPUs)."""
-        utils = [u for u in self.gpu_util.values() if u is not None]
-        if not utils:
-            return None
-        return max(utils) < 5.0
 
     def _sample_host(self) -> None:
         vm = psutil.virtual_memory()
@@ -254,17 +262,11 @@ class Supervisor:
             self.telemetry.wait()
 
     # --- the run ---------------------------------------------------------------------------------
-    def _track_gpus(self, events: list[dict[str, Any]]) -> None:
-        """GPU utilization per GPU from the telemetry sampler's events (lists indexed by GPU)."""
-        for e in events:
-            if e["kind"] == "telemetry" and "gpu_util_pct" in e:
-                self.gpu_util = dict(enumerate(e["gpu_util_pct"]))
-
     def launch(self, argv: list[str], stage: str) -> None:
         """Start one stage's processes in their own group, output appended to `output.log`."""
         self.terminated_at = None
         self.stage = stage
-        self.stage_started_at = time.time()
+        self.stall.begin_stage(stage)
         log = open(self.paths.output_log, "ab")  # noqa: SIM115 - handed to the child
         try:
             self.proc = subprocess.Popen(
@@ -290,10 +292,10 @@ class Supervisor:
             now = time.time()
             events = self.reader.poll()
             self.view.apply(events)
-            self._track_gpus(events)
+            self.stall.observe(events)
             self._sample_host()
             self._check_requests(now)
-            self._check_stall(now)
+            self._check_stall()
             rc = self.proc.poll()
             if rc is not None:
                 self.view.apply(self.reader.poll())
@@ -309,8 +311,8 @@ class Supervisor:
             output_tail=read_tail(self.paths.output_log),
             stop_requested=self.stop_requested_at is not None,
             stop_reason=self.stop_reason,
-            stalled=bool(self.stall_detail),
-            stall_detail=self.stall_detail,
+            stalled=self.stall.stalled is not None,
+            stall_detail=self.stall.stalled or "",
             disk_full=self.disk_full,
             disk_free_mib=shutil.disk_usage(self.paths.root).free / 2**20,
             host_ram_peak_fraction=self.ram_peak_fraction,
@@ -325,8 +327,8 @@ class Supervisor:
         status, diagnosis = diagnose(facts)
         return status, diagnosis, returncode
 
-    def evaluate(self, extra_args: list[str]) -> tuple[str, str]:
-        """The evaluation stage and the report; returns (status, a short summary for the diagnosis)."""
+    def evaluate(self, extra_args: list[str]) -> Evaluation:
+        """The evaluation stage and the report."""
         self.events.write("note", message="evaluating on the held-out split")
         self.launch(
             [sys.executable, "-m", "trainer.evaluate", "--run-dir", str(self.paths.root), *extra_args], "eval"
@@ -334,9 +336,10 @@ class Supervisor:
         returncode = self.watch()
         if returncode != 0:
             if self.stop_requested_at is not None:
-                return "stopped", "evaluation stopped by user"
+                return Evaluation("stopped", "evaluation stopped by user", returncode)
             error = last_error_line(read_tail(self.paths.output_log))
-            return "failed", f"evaluation failed (exit {returncode}{': ' + error if error else ''})"
+            summary = f"evaluation failed (exit {returncode}{': ' + error if error else ''})"
+            return Evaluation("failed", summary, returncode)
         from cockpit.report import run_report, summary_line, write_report
 
         try:
@@ -344,21 +347,57 @@ class Supervisor:
             write_report(self.paths.root, report)
         except Exception as exc:  # the predictions are on disk: `cockpit report` can try again
             self._note(f"report failed: {exc}")
-            return "failed", f"report failed: {exc}"
+            return Evaluation("failed", f"report failed: {exc}", returncode)
         self._durable(
             lambda: self.events.write(
                 "report", path=str(self.paths.report_json), summary=summary_line(report)
             )
         )
-        return "finished", summary_line(report)
+        return Evaluation("finished", summary_line(report), returncode)
+
+    def attempt(self) -> Outcome:
+        """This attempt's stages, by what the supervisor was started for."""
+        if self.eval_args is not None:
+            return self._evaluate_ended_run(self.eval_args)
+        if self.manifest.get("mode", "train") == "eval":
+            evaluation = self.evaluate(["--no-adapter", *self.manifest.get("eval_args", [])])
+            return evaluation.outcome({"evaluation": asdict(evaluation)})
+        return self._train_then_evaluate()
+
+    def _train_then_evaluate(self) -> Outcome:
+        """Train, then evaluate if training finished; `training` keeps the training's own outcome."""
+        status, diagnosis, returncode = self.train()
+        fields: dict[str, Any] = {
+            "training": {"status": status, "diagnosis": diagnosis, "exit_code": returncode},
+            "evaluation": None,
+        }
+        if status != "finished" or not self.profile.eval.enabled:
+            return Outcome(status, diagnosis, returncode, fields)
+        if self.stop_requested_at is not None:
+            later = f"cockpit eval {self.paths.root.name}"
+            evaluation = Evaluation("skipped", f"evaluation skipped (stop requested): {later}")
+        else:  # training finished whatever evaluation does: its outcome goes into the diagnosis
+            evaluation = self.evaluate([])
+        fields["evaluation"] = asdict(evaluation)
+        return Outcome(status, f"{diagnosis}; {evaluation.summary}", returncode, fields)
+
+    def _evaluate_ended_run(self, eval_args: list[str]) -> Outcome:
+        """Evaluate an ended run again: its training's outcome stays, this evaluation's is added to it."""
+        evaluation = self.evaluate(eval_args)
+        fields = {"evaluation": asdict(evaluation)}
+        training = self.manifest.get("training")
+        if not training:  # an evaluation-only run
+            return evaluation.outcome(fields)
+        diagnosis = f"{training.get('diagnosis') or training['status']}; {evaluation.summary}"
+        return Outcome(training["status"], diagnosis, training.get("exit_code"), fields)
 
     def run(self) -> int:
-        """The whole life of the run; returns 0 when it finished."""
+        """The whole life of the attempt; returns 0 when the run's status is `finished`."""
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self._on_signal)
         signal.signal(signal.SIGHUP, signal.SIG_IGN)  # the terminal going away is not a reason to stop
-        # A request already in control/ was made for this attempt (the CLI clears old ones before a
-        # resume): a stop asked for while the supervisor was starting must not be lost.
+        # A request already in control/ was made for this attempt (the lifecycle clears old ones before
+        # a resume or an evaluation): a stop asked for while the supervisor was starting must not be lost.
         self._make_reserve()
         self.events.write("supervisor_start", pid=os.getpid(), resume=self.resume)
         self._update_manifest(
@@ -371,22 +410,9 @@ class Supervisor:
             resumed=self.resume or self.manifest.get("resumed", False),
             warning=None,
         )
-        mode = self.manifest.get("mode", "train")
         self._start_telemetry()
         try:
-            if mode == "eval":
-                status, diagnosis = self.evaluate(["--no-adapter", *self.manifest.get("eval_args", [])])
-                returncode = 0 if status == "finished" else 1
-            else:
-                status, diagnosis, returncode = self.train()
-                if status == "finished" and self.profile.eval.enabled:
-                    if self.stop_requested_at is not None:
-                        later = f"cockpit eval {self.paths.root.name}"
-                        diagnosis += f"; evaluation skipped (stop requested): {later}"
-                    else:
-                        # Training finished whatever evaluation does: its outcome goes into the diagnosis.
-                        _, summary = self.evaluate([])
-                        diagnosis = f"{diagnosis}; {summary}"
+            outcome = self.attempt()
         except Exception as exc:  # the supervisor itself failed: say so in the record, then re-raise
             self._signal_group(signal.SIGKILL)
             self._stop_telemetry()
@@ -396,22 +422,38 @@ class Supervisor:
             )
             raise
         self._stop_telemetry()
+        status, diagnosis, returncode = outcome.status, outcome.diagnosis, outcome.exit_code
         self._durable(
             lambda: self.events.write("end", status=status, diagnosis=diagnosis, exit_code=returncode)
         )
-        self._update_manifest(status=status, diagnosis=diagnosis, exit_code=returncode, ended_at=time.time())
+        self._update_manifest(
+            status=status, diagnosis=diagnosis, exit_code=returncode, ended_at=time.time(), **outcome.fields
+        )
         self.events.close()
         self.reserve.unlink(missing_ok=True)
         return 0 if status == "finished" else 1
 
 
-def spawn_detached(run_dir: Path, resume: bool = False) -> subprocess.Popen[bytes]:
+def supervisor_argv(
+    run_dir: Path, resume: bool = False, eval_models: Sequence[str] | None = None
+) -> list[str]:
+    """The supervisor's command line: a new run, a resume, or an ended run evaluated (`NAME=PATH` models)."""
+    argv = [sys.executable, "-m", "cockpit.supervisor", str(run_dir)]
+    if resume:
+        argv.append("--resume")
+    if eval_models is not None:
+        argv += ["--eval", *(a for model in eval_models for a in ("--model", model))]
+    return argv
+
+
+def spawn_detached(
+    run_dir: Path, resume: bool = False, eval_models: Sequence[str] | None = None
+) -> subprocess.Popen[bytes]:
     """Start a supervisor for `run_dir` in its own session; its own messages go to `supervisor.log`."""
     log = open(RunPaths(Path(run_dir)).supervisor_log, "ab")  # noqa: SIM115 - handed to the child
     try:
-        argv = [sys.executable, "-m", "cockpit.supervisor", str(run_dir)] + (["--resume"] if resume else [])
         return subprocess.Popen(
-            argv,
+            supervisor_argv(run_dir, resume, eval_models),
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -425,9 +467,12 @@ def spawn_detached(run_dir: Path, resume: bool = False) -> subprocess.Popen[byte
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m cockpit.supervisor", description=__doc__)
     parser.add_argument("run_dir", type=Path)
-    parser.add_argument("--resume", action="store_true")
+    parser.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
+    parser.add_argument("--eval", action="store_true", help="evaluate the ended run (base, adapter, models)")
+    parser.add_argument("--model", action="append", default=[], metavar="NAME=PATH", help="with --eval")
     args = parser.parse_args(argv)
-    return Supervisor(args.run_dir, resume=args.resume).run()
+    eval_args = [a for model in args.model for a in ("--model", model)] if args.eval else None
+    return Supervisor(args.run_dir, resume=args.resume, eval_args=eval_args).run()
 
 
 if __name__ == "__main__":

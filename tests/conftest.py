@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.faults import env_for
+from cockpit.faults import env_for
 
 REPO = Path(__file__).resolve().parent.parent
 

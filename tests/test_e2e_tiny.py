@@ -136,7 +136,7 @@ def test_eval_only_run_compares_several_base_models(tmp_path: Path, asset_cache:
     import subprocess
     import sys
 
-    from tests.faults import env_for
+    from cockpit.faults import env_for
 
     other = tmp_path / "other-model"
     build = (
@@ -157,3 +157,20 @@ def test_eval_only_run_compares_several_base_models(tmp_path: Path, asset_cache:
     assert sorted(report["systems"]) == ["base", "seed1"]
     assert all(set(t["systems"]) == {"base", "seed1"} for t in report["tenants"])
     assert "| tenant |" in result.stdout, "the report is printed"
+
+
+def test_evaluating_the_ended_run_again_goes_through_a_supervisor(
+    tiny_run: tuple[Path, str], asset_cache: Path
+) -> None:
+    """`cockpit eval RUN`: a new supervisor attempt on the record; the run keeps its training's status."""
+    run_dir, _ = tiny_run
+    training = load_manifest(run_dir)["training"]
+    result = run_cockpit(["eval", str(run_dir)], asset_cache)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "| tenant |" in result.stdout, "the report is printed"
+    manifest = load_manifest(run_dir)
+    assert manifest["status"] == "finished" and manifest["exit_code"] == 0
+    assert manifest["training"] == training and training["diagnosis"].startswith("finished at step")
+    assert manifest["evaluation"]["status"] == "finished"
+    assert manifest["diagnosis"] == f"{training['diagnosis']}; {manifest['evaluation']['summary']}"
+    assert [e["stage"] for e in read_events(run_dir, "launch")] == ["train", "eval", "eval"]

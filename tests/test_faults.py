@@ -10,9 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from cockpit.record import load_manifest, read_events
-from cockpit.record.view import RunView
-from tests.faults import (
+from cockpit.faults import (
     env_for,
     kill,
     rank0_steps,
@@ -25,6 +23,8 @@ from tests.faults import (
     wait_for,
     wait_step,
 )
+from cockpit.record import load_manifest, read_events
+from cockpit.record.view import RunView
 
 pytestmark = pytest.mark.e2e
 

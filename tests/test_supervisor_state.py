@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
@@ -10,31 +9,38 @@ import pytest
 from cockpit.profiles import load_profile
 from cockpit.record.view import RunView
 from cockpit.runs import create_run
-from cockpit.supervisor import Supervisor
+from cockpit.supervisor import Evaluation, Outcome, Supervisor
 
 
 def event(kind: str, t: float, **fields) -> dict:
     return {"kind": kind, "t": t, **fields}
 
 
+class Clock:
+    def __init__(self, now: float) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
 @pytest.fixture
-def supervisor(tmp_path: Path) -> Supervisor:
+def run_dir(tmp_path: Path) -> Path:
     profile, path = load_profile("tiny-cpu")
-    run_dir = create_run(tmp_path, profile, path, ["cockpit", "run"])
-    sup = Supervisor(run_dir)
-    sup.stage = "train"
-    return sup
+    return create_run(tmp_path, profile, path, ["cockpit", "run"])
 
 
-def test_a_load_longer_than_the_stall_timeout_is_not_a_stall(supervisor: Supervisor) -> None:
+def test_a_load_longer_than_the_stall_timeout_is_not_a_stall(run_dir: Path) -> None:
+    clock = Clock(1000.0)
+    supervisor = Supervisor(run_dir, clock=clock)
     timeout = supervisor.profile.training.stall_timeout_s
-    now = time.time()
-    supervisor.stage_started_at = now - 3 * timeout  # setup and load took three timeouts
-    supervisor.view.apply([event("phase", now - 5, phase="train", rank=0)])
-    supervisor._check_stall(now)
-    assert not supervisor.stall_detail
-    supervisor._check_stall(now + timeout + 10)  # then nothing at all for longer than the timeout
-    assert "no step" in supervisor.stall_detail
+    supervisor.stall.begin_stage("train")
+    clock.now += 3 * timeout  # setup and load took three timeouts
+    supervisor.stall.observe([event("phase", clock.now - 5, phase="train", rank=0)])
+    assert supervisor.stall.check() is None
+    clock.now += timeout + 10  # then nothing at all for longer than the timeout
+    change = supervisor.stall.check()
+    assert change is not None and change.kind == "stalled" and "no step" in change.message
 
 
 def test_a_resumed_attempt_starts_with_a_fresh_phase_and_outcome() -> None:
@@ -47,3 +53,51 @@ def test_a_resumed_attempt_starts_with_a_fresh_phase_and_outcome() -> None:
         ]
     )
     assert view.phase == "starting" and view.trainer_outcome is None and view.phase_t == 3.0
+
+
+def test_training_then_evaluation_keeps_both_outcomes(run_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    supervisor = Supervisor(run_dir)
+    monkeypatch.setattr(supervisor, "train", lambda: ("finished", "finished at step 3", 0))
+    monkeypatch.setattr(supervisor, "evaluate", lambda args: Evaluation("finished", "mean F1 80.0", 0))
+    outcome = supervisor.attempt()
+    assert outcome.status == "finished" and outcome.diagnosis == "finished at step 3; mean F1 80.0"
+    assert outcome.fields["training"] == {
+        "status": "finished",
+        "diagnosis": "finished at step 3",
+        "exit_code": 0,
+    }
+    assert outcome.fields["evaluation"] == {"status": "finished", "summary": "mean F1 80.0", "exit_code": 0}
+
+
+def test_evaluating_an_ended_run_keeps_its_training_status(
+    run_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from cockpit.record.manifest import update_manifest
+
+    training = {
+        "status": "stopped",
+        "diagnosis": "stopped by user at step 5, checkpoint saved",
+        "exit_code": 0,
+    }
+    update_manifest(run_dir, training=training)
+    supervisor = Supervisor(run_dir, eval_args=["--model", "other=/m"])
+    asked: list[list[str]] = []
+
+    def evaluate(args: list[str]) -> Evaluation:
+        asked.append(args)
+        return Evaluation("failed", "evaluation failed (exit 1: ValueError: x)", 1)
+
+    monkeypatch.setattr(supervisor, "evaluate", evaluate)
+    assert supervisor.attempt() == Outcome(
+        "stopped",
+        "stopped by user at step 5, checkpoint saved; evaluation failed (exit 1: ValueError: x)",
+        0,
+        {
+            "evaluation": {
+                "status": "failed",
+                "summary": "evaluation failed (exit 1: ValueError: x)",
+                "exit_code": 1,
+            }
+        },
+    )
+    assert asked == [["--model", "other=/m"]]

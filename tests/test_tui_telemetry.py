@@ -160,19 +160,21 @@ def test_supervisor_starts_and_stops_the_sampler(tmp_path: Path) -> None:
     assert kinds[0] == "telemetry_start" and "telemetry" in kinds and kinds[-1] == "telemetry_end"
 
 
-def test_supervisor_reads_gpu_utilization_from_telemetry() -> None:
+def test_supervisor_reads_gpu_utilization_from_telemetry(tmp_path: Path) -> None:
     """The stall check's 'GPUs idle' comes from the sampler's per-GPU utilization lists."""
+    from cockpit.profiles import load_profile
+    from cockpit.runs import create_run
     from cockpit.supervisor import Supervisor
 
-    sup = Supervisor.__new__(Supervisor)
-    sup.gpu_util = {}
-    assert sup.gpus_idle() is None
-    sup._track_gpus([{"t": 1.0, "kind": "telemetry", "gpu_util_pct": [0.0, 3.0], "ram_used_mib": 1.0}])
-    assert sup.gpus_idle() is True
-    sup._track_gpus([{"t": 2.0, "kind": "telemetry", "gpu_util_pct": [0.0, 97.0]}])
-    assert sup.gpus_idle() is False
-    sup._track_gpus([{"t": 3.0, "kind": "telemetry", "ram_used_mib": 1.0}])  # no GPU fields: unchanged
-    assert sup.gpus_idle() is False
+    profile, path = load_profile("tiny-cpu")
+    sup = Supervisor(create_run(tmp_path, profile, path, ["cockpit", "run"]))
+    assert sup.stall.gpus_idle is None
+    sup.stall.observe([{"t": 1.0, "kind": "telemetry", "gpu_util_pct": [0.0, 3.0], "ram_used_mib": 1.0}])
+    assert sup.stall.gpus_idle is True
+    sup.stall.observe([{"t": 2.0, "kind": "telemetry", "gpu_util_pct": [0.0, 97.0]}])
+    assert sup.stall.gpus_idle is False
+    sup.stall.observe([{"t": 3.0, "kind": "telemetry", "ram_used_mib": 1.0}])  # no GPU fields: unchanged
+    assert sup.stall.gpus_idle is False
 
 
 def test_a_full_disk_stops_the_sampler_quietly(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

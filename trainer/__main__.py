@@ -42,10 +42,6 @@ def _rank() -> int:
     return int(os.environ.get("RANK", "0"))
 
 
-def _local_rank() -> int:
-    return int(os.environ.get("LOCAL_RANK", "0"))
-
-
 @dataclass(frozen=True)
 class Rehearsal:
     """A rehearsal depth: the profile's architecture sliced to `layers`, random weights, `steps` steps.

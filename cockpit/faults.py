@@ -1,8 +1,9 @@
-"""Driving real runs into faults: shared by the fault tests and `benchmarks/faults.py`.
+"""Fault drills: driving real runs of the `cockpit` command into faults, and waiting for the outcome.
 
-Every fault is done to real processes (a SIGKILL to a trainer rank, a SIGTERM to the supervisor, a
-full file system); only the faults a process cannot be made to have from outside (a hang, a CUDA
-out-of-memory on a machine without CUDA) use the trainer's test hook, COCKPIT_TEST_FAULT.
+Shared by the fault tests (`tests/test_faults.py`) and `benchmarks/faults.py`. Every fault is done
+to real processes (a SIGKILL to a trainer rank, a SIGTERM to the supervisor, a full file system);
+only the faults a process cannot be made to have from outside (a hang, a CUDA out-of-memory on a
+machine without CUDA) use the trainer's test hook, COCKPIT_TEST_FAULT.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any
 from cockpit.record import load_manifest, read_events
 from cockpit.record.format import TERMINAL_STATUSES
 
+# The source tree this cockpit is imported from: the commands started here import the same code.
 REPO = Path(__file__).resolve().parent.parent
 # Short runs: no evaluation, a checkpoint every 2 steps, a quick stall timeout.
 SHORT = [
@@ -29,6 +31,8 @@ SHORT = [
 
 
 def env_for(cache: Path, **extra: str) -> dict[str, str]:
+    """This environment for a `cockpit` child: the asset cache `cache`, this source tree, no stray
+    fault hook, then `extra`."""
     env = dict(os.environ)
     env["COCKPIT_CACHE"] = str(cache)
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
@@ -49,6 +53,7 @@ def start_detached(runs: Path, cache: Path, max_steps: int, *more: str, **env: s
 
 
 def wait_for(predicate: Callable[[], Any], timeout: float, what: str, every: float = 0.5) -> Any:
+    """Poll `predicate` (another process's doing) until it returns something true, and return that."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = predicate()

@@ -1,0 +1,208 @@
+"""The run's lifecycle: start, stop, kill, resume, evaluate, and reconciling a lost supervisor.
+
+The one place that creates run records, starts the detached supervisor and signals a run's
+processes. Every training or evaluation process is launched by the supervisor (`cockpit.supervisor`),
+never from here. Refusals are `LifecycleError`s whose message is for the user.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+from cockpit import control, liveness, supervisor
+from cockpit.profiles import check_runnable, load_profile
+from cockpit.record import load_manifest, write_manifest
+from cockpit.record.manifest import update_manifest
+from cockpit.runs import create_run
+from cockpit.supervisor import Evaluation
+
+ACTIVE = ("planned", "running")
+LOST = "supervisor lost: the supervisor and the training processes are gone"
+
+
+class LifecycleError(Exception):
+    """A request the run's state refuses (stop a run that has ended, resume one still running)."""
+
+
+@dataclass(frozen=True)
+class Launch:
+    """A supervisor just started for a run."""
+
+    run_dir: Path
+    process: subprocess.Popen[bytes] | None
+
+    def running(self) -> bool:
+        """The supervisor process has not exited (it is this process's child)."""
+        return self.process is not None and self.process.poll() is None
+
+
+class StopOutcome(Enum):
+    """What `stop` did."""
+
+    STOP_REQUESTED = "stop requested"  # the trainer checkpoints at its next step, then exits
+    KILL_REQUESTED = "kill requested"  # the supervisor kills the training processes
+    TRAINER_STOP_REQUESTED = "trainer stop requested"  # supervisor lost: the trainer polls the request
+    TRAINER_KILLED = "trainer killed"  # supervisor lost: its process group killed from here
+
+
+def _spawn(run_dir: Path, **how: Any) -> Launch:
+    return Launch(run_dir, supervisor.spawn_detached(run_dir, **how))
+
+
+# --- start -------------------------------------------------------------------------------------------
+def start(runs_dir: Path, profile_ref: str, overrides: Sequence[str], argv: list[str]) -> Launch:
+    """Validate the profile (`ProfileError`), create a `planned` run record, start its supervisor."""
+    profile, path = load_profile(profile_ref, list(overrides))
+    check_runnable(profile, str(path))
+    return _spawn(create_run(runs_dir, profile, path, argv))
+
+
+def start_eval(
+    runs_dir: Path, profile_ref: str, models: Sequence[tuple[str, Path]], argv: list[str]
+) -> Launch:
+    """An evaluation-only run: the profile's base model and every other model, side by side."""
+    profile, path = load_profile(profile_ref)
+    check_runnable(profile, str(path))
+    eval_args = [a for name, model in models for a in ("--model", f"{name}={Path(model).resolve()}")]
+    return _spawn(create_run(runs_dir, profile, path, argv, mode="eval", eval_args=eval_args))
+
+
+# --- stop --------------------------------------------------------------------------------------------
+def request_stop(run_dir: Path) -> bool:
+    """Ask for a checkpoint and a clean exit; False if a stop was already asked for."""
+    return control.request_stop(run_dir)
+
+
+def request_kill(run_dir: Path) -> None:
+    """Ask the supervisor to kill the training processes now."""
+    control.request_kill(run_dir)
+
+
+def stop(run_dir: Path, kill: bool = False) -> StopOutcome:
+    """Stop a planned or running run: a checkpoint and a clean exit first; a second stop (or `kill`) kills.
+
+    With its supervisor lost and the training processes alive, nobody reads `control/kill`: the
+    trainer still polls `control/stop` at every step, and a kill signals its process group from here.
+    """
+    reconcile(run_dir)  # a run whose supervisor and trainer are both gone is not running any more
+    manifest = load_manifest(run_dir)
+    if manifest.get("status") not in ACTIVE:
+        raise LifecycleError(f"{run_dir.name} is not running (status {manifest.get('status')})")
+    state = liveness.check(run_dir, manifest)
+    if manifest.get("status") == "running" and not state.supervisor_alive and state.trainer_alive:
+        if kill or not request_stop(run_dir):
+            _kill_group(manifest["trainer_pgid"])
+            return StopOutcome.TRAINER_KILLED
+        return StopOutcome.TRAINER_STOP_REQUESTED
+    if kill or not request_stop(run_dir):
+        request_kill(run_dir)
+        return StopOutcome.KILL_REQUESTED
+    return StopOutcome.STOP_REQUESTED
+
+
+def _kill_group(pgid: int) -> None:
+    with contextlib.suppress(ProcessLookupError):  # gone between the check and the kill
+        os.killpg(pgid, signal.SIGKILL)
+
+
+# --- resume, evaluate --------------------------------------------------------------------------------
+def ended(run_dir: Path, refusal: str) -> None:
+    """Refuse (`LifecycleError`, the message ending in `refusal`) unless the run has ended.
+
+    A run whose supervisor and training processes are both gone is marked ended first.
+    """
+    reconcile(run_dir)
+    status = load_manifest(run_dir).get("status")
+    if status in ACTIVE:
+        raise LifecycleError(f"{run_dir.name} is {status}{refusal}")
+
+
+def resume(run_dir: Path) -> Launch:
+    """Continue an ended run from its last checkpoint, in the same record."""
+    ended(run_dir, "; only an ended run can be resumed")
+    control.clear_requests(run_dir)  # the last attempt's stop must not stop this one
+    # Back to `planned` before the new owner starts, as for a new run: a viewer must not take the old
+    # final status for this attempt's.
+    update_manifest(
+        run_dir,
+        status="planned",
+        diagnosis=None,
+        exit_code=None,
+        ended_at=None,
+        training=None,
+        evaluation=None,
+    )
+    return _spawn(run_dir, resume=True)
+
+
+def evaluate(run_dir: Path, models: Sequence[tuple[str, Path]] = ()) -> Launch:
+    """Score an ended run's base model and adapter (and other models) under a new supervisor.
+
+    The run keeps its training's status; the evaluation's outcome is added to the diagnosis and kept
+    as `evaluation` (see `last_evaluation`).
+    """
+    ended(run_dir, ": evaluate it once it has ended")
+    manifest = load_manifest(run_dir)
+    training = manifest.get("training")
+    if training is None and manifest.get("mode", "train") == "train":  # a record from before `training`
+        training = {k: manifest.get(k) for k in ("status", "diagnosis", "exit_code")}
+    control.clear_requests(run_dir)
+    update_manifest(
+        run_dir,
+        status="planned",
+        diagnosis=None,
+        exit_code=None,
+        ended_at=None,
+        training=training,
+        evaluation=None,
+    )
+    named = [f"{name}={Path(path).resolve()}" for name, path in models]
+    return _spawn(run_dir, eval_models=named)
+
+
+def last_evaluation(run_dir: Path) -> Evaluation | None:
+    """How the run's last evaluation ended, if one has."""
+    found = load_manifest(run_dir).get("evaluation")
+    return Evaluation(**found) if found else None
+
+
+# --- a lost supervisor -------------------------------------------------------------------------------
+def reconcile(run_dir: Path) -> str | None:
+    """For a run marked running whose supervisor is gone: a warning, and a final status if all is gone.
+
+    Returns None when the run is not in that state. A lost evaluation of an ended run leaves the
+    training's status and adds the loss to its diagnosis.
+    """
+    manifest = load_manifest(run_dir)
+    if manifest.get("status") != "running":
+        return None
+    state = liveness.check(run_dir, manifest)
+    if state.supervisor_alive:
+        return None
+    if state.trainer_alive:
+        return (
+            f"supervisor lost: training processes still running (group {manifest.get('trainer_pgid')}); "
+            "nothing will diagnose or evaluate this run: `cockpit stop` ends them"
+        )
+    training = manifest.get("training")
+    if training:  # an ended run's evaluation was under way
+        manifest.update(
+            status=training["status"],
+            diagnosis=f"{training.get('diagnosis') or training['status']}; {LOST}",
+            exit_code=training.get("exit_code"),
+            evaluation=asdict(Evaluation("failed", LOST)),
+        )
+    else:
+        manifest.update(status="failed", diagnosis=LOST)
+    manifest["ended_at"] = time.time()
+    write_manifest(run_dir, manifest)
+    return LOST

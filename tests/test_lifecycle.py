@@ -1,0 +1,223 @@
+"""The run's lifecycle service: start, stop, kill, resume, evaluate, a lost supervisor.
+
+The supervisor is not started here (its spawn is recorded instead); processes that must be alive
+are real ones blocked on their standard input, ended by closing it or by the kill under test.
+"""
+
+from __future__ import annotations
+
+import ast
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cockpit import cli, lifecycle
+from cockpit.lifecycle import LifecycleError, StopOutcome
+from cockpit.profiles import ProfileError
+from cockpit.record import RunPaths, load_manifest
+from cockpit.record.manifest import update_manifest
+
+BLOCK = [sys.executable, "-c", "import sys; sys.stdin.read()"]
+
+
+@pytest.fixture
+def spawned(monkeypatch: pytest.MonkeyPatch) -> list[tuple[Path, dict[str, Any]]]:
+    """Every supervisor the lifecycle starts: (run directory, how), none of them for real."""
+    calls: list[tuple[Path, dict[str, Any]]] = []
+
+    def spawn_detached(run_dir: Path, **how: Any) -> None:
+        calls.append((Path(run_dir), how))
+
+    import cockpit.supervisor
+
+    monkeypatch.setattr(cockpit.supervisor, "spawn_detached", spawn_detached)
+    return calls
+
+
+@pytest.fixture
+def run_dir(tmp_path: Path, spawned: list) -> Path:
+    """A planned run of the tiny profile."""
+    run_dir = lifecycle.start(tmp_path, "tiny-cpu", [], ["cockpit", "run"]).run_dir
+    spawned.clear()
+    return run_dir
+
+
+@pytest.fixture
+def blocked() -> Iterator[list[subprocess.Popen[bytes]]]:
+    """Processes started by a test, each in its own session, released at the end."""
+    procs: list[subprocess.Popen[bytes]] = []
+    yield procs
+    for proc in procs:
+        proc.stdin.close()
+        proc.wait(timeout=30)
+
+
+def start_blocked(procs: list, *args: str) -> subprocess.Popen[bytes]:
+    proc = subprocess.Popen([*BLOCK, *args], stdin=subprocess.PIPE, start_new_session=True)
+    procs.append(proc)
+    return proc
+
+
+def ended(run_dir: Path, **fields: Any) -> None:
+    update_manifest(run_dir, **{"status": "stopped", "exit_code": 1, "ended_at": 1.0, **fields})
+
+
+# --- start -------------------------------------------------------------------------------------------
+def test_start_creates_a_planned_record_and_starts_its_supervisor(tmp_path: Path, spawned: list) -> None:
+    launch = lifecycle.start(tmp_path, "tiny-cpu", ["training.max_steps=3"], ["cockpit", "run"])
+    manifest = load_manifest(launch.run_dir)
+    assert manifest["status"] == "planned" and manifest["mode"] == "train"
+    assert manifest["profile"]["training"]["max_steps"] == 3
+    assert spawned == [(launch.run_dir, {})]
+    assert not launch.running(), "no supervisor process here"
+
+
+def test_a_bad_profile_starts_nothing(tmp_path: Path, spawned: list) -> None:
+    with pytest.raises(ProfileError, match="learning_rate"):
+        lifecycle.start(tmp_path, "tiny-cpu", ["training.learning_rate=-1"], ["cockpit", "run"])
+    assert spawned == [] and not any(tmp_path.iterdir())
+
+
+def test_an_evaluation_only_run_goes_through_a_supervisor(
+    tmp_path: Path, spawned: list, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    launch = lifecycle.start_eval(tmp_path / "runs", "tiny-cpu", [("seed1", Path("m1"))], ["cockpit"])
+    manifest = load_manifest(launch.run_dir)
+    assert manifest["mode"] == "eval" and manifest["status"] == "planned"
+    assert manifest["eval_args"] == ["--model", f"seed1={tmp_path / 'm1'}"], "paths made absolute"
+    assert spawned == [(launch.run_dir, {})]
+
+
+# --- resume, evaluate --------------------------------------------------------------------------------
+def test_only_an_ended_run_is_resumed_or_evaluated(run_dir: Path, spawned: list) -> None:
+    with pytest.raises(LifecycleError, match=r"is planned; only an ended run can be resumed$"):
+        lifecycle.resume(run_dir)
+    with pytest.raises(LifecycleError, match=r"is planned: evaluate it once it has ended$"):
+        lifecycle.evaluate(run_dir)
+    assert spawned == []
+
+
+def test_resume_starts_a_new_attempt_without_the_last_ones_requests(run_dir: Path, spawned: list) -> None:
+    ended(run_dir, diagnosis="stopped by user at step 5", training={"status": "stopped"})
+    lifecycle.request_stop(run_dir)
+    launch = lifecycle.resume(run_dir)
+    manifest = load_manifest(run_dir)
+    assert manifest["status"] == "planned" and manifest["diagnosis"] is None and manifest["ended_at"] is None
+    assert manifest["training"] is None and manifest["evaluation"] is None
+    assert not RunPaths(run_dir).stop_request.exists(), "the last attempt's stop must not stop this one"
+    assert spawned == [(run_dir, {"resume": True})] and launch.run_dir == run_dir
+
+
+def test_evaluating_an_ended_run_keeps_its_training_outcome_aside(
+    run_dir: Path, spawned: list, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ended(run_dir, diagnosis="stopped by user at step 5, checkpoint saved")
+    monkeypatch.chdir(tmp_path)
+    lifecycle.evaluate(run_dir, [("other", Path("m"))])
+    manifest = load_manifest(run_dir)
+    assert manifest["status"] == "planned" and manifest["diagnosis"] is None
+    assert manifest["training"] == {
+        "status": "stopped",
+        "diagnosis": "stopped by user at step 5, checkpoint saved",
+        "exit_code": 1,
+    }
+    assert spawned == [(run_dir, {"eval_models": [f"other={tmp_path / 'm'}"]})]
+
+
+def test_evaluating_again_keeps_the_training_outcome_the_supervisor_wrote(
+    run_dir: Path, spawned: list
+) -> None:
+    training = {"status": "finished", "diagnosis": "finished at step 3", "exit_code": 0}
+    ended(run_dir, status="finished", diagnosis="finished at step 3; mean F1 80.0", training=training)
+    lifecycle.evaluate(run_dir)
+    assert load_manifest(run_dir)["training"] == training, "not the diagnosis with the last evaluation"
+    assert spawned == [(run_dir, {"eval_models": []})]
+
+
+def test_last_evaluation(run_dir: Path) -> None:
+    assert lifecycle.last_evaluation(run_dir) is None
+    update_manifest(
+        run_dir, evaluation={"status": "failed", "summary": "evaluation failed (exit 3)", "exit_code": 3}
+    )
+    evaluation = lifecycle.last_evaluation(run_dir)
+    assert evaluation is not None and evaluation.status == "failed" and evaluation.exit_code == 3
+
+
+# --- stop --------------------------------------------------------------------------------------------
+def test_stop_refuses_a_run_that_has_ended(run_dir: Path) -> None:
+    ended(run_dir, status="finished")
+    with pytest.raises(LifecycleError, match=r"is not running \(status finished\)"):
+        lifecycle.stop(run_dir)
+
+
+def test_stop_asks_the_supervisor_then_a_second_stop_kills(run_dir: Path, blocked: list) -> None:
+    supervisor = start_blocked(blocked, "cockpit.supervisor", str(run_dir))  # looks like its supervisor
+    update_manifest(run_dir, status="running", supervisor_pid=supervisor.pid)
+    paths = RunPaths(run_dir)
+    assert lifecycle.stop(run_dir) is StopOutcome.STOP_REQUESTED
+    assert paths.stop_request.exists() and not paths.kill_request.exists()
+    assert lifecycle.stop(run_dir) is StopOutcome.KILL_REQUESTED
+    assert paths.kill_request.exists()
+    assert supervisor.poll() is None, "the supervisor does the killing, not the service"
+
+
+def test_kill_at_once(run_dir: Path) -> None:
+    assert lifecycle.stop(run_dir, kill=True) is StopOutcome.KILL_REQUESTED, "a planned run too"
+    assert RunPaths(run_dir).kill_request.exists() and not RunPaths(run_dir).stop_request.exists()
+
+
+def test_with_the_supervisor_lost_the_trainer_is_asked_then_its_group_killed(
+    run_dir: Path, blocked: list
+) -> None:
+    trainer = start_blocked(blocked)
+    update_manifest(run_dir, status="running", supervisor_pid=None, trainer_pgid=trainer.pid)
+    assert lifecycle.reconcile(run_dir).startswith("supervisor lost: training processes still running")
+    assert lifecycle.stop(run_dir) is StopOutcome.TRAINER_STOP_REQUESTED
+    assert RunPaths(run_dir).stop_request.exists() and trainer.poll() is None
+    assert lifecycle.stop(run_dir) is StopOutcome.TRAINER_KILLED
+    assert trainer.wait(timeout=30) == -signal.SIGKILL
+
+
+# --- a lost supervisor -------------------------------------------------------------------------------
+def test_a_run_whose_processes_are_all_gone_is_marked_failed(run_dir: Path) -> None:
+    assert lifecycle.reconcile(run_dir) is None, "planned: not the reconciler's business"
+    update_manifest(run_dir, status="running", supervisor_pid=None, trainer_pgid=None)
+    assert lifecycle.reconcile(run_dir) == lifecycle.LOST
+    manifest = load_manifest(run_dir)
+    assert manifest["status"] == "failed" and manifest["diagnosis"] == lifecycle.LOST and manifest["ended_at"]
+    assert lifecycle.reconcile(run_dir) is None, "once"
+
+
+def test_a_lost_evaluation_leaves_the_training_status(run_dir: Path) -> None:
+    training = {"status": "finished", "diagnosis": "finished at step 3", "exit_code": 0}
+    update_manifest(run_dir, status="running", supervisor_pid=None, training=training)
+    lifecycle.reconcile(run_dir)
+    manifest = load_manifest(run_dir)
+    assert manifest["status"] == "finished" and manifest["exit_code"] == 0
+    assert manifest["diagnosis"] == f"finished at step 3; {lifecycle.LOST}"
+    assert manifest["evaluation"]["status"] == "failed"
+
+
+# --- the CLI only asks -------------------------------------------------------------------------------
+def test_the_cli_starts_and_signals_no_process_itself() -> None:
+    tree = ast.parse(Path(cli.__file__).read_text(encoding="utf-8"))
+    imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+    imported |= {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module}
+    assert not imported & {"os", "subprocess", "cockpit.supervisor", "cockpit.control", "cockpit.liveness"}
+    called = {node.attr for node in ast.walk(tree) if isinstance(node, ast.Attribute)}
+    assert not called & {"killpg", "Popen", "spawn_detached"}
+
+
+def test_cli_refusals_are_bad_input(run_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    runs = str(run_dir.parent)
+    assert cli.main(["resume", run_dir.name, "--runs-dir", runs]) == cli.EXIT_BAD_INPUT
+    assert f"{run_dir.name} is planned; only an ended run can be resumed" in capsys.readouterr().err
+    ended(run_dir, status="finished")
+    assert cli.main(["stop", run_dir.name, "--runs-dir", runs]) == cli.EXIT_BAD_INPUT
+    assert "is not running (status finished)" in capsys.readouterr().err

@@ -7,7 +7,6 @@ layers, random weights) with the environment of a single DeepSpeed rank.
 
 from __future__ import annotations
 
-import os
 import socket
 import subprocess
 import sys
@@ -44,8 +43,10 @@ def run_depth(
     sampler: bool = False,
 ) -> int | str:
     """Train `steps` steps of the `layers`-layer slice in `run_dir` as one rank: exit code or "timeout"."""
+    from cockpit.supervisor import child_env
+
     full_env = {
-        **os.environ,
+        **child_env(),
         **(env or {}),
         "RANK": "0",
         "LOCAL_RANK": "0",

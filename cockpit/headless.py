@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from cockpit.plan.audit import plan_warnings
 from cockpit.plan.store import load_plan
 from cockpit.record import RunPaths, RunReader, load_manifest
 from cockpit.record.format import TERMINAL_STATUSES
@@ -49,7 +50,8 @@ class HeadlessViewer:
         self.paths = RunPaths(Path(run_dir))
         self.console = console or Console(stderr=True)
         self.reader = RunReader(self.paths.root)
-        self.view = RunView(plan=load_plan(self.paths.root))
+        self.view = RunView()
+        self.plan = load_plan(self.paths.root)  # to check the trainer's audit against
         self.alive = alive or self._supervisor_alive
         self._warned: set[str] = set()
         self._notes_shown = 0
@@ -70,7 +72,7 @@ class HeadlessViewer:
             return "planned"
 
     def _print_new_warnings(self) -> None:
-        for warning in self.view.warnings:
+        for warning in self.view.warnings + plan_warnings(self.view.audit, self.plan):
             if warning not in self._warned:
                 self._warned.add(warning)
                 self.console.print(f"[bold yellow]audit warning:[/] {escape(warning)}")

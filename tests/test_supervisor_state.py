@@ -101,3 +101,13 @@ def test_evaluating_an_ended_run_keeps_its_training_status(
         },
     )
     assert asked == [["--model", "other=/m"]]
+
+
+def test_children_wait_passively_unless_the_user_says_otherwise(monkeypatch) -> None:
+    from cockpit.supervisor import child_env
+
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    assert child_env()["OMP_WAIT_POLICY"] == "PASSIVE"
+    assert child_env()["NCCL_NVLS_ENABLE"] == "0"
+    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
+    assert child_env()["OMP_WAIT_POLICY"] == "ACTIVE"

@@ -7,6 +7,7 @@ Exit codes: 0 the run finished; 1 it failed; 2 bad input (profile, arguments, un
 from __future__ import annotations
 
 import argparse
+import json
 import signal
 import sys
 import time
@@ -53,6 +54,51 @@ def cmd_run(args: argparse.Namespace) -> int:
     if not args.no_ui:
         return _open_app(run_dir, live=True)
     return _exit_code(_follow_headless(run_dir, launch.running))
+
+
+# --- rehearse ----------------------------------------------------------------------------------------
+def _depths(text: str) -> list[int]:
+    try:
+        return [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise UsageError(f"--layers {text!r}: expected depths like 1,2,4") from None
+
+
+def cmd_rehearse(args: argparse.Namespace) -> int:
+    """Start a rehearsal (or show one that ran: --show RUN), then print its prediction."""
+    from cockpit.rehearse.run import forecast_run, read_forecast
+
+    if args.show:
+        run_dir = _find(argparse.Namespace(runs_dir=args.runs_dir, run=args.show))
+        status = load_manifest_status(run_dir)
+    else:
+        launch = lifecycle.start_rehearsal(
+            _runs_dir(args), args.profile, args.overrides, _depths(args.layers), args.steps, args.gpus,
+            list(sys.argv),
+        )  # fmt: skip
+        run_dir = launch.run_dir
+        console.print(f"rehearsal [bold]{run_dir.name}[/] started; record: {run_dir}")
+        if not args.no_ui:
+            _open_app(run_dir, live=True)
+            status = load_manifest_status(run_dir)
+        else:
+            status = _follow_headless(run_dir, launch.running)
+    data = None if args.show else read_forecast(run_dir)
+    if data is None:  # --show, or an interrupted record: predict again from the depths it measured
+        data = forecast_run(run_dir).to_dict()
+    if args.format == "json":
+        print(json.dumps(data, indent=2))
+    else:
+        from cockpit.rehearse.render import render
+
+        _stdout_console().print(render(data))
+    return _exit_code(status)
+
+
+def load_manifest_status(run_dir: Path) -> str:
+    from cockpit.record import load_manifest
+
+    return str(load_manifest(run_dir).get("status", "?"))
 
 
 def _open_app(run_dir: Path, *, live: bool, speed: float = 1.0) -> int:
@@ -337,6 +383,40 @@ def build_parser() -> argparse.ArgumentParser:
         "--detach", action="store_true", help="start the run and return at once (prints the run dir)"
     )
     run.set_defaults(func=cmd_run)
+
+    rehearse = sub.add_parser(
+        "rehearse",
+        parents=[common],
+        help="measure the real architecture sliced to a few depths, predict the whole run",
+        description="Build the profile's architecture from its config.json with random weights, sliced to "
+        "each depth, and train a few steps at each with the profile's exact settings, on the GPUs at hand. "
+        "Fits per-layer and fixed costs over the depths and predicts the whole run on the profile's own "
+        "machine: GPU peak, host RAM, step time, tokens/s and the wall clock, beside the plan. Nothing is "
+        "downloaded; a slice that cannot fit here is refused before anything loads (exit 2). A stopped "
+        "rehearsal keeps the depths it measured.",
+    )
+    rehearse.add_argument("--profile", default=DEFAULT_PROFILE, help="profile name or TOML path")
+    rehearse.add_argument(
+        "--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
+        help="override one profile field (repeatable)",
+    )  # fmt: skip
+    rehearse.add_argument("--layers", default="1,2,4", help="depths to measure (default 1,2,4)")
+    rehearse.add_argument(
+        "--steps", type=int, default=6, help="optimizer steps a depth (default 6; 2 warm up)"
+    )
+    rehearse.add_argument(
+        "--gpus", type=int, help="GPUs to rehearse on (default: every GPU here, 0 on a CPU)"
+    )
+    rehearse.add_argument(
+        "--no-ui", action="store_true", help="headless: a progress line, then the prediction"
+    )
+    rehearse.add_argument(
+        "--format", choices=("text", "json"), default="text", help="the prediction's format"
+    )
+    rehearse.add_argument(
+        "--show", metavar="RUN", help="predict again from the depths a rehearsal measured, and print it"
+    )
+    rehearse.set_defaults(func=cmd_rehearse)
 
     ls = sub.add_parser("ls", parents=[common], help="list runs with status, step and age")
     ls.set_defaults(func=cmd_ls)

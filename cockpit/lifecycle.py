@@ -76,6 +76,56 @@ def start_eval(
     return _spawn(create_run(runs_dir, profile, path, argv, mode="eval", eval_args=eval_args))
 
 
+def gpus_here() -> int:
+    """GPUs NVML sees on this machine (0 without any)."""
+    from cockpit.hostinfo import gpu_inventory
+
+    return len(gpu_inventory())
+
+
+def start_rehearsal(
+    runs_dir: Path,
+    profile_ref: str,
+    overrides: Sequence[str],
+    layers: Sequence[int],
+    steps: int,
+    gpus: int | None,
+    argv: list[str],
+) -> Launch:
+    """A rehearsal: the profile's architecture sliced to each depth, random weights, on the GPUs at hand.
+
+    Refused before anything loads (`LifecycleError`) when the shallowest slice does not fit this machine,
+    when the model's config.json is not here, or when the loader cannot take random weights.
+    """
+    from cockpit.profiles import profile_to_dict
+    from cockpit.rehearse.run import RehearsalError, preflight, rehearsal_profile
+
+    profile, path = load_profile(profile_ref, list(overrides))
+    if profile.model.loader != "layerwise" or profile.model.trust_remote_code:
+        raise LifecycleError(
+            f'{path}: model.loader: a rehearsal needs the layer-by-layer loader ("layerwise")'
+        )
+    if not layers or min(layers) < 1 or steps < 3:
+        raise LifecycleError("--layers takes depths of at least 1 and --steps at least 3")
+    here = rehearsal_profile(profile, gpus_here() if gpus is None else gpus)
+    try:
+        preflight(here, min(layers))
+    except RehearsalError as exc:
+        raise LifecycleError(str(exc)) from None
+    except ValueError as exc:  # no config.json to plan from
+        raise LifecycleError(f"{path}: {exc}") from None
+    rehearsal = {
+        "layers": sorted(set(layers)),
+        "steps": steps,
+        "target": profile.hardware.model_dump(),
+        "target_profile": profile_to_dict(profile),
+    }
+    run_dir = create_run(
+        runs_dir, here, path, argv, mode="rehearse", extra={"rehearsal": rehearsal}, plan_for=profile
+    )
+    return _spawn(run_dir)
+
+
 # --- stop --------------------------------------------------------------------------------------------
 def request_stop(run_dir: Path) -> bool:
     """Ask for a checkpoint and a clean exit; False if a stop was already asked for."""

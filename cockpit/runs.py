@@ -34,10 +34,15 @@ def create_run(
     argv: list[str],
     mode: str = "train",
     eval_args: list[str] | None = None,
+    extra: dict[str, Any] | None = None,
+    plan_for: Profile | None = None,
 ) -> Path:
     """A new run directory (owner-only permissions) with a `planned` manifest.
 
-    `mode` is `train` (train, then evaluate) or `eval` (evaluate base models only).
+    `mode` is `train` (train, then evaluate), `eval` (evaluate base models only) or `rehearse` (the
+    architecture sliced to a few depths, random weights; `extra` holds its `rehearsal` settings).
+    `plan_for`: the profile whose plan goes into plan.json, when it is not the one that runs (a rehearsal
+    runs on the GPUs at hand and is compared with the plan for the profile's own machine).
     """
     runs_dir.mkdir(parents=True, exist_ok=True)
     run_dir = runs_dir / new_run_id(profile.name)
@@ -64,9 +69,10 @@ def create_run(
             "ended_at": None,
             "exit_code": None,
             "diagnosis": None,
+            **(extra or {}),
         },
     )
-    save_plan(run_dir, plan_or_error(profile))
+    save_plan(run_dir, plan_or_error(plan_for or profile))
     return run_dir
 
 

@@ -60,8 +60,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def trainer_argv(profile: Profile, run_dir: Path, resume: bool, port: int) -> list[str]:
-    """The launch command, as an argv list (never a shell string)."""
+def trainer_argv(
+    profile: Profile, run_dir: Path, resume: bool, port: int, extra: Sequence[str] = ()
+) -> list[str]:
+    """The launch command, as an argv list (never a shell string); `extra` goes to the trainer."""
     argv = [
         sys.executable, "-m", "deepspeed.launcher.runner",
         "--num_gpus", str(profile.world_size),
@@ -71,7 +73,7 @@ def trainer_argv(profile: Profile, run_dir: Path, resume: bool, port: int) -> li
     ]  # fmt: skip
     if resume:
         argv.append("--resume")
-    return argv
+    return [*argv, *extra]
 
 
 def child_env() -> dict[str, str]:
@@ -307,9 +309,9 @@ class Supervisor:
                 return rc
             time.sleep(POLL_S)
 
-    def train(self) -> tuple[str, str, int]:
+    def train(self, extra: Sequence[str] = ()) -> tuple[str, str, int]:
         """The training stage; returns (status, diagnosis, exit code)."""
-        self.launch(trainer_argv(self.profile, self.paths.root, self.resume, free_port()), "train")
+        self.launch(trainer_argv(self.profile, self.paths.root, self.resume, free_port(), extra), "train")
         returncode = self.watch()
         facts = EndFacts(
             returncode=returncode,
@@ -364,6 +366,8 @@ class Supervisor:
         """This attempt's stages, by what the supervisor was started for."""
         if self.eval_args is not None:
             return self._evaluate_ended_run(self.eval_args)
+        if self.manifest.get("mode", "train") == "rehearse":
+            return self._rehearse()
         if self.manifest.get("mode", "train") == "eval":
             evaluation = self.evaluate(["--no-adapter", *self.manifest.get("eval_args", [])])
             return evaluation.outcome({"evaluation": asdict(evaluation)})
@@ -385,6 +389,59 @@ class Supervisor:
             evaluation = self.evaluate([])
         fields["evaluation"] = asdict(evaluation)
         return Outcome(status, f"{diagnosis}; {evaluation.summary}", returncode, fields)
+
+    def _rehearse(self) -> Outcome:
+        """Every depth of a rehearsal in turn, bracketed in the record, then the prediction from them.
+
+        A depth that fails or is stopped ends the rehearsal; the depths already measured stay, and the
+        prediction is made from them (two at least).
+        """
+        from cockpit.rehearse.measure import BEGIN, END
+        from cockpit.rehearse.run import forecast_run, write_forecast
+
+        rehearsal = self.manifest["rehearsal"]
+        steps, offset = int(rehearsal["steps"]), 0
+        measured: list[int] = []
+        status, diagnosis, returncode = "finished", "", 0
+        for layers in rehearsal["layers"]:
+            if self.stop_requested_at is not None:
+                break
+            begin = {"layers": layers, "steps": steps, "step_offset": offset}
+            self._durable(lambda begin=begin: self.events.write(BEGIN, **begin))
+            extra = [
+                "--rehearse-layers",
+                str(layers),
+                "--rehearse-steps",
+                str(steps),
+                "--step-offset",
+                str(offset),
+            ]
+            status, diagnosis, returncode = self.train(extra)
+            end = {
+                "layers": layers,
+                "status": "ok" if status == "finished" else status,
+                "message": diagnosis,
+                "exit_code": returncode,
+            }
+            self._durable(lambda end=end: self.events.write(END, **end))
+            offset += steps
+            if status != "finished":
+                break
+            measured.append(layers)
+        try:
+            result = forecast_run(self.paths.root)
+            write_forecast(self.paths.root, result)
+            summary = result.summary()
+            self._durable(
+                lambda: self.events.write("rehearsal", path=str(self.paths.rehearsal), summary=summary)
+            )
+        except Exception as exc:  # the depths are in the record: `cockpit rehearse --show RUN` can try again
+            summary = f"prediction failed: {type(exc).__name__}: {exc}"
+            self._note(summary)
+        done = ", ".join(map(str, measured)) or "none"
+        if status == "finished":
+            return Outcome("finished", f"rehearsed depths {done}; {summary}", 0)
+        return Outcome(status, f"{diagnosis}; depths measured before: {done}; {summary}", returncode)
 
     def _evaluate_ended_run(self, eval_args: list[str]) -> Outcome:
         """Evaluate an ended run again: its training's outcome stays, this evaluation's is added to it."""

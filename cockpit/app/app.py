@@ -24,9 +24,10 @@ from textual.app import App
 from textual.binding import Binding, BindingType
 from textual.worker import get_current_worker
 
-from cockpit.app.messages import ReportLoaded, SnapshotReady, StopSent
+from cockpit.app.messages import PredictionLoaded, ReportLoaded, SnapshotReady, StopSent
 from cockpit.app.model import Snapshot, build_snapshot
 from cockpit.app.screens.confirm import ConfirmStop
+from cockpit.app.screens.prediction import PredictionScreen
 from cockpit.app.screens.report import ReportScreen
 from cockpit.app.screens.run import RunScreen
 from cockpit.plan.store import load_plan
@@ -51,6 +52,7 @@ class CockpitApp(App[str]):
         Binding("q", "quit", "Quit"),
         Binding("l", "toggle_log", "Log"),
         Binding("r", "report", "Report"),
+        Binding("p", "prediction", "Prediction"),
         Binding("space", "toggle_pause", "Pause"),
         Binding("plus,equals_sign,right_square_bracket", "faster", "Faster", key_display="+"),
         Binding("minus,left_square_bracket", "slower", "Slower", key_display="-"),
@@ -88,6 +90,8 @@ class CockpitApp(App[str]):
         self._owner_checked = -math.inf
         self.report: Report | None = None  # the evaluation report, once due and read
         self._report_state: str | None = None  # None, "reading", "read", "failed"
+        self.prediction: dict[str, Any] | None = None  # a rehearsal's rehearsal.json, once due and read
+        self._prediction_state: str | None = None
 
     # --- start -----------------------------------------------------------------------------------
     def on_mount(self) -> None:
@@ -179,6 +183,9 @@ class CockpitApp(App[str]):
         if snapshot.report_due and self._report_state is None:
             self._report_state = "reading"
             self.read_report()
+        if snapshot.prediction_due and self._prediction_state is None:
+            self._prediction_state = "reading"
+            self.read_prediction()
         self._update_dots()
 
     # --- the report ----------------------------------------------------------------------------------
@@ -203,6 +210,34 @@ class CockpitApp(App[str]):
         # Offered, not shown: whoever is looking at the charts stays there until they press the key.
         self.notify("The evaluation report is ready: press [b]r[/b] to see it.", title="report", timeout=15)
 
+    # --- a rehearsal's prediction ------------------------------------------------------------------
+    @work(thread=True, exclusive=True, group="prediction", name="read-prediction")
+    def read_prediction(self) -> None:
+        """Read rehearsal.json; never touches a widget."""
+        from cockpit.rehearse.run import read_forecast
+
+        data = read_forecast(self.run_dir)
+        self.post_message(PredictionLoaded(data, None if data else "could not read rehearsal.json"))
+
+    def on_prediction_loaded(self, message: PredictionLoaded) -> None:
+        if message.data is None:
+            self._prediction_state = "failed"
+            self.notify(message.error or "no prediction", severity="warning")
+            return
+        self.prediction, self._prediction_state = message.data, "read"
+        self.refresh_bindings()
+        self.notify(
+            "The rehearsal's prediction is ready: press [b]p[/b] to see it.", title="rehearsal", timeout=15
+        )
+
+    def action_prediction(self) -> None:
+        """Open the prediction over the run screen (its own `p` and `escape` close it)."""
+        if self.prediction is None or self.screen is not self.run_screen:
+            return
+        self.clear_notifications()
+        run_id = self.last_snapshot.header.run_id if self.last_snapshot else self.run_dir.name
+        self.push_screen(PredictionScreen(self.prediction, run_id))
+
     # --- commands ----------------------------------------------------------------------------------
     def _run_is_active(self) -> bool:
         return self.playback.live and (self._status or "running") not in TERMINAL_STATUSES
@@ -216,8 +251,10 @@ class CockpitApp(App[str]):
             return self.playback.live
         if action == "report":
             return self.report is not None
+        if action == "prediction":
+            return self.prediction is not None
         if action == "toggle_log":
-            return not isinstance(self.screen, ReportScreen)
+            return not isinstance(self.screen, ReportScreen | PredictionScreen)
         return True
 
     def action_stop(self) -> None:

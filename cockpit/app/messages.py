@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from textual.message import Message
 
@@ -26,6 +27,14 @@ class StopSent(Message):
 
     ok: bool
     detail: str
+
+
+@dataclass
+class PredictionLoaded(Message):
+    """The prediction worker read the rehearsal's rehearsal.json (None, with `error`, when it could not)."""
+
+    data: dict[str, Any] | None
+    error: str | None = None
 
 
 @dataclass

@@ -94,6 +94,7 @@ class Snapshot:
     built_ms: float = 0.0  # building this snapshot (bucketing every chart), on the worker
     tick_ms: float = 0.0  # the Playback tick before it (read new lines, fold), on the worker
     report_due: bool = False  # the record, as of the clock, has an evaluation report (see `report_due`)
+    prediction_due: bool = False  # the record, as of the clock, has a rehearsal's prediction
 
 
 CHARTS = ("loss", "throughput", "gpu", "host")
@@ -311,4 +312,14 @@ def build_snapshot(
     log = tuple(pb.output_tail(log_lines))
     due = report_due(pb)
     built_ms = (time.perf_counter() - t0) * 1000
-    return Snapshot(header, charts, audit, log, built_ms=built_ms, tick_ms=tick_ms, report_due=due)
+    predicted = pb.view.rehearsal is not None
+    return Snapshot(
+        header,
+        charts,
+        audit,
+        log,
+        built_ms=built_ms,
+        tick_ms=tick_ms,
+        report_due=due,
+        prediction_due=predicted,
+    )

@@ -119,3 +119,8 @@ class RunPaths:
     @property
     def report_md(self) -> Path:
         return self.root / "report.md"
+
+    @property
+    def rehearsal(self) -> Path:
+        """A rehearsal's measured depths and its prediction of the whole run (`cockpit.rehearse`)."""
+        return self.root / "rehearsal.json"

@@ -62,6 +62,7 @@ class RunView(Fold):
     eval_total: int = 0
     eval_system: str | None = None
     report: dict[str, Any] | None = None  # the supervisor's `report` event: report.json is written
+    rehearsal: dict[str, Any] | None = None  # the supervisor's `rehearsal` event: rehearsal.json is written
     events_seen: int = 0
 
     def apply_event(self, e: Event) -> None:
@@ -159,6 +160,9 @@ class RunView(Fold):
 
     def _on_report(self, e: Event) -> None:
         self.report = e
+
+    def _on_rehearsal(self, e: Event) -> None:
+        self.rehearsal = e
 
     def _on_note(self, e: Event) -> None:
         self.supervisor_notes.append(e.get("message", ""))

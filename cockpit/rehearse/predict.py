@@ -87,8 +87,8 @@ class Scaling:
             f"{self.target_gpus} x {self.target_gpu or self.measured_gpu or 'CPU'}",
             f"bf16 rate: target compute time = measured x {self.compute_ratio:.2f} (datasheet dense bf16 "
             "rates; the H100 and the H200 share one chip, so 1.00 between them)",
-            f"GPU memory: {self.target_gpu_mem_gib:g} GiB a GPU on the target; host RAM "
-            f"{self.target_host_ram_gib:g} GiB",
+            f"GPU memory: {self.target_gpu_mem_gib or 'unknown'} GiB a GPU on the target; host RAM "
+            f"{self.target_host_ram_gib or 'unknown'} GiB",
             f"host-to-device: {self.h2d_gbps_measured:g} GB/s measured here, {self.h2d_gbps_target:g} GB/s "
             "a GPU on the target (each GPU its own link); offload copies do not overlap compute (as "
             "measured)",
@@ -114,9 +114,28 @@ class Forecast:
     disagreements: list[str]
     scaling: Scaling
     notes: list[str] = field(default_factory=list)
+    depths: list[dict[str, Any]] = field(default_factory=list)  # the measured depths (DepthMeasure.to_dict)
+
+    def summary(self) -> str:
+        """One line: the whole run's wall clock and speed on the profile's machine."""
+        s = self.scaling
+        machine = f"{s.target_gpus} x {s.target_gpu or 'CPU'}"
+        total, step, tps = (
+            self.wall.get("total_s"),
+            self.target.get("step_s"),
+            self.target.get("tokens_per_s"),
+        )
+        if total is None or step is None:
+            return f"rehearsal: not enough depths measured to predict ({len(self.depths)} depth(s))"
+        return (
+            f"predicted on {machine}: {total / 3600:.1f} h for the whole run "
+            f"({self.wall['steps']:.0f} steps of {step:.2f} s, {tps or 0:,.0f} tokens/s)"
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return {
+            "summary": self.summary(),
+            "depths": self.depths,
             "layers": self.layers,
             "fits": {
                 k: None if v is None else {"fixed": v.fixed, "per_layer": v.per_layer, "points": v.points}
@@ -188,7 +207,8 @@ def forecast(
     facts = model_facts(plan)
     fits = fit_all(measures)
     full = facts.layers
-    here: dict[str, float | None] = {k: (v.at(full) if v else None) for k, v in fits.items()}
+    # A cost cannot be negative: a fit that extrapolates below zero (a save of ~0 s) reads as zero.
+    here: dict[str, float | None] = {k: (max(0.0, v.at(full)) if v else None) for k, v in fits.items()}
     notes: list[str] = []
     done = [m for m in measures if m.complete]
     if len(done) < 2:
@@ -205,12 +225,10 @@ def forecast(
     if offload and ds.stage == 3:
         for key in ("rss_load", "rss_train"):
             target[key] = None if here[key] is None else here[key] - moved
-    rss = (
-        max(v for v in (target["rss_load"], target["rss_train"]) if v is not None)
-        if here["rss_train"]
-        else None
-    )
-    target["host_gib"] = None if rss is None else rss * nt
+    rss_here = [v for v in (here["rss_load"], here["rss_train"]) if v is not None]
+    here["host_gib"] = max(rss_here) * nm if rss_here else None
+    rss = [v for v in (target["rss_load"], target["rss_train"]) if v is not None]
+    target["host_gib"] = max(rss) * nt if rss else None
     step = here["step_s"]
     grad_accum = profile.training.grad_accum
     passes = 3 if profile.training.gradient_checkpointing else 2
@@ -289,7 +307,7 @@ def plan_figures(plan: dict[str, Any]) -> dict[str, float | None]:
     load, train = c.get("load") or {}, c.get("train") or {}
 
     def gib(v: Any) -> float | None:
-        return None if v is None else float(v) / GIB
+        return None if not v else float(v) / GIB  # 0: nothing planned there (no GPUs)
 
     return {
         "gpu_load": gib(load.get("gpu_peak")),

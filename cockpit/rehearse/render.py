@@ -1,0 +1,81 @@
+"""A rehearsal's prediction as rich tables (`rehearsal.json` in, renderables out), for terminal and app."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Group, RenderableType
+from rich.markup import escape
+from rich.table import Table
+from rich.text import Text
+
+from cockpit.rehearse.predict import LABELS
+
+MEMORY = (
+    ("gpu_load", "GPU load"),
+    ("gpu_train", "GPU train"),
+    ("rss_load", "RSS load"),
+    ("rss_train", "RSS train"),
+)
+
+
+def _num(value: Any, fmt: str = ".3g") -> str:
+    return "-" if value is None else format(value, fmt)
+
+
+def depths_table(data: dict[str, Any]) -> Table:
+    """What each depth measured (GiB per rank, the largest rank; seconds)."""
+    table = Table(title="measured (random weights, the profile's settings)", header_style="bold")
+    for col in ("layers", "status", *(label + " GiB" for _, label in MEMORY), "step s", "load s", "save s"):
+        table.add_column(col, justify="right" if col != "status" else "left")
+    for d in data.get("depths", []):
+        peaks = [max(d[f"{key}_gib"].values()) if d.get(f"{key}_gib") else None for key, _ in MEMORY]
+        table.add_row(
+            str(d["layers"]),
+            escape(d["status"]),
+            *(_num(p, ".2f") for p in peaks),
+            _num(d.get("step_s"), ".3f"),
+            _num(d.get("load_s"), ".1f"),
+            _num(d.get("save_s"), ".1f"),
+        )
+    return table
+
+
+def prediction_table(data: dict[str, Any]) -> Table:
+    """The whole model: fitted at full depth here, scaled to the profile's machine, beside the plan."""
+    table = Table(title=f"predicted at {data['layers']} layers", header_style="bold")
+    for col in ("figure", "this machine", "the profile's machine", "plan (modelled)", ""):
+        table.add_column(col, justify="left" if col == "figure" else "right")
+    flagged = {line.split(":")[0] for line in data.get("disagreements", [])}
+    for key, label in LABELS.items():
+        here, there, plan = data["here"].get(key), data["target"].get(key), data["plan"].get(key)
+        mark = Text("differs > 15%", style="yellow") if label in flagged else Text("")
+        fmt = ",.0f" if key == "tokens_per_s" else ".3g"
+        table.add_row(label, _num(here, fmt), _num(there, fmt), _num(plan, fmt), mark)
+    return table
+
+
+def wall_lines(data: dict[str, Any]) -> list[str]:
+    w = data["wall"]
+
+    def hours(seconds: Any) -> str:
+        return "-" if seconds is None else f"{seconds / 3600:.2f} h"
+
+    return [
+        f"wall clock on the profile's machine: {hours(w.get('total_s'))} = load {hours(w.get('load_s'))} + "
+        f"{_num(w.get('steps'), '.0f')} steps {hours(w.get('train_s'))} + {_num(w.get('saves'), '.0f')} "
+        f"checkpoint saves {hours(w.get('save_s'))} + evaluation {hours(w.get('eval_s'))}",
+    ]
+
+
+def render(data: dict[str, Any]) -> RenderableType:
+    """Everything a user needs to judge the prediction: measured, predicted, assumptions, disagreements."""
+    parts: list[RenderableType] = [depths_table(data), prediction_table(data)]
+    parts += [Text(line) for line in wall_lines(data)]
+    for line in data.get("disagreements", []):
+        parts.append(Text(f"plan and rehearsal differ: {line}", style="yellow"))
+    parts.append(Text("assumptions:", style="bold"))
+    parts += [Text(f"  {line}") for line in data.get("assumptions", [])]
+    parts += [Text(f"note: {line}", style="dim") for line in data.get("notes", [])]
+    parts.append(Text(data.get("summary", ""), style="bold"))
+    return Group(*parts)

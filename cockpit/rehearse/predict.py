@@ -229,6 +229,16 @@ def forecast(
     here["host_gib"] = max(rss_here) * nm if rss_here else None
     rss = [v for v in (target["rss_load"], target["rss_train"]) if v is not None]
     target["host_gib"] = max(rss) * nt if rss else None
+    pages = ((plan.get("configured") or {}).get("load") or {}).get("rss_terms", {}).get("checkpoint pages")
+    if pages and target["rss_load"] is not None:
+        # Random weights map no checkpoint; the real load maps it, and its pages count in each rank's RSS
+        # (shared page cache, not more RAM: host_gib leaves them out).
+        target["rss_load"] += pages / GIB
+        notes.append(
+            f"host RSS at load adds the plan's {pages / GIB:.1f} GiB of mapped checkpoint pages a rank "
+            "(random "
+            "weights map none; shared page cache, not counted in host RAM)"
+        )
     step = here["step_s"]
     grad_accum = profile.training.grad_accum
     passes = 3 if profile.training.gradient_checkpointing else 2

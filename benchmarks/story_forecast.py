@@ -1,0 +1,86 @@
+"""The story's whole run predicted from depths measured on an H200: rehearsal figures, scaled to 4 x H100.
+
+Reads the depth measurements `benchmarks/rehearsal_accuracy.py` made (the story's architecture at 1, 2
+and 4 layers, random weights, one H200) and predicts the whole 94-layer run on the story profile's own
+machine (4 x H100-80GB) with `cockpit.rehearse.predict.forecast`, every assumption printed. The step
+count comes from the profile's data (3,600 examples of about 2,000 tokens, two epochs: an assumption,
+the data file is not here) and the settings the depths ran with (gradient accumulation 2). Beside it:
+what `cockpit plan` says for the same profile, and the story's 26 hours. No GPU needed.
+
+    python benchmarks/story_forecast.py [--measured benchmarks/results/rehearsal_accuracy_h200.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+STORY = "qwen3-235b-a22b-thinking-4xh100"
+CONFIGS = {"nf4-offload": ("true", "cpu"), "nf4-none": ("true", "none")}
+
+
+def main(argv: list[str] | None = None) -> int:
+    from rich.console import Console
+
+    from cockpit.plan import build_plan
+    from cockpit.profiles import load_profile
+    from cockpit.rehearse.measure import DepthMeasure
+    from cockpit.rehearse.predict import Scaling, forecast
+    from cockpit.rehearse.render import render
+
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--measured", type=Path, default=ROOT / "benchmarks/results/rehearsal_accuracy_h200.json"
+    )
+    args = parser.parse_args(argv)
+    measured = json.loads(args.measured.read_text())
+    console = Console(record=True, width=150)
+    summary = {}
+    for config, (experts, offload) in CONFIGS.items():
+        overrides = [
+            f"quantization.quantize_experts={experts}",
+            f'deepspeed.offload_param="{offload}"',
+            f'deepspeed.offload_optimizer="{offload}"',
+            "training.grad_accum=2",  # as the depths were measured
+        ]
+        profile, _ = load_profile(STORY, overrides)
+        plan = build_plan(profile).to_dict()
+        measures = [DepthMeasure.from_dict(m) for m in measured[config]["measures"]]
+        scaling = Scaling(1, "NVIDIA H200", 4, "H100-80GB", 80, 960, 1.0, 55.5, 55.0, 150.0, 2.0)
+        result = forecast(measures, profile, plan, scaling)
+        result.depths = [m.to_dict() for m in measures]
+        data = result.to_dict()
+        console.rule(
+            f"{config}: the story profile, "
+            + ("parameter + optimizer offload" if offload != "none" else "no offload")
+        )
+        console.print(render(data))
+        plan_total = (
+            plan["configured"]["step_s"] * result.wall["steps"] if plan["configured"].get("step_s") else None
+        )
+        console.print(
+            f"beside: the story's 26 h; cockpit plan's step {plan['configured'].get('step_s') or 0:.2f} s x "
+            f"{result.wall['steps']:.0f} steps = {(plan_total or 0) / 3600:.1f} h of training"
+        )
+        summary[config] = {
+            "forecast": data,
+            "plan_step_s": plan["configured"].get("step_s"),
+            "plan_train_s": plan_total,
+        }
+    out = Path(os.environ.get("OUT") or ROOT / "benchmarks/results")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "story_forecast.md").write_text("```\n" + console.export_text() + "```\n")
+    (out / "story_forecast.json").write_text(json.dumps(summary, indent=1, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -179,19 +179,23 @@ def ended(run_dir: Path, refusal: str) -> None:
 def resume(run_dir: Path) -> Launch:
     """Continue an ended run from its last checkpoint, in the same record."""
     ended(run_dir, "; only an ended run can be resumed")
+    _new_attempt(run_dir, training=None)
+    return _spawn(run_dir, resume=True)
+
+
+def _new_attempt(run_dir: Path, training: dict[str, Any] | None) -> None:
+    """Clear the last attempt's requests and put the run back to `planned` before a new owner starts, as for
+    a new run: a viewer must not take the old final status for this attempt's."""
     control.clear_requests(run_dir)  # the last attempt's stop must not stop this one
-    # Back to `planned` before the new owner starts, as for a new run: a viewer must not take the old
-    # final status for this attempt's.
     update_manifest(
         run_dir,
         status="planned",
         diagnosis=None,
         exit_code=None,
         ended_at=None,
-        training=None,
+        training=training,
         evaluation=None,
     )
-    return _spawn(run_dir, resume=True)
 
 
 def evaluate(run_dir: Path, models: Sequence[tuple[str, Path]] = ()) -> Launch:
@@ -205,16 +209,7 @@ def evaluate(run_dir: Path, models: Sequence[tuple[str, Path]] = ()) -> Launch:
     training = manifest.get("training")
     if training is None and manifest.get("mode", "train") == "train":  # a record from before `training`
         training = {k: manifest.get(k) for k in ("status", "diagnosis", "exit_code")}
-    control.clear_requests(run_dir)
-    update_manifest(
-        run_dir,
-        status="planned",
-        diagnosis=None,
-        exit_code=None,
-        ended_at=None,
-        training=training,
-        evaluation=None,
-    )
+    _new_attempt(run_dir, training)
     named = [f"{name}={Path(path).resolve()}" for name, path in models]
     return _spawn(run_dir, eval_models=named)
 

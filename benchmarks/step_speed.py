@@ -199,6 +199,11 @@ def read_row(run_dir: Path, row: Row) -> dict[str, Any]:
         out["cuda_peak_gib"] = max(s.get("cuda_peak_alloc_mib", 0) for s in steps) / 1024
     out["losses"] = [s["loss"] for s in steps]
     end = kinds.get("train_end", [{}])[0]
+    bare_times = (end.get("step_times_s") or [])[WARMUP_STEPS - 1 :]  # times between step ends: step 2 on
+    if bare_times and not timed:
+        out["step_s"] = statistics.median(bare_times)
+        tokens = end.get("tokens") or 0
+        out["tokens_per_s"] = tokens / end["steps"] / out["step_s"] if end.get("steps") else None
     if end.get("train_runtime_s"):
         out["train_runtime_s"] = end["train_runtime_s"]
         out["run_tokens"] = end.get("tokens")

@@ -193,6 +193,7 @@ class Recipe:
             FaultInjectionCallback,
             ProfilerCallback,
             RecordCallback,
+            StepClock,
             StopRequestCallback,
             memory_fields,
         )
@@ -229,8 +230,9 @@ class Recipe:
             ),
             self.stop_callback,
         ]
+        self.clock = StepClock()
         if BARE:  # the speed benchmark's control: what the trainer costs without the cockpit's callbacks
-            callbacks = []
+            callbacks = [self.clock]
         fault = FaultInjectionCallback.from_env()
         if fault is not None:
             callbacks.append(fault)
@@ -299,6 +301,7 @@ class Recipe:
             steps=self.trainer.state.global_step,
             tokens=self.trainer.state.num_input_tokens_seen,
             bare=BARE,
+            step_times_s=self.clock.step_times() if BARE else None,
         )
         return "stopped" if self.stop_callback.stopped_at is not None else "finished"
 

@@ -138,6 +138,20 @@ class RecordCallback(TrainerCallback):
         self.writer.sync()
 
 
+class StepClock(TrainerCallback):
+    """When each optimizer step ended, kept in memory (no I/O, no sync): the overhead benchmark's bare
+    trainer reports its step times once, at the end, so that its control run pays nothing per step."""
+
+    def __init__(self) -> None:
+        self.ends: list[float] = []
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.ends.append(time.perf_counter())
+
+    def step_times(self) -> list[float]:
+        return [round(b - a, 5) for a, b in zip(self.ends, self.ends[1:], strict=False)]
+
+
 class StopRequestCallback(TrainerCallback):
     """Stops training at a step boundary, with a checkpoint, once the stop-request file appears.
 

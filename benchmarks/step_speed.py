@@ -360,19 +360,19 @@ def loss_comparison(rows: list[Row]) -> list[str]:
 
 
 def overhead(rows: list[Row]) -> list[str]:
-    """The cockpit's cost: tokens/s with its callbacks and sampler against a bare trainer, whole runs."""
+    """The cockpit's cost: median step time with its callbacks and sampler against a bare trainer (steps
+    after the warm-up, the profiled steps left out)."""
     by = {r.name: r.result for r in rows}
-    bare = by.get("after-4096-bare", {}).get("run_tokens_per_s")
+    bare = by.get("after-4096-bare", {}).get("step_s")
     lines = []
     for name, what in (
         ("after-4096", "step callbacks"),
         ("after-4096-telemetry", "step callbacks + sampler"),
     ):
-        mine = by.get(name, {}).get("run_tokens_per_s")
+        mine = by.get(name, {}).get("step_s")
         if bare and mine:
             lines.append(
-                f"- {what}: {mine:,.0f} tokens/s against {bare:,.0f} bare (whole 20-step runs): "
-                f"{1 - mine / bare:+.2%} overhead"
+                f"- {what}: median step {mine:.4f} s against {bare:.4f} s bare: {mine / bare - 1:+.2%}"
             )
     return ["", "The cockpit's own cost:", *lines] if lines else []
 

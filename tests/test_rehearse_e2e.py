@@ -54,7 +54,8 @@ def test_rehearsal_measures_each_depth_and_predicts_the_run(tmp_path: Path, asse
 def test_a_stopped_rehearsal_keeps_the_depths_it_measured(tmp_path: Path, asset_cache: Path) -> None:
     runs = tmp_path / "runs"
     argv = [sys.executable, "-m", "cockpit", "rehearse", "--no-ui", "--runs-dir", str(runs)]
-    argv += ["--layers", "1,2,3", "--steps", "40", "--format", "json"]
+    steps = 12
+    argv += ["--layers", "1,2,3", "--steps", str(steps), "--format", "json"]
     proc = subprocess.Popen(
         argv, env=env_for(asset_cache), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
@@ -64,7 +65,7 @@ def test_a_stopped_rehearsal_keeps_the_depths_it_measured(tmp_path: Path, asset_
         def second_depth_stepping() -> bool:
             events = read_events(run_dir)
             begun = [e for e in events if e["kind"] == "rehearse_begin"]
-            return len(begun) == 2 and any(e["kind"] == "step" and e["step"] > 41 for e in events)
+            return len(begun) == 2 and any(e["kind"] == "step" and e["step"] > steps + 1 for e in events)
 
         wait_for(second_depth_stepping, 400, "the second depth's steps")
         assert run_cockpit(["stop", "--runs-dir", str(runs), run_dir.name], asset_cache).returncode == 0

@@ -1,6 +1,6 @@
 """End to end: the app on a real tiny run, detached mid-run; the run goes on; replay draws the same.
 
-The one real run of the TUI tests (60 steps: a few minutes on 2 CPU cores).
+The one real run of the TUI tests (30 steps: about a minute on 2 CPU cores).
 """
 
 from __future__ import annotations
@@ -46,14 +46,14 @@ async def watch_then_detach(run_dir: Path) -> dict:
 
 def test_app_follows_a_real_run_detaches_and_replay_draws_the_same(tmp_path: Path, asset_cache: Path) -> None:
     runs = tmp_path / "runs"
-    # A short real run (60 steps, no evaluation): the app's part is the same at any length.
+    # A short real run (30 steps, no evaluation): the app's part is the same at any length.
     args = [
         "run",
         "--detach",
         "--runs-dir",
         str(runs),
         "--set",
-        "training.max_steps=60",
+        "training.max_steps=30",
         "--set",
         "eval.enabled=false",
     ]

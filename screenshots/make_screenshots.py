@@ -6,6 +6,7 @@
 - `replay.svg`: `cockpit replay` of the same record at 8×, paused at the same moment;
 - `run-4gpu-26h.svg`: the run screen over a generated 26-hour, 4-GPU record (the benchmark's);
 - `run-2xh200.svg`: the run screen over a tiny run recorded on two H200s (two ranks, real NVML telemetry);
+- `prediction.svg`: the prediction screen (`p`) of a recorded tiny rehearsal (`cockpit rehearse`);
 - `report.svg`: the report screen (`r`) of the finished tiny run, with the report.json of an evaluated
   tiny-cpu run (`tests/fixtures/reports/`: the recorded run predates the evaluation stage).
 
@@ -34,12 +35,18 @@ from cockpit.record.playback import Playback  # noqa: E402
 SIZE = (120, 40)
 # A tiny-cpu run recorded on two H200s (hardware.gpus=2, bf16, 80 steps): real NVML telemetry of both GPUs.
 GPU_FIXTURE = ROOT / "tests" / "fixtures" / "records" / "20261130-074646-tiny-cpu-5bc8"
+REHEARSAL = ROOT / "tests" / "fixtures" / "records" / "20261201-023803-tiny-cpu-729e"
 OUT = ROOT / "screenshots"
 
 
 async def shoot(
-    app: CockpitApp, path: Path, keys: tuple[str, ...] = (), size: tuple[int, int] = SIZE
+    app: CockpitApp,
+    path: Path,
+    keys: tuple[str, ...] = (),
+    size: tuple[int, int] = SIZE,
+    opens: str = "report",
 ) -> None:
+    """`keys` open the screen held in the app's attribute `opens` (the report, or the prediction)."""
     async with app.run_test(size=size) as pilot:
         deadline = time.monotonic() + 120
         while not (app.last_snapshot and app.last_snapshot.header.loading is None):
@@ -50,7 +57,7 @@ async def shoot(
         while app.shown < seen + 1:
             await pilot.pause(0.05)
         if keys:
-            while app.report is None:  # the keys shot here open the report
+            while getattr(app, opens) is None:  # wait until what the keys open is there
                 if time.monotonic() > deadline:
                     raise TimeoutError(path.name)
                 await pilot.pause(0.05)
@@ -72,6 +79,8 @@ async def main() -> None:
         finished = copy_until(Path(tmp) / "finished")
         add_report(finished)
         await shoot(make_app(finished, live=True, now=lambda: last + 60.0), OUT / "report.svg", ("r",))
+
+        await shoot(make_app(REHEARSAL, live=True), OUT / "prediction.svg", ("p",), opens="prediction")
 
         pb = Playback(FIXTURE, live=False, speed=8.0, now=lambda: 0.0)
         pb.load()

@@ -89,9 +89,9 @@ class Scaling:
             "rates; the H100 and the H200 share one chip, so 1.00 between them)",
             f"GPU memory: {self.target_gpu_mem_gib or 'unknown'} GiB a GPU on the target; host RAM "
             f"{self.target_host_ram_gib or 'unknown'} GiB",
-            f"host-to-device: {self.h2d_gbps_measured:g} GB/s measured here, {self.h2d_gbps_target:g} GB/s "
-            "a GPU on the target (each GPU its own link); offload copies do not overlap compute (as "
-            "measured)",
+            f"host-to-device: {self.h2d_gbps_measured:g} GB/s here, {self.h2d_gbps_target:g} GB/s "
+            "a GPU on the target (pinned copies, each GPU its own link; 55 GB/s measured on the H200 hosts); "
+            "offload copies do not overlap compute (as measured there)",
             f"GPU-to-GPU: ZeRO-3 gathers {self.gpu2gpu_gbps:g} GB/s a GPU (NVLink all-gather, assumed); "
             "prefetch hides them under compute when shorter",
             f"disk: the 16-bit checkpoint read once at {self.disk_gbps:g} GB/s at load (random weights read "

@@ -191,7 +191,8 @@ def read_row(run_dir: Path, row: Row) -> dict[str, Any]:
     profiled = kinds.get("profile", [{}])[0]
     if profiled:
         lo, hi = profiled["first_step"], profiled["last_step"]
-        timed = [s for s in timed if not lo <= s["step"] <= hi]  # the profiler's own cost stays out
+        # the profiler's own cost stays out: its steps, and the next (its trace is written as that one starts)
+        timed = [s for s in timed if not lo <= s["step"] <= hi + 1]
     if timed:
         out["step_s"] = statistics.median(s["step_time_s"] for s in timed)
         out["tokens_per_step"] = statistics.median(s["tokens"] for s in timed)

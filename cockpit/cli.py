@@ -66,7 +66,7 @@ def _depths(text: str) -> list[int]:
 
 def cmd_rehearse(args: argparse.Namespace) -> int:
     """Start a rehearsal (or show one that ran: --show RUN), then print its prediction."""
-    from cockpit.rehearse.run import forecast_run, read_forecast
+    from cockpit.rehearse.run import RehearsalError, forecast_run, read_forecast
 
     if args.show:
         run_dir = _find(argparse.Namespace(runs_dir=args.runs_dir, run=args.show))
@@ -83,16 +83,24 @@ def cmd_rehearse(args: argparse.Namespace) -> int:
             status = load_manifest_status(run_dir)
         else:
             status = _follow_headless(run_dir, launch.running)
+    if status in ("planned", "running") and not args.show:  # the app was left: the rehearsal goes on
+        console.print(
+            f"rehearsal {run_dir.name} goes on; `cockpit rehearse --show {run_dir.name}` for its prediction"
+        )
+        return 0
     data = None if args.show else read_forecast(run_dir)
     if data is None:  # --show, or an interrupted record: predict again from the depths it measured
-        data = forecast_run(run_dir).to_dict()
+        try:
+            data = forecast_run(run_dir).to_dict()
+        except RehearsalError as exc:
+            raise UsageError(str(exc)) from None
     if args.format == "json":
         print(json.dumps(data, indent=2))
     else:
         from cockpit.rehearse.render import render
 
         _stdout_console().print(render(data))
-    return _exit_code(status)
+    return 0 if status in ("planned", "running") else _exit_code(status)
 
 
 def load_manifest_status(run_dir: Path) -> str:

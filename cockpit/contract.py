@@ -47,6 +47,47 @@ TINY_MODEL: dict[str, Any] = {
 }
 
 
+def first_fit(lengths: list[int], seq_len: int, seed: int = 0) -> list[list[int]]:
+    """How the trainer packs examples: indices of `lengths`, in a seeded random order, first-fit into rows
+    of `seq_len` tokens (empty examples dropped; ValueError for one longer than a row)."""
+    import random
+
+    order = list(range(len(lengths)))
+    random.Random(seed).shuffle(order)
+    bins: list[list[int]] = []
+    room: list[int] = []
+    for i in order:
+        n = lengths[i]
+        if n == 0:
+            continue
+        if n > seq_len:
+            raise ValueError(f"example of {n} tokens is longer than seq_len {seq_len}")
+        for b, free in enumerate(room):
+            if n <= free:
+                bins[b].append(i)
+                room[b] -= n
+                break
+        else:
+            bins.append([i])
+            room.append(seq_len - n)
+    return bins
+
+
+def packed_fill(
+    mean_tokens: int, seq_len: int, spread: float = 0.5, count: int = 2000, seed: int = 0
+) -> float:
+    """The share of packed slots holding a token for examples of `mean_tokens` (uniform within ±`spread`,
+    at most `seq_len`), as `first_fit` packs them: the fill a run of that data would get."""
+    import random
+
+    rng = random.Random(seed)
+    lengths = [
+        max(1, min(seq_len, round(mean_tokens * rng.uniform(1 - spread, 1 + spread)))) for _ in range(count)
+    ]
+    rows = first_fit(lengths, seq_len, seed)
+    return sum(lengths) / (len(rows) * seq_len)
+
+
 def packed_nested_blocksize(blocks: int) -> int:
     """The nested block size of one expert's `blocks` scales; ValueError when none divides them."""
     for size in PACKED_NESTED_BLOCKSIZES:

@@ -97,25 +97,45 @@ def start_rehearsal(
     Refused before anything loads (`LifecycleError`) when the shallowest slice does not fit this machine,
     when the model's config.json is not here, or when the loader cannot take random weights.
     """
+    from cockpit.plan.planner import PlanError, resolve_geometry
     from cockpit.profiles import profile_to_dict
     from cockpit.rehearse.run import RehearsalError, preflight, rehearsal_profile
 
     profile, path = load_profile(profile_ref, list(overrides))
-    if profile.model.loader != "layerwise" or profile.model.trust_remote_code:
+    if profile.model.trust_remote_code:
+        raise LifecycleError(
+            f"{path}: model.trust_remote_code: a rehearsal draws random weights only for models "
+            "Transformers builds itself"
+        )
+    if profile.model.loader != "layerwise":
         raise LifecycleError(
             f'{path}: model.loader: a rehearsal needs the layer-by-layer loader ("layerwise")'
         )
-    if not layers or min(layers) < 1 or steps < 3:
-        raise LifecycleError("--layers takes depths of at least 1 and --steps at least 3")
-    here = rehearsal_profile(profile, gpus_here() if gpus is None else gpus)
+    depths = sorted(set(layers))
+    if len(depths) < 2 or depths[0] < 1:
+        raise LifecycleError(
+            f"--layers {','.join(map(str, layers))}: two different depths of at least one layer are needed "
+            "to fit per-layer and fixed costs"
+        )
+    if steps < 3:
+        raise LifecycleError(f"--steps {steps}: at least 3 (two warm up, the rest are timed)")
+    available = gpus_here()
+    if gpus is not None and not 0 <= gpus <= available:
+        raise LifecycleError(f"--gpus {gpus}: this machine has {available} GPU(s)")
+    here = rehearsal_profile(profile, available if gpus is None else gpus)
     try:
-        preflight(here, min(layers))
+        full = resolve_geometry(profile).layers
+    except PlanError as exc:  # no config.json to plan from
+        raise LifecycleError(f"{path}: {exc}") from None
+    if depths[-1] > full:
+        raise LifecycleError(f"--layers: depth {depths[-1]} is deeper than the model ({full} layers)")
+    try:
+        for depth in depths:  # every depth must fit here, not only the shallowest
+            preflight(here, depth)
     except RehearsalError as exc:
         raise LifecycleError(str(exc)) from None
-    except ValueError as exc:  # no config.json to plan from
-        raise LifecycleError(f"{path}: {exc}") from None
     rehearsal = {
-        "layers": sorted(set(layers)),
+        "layers": depths,
         "steps": steps,
         "target": profile.hardware.model_dump(),
         "target_profile": profile_to_dict(profile),
@@ -179,8 +199,14 @@ def ended(run_dir: Path, refusal: str) -> None:
 def resume(run_dir: Path) -> Launch:
     """Continue an ended run from its last checkpoint, in the same record."""
     ended(run_dir, "; only an ended run can be resumed")
+    _not_a_rehearsal(run_dir, "resumed: start a new rehearsal")
     _new_attempt(run_dir, training=None)
     return _spawn(run_dir, resume=True)
+
+
+def _not_a_rehearsal(run_dir: Path, why: str) -> None:
+    if load_manifest(run_dir).get("mode") == "rehearse":
+        raise LifecycleError(f"{run_dir.name} is a rehearsal and cannot be {why}")
 
 
 def _new_attempt(run_dir: Path, training: dict[str, Any] | None) -> None:
@@ -205,6 +231,7 @@ def evaluate(run_dir: Path, models: Sequence[tuple[str, Path]] = ()) -> Launch:
     as `evaluation` (see `last_evaluation`).
     """
     ended(run_dir, ": evaluate it once it has ended")
+    _not_a_rehearsal(run_dir, "evaluated: its weights are random")
     manifest = load_manifest(run_dir)
     training = manifest.get("training")
     if training is None and manifest.get("mode", "train") == "train":  # a record from before `training`

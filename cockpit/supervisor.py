@@ -439,6 +439,12 @@ class Supervisor:
             summary = f"prediction failed: {type(exc).__name__}: {exc}"
             self._note(summary)
         done = ", ".join(map(str, measured)) or "none"
+        skipped = [d for d in rehearsal["layers"] if d not in measured]
+        if status == "finished" and skipped:  # a stop that came as a depth finished: the rest never ran
+            left = ", ".join(map(str, skipped))
+            return Outcome(
+                "stopped", f"stopped by user; depths {done} measured, {left} not run; {summary}", 3
+            )
         if status == "finished":
             return Outcome("finished", f"rehearsed depths {done}; {summary}", 0)
         return Outcome(status, f"{diagnosis}; depths measured before: {done}; {summary}", returncode)

@@ -111,7 +111,8 @@ def test_forecast_reads_the_fit_at_full_depth_and_partitions_weights() -> None:
     more = forecast(measures, profile, _plan(10), _scaling(4))
     weights_gib = 2 * 10 + 2  # ten 2-GiB layers, embeddings and head
     assert more.target["gpu_train"] == pytest.approx(same.here["gpu_train"] - weights_gib * (1 / 2 - 1 / 4))
-    assert more.target["tokens_per_s"] == pytest.approx(4096 * 4 / more.target["step_s"])
+    # the 4,096 tokens a step are both measured ranks': 2,048 a rank, on four ranks
+    assert more.target["tokens_per_s"] == pytest.approx(4096 / 2 * 4 / more.target["step_s"])
 
 
 def test_disagreements_name_the_figure_and_which_is_measured() -> None:

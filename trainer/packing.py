@@ -10,9 +10,10 @@ is another example's last token).
 
 from __future__ import annotations
 
-import random
 from dataclasses import dataclass
 from typing import Any
+
+from cockpit.contract import first_fit
 
 IGNORE = -100
 
@@ -23,24 +24,7 @@ def pack_rows(rows: list[dict[str, list[int]]], seq_len: int, seed: int = 0) -> 
     Every example is kept whole (tokenization already cut it to `seq_len`). Returns rows with
     `input_ids`, `labels`, `position_ids` and `lengths` (the examples' lengths, in order).
     """
-    order = list(range(len(rows)))
-    random.Random(seed).shuffle(order)
-    bins: list[list[int]] = []
-    room: list[int] = []
-    for i in order:
-        n = len(rows[i]["input_ids"])
-        if n == 0:
-            continue
-        if n > seq_len:
-            raise ValueError(f"example of {n} tokens is longer than seq_len {seq_len}")
-        for b, free in enumerate(room):
-            if n <= free:
-                bins[b].append(i)
-                room[b] -= n
-                break
-        else:
-            bins.append([i])
-            room.append(seq_len - n)
+    bins = first_fit([len(r["input_ids"]) for r in rows], seq_len, seed)
     packed = []
     for members in bins:
         ids: list[int] = []

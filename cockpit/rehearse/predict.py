@@ -13,6 +13,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from cockpit.contract import packed_fill
 from cockpit.plan.model import GPU_TFLOPS
 from cockpit.rehearse.measure import DepthMeasure
 
@@ -189,7 +190,13 @@ def run_steps(profile: Any, data: dict[str, Any], ranks: int) -> tuple[int, str]
         how = f"assumed: {d.examples} examples of {d.mean_tokens} tokens (data.examples, data.mean_tokens)"
     else:
         return 0, "unknown: no data file here and no data.examples / data.mean_tokens in the profile"
-    fill = float(data.get("fill") or 0.9) if t.packing else 1.0
+    if not t.packing:
+        fill = 1.0
+    elif how.startswith("assumed"):  # the rehearsal's own rows may not be like the data: pack the assumed mix
+        fill = packed_fill(d.mean_tokens, t.seq_len)
+        how += f", packed {fill:.2f} full"
+    else:
+        fill = float(data.get("fill") or 1.0)
     rows = math.ceil(tokens / (t.seq_len * fill)) if t.packing else int(examples)
     per_step = t.micro_batch_size * t.grad_accum * ranks
     steps = math.ceil(rows / per_step) * t.epochs if t.max_steps < 0 else t.max_steps
@@ -254,9 +261,9 @@ def forecast(
             notes.append(f"ZeRO-3 gathers ({gather:.2f} s a step) would outlast compute ({compute:.2f} s)")
     tokens_step = statistics_tokens(done)
     here["tokens_per_s"] = tokens_step / step if tokens_step and step else None
-    target["tokens_per_s"] = (
-        tokens_step * nt / target["step_s"] if tokens_step and target.get("step_s") else None
-    )
+    # tokens a step are every rank's (the trainer's count is gathered): per rank, times the target's ranks
+    target_step = target.get("step_s")
+    target["tokens_per_s"] = tokens_step / nm * nt / target_step if tokens_step and target_step else None
     data = next((m.data for m in reversed(done) if m.data), {})
     steps, how = run_steps(profile, data, nt)
     notes.append(f"training tokens: {how}")
@@ -302,13 +309,15 @@ HBM_GBPS = {"H200": 4800.0, "H100": 3350.0, "A100": 2039.0}
 
 
 def eval_estimate(profile: Any, facts: ModelFacts, examples: int, scaling: Scaling) -> float:
-    """Seconds of evaluation: every example's thinking decoded token by token, 16 examples a batch."""
+    """Seconds of evaluation: for the base model and the fine-tuned one, every example's thinking decoded
+    token by token, 16 examples a batch. One process, its layers in blocks over the GPUs and run in turn: a
+    decode step reads every weight once at one GPU's bandwidth."""
     if not examples:
         return 0.0
     bandwidth = next((v for k, v in HBM_GBPS.items() if k in scaling.target_gpu), 3000.0) * 1e9
-    per_token = facts.decode_bytes_per_token / (bandwidth * max(1, scaling.target_gpus))
-    batches = math.ceil(examples / 16)
-    return batches * profile.eval.max_think_tokens * per_token
+    per_token = facts.decode_bytes_per_token / bandwidth
+    systems = 2
+    return systems * math.ceil(examples / 16) * profile.eval.max_think_tokens * per_token
 
 
 def plan_figures(plan: dict[str, Any]) -> dict[str, float | None]:

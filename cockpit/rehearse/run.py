@@ -97,6 +97,8 @@ def forecast_run(run_dir: Path) -> Forecast:
 
     paths = RunPaths(Path(run_dir))
     manifest = load_manifest(paths.root)
+    if manifest.get("mode") != "rehearse":
+        raise RehearsalError(f"{paths.root.name} is not a rehearsal (start one with `cockpit rehearse`)")
     profile = parse_profile(manifest["rehearsal"]["target_profile"], str(paths.manifest))
     measures = depth_measures(read_events(paths.root))
     plan = json.loads(paths.plan.read_text(encoding="utf-8")) if paths.plan.is_file() else {}

@@ -1,0 +1,56 @@
+"""`cockpit rehearse` refuses bad input in one line, exit 2, before anything starts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from cockpit.cli import main
+from cockpit.record import write_manifest
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (["--layers", "4"], "two different depths"),
+        (["--layers", "1,1"], "two different depths"),
+        (["--layers", "0,2"], "two different depths"),
+        (["--layers", "1,9"], "deeper than the model (4 layers)"),
+        (["--layers", "1,x"], "expected depths like 1,2,4"),
+        (["--steps", "2"], "--steps 2: at least 3"),
+        (["--gpus", "8"], "--gpus 8: this machine has"),
+        (["--gpus", "-1"], "--gpus -1: this machine has"),
+        (["--set", 'model.loader="transformers"'], "model.loader"),
+    ],
+)
+def test_bad_rehearsal_input_is_refused_before_anything_starts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str], words: str
+) -> None:
+    runs = tmp_path / "runs"
+    assert main(["rehearse", "--no-ui", "--runs-dir", str(runs), *args]) == 2
+    err = capsys.readouterr().err
+    assert words in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1
+    assert not runs.exists() or not any(runs.iterdir())
+
+
+def test_show_refuses_a_run_that_is_not_a_rehearsal(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = tmp_path / "runs" / "20260101-000000-tiny-cpu-0000"
+    run.mkdir(parents=True)
+    write_manifest(run, {"run_id": run.name, "status": "finished", "mode": "train"})
+    assert main(["rehearse", "--runs-dir", str(tmp_path / "runs"), "--show", run.name]) == 2
+    assert "is not a rehearsal" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", ["resume", "eval"])
+def test_a_rehearsal_cannot_be_resumed_or_evaluated(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], command: str
+) -> None:
+    run = tmp_path / "runs" / "20260101-000000-tiny-cpu-0000"
+    run.mkdir(parents=True)
+    write_manifest(run, {"run_id": run.name, "status": "finished", "mode": "rehearse"})
+    assert main([command, "--runs-dir", str(tmp_path / "runs"), run.name]) == 2
+    assert "is a rehearsal and cannot be" in capsys.readouterr().err

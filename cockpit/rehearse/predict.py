@@ -281,7 +281,9 @@ def forecast(
         "eval_s": eval_s,
         "total_s": None if train is None else load + train + save + eval_s,
     }
-    if eval_examples:
+    if not eval_examples:
+        notes.append("evaluation not counted: the held-out split is not on this machine")
+    else:
         notes.append(
             f"evaluation not rehearsed: {eval_examples} examples x {profile.eval.max_think_tokens} thinking "
             "tokens, each decode step reading every weight once at the target's memory bandwidth (estimate)"

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from cockpit.record import load_manifest, read_events
-from tests.conftest import run_cockpit
+from tests.conftest import REPO, run_cockpit
 
 pytestmark = pytest.mark.e2e
 
@@ -146,8 +146,12 @@ def test_eval_only_run_compares_several_base_models(tmp_path: Path, asset_cache:
         [sys.executable, "-c", build, str(other)], env=env_for(asset_cache), check=True, timeout=300
     )
     runs = tmp_path / "runs"
+    # Ten held-out examples a tenant (the default job's 40 are scored by the tests above): the same code.
+    profile = tmp_path / "tiny-small-eval.toml"
+    text = (REPO / "profiles" / "tiny-cpu.toml").read_text()
+    profile.write_text(text.replace("eval_examples_per_tenant = 40", "eval_examples_per_tenant = 10"))
     result = run_cockpit(
-        ["eval", "--profile", "tiny-cpu", "--model", f"seed1={other}", "--runs-dir", str(runs)], asset_cache
+        ["eval", "--profile", str(profile), "--model", f"seed1={other}", "--runs-dir", str(runs)], asset_cache
     )
     assert result.returncode == 0, result.stderr[-3000:]
     (run_dir,) = list(runs.iterdir())

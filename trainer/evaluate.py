@@ -99,27 +99,55 @@ def think(model: Any, tokenizer: Any, prompts: list[str], max_new_tokens: int) -
     return tokenizer.batch_decode(cut_at_end(new, ends), skip_special_tokens=False)
 
 
+# Label scoring runs rows of (prefix, label) for several examples at once, at most this many tokens a forward.
+SCORE_TOKENS = 32_768
+
+
 @torch.no_grad()
-def score_labels(model: Any, tokenizer: Any, prefix: str, labels: list[str]) -> dict[str, float]:
-    """Log-probability of each `label<eos>` after `prefix`, in one right-padded batch."""
-    prefix_ids = tokenizer(prefix, add_special_tokens=False)["input_ids"]
-    rows = [
-        prefix_ids + tokenizer(label + tokenizer.eos_token, add_special_tokens=False)["input_ids"]
-        for label in labels
-    ]
+def _row_logprobs(model: Any, rows: list[list[int]], pad: int) -> list[torch.Tensor]:
+    """Each row's next-token log-probabilities of its own tokens (one right-padded forward)."""
     width = max(len(r) for r in rows)
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     ids = torch.tensor([r + [pad] * (width - len(r)) for r in rows], device=model.device)
     mask = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows], device=model.device)
     logits = model(input_ids=ids, attention_mask=mask).logits.float()
-    logprobs = torch.log_softmax(logits[:, :-1], dim=-1)
-    targets = ids[:, 1:]
-    picked = logprobs.gather(2, targets.unsqueeze(-1)).squeeze(-1)
-    scores = {}
-    for i, (label, row) in enumerate(zip(labels, rows, strict=True)):
-        start = len(prefix_ids) - 1
-        scores[label] = picked[i, start : len(row) - 1].sum().item()
+    picked = torch.log_softmax(logits[:, :-1], dim=-1).gather(2, ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+    return [picked[i, : len(r) - 1] for i, r in enumerate(rows)]
+
+
+@torch.no_grad()
+def score_many(
+    model: Any, tokenizer: Any, prefixes: list[str], label_sets: list[list[str]]
+) -> list[dict[str, float]]:
+    """For each prefix, the log-probability of each of its labels (`label<eos>`) after it; the rows of
+    several examples share forwards (right-padded, at most SCORE_TOKENS tokens each)."""
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    jobs: list[tuple[int, str, int, list[int]]] = []  # (example, label, prefix length, row)
+    for n, (prefix, labels) in enumerate(zip(prefixes, label_sets, strict=True)):
+        prefix_ids = tokenizer(prefix, add_special_tokens=False)["input_ids"]
+        for label in labels:
+            tail = tokenizer(label + tokenizer.eos_token, add_special_tokens=False)["input_ids"]
+            jobs.append((n, label, len(prefix_ids), prefix_ids + tail))
+    scores: list[dict[str, float]] = [{} for _ in prefixes]
+    start = 0
+    while start < len(jobs):
+        end, width = start, 0
+        while end < len(jobs) and (
+            end == start or max(width, len(jobs[end][3])) * (end - start + 1) <= SCORE_TOKENS
+        ):
+            width = max(width, len(jobs[end][3]))
+            end += 1
+        chunk = jobs[start:end]
+        for (n, label, plen, _), lp in zip(
+            chunk, _row_logprobs(model, [j[3] for j in chunk], pad), strict=True
+        ):
+            scores[n][label] = lp[plen - 1 :].sum().item()
+        start = end
     return scores
+
+
+def score_labels(model: Any, tokenizer: Any, prefix: str, labels: list[str]) -> dict[str, float]:
+    """Log-probability of each `label<eos>` after `prefix`."""
+    return score_many(model, tokenizer, [prefix], [labels])[0]
 
 
 def classify(
@@ -136,9 +164,14 @@ def classify(
     for batch in _batches(examples, batch_size):
         prompts = [prompt_text(tokenizer, ex) for ex in batch]
         thoughts = think(model, tokenizer, prompts, max_think_tokens)
-        for ex, prompt, thought in zip(batch, prompts, thoughts, strict=True):
-            answer_prefix = _close_thinking(prompt, thought)
-            scores = score_labels(model, tokenizer, prompt + answer_prefix, list(ex["labels"]))
+        prefixes = [_close_thinking(p, t) for p, t in zip(prompts, thoughts, strict=True)]
+        all_scores = score_many(
+            model,
+            tokenizer,
+            [p + a for p, a in zip(prompts, prefixes, strict=True)],
+            [list(e["labels"]) for e in batch],
+        )
+        for ex, answer_prefix, scores in zip(batch, prefixes, all_scores, strict=True):
             pred = max(scores, key=scores.__getitem__)
             predictions.append(
                 Prediction(ex["tenant"], ex["id"], ex["gold"], pred, scores, answer_prefix.strip())

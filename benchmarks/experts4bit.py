@@ -26,7 +26,6 @@ import argparse
 import json
 import os
 import resource
-import socket
 import statistics
 import subprocess
 import sys
@@ -36,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
 GIB = 1024**3
 
 STORY = {
@@ -324,24 +324,15 @@ def run_child(spec: dict[str, Any]) -> dict[str, Any]:
 # --- the driver -------------------------------------------------------------------------------------
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def child_env(smoke: bool) -> dict[str, str]:
     env = dict(os.environ)
     if smoke:  # one thread: CPU step times that shared, busy machines do not scramble
         env["OMP_NUM_THREADS"] = "1"
+    from benchmarks.trainer_runs import single_rank_env
+
+    env.update(single_rank_env())
     env.update(
         {
-            "RANK": "0",
-            "LOCAL_RANK": "0",
-            "WORLD_SIZE": "1",
-            "LOCAL_WORLD_SIZE": "1",
-            "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": str(free_port()),
             "PYTHONPATH": os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep),
             "TOKENIZERS_PARALLELISM": "false",
         }

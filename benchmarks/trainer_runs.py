@@ -23,6 +23,19 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def single_rank_env() -> dict[str, str]:
+    """What a process needs to be DeepSpeed's one and only rank (no launcher)."""
+    return {
+        "RANK": "0",
+        "LOCAL_RANK": "0",
+        "WORLD_SIZE": "1",
+        "LOCAL_WORLD_SIZE": "1",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(free_port()),
+        "PYTHONUNBUFFERED": "1",
+    }
+
+
 def new_run(profile_name: str, overrides: list[str], runs: Path, name: str) -> tuple[Path, Any]:
     """A run directory for the profile with `overrides`, renamed `name`; returns it and the profile."""
     from cockpit.profiles import load_profile
@@ -45,17 +58,7 @@ def run_depth(
     """Train `steps` steps of the `layers`-layer slice in `run_dir` as one rank: exit code or "timeout"."""
     from cockpit.supervisor import child_env
 
-    full_env = {
-        **child_env(),
-        **(env or {}),
-        "RANK": "0",
-        "LOCAL_RANK": "0",
-        "WORLD_SIZE": "1",
-        "LOCAL_WORLD_SIZE": "1",
-        "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": str(free_port()),
-        "PYTHONUNBUFFERED": "1",
-    }
+    full_env = {**child_env(), **(env or {}), **single_rank_env()}
     argv = [sys.executable, "-m", "trainer", "--run-dir", str(run_dir), "--rehearse-layers", str(layers)]
     argv += ["--rehearse-steps", str(steps), "--step-offset", str(step_offset)]
     with open(run_dir / "output.log", "ab") as log:

@@ -258,11 +258,10 @@ def per_layer(rows: list[Row], offload: bool) -> float | None:
         and not r.bare
         and not r.telemetry
     ]
-    if len({d for d, _ in pts}) < 2:
-        return None
-    n = len(pts)
-    mx, my = sum(d for d, _ in pts) / n, sum(s for _, s in pts) / n
-    return sum((d - mx) * (s - my) for d, s in pts) / sum((d - mx) ** 2 for d, _ in pts)
+    from cockpit.rehearse.predict import fit
+
+    line = fit(pts)  # None with fewer than two depths
+    return line.per_layer if line else None
 
 
 # --- report -------------------------------------------------------------------------------------------

@@ -56,7 +56,6 @@ def main(argv: list[str] | None = None) -> int:
         measures = [DepthMeasure.from_dict(m) for m in measured[config]["measures"]]
         scaling = Scaling(1, "NVIDIA H200", 4, "H100-80GB", 80, 960, 1.0, 55.5, 55.0, 150.0, 2.0)
         result = forecast(measures, profile, plan, scaling)
-        result.depths = [m.to_dict() for m in measures]
         data = result.to_dict()
         console.rule(
             f"{config}: the story profile, "

@@ -56,11 +56,17 @@ def run_depth(
     sampler: bool = False,
 ) -> int | str:
     """Train `steps` steps of the `layers`-layer slice in `run_dir` as one rank: exit code or "timeout"."""
-    from cockpit.supervisor import child_env
+    from cockpit.supervisor import child_env, rehearsal_args
 
     full_env = {**child_env(), **(env or {}), **single_rank_env()}
-    argv = [sys.executable, "-m", "trainer", "--run-dir", str(run_dir), "--rehearse-layers", str(layers)]
-    argv += ["--rehearse-steps", str(steps), "--step-offset", str(step_offset)]
+    argv = [
+        sys.executable,
+        "-m",
+        "trainer",
+        "--run-dir",
+        str(run_dir),
+        *rehearsal_args(layers, steps, step_offset),
+    ]
     with open(run_dir / "output.log", "ab") as log:
         proc = subprocess.Popen(argv, cwd=ROOT, env=full_env, stdout=log, stderr=subprocess.STDOUT)
         telemetry = None

@@ -408,9 +408,15 @@ def build_parser() -> argparse.ArgumentParser:
         "--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
         help="override one profile field (repeatable)",
     )  # fmt: skip
-    rehearse.add_argument("--layers", default="1,2,4", help="depths to measure (default 1,2,4)")
+    from cockpit.rehearse.measure import DEFAULT_LAYERS, DEFAULT_STEPS, WARMUP_STEPS
+
+    depths = ",".join(map(str, DEFAULT_LAYERS))
+    rehearse.add_argument("--layers", default=depths, help=f"depths to measure (default {depths})")
     rehearse.add_argument(
-        "--steps", type=int, default=6, help="optimizer steps a depth (default 6; 2 warm up)"
+        "--steps",
+        type=int,
+        default=DEFAULT_STEPS,
+        help=f"optimizer steps a depth (default {DEFAULT_STEPS}; {WARMUP_STEPS} warm up)",
     )
     rehearse.add_argument(
         "--gpus", type=int, help="GPUs to rehearse on (default: every GPU here, 0 on a CPU)"

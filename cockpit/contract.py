@@ -26,6 +26,10 @@ PACKED_STORAGE_DTYPES = ("bfloat16", "float16", "float32")
 # The head's logits are computed this many bytes (fp32) at a time, never whole (trainer/loss.py).
 LOSS_CHUNK_BYTES = 256 * 1024**2
 
+# --- evaluation ------------------------------------------------------------------------------------------
+# Held-out examples whose thinking is generated together (trainer/evaluate.py; the forecast's estimate).
+EVAL_BATCH_SIZE = 16
+
 # --- the loader --------------------------------------------------------------------------------------
 LOADERS = ("layerwise", "transformers")
 
@@ -73,17 +77,25 @@ def first_fit(lengths: list[int], seq_len: int, seed: int = 0) -> list[list[int]
     return bins
 
 
-def packed_fill(
-    mean_tokens: int, seq_len: int, spread: float = 0.5, count: int = 2000, seed: int = 0
-) -> float:
-    """The share of packed slots holding a token for examples of `mean_tokens` (uniform within ±`spread`,
-    at most `seq_len`), as `first_fit` packs them: the fill a run of that data would get."""
+def example_lengths(
+    mean_tokens: int, seq_len: int, count: int, spread: float = 0.5, seed: int = 0
+) -> list[int]:
+    """Lengths of assumed examples, as a rehearsal without the data draws them: uniform within ±`spread`
+    of `mean_tokens`, at least 2 tokens, at most `seq_len`."""
     import random
 
     rng = random.Random(seed)
-    lengths = [
-        max(1, min(seq_len, round(mean_tokens * rng.uniform(1 - spread, 1 + spread)))) for _ in range(count)
+    return [
+        max(2, min(seq_len, round(mean_tokens * rng.uniform(1 - spread, 1 + spread)))) for _ in range(count)
     ]
+
+
+def packed_fill(
+    mean_tokens: int, seq_len: int, spread: float = 0.5, count: int = 2000, seed: int = 0
+) -> float:
+    """The share of packed slots holding a token for `example_lengths`, as `first_fit` packs them: the
+    fill a run of that data would get."""
+    lengths = example_lengths(mean_tokens, seq_len, count, spread, seed)
     rows = first_fit(lengths, seq_len, seed)
     return sum(lengths) / (len(rows) * seq_len)
 

@@ -94,11 +94,12 @@ def start_rehearsal(
 ) -> Launch:
     """A rehearsal: the profile's architecture sliced to each depth, random weights, on the GPUs at hand.
 
-    Refused before anything loads (`LifecycleError`) when the shallowest slice does not fit this machine,
+    Refused before anything loads (`LifecycleError`) when a depth's slice does not fit this machine,
     when the model's config.json is not here, or when the loader cannot take random weights.
     """
     from cockpit.plan.planner import PlanError, resolve_geometry
     from cockpit.profiles import profile_to_dict
+    from cockpit.rehearse.measure import WARMUP_STEPS
     from cockpit.rehearse.run import RehearsalError, preflight, rehearsal_profile
 
     profile, path = load_profile(profile_ref, list(overrides))
@@ -117,21 +118,24 @@ def start_rehearsal(
             f"--layers {','.join(map(str, layers))}: two different depths of at least one layer are needed "
             "to fit per-layer and fixed costs"
         )
-    if steps < 3:
-        raise LifecycleError(f"--steps {steps}: at least 3 (two warm up, the rest are timed)")
+    if steps <= WARMUP_STEPS:
+        raise LifecycleError(
+            f"--steps {steps}: at least {WARMUP_STEPS + 1} ({WARMUP_STEPS} warm up, the rest are timed)"
+        )
     available = gpus_here()
     if gpus is not None and not 0 <= gpus <= available:
         raise LifecycleError(f"--gpus {gpus}: this machine has {available} GPU(s)")
     here = rehearsal_profile(profile, available if gpus is None else gpus)
     try:
-        full = resolve_geometry(profile).layers
+        geometry = resolve_geometry(profile)
     except PlanError as exc:  # no config.json to plan from
         raise LifecycleError(f"{path}: {exc}") from None
-    if depths[-1] > full:
-        raise LifecycleError(f"--layers: depth {depths[-1]} is deeper than the model ({full} layers)")
+    if depths[-1] > geometry.layers:
+        raise LifecycleError(
+            f"--layers: depth {depths[-1]} is deeper than the model ({geometry.layers} layers)"
+        )
     try:
-        for depth in depths:  # every depth must fit here, not only the shallowest
-            preflight(here, depth)
+        preflight(here, geometry, depths)  # every depth must fit here, not only the shallowest
     except RehearsalError as exc:
         raise LifecycleError(str(exc)) from None
     rehearsal = {

@@ -76,6 +76,18 @@ def trainer_argv(
     return [*argv, *extra]
 
 
+def rehearsal_args(layers: int, steps: int, step_offset: int) -> list[str]:
+    """The trainer's arguments for one rehearsal depth (`python -m trainer --help`)."""
+    return [
+        "--rehearse-layers",
+        str(layers),
+        "--rehearse-steps",
+        str(steps),
+        "--step-offset",
+        str(step_offset),
+    ]
+
+
 def child_env() -> dict[str, str]:
     """The parent environment, passed through, with the multicast-off variables forced and passive
     OpenMP waiting unless the user chose otherwise."""
@@ -408,15 +420,7 @@ class Supervisor:
                 break
             begin = {"layers": layers, "steps": steps, "step_offset": offset}
             self._durable(lambda begin=begin: self.events.write(BEGIN, **begin))
-            extra = [
-                "--rehearse-layers",
-                str(layers),
-                "--rehearse-steps",
-                str(steps),
-                "--step-offset",
-                str(offset),
-            ]
-            status, diagnosis, returncode = self.train(extra)
+            status, diagnosis, returncode = self.train(rehearsal_args(layers, steps, offset))
             end = {
                 "layers": layers,
                 "status": "ok" if status == "finished" else status,

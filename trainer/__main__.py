@@ -158,7 +158,7 @@ class Recipe:
             raise FileNotFoundError(f"{data_file}: no such data file")
         examples = len(rows)
         tokens = sum(len(r["input_ids"]) for r in rows)
-        targets = sum(sum(1 for x in r["labels"][1:] if x != -100) for r in rows)
+        targets = sum(sum(1 for x in r["labels"][1:] if x != data_mod.IGNORE) for r in rows)
         if t.packing:
             rows = pack_rows(rows, t.seq_len, seed=t.seed)
         self.events.write(
@@ -176,13 +176,16 @@ class Recipe:
     def collator(self, tokenizer: Any) -> Any:
         from transformers import DataCollatorForSeq2Seq
 
+        from trainer.data import IGNORE
         from trainer.packing import PackedCollator
 
         pad = getattr(tokenizer, "pad_token_id", None) if tokenizer is not None else None
         t = self.profile.training
         if t.packing:
             return PackedCollator(pad if pad is not None else 0, doc_lens=t.attention == "varlen")
-        return DataCollatorForSeq2Seq(tokenizer, padding=True, label_pad_token_id=-100, pad_to_multiple_of=8)
+        return DataCollatorForSeq2Seq(
+            tokenizer, padding=True, label_pad_token_id=IGNORE, pad_to_multiple_of=8
+        )
 
     def setup(self) -> None:
         from transformers import Trainer

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+IGNORE = -100  # the label of a position that is not a target (the prompt, padding)
 REQUIRED_FIELDS = ("tenant", "id", "split", "system", "user", "labels", "gold", "reasoning")
 THINK_OPEN = "<think>\n"
 THINK_CLOSE = "\n</think>\n\n"
@@ -73,14 +74,14 @@ class Tokenized:
 
 
 def tokenize_example(tokenizer: Any, example: dict[str, Any], seq_len: int) -> Tokenized:
-    """Prompt and answer as ids; labels are -100 over the prompt; truncated from the left of the prompt."""
+    """Prompt and answer as ids; labels are IGNORE over the prompt; truncated from the left of the prompt."""
     prompt = prompt_text(tokenizer, example)
     prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
     answer_ids = tokenizer(answer_text(tokenizer, prompt, example), add_special_tokens=False)["input_ids"]
     keep = max(0, seq_len - len(answer_ids))
     prompt_ids = prompt_ids[-keep:] if keep else []
     ids = (prompt_ids + answer_ids)[:seq_len]
-    labels = ([-100] * len(prompt_ids) + answer_ids)[:seq_len]
+    labels = ([IGNORE] * len(prompt_ids) + answer_ids)[:seq_len]
     return Tokenized(ids, labels)
 
 
@@ -108,17 +109,18 @@ def synthetic_rows(
 ) -> list[dict[str, list[int]]]:
     """Random-token examples for a rehearsal where the real data is not at hand.
 
-    Lengths are uniform within ±`spread` of `mean_tokens` (at most `seq_len`); the first
+    Lengths are `cockpit.contract.example_lengths` (the forecast packs the same); the first
     `prompt_fraction` of each example is prompt (no target), as in chat data where the answer follows
     the question.
     """
     import random
 
+    from cockpit.contract import example_lengths
+
     rng = random.Random(seed)
     rows = []
-    for _ in range(count):
-        n = max(2, min(seq_len, round(mean_tokens * rng.uniform(1 - spread, 1 + spread))))
+    for n in example_lengths(mean_tokens, seq_len, count, spread, seed):
         ids = [rng.randrange(vocab_size) for _ in range(n)]
         cut = int(n * prompt_fraction)
-        rows.append({"input_ids": ids, "labels": [-100] * cut + ids[cut:], "attention_mask": [1] * n})
+        rows.append({"input_ids": ids, "labels": [IGNORE] * cut + ids[cut:], "attention_mask": [1] * n})
     return rows

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from cockpit.contract import EVAL_BATCH_SIZE
 from trainer.data import THINK_CLOSE, THINK_OPEN, prompt_text
 
 THINK_END = "</think>"
@@ -155,7 +156,7 @@ def classify(
     tokenizer: Any,
     examples: list[dict[str, Any]],
     max_think_tokens: int,
-    batch_size: int = 16,
+    batch_size: int = EVAL_BATCH_SIZE,
     progress: Callable[[int, int], None] | None = None,
 ) -> list[Prediction]:
     """Predictions for `examples` (the eval split) by thinking then label scoring."""

@@ -21,8 +21,7 @@ import torch
 from torch import nn
 
 from cockpit.contract import loss_chunk_rows
-
-IGNORE = -100
+from trainer.data import IGNORE
 
 
 class _LinearCrossEntropy(torch.autograd.Function):

@@ -14,8 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cockpit.contract import first_fit
-
-IGNORE = -100
+from trainer.data import IGNORE
 
 
 def pack_rows(rows: list[dict[str, list[int]]], seq_len: int, seed: int = 0) -> list[dict[str, list[int]]]:

@@ -77,10 +77,8 @@ def sliced_config(config: Any, layers: int) -> Any:
     if layers > text.num_hidden_layers:
         raise ValueError(f"{layers} layers asked, the model has {text.num_hidden_layers}")
     text.num_hidden_layers = layers
-    for attr in ("layer_types", "mlp_only_layers"):
-        value = getattr(text, attr, None)
-        if isinstance(value, list) and attr == "layer_types":
-            setattr(text, attr, value[:layers])
-        elif isinstance(value, list):
-            setattr(text, attr, [i for i in value if i < layers])
+    if isinstance(getattr(text, "layer_types", None), list):  # one entry a layer
+        text.layer_types = text.layer_types[:layers]
+    if isinstance(getattr(text, "mlp_only_layers", None), list):  # layer indices
+        text.mlp_only_layers = [i for i in text.mlp_only_layers if i < layers]
     return sliced

@@ -38,12 +38,7 @@ class TokenFlops:
 
 def decoder_active_params(g: ModelGeometry) -> int:
     """Weights of the decoder layers one token multiplies through (top-k experts), head excluded."""
-    active = 0
-    for t in g.tensors():
-        if t.kind in ("embeddings", "lm_head") or len(t.shape) < 2:
-            continue
-        active += t.numel * g.top_k // g.experts if t.kind == "experts" else t.numel
-    return active
+    return g.active_matmul_params() - head_params(g)
 
 
 def head_params(g: ModelGeometry) -> int:

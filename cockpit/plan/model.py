@@ -83,6 +83,12 @@ GPU_TFLOPS = {
 }
 
 
+def datasheet_tflops(gpu_name: str) -> float:
+    """The dense bf16 rate of a GPU by its name (GPU_TFLOPS); 0.0 for a GPU not in the table."""
+    upper = gpu_name.upper()
+    return next((v for k, v in GPU_TFLOPS.items() if k in upper), 0.0)
+
+
 @dataclass(frozen=True)
 class Assumptions:
     """Constants the model does not read from the profile; each with where it comes from."""
@@ -104,10 +110,7 @@ class Assumptions:
     host_usable_fraction: float = 0.90  # the OS and everything else on the host
 
     def tflops(self, gpu_name: str) -> float:
-        if self.gpu_tflops:
-            return self.gpu_tflops
-        upper = gpu_name.upper()
-        return next((v for k, v in GPU_TFLOPS.items() if k in upper), 300.0)
+        return self.gpu_tflops or datasheet_tflops(gpu_name) or 300.0
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,8 @@ from typing import Any
 
 BEGIN, END = "rehearse_begin", "rehearse_end"
 WARMUP_STEPS = 2  # steps of each depth left out of its median (allocator warm-up, first launches)
+DEFAULT_LAYERS = (1, 2, 4)  # the depths `cockpit rehearse` measures unless told
+DEFAULT_STEPS = 6  # optimizer steps a depth: WARMUP_STEPS, then the timed ones
 MIB_PER_GIB = 1024.0
 
 

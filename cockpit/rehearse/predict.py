@@ -13,13 +13,12 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from cockpit.contract import packed_fill
-from cockpit.plan.model import GPU_TFLOPS
+from cockpit.contract import EVAL_BATCH_SIZE, packed_fill
+from cockpit.plan.model import GiB
 from cockpit.rehearse.measure import DepthMeasure
 
 TOLERANCE = 0.15
 METRICS = ("gpu_load", "gpu_train", "rss_load", "rss_train", "step_s", "load_s", "save_s")
-GIB = 1024**3
 
 
 @dataclass(frozen=True)
@@ -57,13 +56,6 @@ def fit_all(measures: list[DepthMeasure]) -> dict[str, Linear | None]:
                 points.append((m.layers, float(value)))
         fits[metric] = fit(points)
     return fits
-
-
-def _tflops(name: str) -> float:
-    for key, value in GPU_TFLOPS.items():
-        if key.lower() in name.lower():
-            return value
-    return 0.0
 
 
 @dataclass(frozen=True)
@@ -224,7 +216,7 @@ def forecast(
     ds = profile.deepspeed
     offload = ds.offload_param != "none"
     weights = facts.layer_bytes * full + facts.other_bytes
-    moved = weights * (1 / nm - 1 / nt) / GIB  # partitions each rank no longer holds
+    moved = weights * (1 / nm - 1 / nt) / GiB  # partitions each rank no longer holds
     target: dict[str, float | None] = dict(here)
     if not offload and ds.stage == 3:
         for key in ("gpu_load", "gpu_train"):
@@ -240,21 +232,19 @@ def forecast(
     if pages and target["rss_load"] is not None:
         # Random weights map no checkpoint; the real load maps it, and its pages count in each rank's RSS
         # (shared page cache, not more RAM: host_gib leaves them out).
-        target["rss_load"] += pages / GIB
+        target["rss_load"] += pages / GiB
         notes.append(
-            f"host RSS at load adds the plan's {pages / GIB:.1f} GiB of mapped checkpoint pages a rank "
-            "(random "
-            "weights map none; shared page cache, not counted in host RAM)"
+            f"host RSS at load adds the plan's {pages / GiB:.1f} GiB of mapped checkpoint pages a rank "
+            "(random weights map none; shared page cache, not counted in host RAM)"
         )
     step = here["step_s"]
     grad_accum = profile.training.grad_accum
     passes = 3 if profile.training.gradient_checkpointing else 2
     if step is not None:
-        h2d_here = passes * grad_accum * weights / nm / (scaling.h2d_gbps_measured * 1e9) if offload else 0.0
-        h2d_target = passes * grad_accum * weights / nt / (scaling.h2d_gbps_target * 1e9) if offload else 0.0
-        gather = (
-            passes * grad_accum * weights * (nt - 1) / nt / (scaling.gpu2gpu_gbps * 1e9) if nt > 1 else 0.0
-        )
+        moved_step = passes * grad_accum * weights  # bytes of weights each rank gathers a step
+        h2d_here = moved_step / nm / (scaling.h2d_gbps_measured * 1e9) if offload else 0.0
+        h2d_target = moved_step / nt / (scaling.h2d_gbps_target * 1e9) if offload else 0.0
+        gather = moved_step * (nt - 1) / nt / (scaling.gpu2gpu_gbps * 1e9)
         compute = max(0.0, step - h2d_here) * scaling.compute_ratio
         target["step_s"] = max(compute, gather) + h2d_target
         if gather > compute:
@@ -299,6 +289,7 @@ def forecast(
         disagreements=disagreements(target, plan_values),
         scaling=scaling,
         notes=notes,
+        depths=[m.to_dict() for m in measures],
     )
 
 
@@ -312,14 +303,14 @@ HBM_GBPS = {"H200": 4800.0, "H100": 3350.0, "A100": 2039.0}
 
 def eval_estimate(profile: Any, facts: ModelFacts, examples: int, scaling: Scaling) -> float:
     """Seconds of evaluation: for the base model and the fine-tuned one, every example's thinking decoded
-    token by token, 16 examples a batch. One process, its layers in blocks over the GPUs and run in turn: a
-    decode step reads every weight once at one GPU's bandwidth."""
+    token by token, EVAL_BATCH_SIZE examples a batch. One process, its layers in blocks over the GPUs and
+    run in turn: a decode step reads every weight once at one GPU's bandwidth."""
     if not examples:
         return 0.0
     bandwidth = next((v for k, v in HBM_GBPS.items() if k in scaling.target_gpu), 3000.0) * 1e9
     per_token = facts.decode_bytes_per_token / bandwidth
     systems = 2
-    return systems * math.ceil(examples / 16) * profile.eval.max_think_tokens * per_token
+    return systems * math.ceil(examples / EVAL_BATCH_SIZE) * profile.eval.max_think_tokens * per_token
 
 
 def plan_figures(plan: dict[str, Any]) -> dict[str, float | None]:
@@ -328,7 +319,7 @@ def plan_figures(plan: dict[str, Any]) -> dict[str, float | None]:
     load, train = c.get("load") or {}, c.get("train") or {}
 
     def gib(v: Any) -> float | None:
-        return None if not v else float(v) / GIB  # 0: nothing planned there (no GPUs)
+        return None if not v else float(v) / GiB  # 0: nothing planned there (no GPUs)
 
     return {
         "gpu_load": gib(load.get("gpu_peak")),

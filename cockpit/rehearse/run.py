@@ -1,7 +1,7 @@
 """A rehearsal as a run: its settings, the check before anything loads, and its prediction on file.
 
 `rehearsal_profile` is the profile as it runs here: the GPUs at hand, this machine's memory. `preflight`
-plans the one-layer slice on this machine first and refuses a rehearsal that cannot fit even that,
+plans every depth's slice on this machine first and refuses a rehearsal with one that cannot fit,
 naming the binding limit. `forecast_run` reads the record (measured depths, `plan.json` for the
 profile's own machine) and predicts the whole run; `write_forecast` keeps it as `rehearsal.json`.
 """
@@ -12,17 +12,14 @@ import json
 from pathlib import Path
 from typing import Any
 
-from cockpit.plan.model import GiB
+from cockpit.plan.geometry import ModelGeometry
+from cockpit.plan.model import Assumptions, GiB, datasheet_tflops
 from cockpit.profiles import Profile
 from cockpit.record import RunPaths, load_manifest, read_events
 from cockpit.record.atomic import write_json_atomic
 from cockpit.rehearse.measure import depth_measures
-from cockpit.rehearse.predict import Forecast, Scaling, _tflops, forecast
+from cockpit.rehearse.predict import Forecast, Scaling, forecast
 
-DEFAULT_LAYERS = (1, 2, 4)
-DEFAULT_STEPS = 6
-ASSUMED_H2D_GBPS = 55.0  # pinned host-to-device, measured on the H200 box (FACTS.md, step_speed_h200.md)
-ASSUMED_GPU2GPU_GBPS = 150.0  # NVLink all-gather a GPU, the plan's assumption
 ASSUMED_DISK_GBPS = 2.0  # reading the 16-bit checkpoint at load
 
 
@@ -38,24 +35,25 @@ def rehearsal_profile(profile: Profile, gpus: int) -> Profile:
     return profile.model_copy(update={"hardware": hardware})
 
 
-def preflight(profile_here: Profile, layers: int = 1) -> None:
-    """Refuse (RehearsalError) a rehearsal whose shallowest slice does not fit this machine."""
+def preflight(profile_here: Profile, geometry: ModelGeometry, depths: list[int]) -> None:
+    """Refuse (RehearsalError) a rehearsal with a slice, at any of its depths, that does not fit here."""
     from cockpit.plan.hardware import resolve_hardware
     from cockpit.plan.model import estimate
-    from cockpit.plan.planner import inputs_for, resolve_geometry, setup_for
+    from cockpit.plan.planner import inputs_for, setup_for
 
-    geometry = resolve_geometry(profile_here).with_layers(layers)
-    hw = resolve_hardware(profile_here)
-    est = estimate(inputs_for(profile_here, geometry), setup_for(profile_here, hw))
-    if est.fits:
-        return
-    check = est.binding
-    assert check is not None
-    raise RehearsalError(
-        f"the {layers}-layer slice of {profile_here.model.name or profile_here.name} does not fit here: "
-        f"{check.name} needs {check.need / GiB:.1f} GiB of {check.limit / GiB:.1f} GiB usable (plan, "
-        f"{hw.gpus} GPU(s)); nothing was loaded"
-    )
+    hw = resolve_hardware(profile_here)  # this machine, probed once
+    setup = setup_for(profile_here, hw)
+    for layers in depths:
+        est = estimate(inputs_for(profile_here, geometry.with_layers(layers)), setup)
+        if est.fits:
+            continue
+        check = est.binding
+        assert check is not None
+        raise RehearsalError(
+            f"the {layers}-layer slice of {profile_here.model.name or profile_here.name} does not fit here: "
+            f"{check.name} needs {check.need / GiB:.1f} GiB of {check.limit / GiB:.1f} GiB usable (plan, "
+            f"{hw.gpus} GPU(s)); nothing was loaded"
+        )
 
 
 def scaling_for(manifest: dict[str, Any], measured_ranks: int) -> Scaling:
@@ -65,8 +63,9 @@ def scaling_for(manifest: dict[str, Any], measured_ranks: int) -> Scaling:
     here = gpus[0].get("name", "") if gpus and isinstance(gpus[0], dict) else ""
     there = target.get("gpu_name", "") or here
     ratio = 1.0
-    if _tflops(here) and _tflops(there):
-        ratio = _tflops(here) / _tflops(there)
+    if datasheet_tflops(here) and datasheet_tflops(there):
+        ratio = datasheet_tflops(here) / datasheet_tflops(there)
+    plan = Assumptions()  # the plan's bandwidths: pinned copies measured on the H200 box, NVLink assumed
     return Scaling(
         measured_gpus=measured_ranks,
         measured_gpu=here,
@@ -75,9 +74,9 @@ def scaling_for(manifest: dict[str, Any], measured_ranks: int) -> Scaling:
         target_gpu_mem_gib=float(target.get("gpu_mem_gib") or 0.0),
         target_host_ram_gib=float(target.get("host_ram_gib") or 0.0),
         compute_ratio=ratio,
-        h2d_gbps_measured=ASSUMED_H2D_GBPS,
-        h2d_gbps_target=ASSUMED_H2D_GBPS,
-        gpu2gpu_gbps=ASSUMED_GPU2GPU_GBPS,
+        h2d_gbps_measured=plan.h2d_gbps,
+        h2d_gbps_target=plan.h2d_gbps,
+        gpu2gpu_gbps=plan.nvlink_gbps,
         disk_gbps=ASSUMED_DISK_GBPS,
     )
 
@@ -105,7 +104,6 @@ def forecast_run(run_dir: Path) -> Forecast:
     ranks = next((m.ranks for m in measures if m.complete), 1)
     result = forecast(measures, profile, plan, scaling_for(manifest, ranks), _eval_examples(profile))
     result.notes.insert(0, "measured depths: " + ", ".join(f"{m.layers} ({m.status})" for m in measures))
-    result.depths = [m.to_dict() for m in measures]
     return result
 
 

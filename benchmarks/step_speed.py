@@ -112,7 +112,11 @@ def gpu_rows() -> list[Row]:
         Row("offload-4096-2L", 2, 4096, offload=True),
         Row("after-4096-bare", 4, 4096, steps=20, bare=True),
         Row("after-4096-telemetry", 4, 4096, steps=20, telemetry=True),
-        Row("lever-leaf-layer-4096", 4, 4096, profile=True, extra=LEAF),
+        Row("lever-leaf-layer-4096", 4, 4096, profile=True, steps=20, extra=LEAF),
+        Row("lever-leaf-persist-4096", 4, 4096, steps=14, extra=LEAF + PERSIST),
+        Row("lever-leaf-layer-8192", 4, 8192, profile=True, extra=LEAF),
+        Row("lever-leaf-full-4096", 4, 4096, mean_tokens=0, steps=14, extra=LEAF),
+        Row("lever-leaf-full-8192", 4, 8192, mean_tokens=0, steps=14, extra=LEAF),
         Row("lever-sdpa-mask-4096", 4, 4096, profile=True, extra=('training.attention="sdpa"',)),
     ]
 
@@ -334,6 +338,14 @@ def table(rows: list[Row], ceilings: dict[str, float]) -> str:
             out.append(f"| {c} | " + " | ".join(cells) + " |")
     out += loss_comparison(rows) + overhead(rows)
     for r in prof_rows:
+        calls = r.result["profile"].get("runtime_calls") or {}
+        if calls:
+            out += ["", f"CUDA calls on the host, {r.name} (calls and seconds a step):", ""]
+            out += [f"- {name}: {n} calls, {sec:.4f} s" for name, (n, sec) in list(calls.items())[:8]]
+        packages = r.result["profile"].get("python_packages") or {}
+        if packages:
+            out += ["", f"Host Python by library, {r.name} (own s and calls a step, cProfile on):", ""]
+            out += [f"- {name}: {sec:.4f} s, {n} calls" for name, (sec, n) in list(packages.items())[:8]]
         top = r.result["profile"].get("python_top")
         if top:
             out += ["", f"Host functions, {r.name} (own seconds a step, cumulative, calls a step):", ""]

@@ -219,6 +219,17 @@ class FaultInjectionCallback(TrainerCallback):
             os._exit(3)
 
 
+def _package_of(file: str) -> str:
+    """The library a profiled function belongs to: the directory under site-packages, or the project's."""
+    parts = Path(file).parts
+    for marker in ("site-packages", "dist-packages"):
+        if marker in parts:
+            return parts[parts.index(marker) + 1]
+    if "trainer" in parts:
+        return "trainer"
+    return "builtins" if file == "~" else "other"
+
+
 class ProfilerCallback(TrainerCallback):
     """Profiles optimizer steps `first`..`last` with `torch.profiler` and writes one `profile` event.
 
@@ -232,6 +243,7 @@ class ProfilerCallback(TrainerCallback):
         self.writer = writer
         self.out_dir = out_dir
         self._profiler: Any = None
+        self._python_packages: dict[str, list[float]] = {}
         self._python: Any = None  # cProfile over the same steps, with COCKPIT_PROFILE_PYTHON=1
         self._t0 = 0.0
 
@@ -275,6 +287,7 @@ class ProfilerCallback(TrainerCallback):
         self._sync()
         wall = time.perf_counter() - self._t0
         python_top = self._python_top() if self._python is not None else None
+        python_packages = self._python_packages if python_top is not None else None
         self._profiler.__exit__(None, None, None)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         path = self.out_dir / f"trace-rank{self.writer.rank or 0}.json"
@@ -284,6 +297,7 @@ class ProfilerCallback(TrainerCallback):
             path.unlink()
         if python_top is not None:
             summary["python_top"] = python_top
+            summary["python_packages"] = python_packages
         self.writer.write("profile", first_step=self.first, last_step=self.last, **summary)
         self._profiler = None
 
@@ -296,6 +310,14 @@ class ProfilerCallback(TrainerCallback):
         stats = pstats.Stats(self._python).stats  # (file, line, name) -> (cc, nc, tottime, cumtime, callers)
         rows = sorted(stats.items(), key=lambda kv: -kv[1][2])[:count]
         self._python = None
+        packages: dict[str, list[float]] = {}
+        for (file, _, _), (_, calls, own, _, _) in stats.items():
+            entry = packages.setdefault(_package_of(file), [0.0, 0])
+            entry[0] += own / steps
+            entry[1] += calls // steps
+        self._python_packages = {
+            k: [round(v[0], 5), v[1]] for k, v in sorted(packages.items(), key=lambda kv: -kv[1][0])
+        }
         return [
             [
                 f"{Path(k[0]).name}:{k[1]}:{k[2]}",

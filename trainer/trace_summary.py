@@ -28,6 +28,7 @@ CATEGORIES: tuple[tuple[str, tuple[str, ...]], ...] = (
 )
 OTHER = "other kernels"
 DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
+RUNTIME_CATS = ("cuda_runtime", "cuda_driver")  # host-side CUDA calls: launches, synchronizations
 # record_function ranges the trainer opens, as they appear on the device timeline.
 ANNOTATIONS = {"cockpit:head_loss": "logits and loss (within the above)"}
 
@@ -52,7 +53,8 @@ def _union(intervals: list[tuple[float, float]]) -> float:
 
 
 def summarize_trace(trace: dict[str, Any], steps: int, wall_s: float) -> dict[str, Any]:
-    """Per-step seconds by category, device busy time, host idle time and host-to-device bytes.
+    """Per-step seconds by category, device busy time, host idle time, host-to-device bytes, and the host's
+    CUDA calls (launches, synchronizations: calls and seconds a step).
 
     `trace` is the JSON of `prof.export_chrome_trace`; `wall_s` the wall time of the `steps` steps.
     """
@@ -61,12 +63,18 @@ def summarize_trace(trace: dict[str, Any], steps: int, wall_s: float) -> dict[st
     intervals: list[tuple[float, float]] = []
     h2d_bytes = 0
     annotated: dict[str, float] = {}
+    runtime: dict[str, list[float]] = {}  # CUDA runtime/driver call -> [calls, seconds]
     for event in trace.get("traceEvents", []):
         if event.get("ph") != "X":
             continue
         cat, name, dur = event.get("cat", ""), event.get("name", ""), float(event.get("dur", 0.0))
         if cat == "gpu_user_annotation" and name in ANNOTATIONS:
             annotated[ANNOTATIONS[name]] = annotated.get(ANNOTATIONS[name], 0.0) + dur
+            continue
+        if cat in RUNTIME_CATS:
+            entry = runtime.setdefault(name, [0, 0.0])
+            entry[0] += 1
+            entry[1] += dur
             continue
         if cat not in DEVICE_CATS:
             continue
@@ -90,4 +98,8 @@ def summarize_trace(trace: dict[str, Any], steps: int, wall_s: float) -> dict[st
         "annotations_s": {k: round(v / 1e6 / n, 5) for k, v in annotated.items()},
         "h2d_bytes_per_step": h2d_bytes // n,
         "top_kernels_s": [[name[:120], round(t / 1e6 / n, 5)] for name, t in top],
+        "runtime_calls": {
+            k: [v[0] // n, round(v[1] / 1e6 / n, 5)]
+            for k, v in sorted(runtime.items(), key=lambda kv: -kv[1][1])[:12]
+        },
     }

@@ -41,8 +41,11 @@ STORY_PROFILE = "qwen3-235b-a22b-thinking-4xh100"
 STORY_MEAN_TOKENS = 2000  # the story's examples: about 2,000 tokens each, reasoning traces included
 WARMUP_STEPS = 3
 PYTHON_PROFILE = False  # --python-profile: cProfile the profiled steps too (host-side hot spots)
-LEAF = ('deepspeed.zero3_leaf="decoder_layer"',)
-PERSIST = ("deepspeed.persistence_threshold=1000000",)
+# The earlier ZeRO-3 settings: every MoE block a leaf, DeepSpeed's persistence threshold (10 x hidden).
+MOE_LEAF = ('deepspeed.zero3_leaf="moe_block"',)
+NO_PERSIST = ("deepspeed.persistence_threshold=40960",)
+NO_FUSED_NORM = (("COCKPIT_FUSED_NORM", "0"),)
+NO_FAST_ROUTING = (("COCKPIT_FAST_ROUTING", "0"),)
 
 
 @dataclass
@@ -61,6 +64,7 @@ class Row:
     bare: bool = False  # no step callbacks, no telemetry sampler: the cockpit's overhead control
     telemetry: bool = False
     extra: tuple[str, ...] = ()  # further profile overrides (a lever tried on its own)
+    env_extra: tuple[tuple[str, str], ...] = ()  # further environment (a trainer lever switched off)
     result: dict[str, Any] = field(default_factory=dict)
 
     def overrides(self, gpu: bool) -> list[str]:
@@ -79,7 +83,7 @@ class Row:
             f"deepspeed.prefetch_layers={0 if before or not self.offload else 1}",
         ]
         if before:
-            sets += ['training.attention="sdpa"']
+            sets += ['training.attention="sdpa"', *MOE_LEAF, *NO_PERSIST]
         if not gpu:
             sets += ["training.bf16=false"]
         return [*sets, *self.extra]
@@ -93,31 +97,37 @@ class Row:
             env["COCKPIT_BARE_TRAINER"] = "1"
         if self.profile and PYTHON_PROFILE:
             env["COCKPIT_PROFILE_PYTHON"] = "1"
+        if self.paths == "before":
+            env.update(NO_FUSED_NORM + NO_FAST_ROUTING)
+        env.update(self.env_extra)
         return env
 
 
 def gpu_rows() -> list[Row]:
     """In order of importance: a time budget skips the last ones."""
     return [
-        Row("before-4096", 4, 4096, paths="before", mean_tokens=0, profile=True),
         Row("after-4096", 4, 4096, profile=True, steps=20),
         Row("after-8192", 4, 8192, profile=True),
+        Row("after-full-4096", 4, 4096, mean_tokens=0, steps=14),
+        Row("after-full-8192", 4, 8192, mean_tokens=0, steps=14),
         Row("offload-4096", 4, 4096, offload=True, profile=True),
+        Row("before-4096", 4, 4096, paths="before", mean_tokens=0, profile=True),
         Row("before-packed-4096", 4, 4096, paths="before", steps=20, extra=("training.packing=true",)),
-        Row("after-4096-1L", 1, 4096),
-        Row("after-4096-2L", 2, 4096),
-        Row("after-1024", 4, 1024),
-        Row("after-4096-mb2", 4, 4096, mb=2),
+        Row("lever-moe-leaf-4096", 4, 4096, steps=14, extra=MOE_LEAF + NO_PERSIST),
+        Row("lever-no-persist-4096", 4, 4096, steps=14, extra=NO_PERSIST),
+        Row("lever-no-norm-4096", 4, 4096, steps=14, env_extra=NO_FUSED_NORM),
+        Row("lever-no-routing-4096", 4, 4096, steps=14, env_extra=NO_FAST_ROUTING),
+        Row("after-4096-bare", 4, 4096, steps=30, bare=True),
+        Row("after-4096-callbacks", 4, 4096, steps=30),
+        Row("after-4096-telemetry", 4, 4096, steps=30, telemetry=True),
+        Row("after-4096-1L", 1, 4096, steps=14),
+        Row("after-4096-2L", 2, 4096, steps=14),
         Row("offload-4096-1L", 1, 4096, offload=True),
         Row("offload-4096-2L", 2, 4096, offload=True),
-        Row("after-4096-bare", 4, 4096, steps=20, bare=True),
-        Row("after-4096-telemetry", 4, 4096, steps=20, telemetry=True),
-        Row("lever-leaf-layer-4096", 4, 4096, profile=True, steps=20, extra=LEAF),
-        Row("lever-leaf-persist-4096", 4, 4096, steps=14, extra=LEAF + PERSIST),
-        Row("lever-leaf-layer-8192", 4, 8192, profile=True, extra=LEAF),
-        Row("lever-leaf-full-4096", 4, 4096, mean_tokens=0, steps=14, extra=LEAF),
-        Row("lever-leaf-full-8192", 4, 8192, mean_tokens=0, steps=14, extra=LEAF),
-        Row("lever-sdpa-mask-4096", 4, 4096, profile=True, extra=('training.attention="sdpa"',)),
+        Row("offload-prefetch2-4096", 4, 4096, offload=True, extra=("deepspeed.prefetch_layers=2",)),
+        Row("after-1024", 4, 1024),
+        Row("after-4096-mb2", 4, 4096, mb=2),
+        Row("lever-sdpa-mask-4096", 4, 4096, extra=('training.attention="sdpa"',)),
     ]
 
 
@@ -261,6 +271,9 @@ def per_layer(rows: list[Row], offload: bool) -> float | None:
         and "step_s" in r.result
         and not r.bare
         and not r.telemetry
+        and not r.extra
+        and not r.env_extra
+        and r.mean_tokens == STORY_MEAN_TOKENS
     ]
     from cockpit.rehearse.predict import fit
 
@@ -378,7 +391,7 @@ def overhead(rows: list[Row]) -> list[str]:
     bare = by.get("after-4096-bare", {}).get("step_s")
     lines = []
     for name, what in (
-        ("after-4096", "step callbacks"),
+        ("after-4096-callbacks", "step callbacks"),
         ("after-4096-telemetry", "step callbacks + sampler"),
     ):
         mine = by.get(name, {}).get("step_s")

@@ -96,9 +96,10 @@ class DeepSpeedSpec(_Section):
     offload_optimizer: Literal["none", "cpu", "nvme"] = "cpu"
     nvme_path: str = ""
     zero3_leaf: Literal["moe_block", "decoder_layer"] = Field(
-        default="moe_block",
-        description="What ZeRO-3 gathers as one unit: every MoE block (its experts at once), or every whole "
-        "decoder layer (attention, LoRA and experts at once: far fewer hooks a step).",
+        default="decoder_layer",
+        description="What ZeRO-3 gathers as one unit: every whole decoder layer (attention, LoRA and experts "
+        "at once: a hook a layer, measured 25% faster a step on the story's slice), or every MoE block (its "
+        "experts at once; attention's parameters one module at a time).",
     )
     persistence_threshold: NonNegInt = Field(
         default=0,

@@ -26,13 +26,27 @@ def layer_elements(profile: Profile) -> int:
     return nbytes // 2  # ZeRO-3 counts elements of the 16-bit storage dtype
 
 
+# A persistence threshold above any parameter's size: every parameter stays whole.
+EVERY_PARAMETER = 2**62
+
+
+def single_rank_on_device(profile: Profile) -> bool:
+    """One rank on a GPU with its parameters there: ZeRO-3 has nothing to partition. Its partition of a
+    parameter is the whole tensor, yet each gather still costs a module hook and a device
+    synchronization (a world of one "gathers" by waiting on the stream). So every parameter persists:
+    the same memory, no gathers."""
+    return profile.world_size == 1 and profile.hardware.gpus > 0 and profile.deepspeed.offload_param == "none"
+
+
 def deepspeed_config(profile: Profile) -> dict[str, Any]:
     """A ZeRO config with the profile's stage and offload (DeepSpeed rejects unknown keys: none added).
 
     `deepspeed.prefetch_layers` sizes the ZeRO-3 prefetch bucket in decoder layers, so the next layer's
     weights are fetched (copied from the host, with parameter offload) while this one computes. Without
     optimizer offload the optimizer is torch's AdamW (`torch_adam`): DeepSpeed's own fused Adam would be
-    compiled on first use, a minute of nvcc on every fresh machine.
+    compiled on first use, a minute of nvcc on every fresh machine. A single rank on a GPU without
+    parameter offload persists every parameter (`single_rank_on_device`) unless the profile sets a
+    threshold.
     """
     ds = profile.deepspeed
     zero: dict[str, Any] = {
@@ -51,6 +65,8 @@ def deepspeed_config(profile: Profile) -> dict[str, Any]:
         )
         if ds.persistence_threshold:
             zero["stage3_param_persistence_threshold"] = ds.persistence_threshold
+        elif single_rank_on_device(profile):
+            zero["stage3_param_persistence_threshold"] = EVERY_PARAMETER
         if ds.prefetch_layers:
             zero["stage3_prefetch_bucket_size"] = int(ds.prefetch_layers * layer_elements(profile))
     for key, device in (("offload_param", ds.offload_param), ("offload_optimizer", ds.offload_optimizer)):

@@ -536,15 +536,14 @@ class NF4Experts(nn.Module):
         top_k_weights: torch.Tensor,
         path: str,
     ) -> torch.Tensor:
-        """Token-expert pairs sorted by expert, one grouped product a weight, offsets kept on the device."""
-        k, device = top_k_index.shape[-1], hidden_states.device
-        with torch.no_grad():
-            expert_sorted, perm = torch.sort(top_k_index.reshape(-1), stable=True)
-            experts = torch.arange(self.num_experts, device=device, dtype=torch.int32)
-            # offs[e]: pairs routed to experts <= e (an index of num_experts, "no expert", sorts last).
-            offs = torch.searchsorted(expert_sorted, experts + 1, out_int32=True)
-        token = perm // k
-        x = hidden_states[token]
+        """Token-expert pairs sorted by expert, one grouped product a weight, offsets kept on the device;
+        the routing weights scale the intermediate activation (`trainer.routing`)."""
+        from trainer import routing
+
+        pairs = routing.SortedPairs.of(top_k_index, self.num_experts)
+        experts = torch.arange(self.num_experts, device=hidden_states.device, dtype=torch.int32)
+        offs = pairs.offs
+        x = routing.spread(hidden_states, pairs)
         grad = self._needs_grad(hidden_states, top_k_weights)
         lora_sizes = torch.diff(offs, prepend=offs.new_zeros(1)).tolist() if self.lora_r else None
 
@@ -558,12 +557,11 @@ class NF4Experts(nn.Module):
             return y
 
         gate, up = apply("gate_up_proj", x).chunk(2, dim=-1)
-        y = apply("down_proj", self.act_fn(gate) * up)
-        # Back to token order (a gather, no atomics), then each token's weighted sum over its k experts.
-        with torch.no_grad():
-            unsort = torch.empty_like(perm).scatter_(0, perm, torch.arange(perm.numel(), device=device))
-        y = y[unsort].view(*top_k_index.shape, -1) * top_k_weights[..., None]
-        return y.sum(dim=-2).to(hidden_states.dtype)
+        h = self.act_fn(gate) * up
+        if routing.ENABLED:  # down(h) * w == down(h * w): scale the narrower tensor
+            h = h * routing.pair_weights(top_k_weights, pairs).to(h.dtype)
+            return routing.combine(apply("down_proj", h), pairs, None).to(hidden_states.dtype)
+        return routing.combine(apply("down_proj", h), pairs, top_k_weights).to(hidden_states.dtype)
 
     def _lora_sorted(self, which: str, x: torch.Tensor, sizes: list[int]) -> torch.Tensor:
         """The expert LoRA term of rows sorted by expert (`sizes` rows an expert), zero on the tail."""

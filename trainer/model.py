@@ -99,7 +99,9 @@ def load_base(
 
 
 def configure_training(profile: Profile, model: Any) -> dict[str, Any]:
-    """The profile's training-time choices on a loaded base model: attention kernel, chunked loss."""
+    """The profile's training-time choices on a loaded base model: attention kernel, chunked loss, fused
+    RMSNorm."""
+    from trainer.fused_norm import fuse_rms_norms
     from trainer.loss import use_chunked_loss
 
     t = profile.training
@@ -110,7 +112,11 @@ def configure_training(profile: Profile, model: Any) -> dict[str, Any]:
     if getattr(model.config, "_attn_implementation", None) != t.attention:
         model.set_attn_implementation(t.attention)
     chunked = use_chunked_loss(model) if t.chunked_loss else False
-    return {"attention": model.config._attn_implementation, "chunked_loss": chunked}
+    return {
+        "attention": model.config._attn_implementation,
+        "chunked_loss": chunked,
+        "fused_rms_norms": fuse_rms_norms(model),
+    }
 
 
 def attach_lora(profile: Profile, model: Any) -> Any:

@@ -1,0 +1,44 @@
+"""Transformers' RMSNorm modules run as one fused kernel (`torch.nn.functional.rms_norm`).
+
+Qwen3's RMSNorm is six eager kernels (cast to fp32, square, mean, rsqrt, multiply, cast back) and as
+many again in its backward, each a pass over the activations; a layer has four (input, post-attention,
+query and key norms), run in forward, recompute and backward. `F.rms_norm` is one kernel each way on
+the GPU (fp32 statistics, like Transformers'), and the same arithmetic on the CPU. The only difference:
+the weight multiplies the normalized fp32 value before the cast to the input's dtype, not after.
+"""
+
+from __future__ import annotations
+
+import os
+import types
+
+import torch
+from torch.nn import functional as F
+
+# Off for the speed benchmark's control row: COCKPIT_FUSED_NORM=0.
+ENABLED = os.environ.get("COCKPIT_FUSED_NORM", "1") != "0"
+
+
+def _fused_forward(self: torch.nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
+    return F.rms_norm(hidden_states, (hidden_states.shape[-1],), self.weight, self.variance_epsilon)
+
+
+def is_rms_norm(module: torch.nn.Module) -> bool:
+    """A Transformers RMSNorm with a weight the size of its last dimension and `variance_epsilon`."""
+    return (
+        type(module).__name__.endswith("RMSNorm")
+        and isinstance(getattr(module, "weight", None), torch.Tensor)
+        and isinstance(getattr(module, "variance_epsilon", None), float)
+    )
+
+
+def fuse_rms_norms(model: torch.nn.Module) -> int:
+    """Give every RMSNorm of `model` the fused forward; returns how many (0 when disabled)."""
+    if not ENABLED:
+        return 0
+    count = 0
+    for module in model.modules():
+        if is_rms_norm(module):
+            module.forward = types.MethodType(_fused_forward, module)
+            count += 1
+    return count

@@ -1,0 +1,100 @@
+"""Token-expert pairs sorted by expert and back, with permutation backwards (no index accumulation).
+
+A token routed to k experts is k pairs. The expert paths sort the pairs by expert, compute each
+expert's rows as one group, and sum each token's k results. Plain indexing would do this, but the
+backward of `x[index]` is an accumulating `index_put_` (a sort of the indices and a segmented reduce on
+the GPU) even where the index is a permutation. Here the backwards are gathers: the inverse permutation,
+and for the spread of each token to its k pairs, a sum over the k rows of the token.
+
+The routing weight of each pair is applied where it is cheapest: `weight_rows` scales the expert's
+intermediate activation (`moe_intermediate_size` wide) rather than its output (`hidden_size` wide),
+which the down projection's linearity allows.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+# Off for the speed benchmark's control row: COCKPIT_FAST_ROUTING=0 (plain indexing, weights on outputs).
+ENABLED = os.environ.get("COCKPIT_FAST_ROUTING", "1") != "0"
+
+
+@dataclass(frozen=True)
+class SortedPairs:
+    """Pairs sorted by expert: `perm[i]` is the flat (token * k + slot) index of sorted pair i, `unsort`
+    its inverse, `offs[e]` the pairs routed to experts <= e (int32; "no expert", index num_experts,
+    sorts last)."""
+
+    perm: torch.Tensor
+    unsort: torch.Tensor
+    offs: torch.Tensor
+    k: int
+
+    @classmethod
+    def of(cls, top_k_index: torch.Tensor, num_experts: int) -> SortedPairs:
+        k = top_k_index.shape[-1]
+        with torch.no_grad():
+            expert_sorted, perm = torch.sort(top_k_index.reshape(-1), stable=True)
+            bounds = torch.arange(1, num_experts + 1, device=perm.device, dtype=expert_sorted.dtype)
+            offs = torch.searchsorted(expert_sorted, bounds, out_int32=True)
+            unsort = torch.empty_like(perm)
+            unsort.scatter_(0, perm, torch.arange(perm.numel(), device=perm.device))
+        return cls(perm=perm, unsort=unsort, offs=offs, k=k)
+
+
+class _SpreadToPairs(torch.autograd.Function):
+    """rows[i] = hidden[perm[i] // k]; backward: each token's k pair gradients summed (a gather)."""
+
+    @staticmethod
+    def forward(
+        ctx: Any, hidden: torch.Tensor, perm: torch.Tensor, unsort: torch.Tensor, k: int
+    ) -> torch.Tensor:
+        ctx.save_for_backward(unsort)
+        ctx.k = k
+        return hidden[perm // k]
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None, None]:
+        (unsort,) = ctx.saved_tensors
+        return grad[unsort].view(-1, ctx.k, grad.shape[-1]).sum(dim=1), None, None, None
+
+
+class _Permute(torch.autograd.Function):
+    """out = x[index] for a permutation `index` with inverse `inverse`; backward: grad[inverse]."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, index: torch.Tensor, inverse: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(inverse)
+        return x[index]
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+        (inverse,) = ctx.saved_tensors
+        return grad[inverse], None, None
+
+
+def spread(hidden: torch.Tensor, pairs: SortedPairs) -> torch.Tensor:
+    """Each sorted pair's token row ([T, H] -> [T * k, H])."""
+    if ENABLED:
+        return _SpreadToPairs.apply(hidden, pairs.perm, pairs.unsort, pairs.k)
+    return hidden[pairs.perm // pairs.k]
+
+
+def pair_weights(top_k_weights: torch.Tensor, pairs: SortedPairs) -> torch.Tensor:
+    """Each sorted pair's routing weight, as a column ([T * k, 1])."""
+    flat = top_k_weights.reshape(-1)
+    return (_Permute.apply(flat, pairs.perm, pairs.unsort) if ENABLED else flat[pairs.perm])[:, None]
+
+
+def combine(rows: torch.Tensor, pairs: SortedPairs, top_k_weights: torch.Tensor | None) -> torch.Tensor:
+    """Each token's sum over its k pairs' rows (sorted order in, token order out): [T * k, H] -> [T, H].
+    `top_k_weights` weighs the rows first, where `weight_rows` did not already."""
+    tokens = _Permute.apply(rows, pairs.unsort, pairs.perm) if ENABLED else rows[pairs.unsort]
+    tokens = tokens.view(-1, pairs.k, rows.shape[-1])
+    if top_k_weights is not None:
+        tokens = tokens * top_k_weights.reshape(-1, pairs.k)[..., None]
+    return tokens.sum(dim=1)

@@ -110,7 +110,7 @@ def gpu_rows() -> list[Row]:
         Row("after-8192", 4, 8192, profile=True),
         Row("after-full-4096", 4, 4096, mean_tokens=0, steps=14),
         Row("after-full-8192", 4, 8192, mean_tokens=0, steps=14),
-        Row("offload-4096", 4, 4096, offload=True, profile=True),
+        Row("offload-4096", 4, 4096, offload=True, profile=True, steps=12),
         Row("before-4096", 4, 4096, paths="before", mean_tokens=0, profile=True),
         Row("before-packed-4096", 4, 4096, paths="before", steps=20, extra=("training.packing=true",)),
         Row("lever-moe-leaf-4096", 4, 4096, steps=14, extra=MOE_LEAF + NO_PERSIST),
@@ -122,9 +122,10 @@ def gpu_rows() -> list[Row]:
         Row("after-4096-telemetry", 4, 4096, steps=30, telemetry=True),
         Row("after-4096-1L", 1, 4096, steps=14),
         Row("after-4096-2L", 2, 4096, steps=14),
-        Row("offload-4096-1L", 1, 4096, offload=True),
-        Row("offload-4096-2L", 2, 4096, offload=True),
-        Row("offload-prefetch2-4096", 4, 4096, offload=True, extra=("deepspeed.prefetch_layers=2",)),
+        Row("offload-4096-1L", 1, 4096, offload=True, steps=12),
+        Row("offload-4096-2L", 2, 4096, offload=True, steps=12),
+        Row("offload-4096-steady", 4, 4096, offload=True, steps=14),
+        Row("offload-prefetch2-4096", 4, 4096, offload=True, steps=14, extra=("deepspeed.prefetch_layers=2",)),
         Row("after-1024", 4, 1024),
         Row("after-4096-mb2", 4, 4096, mb=2),
         Row("lever-sdpa-mask-4096", 4, 4096, extra=('training.attention="sdpa"',)),
@@ -213,6 +214,7 @@ def read_row(run_dir: Path, row: Row) -> dict[str, Any]:
         out["tokens_per_s"] = out["tokens_per_step"] / out["step_s"]
         out["cuda_peak_gib"] = max(s.get("cuda_peak_alloc_mib", 0) for s in steps) / 1024
     out["losses"] = [s["loss"] for s in steps]
+    out["step_times_s"] = [s.get("step_time_s") for s in steps]
     end = kinds.get("train_end", [{}])[0]
     bare_times = (end.get("step_times_s") or [])[WARMUP_STEPS - 1 :]  # times between step ends: step 2 on
     if bare_times and not timed:
@@ -445,7 +447,8 @@ def main(argv: list[str] | None = None) -> int:
         speed = f"{_f(x.get('tokens_per_s'), ',.0f')} tok/s, MFU {_f(x.get('mfu'), '.3f')}"
         print(
             f"{row.name}: exit {x.get('exit')} step {_f(x.get('step_s'), '.3f')} s, {speed}, "
-            f"wall {x.get('wall_s')} s" + (f" ERROR {x['error']}" if x.get("error") else ""),
+            f"wall {x.get('wall_s')} s; steps {' '.join(_f(t, '.2f') for t in x.get('step_times_s') or [])}"
+            + (f" ERROR {x['error']}" if x.get("error") else ""),
             flush=True,
         )
     report = table(rows, ceilings)

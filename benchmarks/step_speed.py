@@ -46,6 +46,7 @@ MOE_LEAF = ('deepspeed.zero3_leaf="moe_block"',)
 NO_PERSIST = ("deepspeed.persistence_threshold=40960",)
 NO_FUSED_NORM = (("COCKPIT_FUSED_NORM", "0"),)
 NO_FAST_ROUTING = (("COCKPIT_FAST_ROUTING", "0"),)
+PREFETCH2 = ("deepspeed.prefetch_layers=2",)
 
 
 @dataclass
@@ -125,7 +126,7 @@ def gpu_rows() -> list[Row]:
         Row("offload-4096-1L", 1, 4096, offload=True, steps=12),
         Row("offload-4096-2L", 2, 4096, offload=True, steps=12),
         Row("offload-4096-steady", 4, 4096, offload=True, steps=14),
-        Row("offload-prefetch2-4096", 4, 4096, offload=True, steps=14, extra=("deepspeed.prefetch_layers=2",)),
+        Row("offload-prefetch2-4096", 4, 4096, offload=True, steps=14, extra=PREFETCH2),
         Row("after-1024", 4, 1024),
         Row("after-4096-mb2", 4, 4096, mb=2),
         Row("lever-sdpa-mask-4096", 4, 4096, extra=('training.attention="sdpa"',)),

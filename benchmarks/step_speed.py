@@ -126,6 +126,7 @@ def gpu_rows() -> list[Row]:
         Row("offload-4096-1L", 1, 4096, offload=True, steps=12),
         Row("offload-4096-2L", 2, 4096, offload=True, steps=12),
         Row("offload-4096-steady", 4, 4096, offload=True, steps=14),
+        Row("offload-moe-leaf-4096", 4, 4096, offload=True, steps=14, extra=MOE_LEAF),
         Row("offload-prefetch2-4096", 4, 4096, offload=True, steps=14, extra=PREFETCH2),
         Row("after-1024", 4, 1024),
         Row("after-4096-mb2", 4, 4096, mb=2),

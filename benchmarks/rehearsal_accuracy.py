@@ -36,7 +36,7 @@ CONFIGS = {
 }
 DEPTHS = (1, 2, 4)
 FIT_DEPTHS = (1, 2)
-STEPS = 5
+STEPS = 8
 TOLERANCE = 0.15
 FIGURES = (
     ("gpu_load", "GPU load GiB"),

@@ -210,6 +210,7 @@ def read_row(run_dir: Path, row: Row) -> dict[str, Any]:
         lo, hi = profiled["first_step"], profiled["last_step"]
         # the profiler's own cost stays out: its steps, and the next (its trace is written as that one starts)
         timed = [s for s in timed if not lo <= s["step"] <= hi + 1]
+    out["timed_steps"] = len(timed)
     if timed:
         out["step_s"] = statistics.median(s["step_time_s"] for s in timed)
         out["tokens_per_step"] = statistics.median(s["tokens"] for s in timed)
@@ -242,6 +243,9 @@ def read_row(run_dir: Path, row: Row) -> dict[str, Any]:
 # --- derived figures ----------------------------------------------------------------------------------
 def derive(row: Row, result: dict[str, Any], profile_name: str, ceilings: dict[str, float]) -> None:
     """FLOPs per token, MFU and the offload floor, added to the row's result."""
+    if result.get("step_s") and not row.bare and result.get("losses"):  # run before the count was kept:
+        ran = len(result["losses"])  # read_row's rule over the steps the run recorded
+        result.setdefault("timed_steps", ran - WARMUP_STEPS - (3 if row.profile else 0))
     from cockpit.plan.flops import token_flops
     from cockpit.plan.model import lora_params
     from cockpit.plan.planner import resolve_geometry
@@ -256,11 +260,27 @@ def derive(row: Row, result: dict[str, Any], profile_name: str, ceilings: dict[s
     result["flops_per_token"] = flops.total
     result["flops_terms"] = asdict(flops)
     tps = result.get("tokens_per_s")
+    ceilings = result.get("ceilings") or ceilings  # the rates the row's own run measured
     if tps and ceilings.get("bf16_tflops"):
         result["mfu"] = tps * flops.total / (ceilings["bf16_tflops"] * 1e12)
     prof = result.get("profile") or {}
     if row.offload and prof.get("h2d_bytes_per_step") and ceilings.get("h2d_gbps"):
         result["h2d_floor_s"] = prof["h2d_bytes_per_step"] / (ceilings["h2d_gbps"] * 1e9)
+
+
+def share_floors(rows: list[Row]) -> None:
+    """Offload rows without a profile take the host-to-device floor of a profiled row of the same depth,
+    sequence and batch (the same bytes a step); every offload row gets its step over that floor."""
+    floors = {
+        (r.layers, r.seq, r.mb): r.result["h2d_floor_s"]
+        for r in rows
+        if r.offload and r.result.get("h2d_floor_s")
+    }
+    for r in rows:
+        floor = floors.get((r.layers, r.seq, r.mb))
+        if r.offload and floor and r.result.get("step_s"):
+            r.result.setdefault("h2d_floor_s", floor)
+            r.result["floor_ratio"] = r.result["step_s"] / floor
 
 
 def per_layer(rows: list[Row], offload: bool) -> float | None:
@@ -277,6 +297,7 @@ def per_layer(rows: list[Row], offload: bool) -> float | None:
         and not r.telemetry
         and not r.extra
         and not r.env_extra
+        and not r.profile
         and r.mean_tokens == STORY_MEAN_TOKENS
     ]
     from cockpit.rehearse.predict import fit
@@ -294,9 +315,9 @@ def table(rows: list[Row], ceilings: dict[str, float]) -> str:
     from cockpit.plan.flops import FORMULA
 
     lines = [
-        "| row | layers | seq x mb | offload | paths | fill | step s | tokens/s | GFLOP/token | MFU | "
-        "GPU peak GiB | floor s | status |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| row | layers | seq x mb | offload | paths | fill | step s (timed steps) | tokens/s | GFLOP/token "
+        "| MFU | GPU peak GiB | floor s | x floor | status |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         x = r.result
@@ -310,20 +331,29 @@ def table(rows: list[Row], ceilings: dict[str, float]) -> str:
             "param+opt" if r.offload else "none",
             r.paths,
             _f(x.get("fill"), ".2f"),
-            _f(x.get("step_s"), ".3f"),
+            _f(x.get("step_s"), ".3f") + (f" ({x['timed_steps']})" if x.get("timed_steps") else ""),
             _f(x.get("tokens_per_s"), ",.0f"),
             _f(gflop, ".3g"),
             _f(mfu, ".1f") + "%",
             _f(x.get("cuda_peak_gib"), ".1f"),
             _f(x.get("h2d_floor_s"), ".3f"),
+            _f(x.get("floor_ratio"), ".2f"),
             status,
         ]
         lines.append("| " + " | ".join(cells) + " |")
     out = ["# Step speed (story geometry, random weights)", ""]
-    if ceilings:
+    measured = [r.result["ceilings"] for r in rows if r.result.get("ceilings")] or (
+        [ceilings] if ceilings else []
+    )
+    if measured:
+        rates = sorted({c["bf16_tflops"] for c in measured})
+        h2d = sorted({c["h2d_gbps"] for c in measured})
+        span = (
+            "" if len(rates) == 1 else f" (one figure a run, {len(rates)} runs; each row's MFU uses its own)"
+        )
         out.append(
-            f"GPU: {ceilings.get('gpu')}; bf16 matmul {ceilings['bf16_tflops']} TFLOP/s and pinned "
-            f"host-to-device {ceilings['h2d_gbps']} GB/s, both measured by this script."
+            f"GPU: {measured[0].get('gpu')}; bf16 matmul {' / '.join(map(str, rates))} TFLOP/s{span} and "
+            f"pinned host-to-device {' / '.join(map(str, h2d))} GB/s, measured by this script."
         )
     out += ["", f"Model FLOPs: {FORMULA}.", "", *lines, ""]
     for offload in (False, True):
@@ -416,8 +446,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs-dir", type=Path, default=Path("/tmp/step-speed-runs"))
     parser.add_argument("--python-profile", action="store_true", help="cProfile the profiled steps too")
     parser.add_argument(
-        "--merge", type=Path, help="an earlier step_speed.json: its successful rows are kept, not run again"
+        "--merge",
+        type=Path,
+        action="append",
+        default=[],
+        help="an earlier step_speed.json: its successful rows are kept, not run again (repeatable; later "
+        "files win); each row keeps the matmul rate its own run measured",
     )
+    parser.add_argument("--report-only", action="store_true", help="run nothing: the merged rows' report")
     args = parser.parse_args(argv)
     global PYTHON_PROFILE
     PYTHON_PROFILE = args.python_profile
@@ -427,11 +463,13 @@ def main(argv: list[str] | None = None) -> int:
         wanted = args.rows.split(",")
         rows = [r for r in rows if r.name in wanted]
     profile_name = STORY_PROFILE if gpu else "tiny-cpu"
-    ceilings = measure_ceilings() if gpu else {}
+    ceilings = measure_ceilings() if gpu and not args.report_only else {}
     earlier: dict[str, dict[str, Any]] = {}
-    if args.merge:
-        kept = json.loads(args.merge.read_text())
-        earlier = {r["name"]: r["result"] for r in kept["rows"] if r["result"].get("exit") == 0}
+    for path in args.merge:
+        kept = json.loads(path.read_text())
+        for r in kept["rows"]:
+            if r["result"].get("exit") == 0:
+                earlier[r["name"]] = {"ceilings": kept["ceilings"], **r["result"]}
         ceilings = ceilings or kept["ceilings"]
     print(json.dumps(ceilings), flush=True)
     start = time.time()
@@ -440,10 +478,11 @@ def main(argv: list[str] | None = None) -> int:
             row.result = earlier[row.name]
             derive(row, row.result, profile_name, ceilings)
             continue
-        if time.time() - start > args.budget_s:
-            row.result = {"exit": "skipped (time budget)"}
+        if args.report_only or time.time() - start > args.budget_s:
+            row.result = {"exit": "not run" if args.report_only else "skipped (time budget)"}
             continue
         row.result = run_row(row, profile_name, args.runs_dir, gpu, timeout=max(60, args.budget_s))
+        row.result["ceilings"] = ceilings
         derive(row, row.result, profile_name, ceilings)
         x = row.result
         speed = f"{_f(x.get('tokens_per_s'), ',.0f')} tok/s, MFU {_f(x.get('mfu'), '.3f')}"
@@ -453,6 +492,7 @@ def main(argv: list[str] | None = None) -> int:
             + (f" ERROR {x['error']}" if x.get("error") else ""),
             flush=True,
         )
+    share_floors(rows)
     report = table(rows, ceilings)
     print(report)
     out = Path(os.environ.get("OUT") or ROOT / "benchmarks/results")

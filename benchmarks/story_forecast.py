@@ -62,16 +62,15 @@ def main(argv: list[str] | None = None) -> int:
             + ("parameter + optimizer offload" if offload != "none" else "no offload")
         )
         console.print(render(data))
-        plan_total = (
-            plan["configured"]["step_s"] * result.wall["steps"] if plan["configured"].get("step_s") else None
-        )
+        plan_step = (plan.get("run") or {}).get("optimizer_step_s")  # a micro-batch's step x accumulation
+        plan_total = plan_step * result.wall["steps"] if plan_step else None
         console.print(
-            f"beside: the story's 26 h; cockpit plan's step {plan['configured'].get('step_s') or 0:.2f} s x "
-            f"{result.wall['steps']:.0f} steps = {(plan_total or 0) / 3600:.1f} h of training"
+            f"beside: the story's 26 h; cockpit plan's optimizer step {plan_step or 0:.2f} s x "
+            f"{result.wall['steps']:.0f} steps = {(plan_total or 0) / 3600:.2f} h of training"
         )
         summary[config] = {
             "forecast": data,
-            "plan_step_s": plan["configured"].get("step_s"),
+            "plan_step_s": plan_step,
             "plan_train_s": plan_total,
         }
     out = Path(os.environ.get("OUT") or ROOT / "benchmarks/results")

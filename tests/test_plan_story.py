@@ -203,14 +203,36 @@ def test_sixteen_bit_experts_cost_four_times_the_copies(plan, plan16) -> None:
     assert e.step_s <= e.compute_s + e.transfer_s + 1e-9
 
 
-def test_each_expert_run_costs_its_fixed_time_on_top_of_its_flops() -> None:
-    from cockpit.plan.model import Assumptions
+def test_step_time_comes_from_the_measured_costs() -> None:
+    """compute = fixed + layers x per-layer + model FLOPs at the measured efficiency, the measured rate
+    scaled by datasheet rates to the target GPU; a slower GPU only slows the FLOPs term."""
+    from dataclasses import replace
+
+    from cockpit.plan.model import Assumptions, datasheet_tflops, micro_batch_flops
+    from cockpit.plan.planner import inputs_for, resolve_geometry, setup_for
+    from cockpit.plan.speed import MeasuredSpeed
 
     profile, _ = load_profile(STORY)
+    speed = MeasuredSpeed("NVIDIA H200", 700.0, 0.05, 0.02, 0.5, 1.0, "test")
+    a = Assumptions(speed=speed)
     hw = Hardware(4, "H100-80GB", 80, 960)
-    flops_only = build_plan(profile, hw, Assumptions(expert_pass_ms=0)).configured.compute_s
-    with_cost = build_plan(profile, hw, Assumptions(expert_pass_ms=0.12)).configured.compute_s
-    # 94 MoE layers x 128 experts (4,096 tokens of top-8 reach all of them) x 3 passes x 0.12 ms
-    assert with_cost - flops_only == pytest.approx(94 * 128 * 3 * 0.12e-3, rel=1e-6)
+    plan = build_plan(profile, hw, a)
+    _, flops = micro_batch_flops(inputs_for(profile, resolve_geometry(profile), a), setup_for(profile, hw))
+    rate = 700.0 * datasheet_tflops("H100") / datasheet_tflops("H200")
+    expected = 0.05 + 94 * 0.02 + flops / (rate * 1e12 * 0.5)
+    assert plan.configured.compute_s == pytest.approx(expected, rel=1e-9)
+    slower = build_plan(profile, Hardware(4, "A100-80GB", 80, 960), a).configured.compute_s
+    ratio = datasheet_tflops("H100") / datasheet_tflops("A100")
+    assert slower - (0.05 + 94 * 0.02) == pytest.approx((expected - 0.05 - 94 * 0.02) * ratio, rel=1e-9)
+
+    # Offloaded copies count at the measured exposed share.
+    def step(exposed: float) -> float:
+        return build_plan(
+            profile, hw, Assumptions(speed=replace(speed, offload_exposed=exposed))
+        ).configured.step_s
+
+    hidden = step(0.0)
+    assert plan.configured.step_s - hidden > 0.1
+    assert step(0.5) - hidden == pytest.approx((plan.configured.step_s - hidden) / 2, rel=1e-9)
     tiny, _ = load_profile("tiny-cpu")
     assert build_plan(tiny, Hardware(0, "", 0, 24)).configured.compute_s is None  # no GPU: no speed

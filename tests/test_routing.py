@@ -29,7 +29,7 @@ def test_sorted_pairs_sort_by_expert_and_invert():
 @pytest.mark.parametrize("where", ["intermediate", "output"])
 def test_spread_weight_combine_match_plain_indexing(where):
     """Outputs and gradients (hidden rows and routing weights) equal the indexing formulation."""
-    index, pairs = _pairs(seed=1)
+    _, pairs = _pairs(seed=1)
     gen = torch.Generator().manual_seed(2)
     hidden = torch.randn(10, 6, generator=gen, dtype=torch.float64, requires_grad=True)
     weights = torch.rand(10, 3, generator=gen, dtype=torch.float64, requires_grad=True)

@@ -43,11 +43,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
-from functools import cached_property
+from functools import cache, cached_property
 
 from cockpit.contract import dequant_chunk_experts
 from cockpit.plan.formats import DTYPE_BYTES, Stored, four_bit, packed_experts, plain, pow2_ceil
 from cockpit.plan.geometry import ModelGeometry, TensorSpec
+from cockpit.plan.speed import H200_STORY_SLICE, MeasuredSpeed
 
 GiB = 1024**3
 GB = 1e9
@@ -96,11 +97,10 @@ class Assumptions:
     h2d_gbps: float = 55.0  # pinned host-to-device copies measured on the H200 box (FACTS.md)
     nvlink_gbps: float = 150.0  # effective all-gather bandwidth per GPU over NVLink
     nvme_gbps: float = 6.0  # aggregate read bandwidth of the NVMe offload drive(s)
-    mfu: float = 0.1  # achieved fraction of bf16 peak; 0.076 measured on the 1-layer slice (FACTS.md)
-    # Fixed cost of running one expert in one pass (its own small GEMMs, gathers and launches), on top
-    # of its FLOPs: 0.12 ms fitted to the 10 step times of benchmarks/results/plan_vs_measured*_h200
-    # (story geometry, 1 to 4 layers, seq 1024, 64 tokens an expert: 0.045 s a layer the FLOPs miss).
-    expert_pass_ms: float = 0.12
+    # Step time from costs measured on a GPU (cockpit.plan.speed): fixed and per-layer seconds and the
+    # efficiency of the model FLOPs, fitted to benchmarks/results/step_speed_h200.json.
+    speed: MeasuredSpeed = H200_STORY_SLICE
+    target_fraction: float = 0.5  # share of tokens with a loss target (the head runs on those only)
     gpu_tflops: float = 0.0  # bf16 dense peak per GPU; 0 = from the GPU's name (default 300)
     process_rss_gib_gpu: float = (
         2.4  # RSS of a trainer rank before weights (torch, CUDA, NCCL): FACTS.md 12.4 GiB
@@ -163,6 +163,8 @@ class Setup:
     gpu_mem_gib: float = 0.0
     host_ram_gib: float = 0.0
     gpu_name: str = ""
+    packing: bool = False
+    doc_tokens: int = 0  # mean tokens an example (data.mean_tokens); 0: every example fills its sequence
 
     @property
     def ranks(self) -> int:
@@ -477,6 +479,29 @@ class Inputs:
         return replace(self, precision=replace(self.precision, experts_4bit=on))
 
 
+@cache
+def _packed_fill(mean_tokens: int, seq_len: int) -> float:
+    from cockpit.contract import packed_fill
+
+    return packed_fill(mean_tokens, seq_len)
+
+
+def micro_batch_flops(inputs: Inputs, setup: Setup) -> tuple[float, float]:
+    """Tokens of one micro-batch and their model FLOPs (`cockpit.plan.flops`): packed rows hold the
+    assumed examples at `packed_fill`; unpacked, an example fills its sequence at most."""
+    from cockpit.plan.flops import token_flops
+
+    doc = min(setup.doc_tokens or setup.seq_len, setup.seq_len)
+    if setup.packing and setup.doc_tokens:
+        fill = _packed_fill(setup.doc_tokens, setup.seq_len)
+    else:
+        fill = doc / setup.seq_len
+    tokens = setup.seq_len * setup.micro_batch * fill
+    lora = lora_params(inputs.geometry, inputs.lora_targets, inputs.lora_r)
+    per_token = token_flops(inputs.geometry, doc, inputs.assumptions.target_fraction, lora, setup.grad_ckpt)
+    return tokens, tokens * per_token.total
+
+
 def _partitions(w: Weights, setup: Setup) -> tuple[int, int, int]:
     """Per rank: partition bytes of non-persistent params, their pinned (power-of-two) bytes, and the
     persistent params' bytes (whole on every GPU)."""
@@ -648,32 +673,26 @@ def estimate(inputs: Inputs, setup: Setup) -> Estimate:
     # --- speed ---
     compute_s = transfer_s = step_s = tps = None
     if setup.gpus:
-        tokens = setup.seq_len * setup.micro_batch
-        passes = (
-            3 if setup.grad_ckpt else 2
-        )  # forward, recompute, backward (input gradients only: frozen weights)
-        attn = 2 * setup.seq_len * g.q_dim * g.layers
-        flops = tokens * passes * (2 * g.active_matmul_params() + attn)
-        compute_s = flops / (a.tflops(setup.gpu_name) * 1e12 * a.mfu)
-        if g.experts:
-            # Experts that get at least one of the micro-batch's tokens (top-k routing, uniform).
-            hit = g.experts * (1.0 - (1.0 - g.top_k / g.experts) ** tokens)
-            compute_s += len(g.sparse_layers) * hit * passes * a.expert_pass_ms / 1000
+        tokens, flops = micro_batch_flops(inputs, setup)
+        speed = a.speed
+        # The measured rate, scaled to this GPU by the two datasheet rates (1.0 between H100 and H200).
+        rate = (
+            speed.measured_tflops * a.tflops(setup.gpu_name) / (datasheet_tflops(speed.gpu) or a.tflops(""))
+        )
+        compute_s = speed.compute_s(g.layers, flops, rate)
         blocks = w.blocks
         layers = sum(v for k, v in blocks.items() if k.startswith("layer."))
         moved = 2 * layers + blocks.get("embed", 0) + blocks.get("lm_head", 0) + blocks.get("norm", 0)
         offload_s = gather_s = 0.0
         if setup.stage == 3 and setup.offload_param == "cpu":
-            offload_s = moved / n / (a.h2d_gbps * GB)
+            offload_s = speed.offload_exposed * moved / n / (a.h2d_gbps * GB)
         elif setup.stage == 3 and setup.offload_param == "nvme":
-            offload_s = moved / (a.nvme_gbps * GB) + moved / n / (a.h2d_gbps * GB)
+            offload_s = moved / (a.nvme_gbps * GB) + speed.offload_exposed * moved / n / (a.h2d_gbps * GB)
         if setup.stage == 3 and n > 1:
             gather_s = moved * (n - 1) / n / (a.nvlink_gbps * GB)
         transfer_s = offload_s + gather_s
-        # Measured on the H200 (experts4bit_h200.md, per added layer): an offloaded step is the
-        # no-offload step plus the host-to-device copies (bf16 experts 0.064 + 0.18 s against 0.243 s
-        # measured; NF4 0.079 + 0.047 s against 0.116 s): they do not overlap compute. All-gathers over
-        # NVLink are not measured here: still assumed to overlap it.
+        # Offloaded copies add the measured share not hidden under compute (speed.offload_exposed).
+        # All-gathers over NVLink are not measured here: assumed to overlap compute.
         step_s = max(compute_s, gather_s) + offload_s
         tps = n * tokens / step_s
 

@@ -82,6 +82,8 @@ def setup_for(profile: Profile, hw: Hardware) -> Setup:
         gpu_mem_gib=hw.gpu_mem_gib,
         host_ram_gib=hw.host_ram_gib,
         gpu_name=hw.gpu_name,
+        packing=t.packing,
+        doc_tokens=profile.data.mean_tokens,
     )
 
 
@@ -120,6 +122,7 @@ class Plan:
     alt_found: OptionSet | None = None
     notes: list[str] = field(default_factory=list)
     save_total_limit: int = 1
+    run: RunLength | None = None  # the training run's length and wall time for its data
 
     @property
     def options(self) -> list[Option]:
@@ -283,8 +286,12 @@ class Plan:
             "alt_best": estimate_dict(self.alt_found.best)
             if self.alt_found and self.alt_found.best
             else None,
-            "assumptions": vars(self.inputs.assumptions),
+            "assumptions": {
+                **vars(self.inputs.assumptions),
+                "speed": vars(self.inputs.assumptions.speed),
+            },
             "notes": self.notes,
+            "run": self.run.to_dict() if self.run else None,
         }
 
     def disk(self) -> dict[str, int]:
@@ -420,6 +427,30 @@ def options(inputs: Inputs, base: Setup) -> OptionSet:
     return OptionSet(rows, best, closest, requirements)
 
 
+@dataclass(frozen=True)
+class RunLength:
+    """Optimizer steps for the profile's data and epochs, and their training time as configured."""
+
+    steps: int
+    how: str  # where the token count came from
+    micro_batches: int  # a rank's micro-batches an optimizer step (gradient accumulation)
+    optimizer_step_s: float | None
+    train_s: float | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(vars(self))
+
+
+def run_length(profile: Profile, hw: Hardware, configured: Estimate) -> RunLength:
+    """Steps from the data (`cockpit.plan.run_length`) times the configured micro-batch's step time."""
+    from cockpit.plan.run_length import data_size, run_steps
+
+    steps, how = run_steps(profile, data_size(profile), max(1, hw.gpus))
+    accum = profile.training.grad_accum
+    step = configured.step_s * accum if configured.step_s else None
+    return RunLength(steps, how, accum, step, steps * step if step and steps else None)
+
+
 def build_plan(
     profile: Profile,
     hardware: Hardware | None = None,
@@ -453,4 +484,5 @@ def build_plan(
         alt_found=alt_found,
         notes=notes,
         save_total_limit=profile.training.save_total_limit,
+        run=run_length(profile, hw, configured),
     )

@@ -233,12 +233,14 @@ def options_table(plan: Plan) -> Table:
             _speed(e, ref),
         )
     a = plan.inputs.assumptions
+    sp = a.speed
     table.caption = (
         f"GiB per GPU and for the whole host; {ref.setup.gpus} GPU(s) and seq {ref.setup.seq_len} unless "
-        f"the option says. Step = max(compute at {a.mfu:.0%} of bf16 peak plus {a.expert_pass_ms:g} ms per "
-        f"expert and pass, all-gathers at "
-        f"{a.nvlink_gbps:g} GB/s) + host-to-device copies at {a.h2d_gbps:g} GB/s per GPU (measured not to "
-        "overlap compute); each layer moves twice a step, embeddings and lm_head once. "
+        f"the option says. A micro-batch's step = max(compute, all-gathers at {a.nvlink_gbps:g} GB/s) + "
+        f"{sp.offload_exposed:.2f} x host-to-device copies at {a.h2d_gbps:g} GB/s per GPU; compute = "
+        f"{sp.fixed_s * 1000:.0f} ms + {sp.layer_s * 1000:.1f} ms a layer + model FLOPs at "
+        f"{sp.efficiency:.0%} of the bf16 rate, all measured on {sp.gpu} (benchmarks/fit_speed.py); each "
+        "layer moves twice a step, embeddings and lm_head once. "
         "tokens/s relative to the configuration as written."
     )
     table.caption_justify = "left"
@@ -269,6 +271,15 @@ def verdict_text(plan: Plan) -> Text:
         lines.extend(f"  note: {n}" for n in bs.notes)
     elif e.setup.gpus and not e.fits:
         lines.append("[bold red]No option fits on this hardware.[/]")
+    run = plan.run
+    if run is not None and run.train_s:
+        lines.append(
+            f"[bold]Training time for the data, as configured:[/] {run.steps:,} optimizer steps x "
+            f"{run.optimizer_step_s:.2f} s ({run.micro_batches} micro-batch(es) a rank each) = "
+            f"{run.train_s / 3600:.2f} h, without load, saves and evaluation; tokens: {escape(run.how)}"
+        )
+    elif run is not None and e.setup.gpus:
+        lines.append(f"Training time for the data: unknown ({escape(run.how)})")
     return Text.from_markup("\n".join(lines))
 
 

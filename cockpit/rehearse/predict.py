@@ -13,8 +13,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from cockpit.contract import EVAL_BATCH_SIZE, packed_fill
+from cockpit.contract import EVAL_BATCH_SIZE
 from cockpit.plan.model import GiB
+from cockpit.plan.run_length import data_size, run_steps
 from cockpit.rehearse.measure import DepthMeasure
 
 TOLERANCE = 0.15
@@ -171,30 +172,6 @@ def model_facts(plan: dict[str, Any]) -> ModelFacts:
     )
 
 
-def run_steps(profile: Any, data: dict[str, Any], ranks: int) -> tuple[int, str]:
-    """Optimizer steps of the whole run and how the token count was found (the data file or an assumption)."""
-    t, d = profile.training, profile.data
-    source = str(data.get("source") or "")
-    if data.get("tokens") and not source.startswith("random tokens"):
-        tokens, examples, how = float(data["tokens"]), float(data.get("examples") or 0), f"tokens of {source}"
-    elif d.examples and d.mean_tokens:
-        examples, tokens = float(d.examples), float(d.examples * d.mean_tokens)
-        how = f"assumed: {d.examples} examples of {d.mean_tokens} tokens (data.examples, data.mean_tokens)"
-    else:
-        return 0, "unknown: no data file here and no data.examples / data.mean_tokens in the profile"
-    if not t.packing:
-        fill = 1.0
-    elif how.startswith("assumed"):  # the rehearsal's own rows may not be like the data: pack the assumed mix
-        fill = packed_fill(d.mean_tokens, t.seq_len)
-        how += f", packed {fill:.2f} full"
-    else:
-        fill = float(data.get("fill") or 1.0)
-    rows = math.ceil(tokens / (t.seq_len * fill)) if t.packing else int(examples)
-    per_step = t.micro_batch_size * t.grad_accum * ranks
-    steps = math.ceil(rows / per_step) * t.epochs if t.max_steps < 0 else t.max_steps
-    return math.ceil(steps), how
-
-
 def forecast(
     measures: list[DepthMeasure],
     profile: Any,
@@ -255,7 +232,7 @@ def forecast(
     target_step = target.get("step_s")
     target["tokens_per_s"] = tokens_step / nm * nt / target_step if tokens_step and target_step else None
     data = next((m.data for m in reversed(done) if m.data), {})
-    steps, how = run_steps(profile, data, nt)
+    steps, how = run_steps(profile, data_size(profile, data), nt)
     notes.append(f"training tokens: {how}")
     load = (target["load_s"] or 0.0) + facts.checkpoint_bytes / (scaling.disk_gbps * 1e9)
     train = steps * target["step_s"] if target.get("step_s") and steps else None
@@ -327,7 +304,8 @@ def plan_figures(plan: dict[str, Any]) -> dict[str, float | None]:
         "rss_load": gib(load.get("rss_peak")),
         "rss_train": gib(train.get("rss_peak")),
         "host_gib": gib(max(load.get("host_peak") or 0, train.get("host_peak") or 0) or None),
-        "step_s": c.get("step_s"),
+        # The plan's step is a micro-batch's; the forecast's an optimizer step's.
+        "step_s": (plan.get("run") or {}).get("optimizer_step_s") or c.get("step_s"),
         "tokens_per_s": c.get("tokens_per_s"),
     }
 

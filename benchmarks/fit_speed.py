@@ -1,0 +1,177 @@
+"""The planner's step-time coefficients, fitted to the speed benchmark's rows and checked out of sample.
+
+Reads `benchmarks/results/step_speed_h200.json` (`benchmarks/step_speed.py` on one H200) and fits
+`cockpit.plan.speed.MeasuredSpeed`: step = fixed + layers x per-layer + model FLOPs / (rate x
+efficiency), on the IN_SAMPLE rows (depths 1 and 2 at 4096 tokens, depth 4 at 1024 and 8192). The
+offload share of copy time not hidden is fitted on the 1- and 2-layer offload rows, its copy bytes from
+the planner's ZeRO-3 blocks (each layer fetched twice a step, embeddings and head once). Every other row
+of the present paths is predicted from the fit and set beside its measurement: those are out of sample.
+
+    python benchmarks/fit_speed.py            # prints the table and the constants for cockpit/plan/speed.py
+
+Writes plan_speed_fit.md and .json under $OUT (else benchmarks/results/). No GPU needed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+RESULTS = ROOT / "benchmarks/results/step_speed_h200.json"
+STORY = "qwen3-235b-a22b-thinking-4xh100"
+IN_SAMPLE = ("after-4096-1L", "after-4096-2L", "after-1024", "after-full-8192")
+OFFLOAD_IN_SAMPLE = ("offload-4096-1L", "offload-4096-2L")
+OUT_OF_SAMPLE = (
+    "after-4096",
+    "after-4096-callbacks",
+    "after-4096-telemetry",
+    "after-8192",
+    "after-full-4096",
+    "after-4096-mb2",
+    "offload-4096-steady",
+    "offload-prefetch2-4096",
+)
+
+
+def copy_bytes(layers: int) -> float:
+    """Host-to-device bytes of a step with parameter offload, as the planner counts them."""
+    from cockpit.plan.model import Weights
+    from cockpit.plan.planner import inputs_for, resolve_geometry
+    from cockpit.profiles import load_profile
+
+    profile, _ = load_profile(STORY)
+    inputs = inputs_for(profile, resolve_geometry(profile).with_layers(layers))
+    blocks = Weights.of(inputs.geometry, inputs.precision).blocks
+    layer = sum(v for k, v in blocks.items() if k.startswith("layer."))
+    return 2 * layer + sum(v for k, v in blocks.items() if not k.startswith("layer."))
+
+
+def rows_by_name(data: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    out = {}
+    for r in data["rows"]:
+        x = r["result"]
+        if x.get("exit") == 0 and x.get("step_s") and x.get("flops_per_token") and x.get("tokens_per_step"):
+            out[r["name"]] = {
+                "layers": r["layers"],
+                "offload": r["offload"],
+                "flops": x["flops_per_token"] * x["tokens_per_step"],
+                "step_s": x["step_s"],
+                "tflops": (x.get("ceilings") or data["ceilings"])["bf16_tflops"],
+                "h2d_gbps": (x.get("ceilings") or data["ceilings"])["h2d_gbps"],
+                "timed_steps": x.get("timed_steps"),
+            }
+    return out
+
+
+def fit(data: dict[str, Any]) -> tuple[Any, list[dict[str, Any]]]:
+    """The fitted MeasuredSpeed and a row a configuration: predicted beside measured."""
+    from dataclasses import replace
+
+    from cockpit.plan.speed import fit_speed
+
+    rows = rows_by_name(data)
+    missing = [n for n in IN_SAMPLE + OFFLOAD_IN_SAMPLE if n not in rows]
+    if missing:
+        raise SystemExit(f"{RESULTS}: rows missing for the fit: {', '.join(missing)}")
+    tflops = round(statistics.mean(r["tflops"] for r in rows.values()), 1)
+    h2d = statistics.mean(r["h2d_gbps"] for r in rows.values())
+    speed = fit_speed(
+        [(rows[n]["layers"], rows[n]["flops"], rows[n]["step_s"]) for n in IN_SAMPLE],
+        data["ceilings"].get("gpu", "NVIDIA H200"),
+        tflops,
+        f"benchmarks/results/step_speed_h200.json rows {', '.join(IN_SAMPLE + OFFLOAD_IN_SAMPLE)}",
+    )
+    exposed = [
+        (rows[n]["step_s"] - speed.compute_s(rows[n]["layers"], rows[n]["flops"], tflops))
+        / (copy_bytes(rows[n]["layers"]) / (h2d * 1e9))
+        for n in OFFLOAD_IN_SAMPLE
+    ]
+    speed = replace(speed, offload_exposed=max(0.0, statistics.mean(exposed)))
+    table = []
+    for name in IN_SAMPLE + OFFLOAD_IN_SAMPLE + OUT_OF_SAMPLE:
+        r = rows.get(name)
+        if r is None:
+            continue
+        predicted = speed.compute_s(r["layers"], r["flops"], tflops)
+        if r["offload"]:
+            predicted += speed.offload_exposed * copy_bytes(r["layers"]) / (h2d * 1e9)
+        table.append(
+            {
+                "row": name,
+                "sample": "in (fitted)" if name in IN_SAMPLE + OFFLOAD_IN_SAMPLE else "out",
+                "layers": r["layers"],
+                "offload": r["offload"],
+                "tflop_per_step": r["flops"] / 1e12,
+                "measured_s": r["step_s"],
+                "predicted_s": predicted,
+                "error": predicted / r["step_s"] - 1,
+                "timed_steps": r["timed_steps"],
+            }
+        )
+    return speed, table
+
+
+def report(speed: Any, table: list[dict[str, Any]]) -> str:
+    lines = [
+        "# The planner's step time, fitted to measured rows",
+        "",
+        f"step = {speed.fixed_s:.4f} s + layers x {speed.layer_s:.4f} s + model FLOPs / "
+        f"({speed.measured_tflops} TFLOP/s x {speed.efficiency:.3f}); with parameter offload, plus "
+        f"{speed.offload_exposed:.2f} x the host-to-device copy time. Fitted on {speed.gpu} to "
+        f"{speed.source}.",
+        "",
+        "| row | sample | layers | offload | TFLOP a step | measured s (timed steps) | predicted s | error |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for t in table:
+        lines.append(
+            f"| {t['row']} | {t['sample']} | {t['layers']} | {'param+opt' if t['offload'] else 'none'} | "
+            f"{t['tflop_per_step']:.1f} | {t['measured_s']:.3f} ({t['timed_steps']}) | "
+            f"{t['predicted_s']:.3f} | {t['error']:+.1%} |"
+        )
+    out = [r for r in table if r["sample"] == "out"]
+    if out:
+        worst = max(out, key=lambda r: abs(r["error"]))
+        within = sum(abs(r["error"]) <= 0.15 for r in out)
+        lines += [
+            "",
+            f"Out of sample: {within} of {len(out)} within 15%; largest error {worst['error']:+.1%} "
+            f"({worst['row']}).",
+        ]
+    lines += [
+        "",
+        "Constants for cockpit/plan/speed.py:",
+        "",
+        "```",
+        f"fixed_s={speed.fixed_s:.6f}, layer_s={speed.layer_s:.6f}, efficiency={speed.efficiency:.6f}, "
+        f"offload_exposed={speed.offload_exposed:.6f}, measured_tflops={speed.measured_tflops}",
+        "```",
+        "",
+        "Reproduce: `python benchmarks/fit_speed.py` (reads the committed step_speed_h200.json).",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    from dataclasses import asdict
+
+    data = json.loads(RESULTS.read_text())
+    speed, table = fit(data)
+    text = report(speed, table)
+    print(text)
+    out = Path(os.environ.get("OUT") or ROOT / "benchmarks/results")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "plan_speed_fit.md").write_text(text)
+    (out / "plan_speed_fit.json").write_text(json.dumps({"speed": asdict(speed), "rows": table}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,106 @@
+"""How long a run is: its training tokens and its optimizer steps, and where the token count came from.
+
+The count comes, in order, from what a trainer measured (a run's `data` event), from the profile's data
+file (examples of the train split; tokens by the model's own `tokenizer.json` when it is at
+`model.path`, else about four characters a token), or from the profile's `data.examples` and
+`data.mean_tokens`. Every answer says which.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from cockpit.contract import packed_fill
+
+CHARS_PER_TOKEN = 4.0  # a rough English rate, used only where no tokenizer is at hand
+
+
+@dataclass(frozen=True)
+class DataSize:
+    """Training examples and tokens, the packing fill when known, and how they were found."""
+
+    examples: float
+    tokens: float
+    how: str
+    fill: float | None = None  # measured packing fill (a trainer's data event)
+
+
+def from_data_event(data: dict[str, Any]) -> DataSize | None:
+    """What a trainer measured: its `data` event (None for a rehearsal's random tokens)."""
+    source = str(data.get("source") or "")
+    if not data.get("tokens") or source.startswith("random tokens"):
+        return None
+    fill = data.get("fill")
+    return DataSize(
+        float(data.get("examples") or 0),
+        float(data["tokens"]),
+        f"tokens of {source}",
+        float(fill) if fill else None,
+    )
+
+
+def _text_of(example: dict[str, Any]) -> str:
+    return "\n".join(str(example.get(k, "")) for k in ("system", "user", "reasoning", "gold"))
+
+
+def from_data_file(profile: Any) -> DataSize | None:
+    """Count the train split of the profile's JSONL file, if it is on this machine."""
+    path = Path(profile.data.source).expanduser()
+    if path.suffix != ".jsonl" or not path.is_file():
+        return None
+    texts = []
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            if line.strip():
+                example = json.loads(line)
+                if example.get("split", "train") == "train":
+                    texts.append(_text_of(example))
+    tokenizer_file = Path(profile.model.path).expanduser() / "tokenizer.json"
+    if tokenizer_file.is_file():
+        from tokenizers import Tokenizer
+
+        tok = Tokenizer.from_file(str(tokenizer_file))
+        tokens = sum(len(e.ids) for e in tok.encode_batch(texts))
+        how = f"{len(texts)} examples of {path}, counted with {tokenizer_file.name} (chat template left out)"
+    else:
+        tokens = round(sum(len(t) for t in texts) / CHARS_PER_TOKEN)
+        how = f"{len(texts)} examples of {path}, about {CHARS_PER_TOKEN:g} characters a token (no tokenizer)"
+    return DataSize(float(len(texts)), float(tokens), how)
+
+
+def from_profile(profile: Any) -> DataSize | None:
+    """The profile's assumption: `data.examples` of `data.mean_tokens` tokens."""
+    d = profile.data
+    if not (d.examples and d.mean_tokens):
+        return None
+    how = f"assumed: {d.examples} examples of {d.mean_tokens} tokens (data.examples, data.mean_tokens)"
+    return DataSize(float(d.examples), float(d.examples * d.mean_tokens), how)
+
+
+def data_size(profile: Any, data: dict[str, Any] | None = None) -> DataSize | None:
+    """The best count at hand: measured, then the data file, then the profile's assumption."""
+    return (from_data_event(data) if data else None) or from_data_file(profile) or from_profile(profile)
+
+
+def run_steps(profile: Any, size: DataSize | None, ranks: int) -> tuple[int, str]:
+    """Optimizer steps of the whole run over `size`, and how the count was found."""
+    t = profile.training
+    if size is None:
+        return 0, "unknown: no data file here and no data.examples / data.mean_tokens in the profile"
+    how = size.how
+    if not t.packing:
+        fill = 1.0
+    elif size.fill is not None:
+        fill = size.fill
+    else:  # pack examples of the mean length, as the trainer's first-fit would
+        mean = round(size.tokens / size.examples) if size.examples else t.seq_len
+        fill = packed_fill(max(2, min(mean, t.seq_len)), t.seq_len)
+        how += f", packed {fill:.2f} full"
+    rows = math.ceil(size.tokens / (t.seq_len * fill)) if t.packing else int(size.examples)
+    per_step = t.micro_batch_size * t.grad_accum * ranks
+    steps = math.ceil(rows / per_step) * t.epochs if t.max_steps < 0 else t.max_steps
+    return math.ceil(steps), how

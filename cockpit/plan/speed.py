@@ -1,0 +1,89 @@
+"""Step time from costs measured on a GPU, not from an assumed fraction of peak.
+
+A micro-batch's forward and backward costs
+
+    fixed_s + layers x layer_s + model FLOPs / (bf16 rate x efficiency)
+
+where the FLOPs are `cockpit.plan.flops.token_flops` for the micro-batch's tokens, `layer_s` is what
+each decoder layer costs beyond its FLOPs (ZeRO-3's hook, launches, routing, norms: host and memory
+bound work), and `fixed_s` what a micro-batch costs beyond its layers (the trainer, the optimizer's share,
+embeddings). The three are fitted by least squares to the speed benchmark's rows
+(`benchmarks/fit_speed.py` over `benchmarks/results/step_speed_h200.json`); the bf16 rate is the one the
+benchmark measured, scaled to another GPU by the two GPUs' datasheet rates. With parameter offload, a
+share of the host-to-device copies (`offload_exposed`, fitted to the offload rows) adds to the step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class MeasuredSpeed:
+    """Step-time coefficients fitted to measured rows on one GPU model."""
+
+    gpu: str  # the GPU measured
+    measured_tflops: float  # its bf16 matmul rate as the benchmark measured it
+    fixed_s: float  # a micro-batch, beyond its layers and FLOPs
+    layer_s: float  # a decoder layer a micro-batch, beyond its FLOPs
+    efficiency: float  # share of the measured bf16 rate the model FLOPs run at
+    offload_exposed: float  # share of the host-to-device copy time not hidden under compute
+    source: str  # the rows it was fitted to
+
+    def compute_s(self, layers: int, flops: float, tflops: float) -> float:
+        """Seconds of one micro-batch of `flops` model FLOPs over `layers` decoder layers on a GPU of
+        `tflops` measured bf16 rate."""
+        return self.fixed_s + layers * self.layer_s + flops / (tflops * 1e12 * self.efficiency)
+
+
+def fit_speed(rows: list[tuple[int, float, float]], gpu: str, tflops: float, source: str) -> MeasuredSpeed:
+    """Least squares of step = fixed + layers x layer_s + FLOPs x c over `(layers, flops, step_s)` rows
+    (at least three, two depths and two FLOP counts); efficiency = 1 / (c x rate)."""
+    if len(rows) < 3:
+        raise ValueError("fitting the step time needs at least three rows")
+    xs = [(1.0, float(layers), flops / 1e12) for layers, flops, _ in rows]
+    ys = [step for _, _, step in rows]
+    # Normal equations, 3 x 3, solved by Gaussian elimination (no numpy in the planner).
+    a = [[sum(x[i] * x[j] for x in xs) for j in range(3)] for i in range(3)]
+    b = [sum(x[i] * y for x, y in zip(xs, ys, strict=True)) for i in range(3)]
+    fixed, per_layer, per_tflop = _solve(a, b)
+    if per_tflop <= 0:
+        raise ValueError("the rows do not separate FLOPs from fixed costs (a non-positive FLOP cost)")
+    return MeasuredSpeed(
+        gpu=gpu,
+        measured_tflops=tflops,
+        fixed_s=fixed,
+        layer_s=per_layer,
+        efficiency=1.0 / (per_tflop * tflops),
+        offload_exposed=0.0,
+        source=source,
+    )
+
+
+def _solve(a: list[list[float]], b: list[float]) -> list[float]:
+    n = len(b)
+    m = [[*row, v] for row, v in zip(a, b, strict=True)]
+    for col in range(n):
+        pivot = max(range(col, n), key=lambda r: abs(m[r][col]))
+        if abs(m[pivot][col]) < 1e-18:
+            raise ValueError("the rows do not determine the step time (a singular fit)")
+        m[col], m[pivot] = m[pivot], m[col]
+        for r in range(n):
+            if r != col:
+                f = m[r][col] / m[col][col]
+                m[r] = [v - f * w for v, w in zip(m[r], m[col], strict=True)]
+    return [m[i][n] / m[i][i] for i in range(n)]
+
+
+# Fitted by `python benchmarks/fit_speed.py` to benchmarks/results/step_speed_h200.json (the story's
+# geometry sliced, NF4 experts, packed, one H200); tests/test_plan_speed.py checks these equal the fit.
+H200_STORY_SLICE = MeasuredSpeed(
+    gpu="NVIDIA H200",
+    measured_tflops=745.3,
+    fixed_s=0.033817,
+    layer_s=0.019631,
+    efficiency=0.627188,
+    offload_exposed=1.015321,
+    source="benchmarks/results/step_speed_h200.json rows after-4096-1L, after-4096-2L, after-1024, "
+    "after-full-8192, offload-4096-1L, offload-4096-2L",
+)

@@ -1,0 +1,68 @@
+"""How long a run is: tokens from a trainer's count, the data file, or the profile's assumption."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pytest
+
+from cockpit.plan.run_length import DataSize, data_size, run_steps
+
+
+def _profile(tmp_path, source="missing.jsonl", examples=0, mean_tokens=0, packing=True):
+    return SimpleNamespace(
+        data=SimpleNamespace(source=str(tmp_path / source), examples=examples, mean_tokens=mean_tokens),
+        model=SimpleNamespace(path=str(tmp_path / "model")),
+        training=SimpleNamespace(
+            packing=packing, seq_len=100, micro_batch_size=2, grad_accum=3, epochs=2, max_steps=-1
+        ),
+    )
+
+
+def _write_data(tmp_path, texts):
+    rows = [{"split": "train", "system": "", "user": t, "reasoning": "", "gold": ""} for t in texts]
+    rows.append({"split": "eval", "system": "", "user": "held out " * 50, "reasoning": "", "gold": ""})
+    (tmp_path / "d.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+
+
+def test_data_file_counted_by_characters_without_a_tokenizer(tmp_path):
+    _write_data(tmp_path, ["a" * 37, "b" * 80])
+    size = data_size(_profile(tmp_path, "d.jsonl", examples=999, mean_tokens=999))
+    assert size.examples == 2  # the eval split is left out; the file wins over the assumption
+    assert size.tokens == round((37 + 80 + 2 * 3) / 4)  # four text fields joined by newlines
+    assert "characters a token" in size.how
+
+
+def test_data_file_counted_by_the_models_tokenizer(tmp_path):
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+    from tokenizers.pre_tokenizers import WhitespaceSplit
+
+    tok = Tokenizer(WordLevel({"[UNK]": 0}, unk_token="[UNK]"))
+    tok.pre_tokenizer = WhitespaceSplit()
+    (tmp_path / "model").mkdir()
+    tok.save(str(tmp_path / "model" / "tokenizer.json"))
+    _write_data(tmp_path, ["one two three", "four five"])
+    size = data_size(_profile(tmp_path, "d.jsonl"))
+    assert size.tokens == 5 and "tokenizer.json" in size.how
+
+
+def test_a_trainers_count_wins_and_the_assumption_is_last(tmp_path):
+    profile = _profile(tmp_path, examples=10, mean_tokens=50)
+    measured = data_size(profile, {"source": "x.jsonl", "tokens": 1234, "examples": 7, "fill": 0.9})
+    assert (measured.tokens, measured.fill) == (1234, 0.9)
+    random = data_size(profile, {"source": "random tokens (rehearsal)", "tokens": 1234})
+    assert random.tokens == 500 and random.how.startswith("assumed")
+    assert data_size(_profile(tmp_path)) is None
+
+
+@pytest.mark.parametrize("packing", [True, False])
+def test_steps_from_tokens_fill_and_batch(tmp_path, packing):
+    profile = _profile(tmp_path, packing=packing)
+    size = DataSize(examples=120, tokens=9000, how="measured", fill=0.9)
+    steps, _ = run_steps(profile, size, ranks=2)
+    rows = 100 if packing else 120  # 9000 tokens / (100 x 0.9) packed, else one example a row
+    assert steps == -(-rows // (2 * 3 * 2)) * 2  # micro-batch x accumulation x ranks a step, two epochs
+    nothing, how = run_steps(profile, None, 1)
+    assert nothing == 0 and "unknown" in how

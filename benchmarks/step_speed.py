@@ -47,6 +47,8 @@ NO_PERSIST = ("deepspeed.persistence_threshold=40960",)
 NO_FUSED_NORM = (("COCKPIT_FUSED_NORM", "0"),)
 NO_FAST_ROUTING = (("COCKPIT_FAST_ROUTING", "0"),)
 PREFETCH2 = ("deepspeed.prefetch_layers=2",)
+PACK = ("training.packing=true",)  # the earlier paths on the present packed data: the loss comparison
+LR = ("training.learning_rate=1e-4",)  # the story's rate; the tiny profile's 5e-3 amplifies rounding
 
 
 @dataclass
@@ -113,7 +115,7 @@ def gpu_rows() -> list[Row]:
         Row("after-full-8192", 4, 8192, mean_tokens=0, steps=14),
         Row("offload-4096", 4, 4096, offload=True, profile=True, steps=12),
         Row("before-4096", 4, 4096, paths="before", mean_tokens=0, profile=True),
-        Row("before-packed-4096", 4, 4096, paths="before", steps=20, extra=("training.packing=true",)),
+        Row("before-packed-4096", 4, 4096, paths="before", steps=20, extra=PACK),
         Row("lever-moe-leaf-4096", 4, 4096, steps=14, extra=MOE_LEAF + NO_PERSIST),
         Row("lever-no-persist-4096", 4, 4096, steps=14, extra=NO_PERSIST),
         Row("lever-no-norm-4096", 4, 4096, steps=14, env_extra=NO_FUSED_NORM),
@@ -140,6 +142,20 @@ def cpu_rows() -> list[Row]:
         Row("after-192", 2, 192, mb=4, mean_tokens=100, steps=5, profile=True),
         Row("after-192-1L", 1, 192, mb=4, mean_tokens=100, steps=5),
         Row("offload-192", 2, 192, mb=4, mean_tokens=100, steps=5, offload=True),
+        Row("before-packed-192", 2, 192, mb=4, paths="before", mean_tokens=100, steps=20, extra=PACK),
+        Row("after-192-20", 2, 192, mb=4, mean_tokens=100, steps=20),
+        Row(
+            "before-packed-192-lr1e-4",
+            2,
+            192,
+            mb=4,
+            paths="before",
+            mean_tokens=100,
+            steps=20,
+            extra=PACK + LR,
+        ),
+        Row("after-192-20-lr1e-4", 2, 192, mb=4, mean_tokens=100, steps=20, extra=LR),
+        Row("after-192-20-again", 2, 192, mb=4, mean_tokens=100, steps=20),
     ]
 
 
@@ -400,22 +416,34 @@ def table(rows: list[Row], ceilings: dict[str, float]) -> str:
     return "\n".join(out) + "\n"
 
 
+# (earlier paths, present paths): the same packed data, the first steps' losses compared
+LOSS_PAIRS = (
+    ("before-packed-4096", "after-4096"),
+    ("before-packed-192", "after-192-20"),
+    ("before-packed-192-lr1e-4", "after-192-20-lr1e-4"),
+    ("after-192-20", "after-192-20-again"),  # the same path twice: the run-to-run floor
+)
+
+
 def loss_comparison(rows: list[Row]) -> list[str]:
     """The first steps' losses of the earlier paths against the present ones, on the same packed data."""
     by = {r.name: r.result.get("losses") or [] for r in rows}
-    before, after = by.get("before-packed-4096", []), by.get("after-4096", [])
-    n = min(len(before), len(after))
-    if not n:
-        return []
-    diffs = [abs(a - b) for a, b in zip(before[:n], after[:n], strict=True)]
-    worst = max(range(n), key=lambda i: diffs[i])
-    return [
-        "",
-        f"Loss over the first {n} steps, earlier paths (before-packed-4096) against present (after-4096), "
-        f"same packed data: largest difference {diffs[worst]:.4f} at step {worst + 1} "
-        f"({diffs[worst] / abs(before[worst]):.2%} of {before[worst]:.4f}); mean difference "
-        f"{sum(diffs) / n:.4f}.",
-    ]
+    lines = []
+    for old, new in LOSS_PAIRS:
+        before, after = by.get(old, []), by.get(new, [])
+        n = min(len(before), len(after))
+        if not n:
+            continue
+        diffs = [abs(a - b) for a, b in zip(before[:n], after[:n], strict=True)]
+        worst = max(range(n), key=lambda i: diffs[i])
+        lines += [
+            "",
+            f"Loss over the first {n} steps, {old} against {new}, same packed data: largest difference "
+            f"{diffs[worst]:.4f} at step {worst + 1} "
+            f"({diffs[worst] / abs(before[worst]):.2%} of {before[worst]:.4f}); mean difference "
+            f"{sum(diffs) / n:.4f}.",
+        ]
+    return lines
 
 
 def overhead(rows: list[Row]) -> list[str]:

@@ -447,7 +447,7 @@ def test_tiny_run_trains_with_experts_in_4bit(tmp_path, tiny_dir):
     loaded, audit = by_kind["loaded"][0], by_kind["audit"][0]
     assert loaded["partitioned_at_load"] and loaded["loader"] == "layerwise"
     assert loaded["nf4_expert_tensors"] == loaded["nf4_expert_tensors_partitioned"] == 24
-    assert loaded["zero3_leaf_modules"] == ["Qwen3MoeSparseMoeBlock"]
+    assert loaded["zero3_leaf_modules"] == ["Qwen3MoeDecoderLayer"]  # the default: whole layers
     assert audit["groups"]["experts"]["params_4bit"] == audit["groups"]["experts"]["params"] > 0
     assert audit["fraction_4bit_body"] >= 0.95 and audit["applied"]["params_partitioned"]
     assert not audit["warnings"]

@@ -4,6 +4,7 @@ checkpoints; and one that stops training cleanly when the cockpit asks."""
 from __future__ import annotations
 
 import errno
+import functools
 import os
 import resource
 import statistics
@@ -219,15 +220,22 @@ class FaultInjectionCallback(TrainerCallback):
             os._exit(3)
 
 
+@functools.cache
+def _path_roots() -> tuple[Path, ...]:
+    return tuple(Path(p or ".").resolve() for p in sys.path)
+
+
 def _package_of(file: str) -> str:
-    """The library a profiled function belongs to: the directory under site-packages, or the project's."""
-    parts = Path(file).parts
-    for marker in ("site-packages", "dist-packages"):
-        if marker in parts:
-            return parts[parts.index(marker) + 1]
-    if "trainer" in parts:
-        return "trainer"
-    return "builtins" if file == "~" else "other"
+    """The top-level package a profiled function belongs to: the first directory under the longest
+    `sys.path` entry holding the file (site-packages, a `--target` folder, the project)."""
+    if file == "~":
+        return "builtins"
+    path = Path(file)
+    roots = _path_roots()
+    best = max((r for r in roots if path.is_relative_to(r)), key=lambda r: len(r.parts), default=None)
+    if best is None or len(path.parts) <= len(best.parts) + 1:
+        return "other"
+    return path.parts[len(best.parts)]
 
 
 class ProfilerCallback(TrainerCallback):

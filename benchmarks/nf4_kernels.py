@@ -98,7 +98,7 @@ def guarded(bench: Bench, what: str, fn: Callable[[], Any]) -> Any:
 def make_packed(torch: Any, layout: Any, device: Any, have_bnb: bool) -> dict[str, Any]:
     """Random N(0, 0.02) weights packed with the trainer's own quantizer (bitsandbytes), or random bytes."""
     if have_bnb:
-        from trainer.experts4bit import quantize_experts_nf4
+        from trainer.nf4_pack import quantize_experts_nf4
 
         gen = torch.Generator(device=device).manual_seed(layout.out)
 
@@ -184,7 +184,7 @@ class Paths:
 
     def present(self, which: str, x: Any, trans: bool) -> Any:
         """NF4Experts._forward_grouped's weight handling: counts to the host, bitsandbytes per chunk."""
-        from trainer.experts4bit import dequantize_experts_nf4
+        from trainer.nf4_pack import dequantize_experts_nf4
 
         torch, c = self.torch, self.ctx
         ends = self.offs.tolist()  # the host sync the present path has (bincount().tolist())
@@ -611,7 +611,8 @@ def main(argv: list[str] | None = None) -> int:
     import triton
 
     from cockpit.contract import dequant_chunk_experts
-    from trainer.experts4bit import NF4Experts, PackedLayout
+    from trainer.experts4bit import NF4Experts
+    from trainer.nf4_pack import PackedLayout
 
     e, h, w, topk = geometry["experts"], geometry["hidden"], geometry["width"], geometry["topk"]
     layouts = {

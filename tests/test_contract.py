@@ -16,7 +16,8 @@ from cockpit.plan.model import Precision, Weights
 from cockpit.plan.planner import inputs_for, setup_for
 from cockpit.profiles import load_profile
 from trainer import quant
-from trainer.experts4bit import NF4Experts, PackedLayout
+from trainer.experts4bit import NF4Experts
+from trainer.nf4_pack import PackedLayout
 
 STORY = json.loads(
     (

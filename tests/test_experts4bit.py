@@ -26,16 +26,14 @@ from trainer import experts4bit, tiny
 from trainer.audit import EngineFacts, build_audit
 from trainer.experts4bit import (
     NF4Experts,
-    PackedLayout,
-    dequantize_experts_nf4,
     expert_lora_state_dict,
     load_expert_lora,
-    quantize_experts_nf4,
     quantize_model_experts,
     set_moe_leaf_modules,
 )
 from trainer.loader import load_layerwise
 from trainer.model import attach_lora, lora_matches, parameter_census
+from trainer.nf4_pack import PackedLayout, dequantize_experts_nf4, quantize_experts_nf4
 
 REPO = Path(__file__).resolve().parent.parent
 

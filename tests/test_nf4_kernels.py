@@ -18,7 +18,6 @@ if not torch.cuda.is_available():  # before anything defines the Triton kernels
 
 import pytest
 
-from trainer.experts4bit import PackedLayout, dequantize_experts_nf4, quantize_experts_nf4
 from trainer.kernels.nf4_ref import (
     NF4_VALUES,
     dynamic_map,
@@ -26,6 +25,7 @@ from trainer.kernels.nf4_ref import (
     nf4_grouped_mm_ref,
     nf4_scales,
 )
+from trainer.nf4_pack import PackedLayout, dequantize_experts_nf4, quantize_experts_nf4
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:

@@ -91,7 +91,7 @@ def test_packed_experts_match_the_trainers_layout() -> None:
     import torch
 
     from cockpit.plan.formats import packed_experts
-    from trainer.experts4bit import PackedLayout
+    from trainer.nf4_pack import PackedLayout
 
     for experts, out, inp, dtype, name in (
         (E, 2 * W, H, torch.bfloat16, "bfloat16"),

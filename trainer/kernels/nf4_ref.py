@@ -1,6 +1,6 @@
 """Pure-torch reference of the packed NF4 experts' arithmetic (the Triton kernels must match it).
 
-The layout is `trainer.experts4bit.PackedLayout`'s. Per expert e, the logical weight W_e [out, in] is flat
+The layout is `trainer.nf4_pack.PackedLayout`'s. Per expert e, the logical weight W_e [out, in] is flat
 row-major; element i has the 4-bit code in byte i // 2 of `nf4[e]` (the high nibble for even i, as
 bitsandbytes packs) and the scale of block b = i // 64:
 
@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:
-    from trainer.experts4bit import PackedLayout
+    from trainer.nf4_pack import PackedLayout
 
 # bitsandbytes' NF4 table (`get_4bit_type("nf4")`), float32.
 NF4_VALUES = (

@@ -1,4 +1,4 @@
-"""Triton kernels on packed NF4 experts (`trainer.experts4bit.PackedLayout`), no host sync.
+"""Triton kernels on packed NF4 experts (`trainer.nf4_pack.PackedLayout`), no host sync.
 
 `nf4_grouped_mm`: rows of x sorted by expert, each group times its expert's weight, NF4 dequantized
 inside the GEMM's K loop (fp32 accumulation, output in x's dtype). One persistent launch: every program
@@ -26,7 +26,7 @@ import triton.language as tl
 from trainer.kernels.nf4_ref import NF4_VALUES, dynamic_map, nf4_table
 
 if TYPE_CHECKING:
-    from trainer.experts4bit import PackedLayout
+    from trainer.nf4_pack import PackedLayout
 
 
 # --- dequantization pieces (device functions) --------------------------------------------------------

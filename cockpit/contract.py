@@ -28,7 +28,9 @@ LOSS_CHUNK_BYTES = 256 * 1024**2
 
 # --- evaluation ------------------------------------------------------------------------------------------
 # Held-out examples whose thinking is generated together (trainer/evaluate.py; the forecast's estimate).
-EVAL_BATCH_SIZE = 16
+# 64 rather than 16: `cockpit eval` of the tiny run took 50 s instead of 78 s on 2 cores, same F1; on the
+# story's GPUs the KV cache of 64 sequences of ~2,000 tokens is about 25 GB spread over the layer blocks.
+EVAL_BATCH_SIZE = 64
 
 # --- the loader --------------------------------------------------------------------------------------
 LOADERS = ("layerwise", "transformers")

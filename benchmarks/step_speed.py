@@ -110,11 +110,11 @@ def gpu_rows() -> list[Row]:
     """In order of importance: a time budget skips the last ones."""
     return [
         Row("after-4096", 4, 4096, profile=True, steps=20),
-        Row("after-8192", 4, 8192, profile=True),
+        Row("after-8192", 4, 8192, profile=True, steps=14),
         Row("after-full-4096", 4, 4096, mean_tokens=0, steps=14),
         Row("after-full-8192", 4, 8192, mean_tokens=0, steps=14),
-        Row("offload-4096", 4, 4096, offload=True, profile=True, steps=12),
-        Row("before-4096", 4, 4096, paths="before", mean_tokens=0, profile=True),
+        Row("offload-4096", 4, 4096, offload=True, profile=True, steps=14),
+        Row("before-4096", 4, 4096, paths="before", mean_tokens=0, profile=True, steps=14),
         Row("before-packed-4096", 4, 4096, paths="before", steps=20, extra=PACK),
         Row("lever-moe-leaf-4096", 4, 4096, steps=14, extra=MOE_LEAF + NO_PERSIST),
         Row("lever-no-persist-4096", 4, 4096, steps=14, extra=NO_PERSIST),

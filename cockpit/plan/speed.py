@@ -11,6 +11,10 @@ embeddings). The three are fitted by least squares to the speed benchmark's rows
 (`benchmarks/fit_speed.py` over `benchmarks/results/step_speed_h200.json`); the bf16 rate is the one the
 benchmark measured, scaled to another GPU by the two GPUs' datasheet rates. With parameter offload, a
 share of the host-to-device copies (`offload_exposed`, fitted to the offload rows) adds to the step.
+
+The rows are the story's geometry with NF4 experts. For another model the FLOPs are its own, but the
+per-layer and fixed seconds and the efficiency are the story's: an assumption, which a rehearsal
+(`cockpit rehearse`) replaces with a measurement.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The `cockpit` command: parses arguments, calls the run's lifecycle (`cockpit.lifecycle`), prints.
 
-Exit codes: 0 the run finished; 1 it failed; 2 bad input (profile, arguments, unknown run);
-3 it was stopped; 4 it stalled.
+Exit codes: 0 the run finished; 1 it failed; 2 bad input (profile, arguments, unknown run, a damaged
+record); 3 it was stopped; 4 it stalled.
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from cockpit import lifecycle
+from cockpit import __version__, lifecycle
 from cockpit.lifecycle import LifecycleError, StopOutcome
 from cockpit.profiles import DEFAULT_PROFILE, ProfileError, load_profile
-from cockpit.record import RunPaths
+from cockpit.record import RecordError, RunPaths, check_record
 from cockpit.runs import default_runs_dir
 
 EXIT_CODES = {"finished": 0, "failed": 1, "stopped": 3, "stalled": 4}
@@ -124,14 +124,21 @@ def _open_app(run_dir: Path, *, live: bool, speed: float = 1.0) -> int:
 
 
 # --- attach, replay ---------------------------------------------------------------------------------
+def _find_readable(args: argparse.Namespace) -> Path:
+    """The run, once its manifest and event files have been read through (`RecordError` if damaged)."""
+    run_dir = _find(args)
+    check_record(run_dir)
+    return run_dir
+
+
 def cmd_attach(args: argparse.Namespace) -> int:
-    return _open_app(_find(args), live=True)
+    return _open_app(_find_readable(args), live=True)
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
     if args.speed <= 0:
         raise UsageError("--speed must be positive")
-    return _open_app(_find(args), live=False, speed=args.speed)
+    return _open_app(_find_readable(args), live=False, speed=args.speed)
 
 
 def _follow_headless(run_dir: Path, running: Callable[[], bool]) -> str:
@@ -180,31 +187,53 @@ def _stdout_console() -> Console:
 
 
 # --- ls, stop, resume ------------------------------------------------------------------------------
+def _ls_row(run_dir: Path, now: float) -> dict[str, Any]:
+    """One run for `ls`: status, step, age, diagnosis; a damaged record says why it cannot be read."""
+    from cockpit.record import load_manifest, read_events
+
+    try:
+        running = load_manifest(run_dir).get("status") == "running"
+        lost = lifecycle.reconcile(run_dir) if running else None
+        manifest = load_manifest(run_dir)
+        steps = [e for e in read_events(run_dir, "step") if e.get("rank", 0) == 0]
+    except (RecordError, OSError) as exc:
+        return {"run": run_dir.name, "status": "unreadable", "step": None, "max_steps": None,
+                "age_s": None, "diagnosis": str(exc)}  # fmt: skip
+    created = manifest.get("created_at")
+    return {
+        "run": run_dir.name,
+        "status": str(manifest.get("status", "?")),
+        "step": steps[-1]["step"] if steps else None,
+        "max_steps": steps[-1].get("max_steps") if steps else None,
+        "age_s": now - created if isinstance(created, int | float) else None,
+        "diagnosis": lost or manifest.get("diagnosis") or manifest.get("warning") or "",
+    }
+
+
 def cmd_ls(args: argparse.Namespace) -> int:
-    from cockpit.record import read_events
-    from cockpit.runs import list_run_dirs, manifest_or_none
+    from cockpit.runs import list_run_dirs
 
     run_dirs = list_run_dirs(_runs_dir(args))
-    if not run_dirs:
+    now = time.time()
+    rows = [_ls_row(run_dir, now) for run_dir in run_dirs]
+    if args.format == "json":
+        print(json.dumps(rows, indent=2))
+        return 0
+    if not rows:
         console.print(f"no runs in {_runs_dir(args)} (start one with `cockpit run`)", markup=False)
         return 0
     table = Table(box=None, header_style="bold")
     for col in ("run", "status", "step", "age", "diagnosis"):
         table.add_column(col)
-    now = time.time()
-    for run_dir in run_dirs:
-        running = (manifest_or_none(run_dir) or {}).get("status") == "running"
-        lost = lifecycle.reconcile(run_dir) if running else None
-        manifest = manifest_or_none(run_dir) or {}
-        steps = [e for e in read_events(run_dir, "step") if e.get("rank", 0) == 0]
-        step = f"{steps[-1]['step']}/{steps[-1].get('max_steps', '?')}" if steps else "-"
-        age = now - (manifest.get("created_at") or now)
+    for row in rows:
+        age = row["age_s"]
+        step = "-" if row["step"] is None else f"{row['step']}/{row['max_steps'] or '?'}"
         table.add_row(
-            run_dir.name,
-            str(manifest.get("status", "?")),
+            row["run"],
+            row["status"],
             step,
-            f"{age / 3600:.1f} h" if age >= 3600 else f"{age / 60:.0f} min",
-            escape(lost or manifest.get("diagnosis") or manifest.get("warning") or ""),
+            "-" if age is None else f"{age / 3600:.1f} h" if age >= 3600 else f"{age / 60:.0f} min",
+            escape(str(row["diagnosis"])),
         )
     _stdout_console().print(table)
     return 0
@@ -235,8 +264,14 @@ def cmd_stop(args: argparse.Namespace) -> int:
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
-    launch = lifecycle.resume(_find(args))
-    console.print(f"run [bold]{launch.run_dir.name}[/] resumed from its last checkpoint")
+    launch = lifecycle.resume(_find(args), args.overrides, from_scratch=args.from_scratch)
+    name = launch.run_dir.name
+    if launch.checkpoint is None:
+        console.print(f"run [bold]{name}[/] started over from step 0 (--from-scratch: no checkpoint)")
+    else:
+        console.print(f"run [bold]{name}[/] resumed from {escape(Path(launch.checkpoint).name)}")
+    for change in launch.changes:
+        console.print(f"  changed {change}", markup=False)
     if args.detach:
         return 0
     return _exit_code(_follow_headless(launch.run_dir, launch.running))
@@ -258,7 +293,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if args.run:
         if args.profile:
             raise UsageError("give a RUN or --profile, not both")
-        run_dir = _find(args)
+        run_dir = _find_readable(args)
         launch = lifecycle.evaluate(run_dir, models)
         console.print(f"evaluating {run_dir.name} (output also in {RunPaths(run_dir).output_log})")
         status = _follow_headless(run_dir, launch.running)
@@ -321,7 +356,7 @@ def cmd_import(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    run_dir = _find(args)
+    run_dir = _find_readable(args)
     _import_all(run_dir, args.predictions)
     return _report_and_print(run_dir, args.format, Path(args.output) if args.output else None)
 
@@ -357,6 +392,7 @@ def build_parser() -> argparse.ArgumentParser:
         ),
         epilog="Exit codes: 0 finished, 1 failed, 2 bad input, 3 stopped, 4 stalled.",
     )
+    parser.add_argument("--version", action="version", version=f"cockpit {__version__}")
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
         "--runs-dir",
@@ -433,6 +469,7 @@ def build_parser() -> argparse.ArgumentParser:
     rehearse.set_defaults(func=cmd_rehearse)
 
     ls = sub.add_parser("ls", parents=[common], help="list runs with status, step and age")
+    ls.add_argument("--format", choices=("text", "json"), default="text", help="a table or JSON")
     ls.set_defaults(func=cmd_ls)
 
     stop = sub.add_parser(
@@ -446,6 +483,13 @@ def build_parser() -> argparse.ArgumentParser:
         "resume", parents=[common], help="continue an ended run from its last checkpoint, in the same record"
     )
     resume.add_argument("run", help="run id, unique id prefix, path, or 'latest'")
+    resume.add_argument(
+        "--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
+        help="change one profile field before continuing, e.g. --set training.max_steps=800 (repeatable)",
+    )  # fmt: skip
+    resume.add_argument(
+        "--from-scratch", action="store_true", help="a run with no checkpoint: start it over from step 0"
+    )
     resume.add_argument("--no-ui", action="store_true", help="headless progress line")
     resume.add_argument("--detach", action="store_true", help="return at once")
     resume.set_defaults(func=cmd_resume)
@@ -528,7 +572,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return int(args.func(args))
-    except (UsageError, ProfileError, LifecycleError) as exc:
+    except (UsageError, ProfileError, LifecycleError, RecordError) as exc:
         console.print(f"[red]error:[/] {escape(str(exc))}")
         return EXIT_BAD_INPUT
 

@@ -8,6 +8,7 @@ never from here. Refusals are `LifecycleError`s whose message is for the user.
 from __future__ import annotations
 
 import contextlib
+import copy
 import os
 import signal
 import subprocess
@@ -19,8 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from cockpit import control, liveness, supervisor
-from cockpit.profiles import check_runnable, load_profile
-from cockpit.record import load_manifest, write_manifest
+from cockpit.profiles import apply_overrides, check_runnable, load_profile, parse_profile, profile_to_dict
+from cockpit.record import RunPaths, load_manifest, write_manifest
 from cockpit.record.manifest import update_manifest
 from cockpit.runs import create_run
 from cockpit.supervisor import Evaluation
@@ -200,12 +201,86 @@ def ended(run_dir: Path, refusal: str) -> None:
         raise LifecycleError(f"{run_dir.name} is {status}{refusal}")
 
 
-def resume(run_dir: Path) -> Launch:
-    """Continue an ended run from its last checkpoint, in the same record."""
+@dataclass(frozen=True)
+class Resumed(Launch):
+    """A resume just started: from which checkpoint (None: over from step 0), and what `--set` changed."""
+
+    checkpoint: str | None = None
+    changes: tuple[str, ...] = ()
+
+
+SCHEDULE_FIELDS = ("training.max_steps", "training.epochs")
+
+
+def last_checkpoint(run_dir: Path) -> str | None:
+    """The newest complete checkpoint of a run (the one a resume starts from), if any."""
+    from trainer.checkpoints import last_complete_checkpoint
+
+    return last_complete_checkpoint(RunPaths(run_dir).checkpoints)[0]
+
+
+def _flat(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out.update(_flat(value, name + "."))
+        else:
+            out[name] = value
+    return out
+
+
+def _changed_profile(run_dir: Path, overrides: Sequence[str]) -> tuple[dict[str, Any], tuple[str, ...]]:
+    """The run's profile with `overrides` applied and validated (`ProfileError`), and `field: old -> new`
+    for each field that changed."""
+    manifest = load_manifest(run_dir)
+    before = manifest["profile"]
+    data = apply_overrides(copy.deepcopy(before), list(overrides))
+    after = profile_to_dict(parse_profile(data, f"{RunPaths(run_dir).manifest} (with --set overrides)"))
+    old, new = _flat(before), _flat(after)
+    changes = tuple(f"{k}: {old.get(k)!r} -> {new[k]!r}" for k in new if old.get(k) != new[k])
+    return after, changes
+
+
+def resume(run_dir: Path, overrides: Sequence[str] = (), from_scratch: bool = False) -> Resumed:
+    """Continue an ended run from its last checkpoint, in the same record.
+
+    Refused (`LifecycleError`, saying why) when there is no complete checkpoint, unless `from_scratch`
+    (the run starts over from step 0), and for a finished run unless `overrides` extend its schedule
+    (`training.max_steps` or `training.epochs`). `overrides` (`section.key=value`) change the profile
+    the run continues with; the fields they changed are returned.
+    """
     ended(run_dir, "; only an ended run can be resumed")
     _not_a_rehearsal(run_dir, "resumed: start a new rehearsal")
+    manifest = load_manifest(run_dir)
+    if manifest.get("mode") == "eval":
+        raise LifecycleError(f"{run_dir.name} is an evaluation-only run: it has no training to resume")
+    profile, changes = _changed_profile(run_dir, overrides)
+    checkpoint = last_checkpoint(run_dir)
+    status = manifest.get("status")
+    if (manifest.get("training") or {}).get("status"):  # its evaluation ended last: the training's outcome
+        status = manifest["training"]["status"]
+    extended = any(c.split(":", 1)[0] in SCHEDULE_FIELDS for c in changes)
+    if status == "finished" and not extended and not from_scratch:
+        raise LifecycleError(
+            f"{run_dir.name} finished its schedule; nothing to resume: extend it with "
+            "--set training.max_steps=N (or training.epochs=N), or start a new run"
+        )
+    if from_scratch and checkpoint is not None:
+        raise LifecycleError(
+            f"{run_dir.name} has a checkpoint ({Path(checkpoint).name}): resume from it without "
+            "--from-scratch, or start a new run"
+        )
+    if checkpoint is None and not from_scratch:
+        raise LifecycleError(
+            f"{run_dir.name} has no complete checkpoint in {RunPaths(run_dir).checkpoints} to resume from; "
+            f"`cockpit resume {run_dir.name} --from-scratch` starts it over from step 0"
+        )
     _new_attempt(run_dir, training=None)
-    return _spawn(run_dir, resume=True)
+    if changes:
+        update_manifest(run_dir, profile=profile)
+    launch = _spawn(run_dir) if from_scratch else _spawn(run_dir, resume=True)
+    return Resumed(run_dir, launch.process, checkpoint=None if from_scratch else checkpoint, changes=changes)
 
 
 def _not_a_rehearsal(run_dir: Path, why: str) -> None:

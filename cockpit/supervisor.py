@@ -150,7 +150,7 @@ class Supervisor:
         self.manifest = load_manifest(self.paths.root)
         self.profile = parse_profile(self.manifest["profile"], str(self.paths.manifest))
         self.events = EventWriter(self.paths.events("supervisor"))
-        self.reader = RunReader(self.paths.root)
+        self.reader = RunReader(self.paths.root, strict=False)  # a damaged line must not stop the run's owner
         self.view = RunView()
         self.proc: subprocess.Popen[bytes] | None = None
         self.stop_requested_at: float | None = None

@@ -103,8 +103,18 @@ def test_only_an_ended_run_is_resumed_or_evaluated(run_dir: Path, spawned: list)
     assert spawned == []
 
 
+def checkpoint(run_dir: Path, step: int, complete: bool = True) -> Path:
+    """A checkpoint folder as the Trainer leaves it (`trainer_state.json` written last)."""
+    path = RunPaths(run_dir).checkpoints / f"checkpoint-{step}"
+    path.mkdir(parents=True)
+    if complete:
+        (path / "trainer_state.json").write_text("{}")
+    return path
+
+
 def test_resume_starts_a_new_attempt_without_the_last_ones_requests(run_dir: Path, spawned: list) -> None:
     ended(run_dir, diagnosis="stopped by user at step 5", training={"status": "stopped"})
+    checkpoint(run_dir, 5)
     lifecycle.request_stop(run_dir)
     launch = lifecycle.resume(run_dir)
     manifest = load_manifest(run_dir)
@@ -112,6 +122,66 @@ def test_resume_starts_a_new_attempt_without_the_last_ones_requests(run_dir: Pat
     assert manifest["training"] is None and manifest["evaluation"] is None
     assert not RunPaths(run_dir).stop_request.exists(), "the last attempt's stop must not stop this one"
     assert spawned == [(run_dir, {"resume": True})] and launch.run_dir == run_dir
+    assert launch.checkpoint == str(RunPaths(run_dir).checkpoints / "checkpoint-5") and launch.changes == ()
+
+
+def test_resume_without_a_checkpoint_is_refused_unless_from_scratch(run_dir: Path, spawned: list) -> None:
+    ended(run_dir)
+    checkpoint(run_dir, 10, complete=False)  # cut short while saving: not one to resume from
+    with pytest.raises(LifecycleError, match=r"has no complete checkpoint .* --from-scratch` starts it over"):
+        lifecycle.resume(run_dir)
+    assert spawned == [] and load_manifest(run_dir)["status"] == "stopped", "nothing changed"
+    launch = lifecycle.resume(run_dir, from_scratch=True)
+    assert launch.checkpoint is None and spawned == [(run_dir, {})], "a new start, not --resume"
+    assert load_manifest(run_dir)["status"] == "planned"
+
+
+def test_from_scratch_is_refused_when_there_is_a_checkpoint(run_dir: Path, spawned: list) -> None:
+    ended(run_dir)
+    checkpoint(run_dir, 5)
+    with pytest.raises(LifecycleError, match=r"has a checkpoint \(checkpoint-5\)"):
+        lifecycle.resume(run_dir, from_scratch=True)
+    assert spawned == []
+
+
+def test_a_finished_run_is_resumed_only_to_extend_its_schedule(run_dir: Path, spawned: list) -> None:
+    ended(run_dir, status="finished", exit_code=0)
+    checkpoint(run_dir, 400)
+    with pytest.raises(LifecycleError, match=r"finished its schedule; nothing to resume: extend it"):
+        lifecycle.resume(run_dir)
+    with pytest.raises(LifecycleError, match=r"finished its schedule"):
+        lifecycle.resume(run_dir, ["training.learning_rate=0.001"])  # not the schedule
+    assert spawned == []
+    launch = lifecycle.resume(run_dir, ["training.max_steps=800"])
+    assert launch.changes == ("training.max_steps: -1 -> 800",)
+    assert load_manifest(run_dir)["profile"]["training"]["max_steps"] == 800
+    assert spawned == [(run_dir, {"resume": True})]
+
+
+def test_resume_overrides_are_validated_before_anything_changes(run_dir: Path, spawned: list) -> None:
+    ended(run_dir)
+    checkpoint(run_dir, 5)
+    with pytest.raises(ProfileError, match="max_steps"):
+        lifecycle.resume(run_dir, ["training.max_steps=-7"])
+    assert spawned == [] and load_manifest(run_dir)["status"] == "stopped"
+
+
+def test_cli_resume_says_where_from_and_what_changed(
+    run_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    runs = str(run_dir.parent)
+    ended(run_dir)
+    assert cli.main(["resume", run_dir.name, "--runs-dir", runs, "--detach"]) == cli.EXIT_BAD_INPUT
+    err = capsys.readouterr().err
+    assert "has no complete checkpoint" in err and "Traceback" not in err
+    assert cli.main(["resume", run_dir.name, "--runs-dir", runs, "--detach", "--from-scratch"]) == 0
+    assert "started over from step 0" in capsys.readouterr().err
+    ended(run_dir)
+    checkpoint(run_dir, 5)
+    args = ["resume", run_dir.name, "--runs-dir", runs, "--detach", "--set", "training.max_steps=9"]
+    assert cli.main(args) == 0
+    err = capsys.readouterr().err
+    assert "resumed from checkpoint-5" in err and "changed training.max_steps: -1 -> 9" in err
 
 
 def test_evaluating_an_ended_run_keeps_its_training_outcome_aside(

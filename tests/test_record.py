@@ -5,11 +5,22 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import stat
 from pathlib import Path
 
+import pytest
+
 from cockpit.profiles import load_profile
-from cockpit.record import EventTail, EventWriter, RunReader, load_manifest, read_events, write_manifest
+from cockpit.record import (
+    EventTail,
+    EventWriter,
+    RecordError,
+    RunReader,
+    load_manifest,
+    read_events,
+    write_manifest,
+)
 from cockpit.runs import create_run, find_run, list_run_dirs
 
 
@@ -34,12 +45,14 @@ def test_tail_waits_for_a_torn_last_line(tmp_path: Path) -> None:
     assert tail.poll() == []
 
 
-def test_tail_skips_garbage_lines_and_counts_them(tmp_path: Path) -> None:
+def test_garbage_before_the_end_of_an_event_file_is_an_error_naming_file_and_line(tmp_path: Path) -> None:
     path = tmp_path / "e.jsonl"
     path.write_text('{"t": 1, "kind": "a"}\nnot json\n[1, 2]\n{"no": "kind"}\n{"t": 2, "kind": "b"}\n')
-    tail = EventTail(path)
-    assert [e["kind"] for e in tail.poll()] == ["a", "b"]
-    assert tail.bad_lines == 3
+    with pytest.raises(RecordError, match=rf"^{re.escape(str(path))}: line 2: not an event"):
+        EventTail(path).poll()
+    lenient = EventTail(path, strict=False)  # the supervisor's: it counts them and goes on
+    assert [e["kind"] for e in lenient.poll()] == ["a", "b"]
+    assert lenient.bad_lines == 3
 
 
 def test_reader_merges_writers_by_time_and_picks_up_new_files(tmp_path: Path) -> None:

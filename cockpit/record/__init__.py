@@ -3,9 +3,10 @@
 See `format.py` for the layout and the README for the documented format.
 """
 
+from cockpit.record.errors import RecordError
 from cockpit.record.format import FORMAT_VERSION, RunPaths
 from cockpit.record.manifest import Manifest, load_manifest, write_manifest
-from cockpit.record.reader import EventTail, RunReader, read_events
+from cockpit.record.reader import EventTail, RunReader, check_record, read_events
 from cockpit.record.writer import EventWriter
 
 __all__ = [
@@ -13,8 +14,10 @@ __all__ = [
     "EventTail",
     "EventWriter",
     "Manifest",
+    "RecordError",
     "RunPaths",
     "RunReader",
+    "check_record",
     "load_manifest",
     "read_events",
     "write_manifest",

@@ -1,6 +1,7 @@
 """Reading a whole record at once, fast: the path a viewer takes to open a long run.
 
-Same answers as `EventTail` (whole lines only, torn last line left for later, bad lines counted),
+Same answers as `EventTail` (whole lines only, torn last line left for later, a damaged line before
+the end a `RecordError` naming file and line, or counted when not `strict`),
 but the many step and telemetry lines come back as numeric columns (`Block`s, see `columns.py`)
 instead of one dict each. Everything else (phases, the audit, checkpoints, notes) comes back as
 ordinary events. Files are read in chunks, so memory stays bounded whatever their size.
@@ -16,7 +17,7 @@ import numpy as np
 
 from cockpit.record.columns import parse_uniform
 from cockpit.record.format import jsonl_files
-from cockpit.record.reader import Event
+from cockpit.record.reader import Event, bad_line_error, first_bad_line
 from cockpit.record.reader import parse_lines as json_events
 
 FAST_KINDS = ("step", "telemetry")
@@ -48,6 +49,7 @@ class FileChunk:
     events: list[Event]
     offset: int
     bad_lines: int
+    next_line: int = 1  # the file's line number at `offset`
 
 
 # What the fold reads from step events of ranks other than 0 (their memory); rank 0's are all kept.
@@ -116,8 +118,13 @@ def parse_lines(lines: list[bytes]) -> tuple[list[Block], list[Event], int]:
     return blocks, events, bad + n
 
 
-def read_file(path: Path, start: int = 0, chunk_bytes: int | None = None) -> Iterator[FileChunk]:
-    """Chunks of whole lines from `start` to the last newline of the file."""
+def read_file(
+    path: Path, start: int = 0, chunk_bytes: int | None = None, *, strict: bool = True
+) -> Iterator[FileChunk]:
+    """Chunks of whole lines from `start` to the last newline of the file.
+
+    `strict`: a line that is not an event raises `RecordError` with its line number (counted from
+    `start`, so exact when reading from 0) instead of being counted."""
     try:
         f = open(path, "rb")  # noqa: SIM115 - closed below; chunks are yielded in between
     except FileNotFoundError:
@@ -126,6 +133,7 @@ def read_file(path: Path, start: int = 0, chunk_bytes: int | None = None) -> Ite
     with f:
         f.seek(start)
         partial = b""
+        line_no = 1
         while True:
             chunk = f.read(chunk_bytes)
             if not chunk:
@@ -138,8 +146,11 @@ def read_file(path: Path, start: int = 0, chunk_bytes: int | None = None) -> Ite
             partial = data[cut + 1 :]
             lines = data[:cut].split(b"\n")
             blocks, events, bad = parse_lines(lines)
+            if bad and strict:
+                raise bad_line_error(path, line_no + (first_bad_line(lines) or 0))
+            line_no += len(lines)
             offset = f.tell() - len(partial)
-            yield FileChunk(blocks, events, offset, bad)
+            yield FileChunk(blocks, events, offset, bad, line_no)
 
 
 def read_record(

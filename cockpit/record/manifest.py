@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from cockpit.record.atomic import write_json_atomic
+from cockpit.record.errors import RecordError
 from cockpit.record.format import FORMAT_VERSION, RunPaths
 
 Manifest = dict[str, Any]
@@ -18,13 +19,21 @@ def write_manifest(run_dir: Path, manifest: Manifest) -> None:
 
 
 def load_manifest(run_dir: Path) -> Manifest:
-    """Read `run.json`; raises FileNotFoundError if the directory is not a run."""
+    """Read `run.json`; FileNotFoundError if the directory is not a run, `RecordError` if it is damaged
+    (not JSON, not an object, or a `format_version` this cockpit does not know)."""
     path = RunPaths(Path(run_dir)).manifest
-    manifest = json.loads(path.read_text(encoding="utf-8"))
+    text = path.read_text(encoding="utf-8", errors="replace")
+    try:
+        manifest = json.loads(text)
+    except json.JSONDecodeError as exc:
+        where = f"line {exc.lineno} column {exc.colno}"
+        raise RecordError(f"{path}: not valid JSON ({exc.msg} at {where})") from None
+    if not isinstance(manifest, dict):
+        raise RecordError(f"{path}: not a run manifest (a JSON {type(manifest).__name__}, not an object)")
     version = manifest.get("format_version")
-    if version is not None and version > FORMAT_VERSION:
-        raise ValueError(
-            f"{path}: record format {version} is newer than this cockpit understands ({FORMAT_VERSION})"
+    if version is not None and (type(version) is not int or not 1 <= version <= FORMAT_VERSION):
+        raise RecordError(
+            f"{path}: format_version {version!r} is unknown to this cockpit (it reads 1 to {FORMAT_VERSION})"
         )
     return manifest
 

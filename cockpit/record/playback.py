@@ -80,6 +80,7 @@ class Playback:
         self._readers: dict[Path, Iterator[FileChunk]] | None = None  # the bulk read, while it lasts
         self._reached: dict[Path, float] = {}  # per file: the time its lines are read up to
         self._offsets: dict[Path, int] = {}
+        self._lines: dict[Path, int] = {}  # per file: the line number at its offset
         self._load_total = self._load_done = 0
         self._log_scanned = 0
         self._log_first_step: int | None = None  # where the first `step N/` line starts
@@ -121,6 +122,7 @@ class Playback:
         self._readers = {p: read_file(p) for p in paths}
         self._reached = dict.fromkeys(paths, -math.inf)
         self._offsets = dict.fromkeys(paths, 0)
+        self._lines = dict.fromkeys(paths, 1)
 
     def load_step(self) -> bool:
         """Read one chunk; False once everything is read (then `loaded` is True)."""
@@ -135,11 +137,12 @@ class Playback:
             if chunk is None:
                 del self._readers[path]
                 self._reached[path] = math.inf
-                self.reader.follow(path, self._offsets[path])
+                self.reader.follow(path, self._offsets[path], self._lines[path])
             else:
                 self._bulk_bad_lines += chunk.bad_lines
                 self._load_done += chunk.offset - self._offsets[path]
                 self._offsets[path] = chunk.offset
+                self._lines[path] = chunk.next_line
                 blocks = merge_blocks(chunk.blocks)
                 self._add(blocks, chunk.events)
                 ends = [float(b.t[-1]) for b in blocks if len(b)] + [e["t"] for e in chunk.events[-1:]]

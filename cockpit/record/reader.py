@@ -1,6 +1,9 @@
-"""Reading a run record: tail event files incrementally, skip torn last lines, merge writers by time.
+"""Reading a run record: tail event files incrementally, wait for torn last lines, merge writers by time.
 
-The same reader serves a live run (poll again and again) and a saved one (read once).
+The same reader serves a live run (poll again and again) and a saved one (read once). A torn last
+line (a writer still writing it, or one that crashed mid-write) is left for later: it is not an error.
+A line that is not an event before the end of a file is: `RecordError` names the file and the line,
+unless the reader was made lenient (`strict=False`, the supervisor's: it counts them and goes on).
 """
 
 from __future__ import annotations
@@ -9,37 +12,66 @@ import json
 from pathlib import Path
 from typing import Any
 
+from cockpit.record.errors import RecordError
 from cockpit.record.format import RunPaths
+from cockpit.record.manifest import Manifest, load_manifest
 
 Event = dict[str, Any]
 
 
-def parse_lines(lines: list[bytes]) -> tuple[list[Event], int]:
-    """Events from whole JSON lines, and how many lines were not events (blank lines are neither)."""
+def _event(line: bytes) -> Event | None:
+    """The event a line holds, or None if it holds none."""
+    try:
+        event = json.loads(line)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return None
+    return event if isinstance(event, dict) and "kind" in event and "t" in event else None
+
+
+def first_bad_line(lines: list[bytes]) -> int | None:
+    """The index of the first line that is neither blank nor an event."""
+    return next((i for i, line in enumerate(lines) if line.strip() and _event(line) is None), None)
+
+
+def bad_line_error(path: Path | None, line_no: int) -> RecordError:
+    return RecordError(f"{path or 'event file'}: line {line_no}: not an event (damaged or not JSON)")
+
+
+def parse_lines(
+    lines: list[bytes], path: Path | None = None, first_line: int | None = None
+) -> tuple[list[Event], int]:
+    """Events from whole JSON lines, and how many lines were not events (blank lines are neither).
+
+    With `first_line` (the file's line number of `lines[0]`) a line that is not an event raises
+    `RecordError` naming `path` and its line instead of being counted.
+    """
     events: list[Event] = []
     bad = 0
-    for line in lines:
+    for i, line in enumerate(lines):
         if not line.strip():
             continue
-        try:
-            event = json.loads(line)
-        except json.JSONDecodeError:
-            bad += 1
-            continue
-        if isinstance(event, dict) and "kind" in event and "t" in event:
+        event = _event(line)
+        if event is not None:
             events.append(event)
+        elif first_line is not None:
+            raise bad_line_error(path, first_line + i)
         else:
             bad += 1
     return events, bad
 
 
 class EventTail:
-    """Follows one append-only JSONL file, returning only whole new lines on each `poll`."""
+    """Follows one append-only JSONL file, returning only whole new lines on each `poll`.
 
-    def __init__(self, path: Path, offset: int = 0) -> None:
+    The offset stays at the end of the last whole line read: a torn last line is read again at the
+    next poll, so a writer that drops it (a resumed process, see `EventWriter`) loses nothing here.
+    """
+
+    def __init__(self, path: Path, offset: int = 0, *, strict: bool = True, first_line: int = 1) -> None:
         self.path = path
         self._offset = offset  # where to start: 0, or just past the last line already read in bulk
-        self._partial = b""
+        self.strict = strict
+        self._line = first_line  # the file's line number at `_offset` (exact when reading from 0)
         self.bad_lines = 0
 
     def poll(self, max_bytes: int | None = None) -> list[Event]:
@@ -50,13 +82,13 @@ class EventTail:
                 chunk = f.read() if max_bytes is None else f.read(max_bytes)
         except FileNotFoundError:
             return []
-        if not chunk:
+        cut = chunk.rfind(b"\n")
+        if cut < 0:
             return []
-        self._offset += len(chunk)
-        data = self._partial + chunk
-        lines = data.split(b"\n")
-        self._partial = lines.pop()
-        events, bad = parse_lines(lines)
+        lines = chunk[:cut].split(b"\n")
+        events, bad = parse_lines(lines, self.path, self._line if self.strict else None)
+        self._offset += cut + 1
+        self._line += len(lines)
         self.bad_lines += bad
         return events
 
@@ -64,19 +96,20 @@ class EventTail:
 class RunReader:
     """Follows every event file of a run (new writers are picked up as they appear)."""
 
-    def __init__(self, run_dir: Path) -> None:
+    def __init__(self, run_dir: Path, *, strict: bool = True) -> None:
         self.paths = RunPaths(Path(run_dir))
+        self.strict = strict
         self._tails: dict[Path, EventTail] = {}
 
-    def follow(self, path: Path, offset: int) -> None:
-        """Follow `path` from `offset` on (its lines before were read another way, e.g. in bulk)."""
-        self._tails[path] = EventTail(path, offset)
+    def follow(self, path: Path, offset: int, first_line: int = 1) -> None:
+        """Follow `path` from `offset` (line `first_line`) on: its lines before were read another way."""
+        self._tails[path] = EventTail(path, offset, strict=self.strict, first_line=first_line)
 
     def poll(self) -> list[Event]:
         """All new events from all writers, merged by time."""
         for path in self.paths.event_files():
             if path not in self._tails:
-                self._tails[path] = EventTail(path)
+                self._tails[path] = EventTail(path, strict=self.strict)
         events: list[Event] = []
         for tail in self._tails.values():
             events.extend(tail.poll())
@@ -89,6 +122,35 @@ class RunReader:
 
 
 def read_events(run_dir: Path, kind: str | None = None) -> list[Event]:
-    """Every event of a run (optionally one kind), merged by time."""
+    """Every event of a run (optionally one kind), merged by time; `RecordError` on a damaged line."""
     events = RunReader(run_dir).poll()
     return events if kind is None else [e for e in events if e["kind"] == kind]
+
+
+def check_events(run_dir: Path, chunk_bytes: int = 4 * 2**20) -> None:
+    """Read every event file of a run through, keeping nothing: `RecordError` at the first damaged line.
+
+    A torn last line is not damage."""
+    for path in RunPaths(Path(run_dir)).event_files():
+        line_no = 1
+        partial = b""
+        with open(path, "rb") as f:
+            while chunk := f.read(chunk_bytes):
+                data = partial + chunk
+                cut = data.rfind(b"\n")
+                if cut < 0:
+                    partial = data
+                    continue
+                lines = data[:cut].split(b"\n")
+                bad = first_bad_line(lines)
+                if bad is not None:
+                    raise bad_line_error(path, line_no + bad)
+                line_no += len(lines)
+                partial = data[cut + 1 :]
+
+
+def check_record(run_dir: Path) -> Manifest:
+    """The run's manifest, once it and every event file have been read through (`RecordError` if damaged)."""
+    manifest = load_manifest(run_dir)
+    check_events(run_dir)
+    return manifest

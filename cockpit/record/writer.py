@@ -21,17 +21,44 @@ def _clean(value: Any) -> Any:
     return value
 
 
+def drop_torn_tail(path: Path, window: int = 1 << 20) -> None:
+    """Cut a file back to the end of its last whole line (nothing to do when it ends in a newline)."""
+    try:
+        f = open(path, "rb+")  # noqa: SIM115 - closed below
+    except FileNotFoundError:
+        return
+    with f:
+        end = f.seek(0, 2)
+        pos = end
+        while pos > 0:
+            start = max(0, pos - window)
+            f.seek(start)
+            data = f.read(pos - start)
+            cut = data.rfind(b"\n")
+            if cut >= 0:
+                keep = start + cut + 1
+                break
+            pos = start
+        else:
+            keep = 0
+        if keep < end:
+            f.truncate(keep)
+
+
 class EventWriter:
     """Writes one event a line: `{"t": <unix seconds>, "kind": ..., "rank": ..., **fields}`.
 
     Every line is flushed as it is written, so a reader (or a crash) sees whole lines only, except
-    possibly a torn last line, which readers skip until it is complete.
+    possibly a torn last line, which readers skip until it is complete. A writer opening a file that
+    ends in a torn line (its last owner crashed mid-write) drops that line, so it never ends up
+    in the middle of the file, where it would be damage.
     """
 
     def __init__(self, path: Path, rank: int | None = None) -> None:
         self.path = path
         self.rank = rank
         path.parent.mkdir(parents=True, exist_ok=True)
+        drop_torn_tail(path)
         self._file = open(path, "a", encoding="utf-8")  # noqa: SIM115 - held open for the writer's life
 
     def write(self, kind: str, **fields: Any) -> dict[str, Any]:

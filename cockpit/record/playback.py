@@ -68,7 +68,9 @@ class Playback:
         self.loaded = False
         self.previewing = False
         self.load_fraction = 0.0
-        self.reader = RunReader(self.paths.root)  # new lines, once the bulk read has passed them
+        # Lenient: a viewer counts damaged lines (`bad_lines`) and goes on; the commands that open one
+        # refuse a damaged record first (`cockpit.record.check_record`), so what is counted here came later.
+        self.reader = RunReader(self.paths.root, strict=False)  # new lines, once the bulk read passed them
         self._bulk_bad_lines = 0
         self._manifest_mtime: float | None = None
         self._pending: list[_Pending] = []
@@ -119,7 +121,7 @@ class Playback:
         paths = self.paths.event_files()
         self._load_total = sum(p.stat().st_size for p in paths)
         self._load_done = 0
-        self._readers = {p: read_file(p) for p in paths}
+        self._readers = {p: read_file(p, strict=False) for p in paths}
         self._reached = dict.fromkeys(paths, -math.inf)
         self._offsets = dict.fromkeys(paths, 0)
         self._lines = dict.fromkeys(paths, 1)

@@ -20,6 +20,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from cockpit import lifecycle
+from cockpit.diagnosis import describe_exit
 from cockpit.lifecycle import LifecycleError, StopOutcome
 from cockpit.profiles import DEFAULT_PROFILE, ProfileError, load_profile
 from cockpit.record import RunPaths
@@ -268,7 +269,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         if evaluation.status == "stopped":
             return EXIT_CODES["stopped"]
         if evaluation.exit_code != 0:
-            why = "" if evaluation.exit_code is None else f" (exit {evaluation.exit_code})"
+            why = "" if evaluation.exit_code is None else f" ({describe_exit(evaluation.exit_code)})"
             console.print(f"[red]evaluation failed{why}; see {RunPaths(run_dir).output_log}[/]")
             return 1
         return _report_and_print(run_dir, "md", None)  # also where a failed report is tried again

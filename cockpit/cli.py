@@ -125,14 +125,49 @@ def _open_app(run_dir: Path, *, live: bool, speed: float = 1.0) -> int:
 
 
 # --- attach, replay ---------------------------------------------------------------------------------
+def _has_terminal() -> bool:
+    """The app reads keys from stdin and draws on stderr; stdout is not to be filled with its codes."""
+    return all(stream is not None and stream.isatty() for stream in (sys.stdin, sys.stdout, sys.stderr))
+
+
+def _require_terminal(command: str, instead: str) -> None:
+    """Refuse (exit 2) to open the full-screen app with no terminal (nohup, a pipe, a CI log)."""
+    if not _has_terminal():
+        raise UsageError(f"`cockpit {command}` needs a terminal (stdin, stdout and stderr); {instead}")
+
+
 def cmd_attach(args: argparse.Namespace) -> int:
+    if args.no_ui:
+        return _watch_headless(_find(args))
+    _require_terminal(
+        "attach", f"without one, follow it with `cockpit attach {args.run} --no-ui`, or runs: `cockpit ls`"
+    )
     return _open_app(_find(args), live=True)
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
     if args.speed <= 0:
         raise UsageError("--speed must be positive")
+    _require_terminal(
+        "replay", f"without one, read the run with `cockpit report {args.run}` or list runs: `cockpit ls`"
+    )
     return _open_app(_find(args), live=False, speed=args.speed)
+
+
+def _watch_headless(run_dir: Path) -> int:
+    """Follow a run without the app until it ends; Ctrl-C leaves, and the run goes on."""
+    from cockpit.headless import HeadlessViewer
+
+    viewer = HeadlessViewer(run_dir, console=console)
+    try:
+        status = viewer.follow()
+    except KeyboardInterrupt:
+        console.print(f"\nleft: run {run_dir.name} goes on", markup=False)
+        return 0
+    viewer.print_report()
+    for line in viewer.summary():
+        console.print(line, markup=False)
+    return EXIT_CODES.get(status, 0)
 
 
 def _follow_headless(run_dir: Path, running: Callable[[], bool]) -> str:
@@ -513,6 +548,9 @@ def build_parser() -> argparse.ArgumentParser:
         "attach", parents=[common], help="open the app on a running run, with its whole history"
     )
     attach.add_argument("run", help="run id, unique id prefix, path, or 'latest'")
+    attach.add_argument(
+        "--no-ui", action="store_true", help="follow it headless (progress lines) instead of the app"
+    )
     attach.set_defaults(func=cmd_attach)
 
     replay = sub.add_parser("replay", parents=[common], help="play a saved run record back in the app")

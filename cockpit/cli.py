@@ -20,6 +20,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from cockpit import __version__, lifecycle
+from cockpit.diagnosis import describe_exit
 from cockpit.lifecycle import LifecycleError, StopOutcome
 from cockpit.profiles import DEFAULT_PROFILE, ProfileError, load_profile
 from cockpit.record import RecordError, RunPaths, check_record
@@ -131,14 +132,51 @@ def _find_readable(args: argparse.Namespace) -> Path:
     return run_dir
 
 
+def _has_terminal() -> bool:
+    """The app reads keys from stdin and draws on stderr; stdout is not to be filled with its codes."""
+    return all(stream is not None and stream.isatty() for stream in (sys.stdin, sys.stdout, sys.stderr))
+
+
+def _require_terminal(command: str, instead: str) -> None:
+    """Refuse (exit 2) to open the full-screen app with no terminal (nohup, a pipe, a CI log)."""
+    if not _has_terminal():
+        raise UsageError(f"`cockpit {command}` needs a terminal (stdin, stdout and stderr); {instead}")
+
+
 def cmd_attach(args: argparse.Namespace) -> int:
-    return _open_app(_find_readable(args), live=True)
+    run_dir = _find_readable(args)
+    if args.no_ui:
+        return _watch_headless(run_dir)
+    _require_terminal(
+        "attach", f"without one, follow it with `cockpit attach {args.run} --no-ui`, or runs: `cockpit ls`"
+    )
+    return _open_app(run_dir, live=True)
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
     if args.speed <= 0:
         raise UsageError("--speed must be positive")
-    return _open_app(_find_readable(args), live=False, speed=args.speed)
+    run_dir = _find_readable(args)
+    _require_terminal(
+        "replay", f"without one, read the run with `cockpit report {args.run}` or list runs: `cockpit ls`"
+    )
+    return _open_app(run_dir, live=False, speed=args.speed)
+
+
+def _watch_headless(run_dir: Path) -> int:
+    """Follow a run without the app until it ends; Ctrl-C leaves, and the run goes on."""
+    from cockpit.headless import HeadlessViewer
+
+    viewer = HeadlessViewer(run_dir, console=console)
+    try:
+        status = viewer.follow()
+    except KeyboardInterrupt:
+        console.print(f"\nleft: run {run_dir.name} goes on", markup=False)
+        return 0
+    viewer.print_report()
+    for line in viewer.summary():
+        console.print(line, markup=False)
+    return EXIT_CODES.get(status, 0)
 
 
 def _follow_headless(run_dir: Path, running: Callable[[], bool]) -> str:
@@ -303,7 +341,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         if evaluation.status == "stopped":
             return EXIT_CODES["stopped"]
         if evaluation.exit_code != 0:
-            why = "" if evaluation.exit_code is None else f" (exit {evaluation.exit_code})"
+            why = "" if evaluation.exit_code is None else f" ({describe_exit(evaluation.exit_code)})"
             console.print(f"[red]evaluation failed{why}; see {RunPaths(run_dir).output_log}[/]")
             return 1
         return _report_and_print(run_dir, "md", None)  # also where a failed report is tried again
@@ -556,6 +594,9 @@ def build_parser() -> argparse.ArgumentParser:
         "attach", parents=[common], help="open the app on a running run, with its whole history"
     )
     attach.add_argument("run", help="run id, unique id prefix, path, or 'latest'")
+    attach.add_argument(
+        "--no-ui", action="store_true", help="follow it headless (progress lines) instead of the app"
+    )
     attach.set_defaults(func=cmd_attach)
 
     replay = sub.add_parser("replay", parents=[common], help="play a saved run record back in the app")

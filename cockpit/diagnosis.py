@@ -53,18 +53,35 @@ def _signal_name(number: int) -> str:
         return f"signal {number}"
 
 
-def killing_signal(facts: EndFacts) -> int | None:
-    """The signal that killed a rank or the launcher, if one did."""
-    rc = facts.returncode
-    if rc is not None and rc < 0:
-        return -rc
-    found = LAUNCHER_RC.findall(facts.output_tail)
+def exit_signal(returncode: int | None, output_tail: str = "") -> int | None:
+    """The signal that ended a process (or, by the launcher's words in its output, one of its ranks)."""
+    if returncode is not None and returncode < 0:
+        return -returncode
+    found = LAUNCHER_RC.findall(output_tail)
     for value in reversed(found):
         if int(value) < 0:
             return -int(value)
-    if rc is not None and 128 < rc < 128 + 65:
-        return rc - 128
+    if returncode is not None and 128 < returncode < 128 + 65:
+        return returncode - 128
     return None
+
+
+def killing_signal(facts: EndFacts) -> int | None:
+    """The signal that killed a rank or the launcher, if one did."""
+    return exit_signal(facts.returncode, facts.output_tail)
+
+
+def ended_by(sig: int) -> str:
+    """`killed by SIGKILL`, `terminated by SIGTERM`: a signal named, never a negative exit code."""
+    return f"{'killed' if sig == signal.SIGKILL else 'terminated'} by {_signal_name(sig)}"
+
+
+def describe_exit(returncode: int | None, output_tail: str = "") -> str:
+    """How processes ended, in words: `terminated by SIGTERM`, or `exit code 1`."""
+    sig = exit_signal(returncode, output_tail)
+    if sig is not None:
+        return ended_by(sig)
+    return "no exit code" if returncode is None else f"exit code {returncode}"
 
 
 def last_error_line(output: str) -> str:
@@ -95,7 +112,7 @@ def diagnose(facts: EndFacts) -> tuple[str, str]:
     if facts.stop_requested and (facts.returncode == 0 or facts.trainer_outcome == "stopped"):
         return "stopped", f"stopped {by}{step}, checkpoint saved"
     if facts.stop_requested:
-        return "stopped", f"stopped {by}{step} (processes killed, exit {facts.returncode})"
+        return "stopped", f"stopped {by}{step} ({describe_exit(facts.returncode, facts.output_tail)})"
     low_disk = facts.disk_free_mib is not None and facts.disk_free_mib < DISK_FULL_MIB
     if facts.disk_full or low_disk or DISK_FULL.search(facts.output_tail):
         free = f" ({facts.disk_free_mib:.1f} MiB free)" if facts.disk_free_mib is not None else ""
@@ -106,14 +123,13 @@ def diagnose(facts: EndFacts) -> tuple[str, str]:
         return "failed", f"NCCL/collective timeout{after}: a rank stopped answering"
     sig = killing_signal(facts)
     if sig is not None:
-        name = _signal_name(sig)
         if sig == signal.SIGKILL and (facts.host_ram_peak_fraction or 0) >= HOST_OOM_FRACTION:
             peak = f"{facts.host_ram_peak_mib / 1024:.1f} GiB, " if facts.host_ram_peak_mib else ""
             return "failed", (
                 f"killed by SIGKILL{after} with host RAM at {peak}{facts.host_ram_peak_fraction:.0%} "
                 "of total: likely host out-of-memory (kernel OOM killer)"
             )
-        return "failed", f"killed by {name}{after}"
+        return "failed", f"{ended_by(sig)}{after}"
     error = last_error_line(facts.output_tail)
     detail = f": {error}" if error else ""
     return "failed", f"crashed{after} with exit code {facts.returncode}{detail}"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from rich.console import Console
@@ -38,6 +39,96 @@ def _fmt(value: float | None, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
 
+PLAIN_EVERY_STEPS = 50
+PLAIN_EVERY_S = 60.0
+PHASE_WORDS = {
+    "setup": "setting up",
+    "load": "loading the model",
+    "train": "training",
+    "save": "saving the adapter",
+    "eval": "scoring the held-out split",
+    "report": "writing the report",
+    "done": "training over",
+}
+
+
+def format_mib(mib: float) -> str:
+    return f"{mib / 1024:.1f} GiB" if mib >= 1024 else f"{mib:.0f} MiB"
+
+
+def peak_memory(view: RunView) -> str:
+    """The highest peak any rank reported at its last step: GPU (allocated) and host RSS."""
+    parts = []
+    for key, label in (("cuda_peak_alloc_mib", "GPU"), ("rss_peak_mib", "RSS")):
+        values = [m[key] for m in view.memory.values() if m.get(key) is not None]
+        if values:
+            parts.append(f"{label} {format_mib(max(values))}")
+    return ", ".join(parts) or "-"
+
+
+def step_line(view: RunView) -> str:
+    """`step 100/400  loss 2.3456  4,427 tok/s  ETA 02:05  peak GPU 76 MiB, RSS 754 MiB`."""
+    return (
+        f"step {view.step}/{view.max_steps or '?'}  loss {_fmt(view.last_loss, '.4f')}  "
+        f"{_fmt(view.tokens_per_s, ',.0f')} tok/s  ETA {format_duration(view.eta_s())}  "
+        f"peak {peak_memory(view)}"
+    )
+
+
+@dataclass
+class PlainLog:
+    """Plain progress lines for a log with no terminal: one every `every_steps` steps or `every_s` seconds
+    (whichever comes first), and one at each phase, the first step, each checkpoint and evaluation.
+
+    `update` is a function of the folded state and the clock, remembering only what it has said.
+    """
+
+    every_steps: int = PLAIN_EVERY_STEPS
+    every_s: float = PLAIN_EVERY_S
+    _phase: str | None = None
+    _train_t: float | None = None
+    _step: int | None = None  # the step of the last step line; None before this attempt's first
+    _step_t: float = 0.0
+    _checkpoints: int = 0
+    _eval: tuple[str | None, int] = (None, 0)
+    _eval_t: float = 0.0
+
+    def update(self, view: RunView, now: float) -> list[str]:
+        """The lines that `view` at `now` calls for, beyond those already given."""
+        stamp = f"[{format_duration(view.elapsed_s(now))}] "
+        lines: list[str] = []
+        if view.train_started_t != self._train_t:  # a new attempt (a resume): its first step again
+            self._train_t, self._step = view.train_started_t, None
+        new_step = bool(view.steps) and view.step > view.start_step and view.step != self._step
+        if new_step and self._step is not None and view.phase != "train":  # training is over: its last step
+            lines.append(step_line(view))
+            self._step, self._step_t, new_step = view.step, now, False
+        if view.phase != self._phase and view.phase != "starting":
+            self._phase = view.phase
+            words = PHASE_WORDS.get(view.phase)
+            lines.append(f"phase {view.phase}" + (f": {words}" if words else ""))
+        if new_step and self._step is None:  # this attempt's first step line (mid-run when following late)
+            first = view.step == view.start_step + 1
+            lines.append(f"first {step_line(view)}" if first else step_line(view))
+            self._step, self._step_t = view.step, now
+        elif new_step and (
+            view.step // self.every_steps > (self._step or 0) // self.every_steps
+            or now - self._step_t >= self.every_s
+        ):
+            lines.append(step_line(view))
+            self._step, self._step_t = view.step, now
+        for step in view.checkpoints[self._checkpoints :]:
+            lines.append(f"checkpoint at step {step}")
+        self._checkpoints = len(view.checkpoints)
+        if view.phase == "eval" and view.eval_total:
+            system, done = view.eval_system, view.eval_done
+            due = done == view.eval_total or now - self._eval_t >= self.every_s
+            if system != self._eval[0] or (done != self._eval[1] and due):
+                lines.append(f"evaluation: {system} {done}/{view.eval_total}")
+                self._eval, self._eval_t = (system, done), now
+        return [stamp + line for line in lines]
+
+
 class HeadlessViewer:
     """Follows a run until its manifest reaches a terminal status."""
 
@@ -46,6 +137,8 @@ class HeadlessViewer:
         run_dir: Path,
         console: Console | None = None,
         alive: Callable[[], bool] | None = None,
+        every_steps: int = PLAIN_EVERY_STEPS,
+        every_s: float = PLAIN_EVERY_S,
     ) -> None:
         self.paths = RunPaths(Path(run_dir))
         self.console = console or Console(stderr=True)
@@ -55,6 +148,7 @@ class HeadlessViewer:
         self.alive = alive or self._supervisor_alive
         self._warned: set[str] = set()
         self._notes_shown = 0
+        self.every_steps, self.every_s = every_steps, every_s  # plain lines' pace, with no terminal
 
     def _supervisor_alive(self) -> bool:
         from cockpit.liveness import supervisor_alive
@@ -81,7 +175,22 @@ class HeadlessViewer:
         self._notes_shown = len(self.view.supervisor_notes)
 
     def follow(self) -> str:
-        """Show progress until the run ends; returns its final status."""
+        """Show progress until the run ends; returns its final status. A terminal gets a live bar; a
+        pipe or a file (nohup, a CI log) gets plain lines (`PlainLog`) as the run goes."""
+        return self._follow_bar() if self.console.is_terminal else self._follow_plain()
+
+    def _follow_plain(self) -> str:
+        log = PlainLog(self.every_steps, self.every_s)
+
+        def show() -> None:
+            for line in log.update(self.view, time.time()):
+                self.console.print(line, markup=False, highlight=False)
+
+        status = self._loop(show)
+        show()  # what the last events call for
+        return status
+
+    def _follow_bar(self) -> str:
         progress = Progress(
             TextColumn("[bold]{task.fields[phase]:>7}"),
             BarColumn(bar_width=30),
@@ -94,12 +203,10 @@ class HeadlessViewer:
             transient=False,
             refresh_per_second=4,
         )
-        status = self._status()
         with progress:
             task = progress.add_task("run", total=None, phase="start", loss="-", tps="-", eta="--:--")
-            while True:
-                self.view.apply(self.reader.poll())
-                self._print_new_warnings()
+
+            def show() -> None:
                 v = self.view
                 evaluating = v.phase == "eval" and v.eval_total > 0
                 progress.update(
@@ -111,20 +218,29 @@ class HeadlessViewer:
                     tps=_fmt(v.tokens_per_s, ",.0f"),
                     eta=format_duration(v.eta_s()),
                 )
-                status = self._status()
-                if status in TERMINAL_STATUSES:
-                    break
-                if not self.alive():
-                    time.sleep(REFRESH_S)  # the owner may have written its last words just now
-                    status = self._status()
-                    if status not in TERMINAL_STATUSES:
-                        from cockpit.lifecycle import reconcile
 
-                        lost = reconcile(self.paths.root) or "supervisor lost"
-                        self.console.print(f"[bold red]{escape(lost)}[/]")
-                        status = self._status()
-                    break
-                time.sleep(REFRESH_S)
+            return self._loop(show)
+
+    def _loop(self, show: Callable[[], None]) -> str:
+        """Fold new events and `show` them until the run ends (or its owner is gone); the final status."""
+        while True:
+            self.view.apply(self.reader.poll())
+            self._print_new_warnings()
+            show()
+            status = self._status()
+            if status in TERMINAL_STATUSES:
+                break
+            if not self.alive():
+                time.sleep(REFRESH_S)  # the owner may have written its last words just now
+                status = self._status()
+                if status not in TERMINAL_STATUSES:
+                    from cockpit.lifecycle import reconcile
+
+                    lost = reconcile(self.paths.root) or "supervisor lost"
+                    self.console.print(f"[bold red]{escape(lost)}[/]")
+                    status = self._status()
+                break
+            time.sleep(REFRESH_S)
         self.view.apply(self.reader.poll())
         return status
 

@@ -29,7 +29,7 @@ from typing import Any
 import psutil
 
 from cockpit.control import request_stop
-from cockpit.diagnosis import EndFacts, diagnose, last_error_line
+from cockpit.diagnosis import EndFacts, describe_exit, diagnose, last_error_line
 from cockpit.profiles import Profile, parse_profile
 from cockpit.record import EventWriter, RunPaths, RunReader, load_manifest, write_manifest
 from cockpit.record.view import RunView
@@ -356,8 +356,9 @@ class Supervisor:
         if returncode != 0:
             if self.stop_requested_at is not None:
                 return Evaluation("stopped", "evaluation stopped by user", returncode)
-            error = last_error_line(read_tail(self.paths.output_log))
-            summary = f"evaluation failed (exit {returncode}{': ' + error if error else ''})"
+            tail = read_tail(self.paths.output_log)
+            error = last_error_line(tail)
+            summary = f"evaluation failed ({describe_exit(returncode, tail)}{': ' + error if error else ''})"
             return Evaluation("failed", summary, returncode)
         from cockpit.report import run_report, summary_line, write_report
 

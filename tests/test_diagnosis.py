@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
-from cockpit.diagnosis import EndFacts, diagnose, killing_signal, last_error_line, stall_verdict
+from cockpit.diagnosis import (
+    EndFacts,
+    describe_exit,
+    diagnose,
+    killing_signal,
+    last_error_line,
+    stall_verdict,
+)
 
 TRACEBACK = """Traceback (most recent call last):
   File "x.py", line 1, in <module>
@@ -95,3 +102,23 @@ def test_a_stop_after_the_last_step_leaves_the_run_finished() -> None:
     facts = EndFacts(0, "", stop_requested=True, trainer_outcome="finished", last_step=400)
     status, line = diagnose(facts)
     assert status == "finished" and line.startswith("finished at step 400")
+
+
+def test_a_stop_that_ended_by_a_signal_names_it() -> None:
+    status, line = diagnose(EndFacts(-15, "", stop_requested=True, last_step=5))
+    assert status == "stopped"
+    assert line == "stopped by user at step 5 (terminated by SIGTERM)"
+    assert "-15" not in line
+
+
+def test_a_signal_without_a_stop_names_it() -> None:
+    assert diagnose(EndFacts(-15, "", last_step=3)) == ("failed", "terminated by SIGTERM after step 3")
+    assert diagnose(EndFacts(143, ""))[1] == "terminated by SIGTERM"  # a shell's 128 + 15
+
+
+def test_exit_described_in_words() -> None:
+    assert describe_exit(-15) == "terminated by SIGTERM"
+    assert describe_exit(-2) == "terminated by SIGINT"
+    assert describe_exit(-9) == "killed by SIGKILL"
+    assert describe_exit(1, "[launch.py] Process 7 exits with return code = -15") == "terminated by SIGTERM"
+    assert describe_exit(1) == "exit code 1"

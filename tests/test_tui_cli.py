@@ -21,6 +21,7 @@ def opened(monkeypatch: pytest.MonkeyPatch) -> list[tuple[Path, bool, float]]:
     import cockpit.app.app
 
     monkeypatch.setattr(cockpit.app.app, "run_app", fake_run_app)
+    monkeypatch.setattr(cli, "_has_terminal", lambda: True)  # the fake app's terminal (pytest has none)
     return calls
 
 

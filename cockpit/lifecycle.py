@@ -54,6 +54,13 @@ class StopOutcome(Enum):
     TRAINER_KILLED = "trainer killed"  # supervisor lost: its process group killed from here
 
 
+def check_trainer() -> None:
+    """Refuse (`LifecycleError`) when the ranks would import another project's `trainer` (or none)."""
+    problem = supervisor.trainer_problem()
+    if problem is not None:
+        raise LifecycleError(problem)
+
+
 def _spawn(run_dir: Path, **how: Any) -> Launch:
     return Launch(run_dir, supervisor.spawn_detached(run_dir, **how))
 
@@ -63,6 +70,7 @@ def start(runs_dir: Path, profile_ref: str, overrides: Sequence[str], argv: list
     """Validate the profile (`ProfileError`), create a `planned` run record, start its supervisor."""
     profile, path = load_profile(profile_ref, list(overrides))
     check_runnable(profile, str(path))
+    check_trainer()
     return _spawn(create_run(runs_dir, profile, path, argv))
 
 
@@ -72,6 +80,7 @@ def start_eval(
     """An evaluation-only run: the profile's base model and every other model, side by side."""
     profile, path = load_profile(profile_ref)
     check_runnable(profile, str(path))
+    check_trainer()
     eval_args = [a for name, model in models for a in ("--model", f"{name}={Path(model).resolve()}")]
     return _spawn(create_run(runs_dir, profile, path, argv, mode="eval", eval_args=eval_args))
 
@@ -138,6 +147,7 @@ def start_rehearsal(
         preflight(here, geometry, depths)  # every depth must fit here, not only the shallowest
     except RehearsalError as exc:
         raise LifecycleError(str(exc)) from None
+    check_trainer()
     rehearsal = {
         "layers": depths,
         "steps": steps,
@@ -204,6 +214,7 @@ def resume(run_dir: Path) -> Launch:
     """Continue an ended run from its last checkpoint, in the same record."""
     ended(run_dir, "; only an ended run can be resumed")
     _not_a_rehearsal(run_dir, "resumed: start a new rehearsal")
+    check_trainer()
     _new_attempt(run_dir, training=None)
     return _spawn(run_dir, resume=True)
 
@@ -236,6 +247,7 @@ def evaluate(run_dir: Path, models: Sequence[tuple[str, Path]] = ()) -> Launch:
     """
     ended(run_dir, ": evaluate it once it has ended")
     _not_a_rehearsal(run_dir, "evaluated: its weights are random")
+    check_trainer()
     manifest = load_manifest(run_dir)
     training = manifest.get("training")
     if training is None and manifest.get("mode", "train") == "train":  # a record from before `training`

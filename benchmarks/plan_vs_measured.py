@@ -42,7 +42,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-STORY_CONFIG = ROOT / "profiles/models/qwen3-235b-a22b-thinking-2507/config.json"
+STORY_CONFIG = ROOT / "cockpit/profiles_data/models/qwen3-235b-a22b-thinking-2507/config.json"
 # A small Qwen3-MoE for CPU runs: the same shape of model, a few hundred MB.
 CPU_CONFIG = {
     "architectures": ["Qwen3MoeForCausalLM"],

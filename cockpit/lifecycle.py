@@ -55,6 +55,13 @@ class StopOutcome(Enum):
     TRAINER_KILLED = "trainer killed"  # supervisor lost: its process group killed from here
 
 
+def check_trainer() -> None:
+    """Refuse (`LifecycleError`) when the ranks would import another project's `trainer` (or none)."""
+    problem = supervisor.trainer_problem()
+    if problem is not None:
+        raise LifecycleError(problem)
+
+
 def _spawn(run_dir: Path, **how: Any) -> Launch:
     return Launch(run_dir, supervisor.spawn_detached(run_dir, **how))
 
@@ -64,6 +71,7 @@ def start(runs_dir: Path, profile_ref: str, overrides: Sequence[str], argv: list
     """Validate the profile (`ProfileError`), create a `planned` run record, start its supervisor."""
     profile, path = load_profile(profile_ref, list(overrides))
     check_runnable(profile, str(path))
+    check_trainer()
     return _spawn(create_run(runs_dir, profile, path, argv))
 
 
@@ -73,6 +81,7 @@ def start_eval(
     """An evaluation-only run: the profile's base model and every other model, side by side."""
     profile, path = load_profile(profile_ref)
     check_runnable(profile, str(path))
+    check_trainer()
     eval_args = [a for name, model in models for a in ("--model", f"{name}={Path(model).resolve()}")]
     return _spawn(create_run(runs_dir, profile, path, argv, mode="eval", eval_args=eval_args))
 
@@ -139,6 +148,7 @@ def start_rehearsal(
         preflight(here, geometry, depths)  # every depth must fit here, not only the shallowest
     except RehearsalError as exc:
         raise LifecycleError(str(exc)) from None
+    check_trainer()
     rehearsal = {
         "layers": depths,
         "steps": steps,
@@ -252,6 +262,7 @@ def resume(run_dir: Path, overrides: Sequence[str] = (), from_scratch: bool = Fa
     """
     ended(run_dir, "; only an ended run can be resumed")
     _not_a_rehearsal(run_dir, "resumed: start a new rehearsal")
+    check_trainer()
     manifest = load_manifest(run_dir)
     if manifest.get("mode") == "eval":
         raise LifecycleError(f"{run_dir.name} is an evaluation-only run: it has no training to resume")
@@ -311,6 +322,7 @@ def evaluate(run_dir: Path, models: Sequence[tuple[str, Path]] = ()) -> Launch:
     """
     ended(run_dir, ": evaluate it once it has ended")
     _not_a_rehearsal(run_dir, "evaluated: its weights are random")
+    check_trainer()
     manifest = load_manifest(run_dir)
     training = manifest.get("training")
     if training is None and manifest.get("mode", "train") == "train":  # a record from before `training`

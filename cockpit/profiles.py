@@ -2,8 +2,8 @@
 
 A profile says which model to tune on which hardware, how to quantize it, where DeepSpeed puts
 parameters and optimizer state, and what to train and evaluate on. `load_profile` turns a file (or a
-name from `profiles/`) into a `Profile`, or raises `ProfileError` whose message names the file, the
-field and what was expected.
+name from `./profiles/` or the shipped `cockpit/profiles_data/`) into a `Profile`, or raises
+`ProfileError` whose message names the file, the field and what was expected.
 """
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-PROFILES_DIR = Path(__file__).resolve().parent.parent / "profiles"
+# The shipped profiles (and the story's config.json beside them) are package data: a wheel carries them.
+PROFILES_DIR = Path(__file__).resolve().parent / "profiles_data"
 DEFAULT_PROFILE = "tiny-cpu"
 BUILTIN_PREFIX = "builtin:"
 BUILTIN_MODELS = ("builtin:tiny-qwen3-moe",)
@@ -250,7 +251,7 @@ class ProfileError(Exception):
 
 
 def resolve_profile_path(name_or_path: str) -> Path:
-    """Find a profile by path, or by name in `profiles/` (with or without `.toml`)."""
+    """Find a profile by path, or by name (with or without `.toml`) in `./profiles/`, then shipped ones."""
     candidate = Path(name_or_path).expanduser()
     if candidate.is_file():
         return candidate

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import argparse
 import errno
+import importlib.machinery
 import os
+import re
 import shutil
 import signal
 import socket
@@ -74,6 +76,48 @@ def trainer_argv(
     if resume:
         argv.append("--resume")
     return [*argv, *extra]
+
+
+TRAINER_MARKER = "__cockpit_trainer__"
+_MARKED = re.compile(rf"^{TRAINER_MARKER}\s*=", re.MULTILINE)
+
+
+def _find_trainer(cwd: Path) -> importlib.machinery.ModuleSpec | None:
+    """The `trainer` a child started in `cwd` would import: `cwd` first on the path (`python -m` and the
+    DeepSpeed launcher put it there), then this interpreter's path and import hooks. Nothing is imported."""
+    search = [str(cwd), *sys.path]
+    for finder in sys.meta_path:
+        if finder is importlib.machinery.PathFinder:
+            spec = importlib.machinery.PathFinder.find_spec("trainer", search)
+        else:
+            find = getattr(finder, "find_spec", None)
+            spec = find("trainer", None) if find is not None else None
+        if spec is not None:
+            return spec
+    return None
+
+
+def trainer_problem(cwd: Path | None = None) -> str | None:
+    """Why the ranks, started from `cwd`, would not run this project's trainer (one line); None if they would.
+
+    The name `trainer` is taken by other packages on the public index: ours is the one whose
+    `__init__.py` sets `__cockpit_trainer__`.
+    """
+    here = Path.cwd() if cwd is None else Path(cwd)
+    spec = _find_trainer(here)
+    if spec is None:
+        return f"no module named 'trainer' for {sys.executable} from {here}: reinstall the cockpit"
+    fix = "uninstall or rename it, or start from another directory"
+    if spec.origin is None or not spec.has_location:  # a namespace package: a folder without __init__.py
+        where = ", ".join(spec.submodule_search_locations or []) or "?"
+        return f"'trainer' resolves to a namespace package at {where}, not the cockpit's trainer: {fix}"
+    try:
+        source = Path(spec.origin).read_text(encoding="utf-8", errors="replace")
+    except OSError as exc:
+        return f"'trainer' resolves to {spec.origin}, which cannot be read ({exc.strerror}): {fix}"
+    if not _MARKED.search(source):
+        return f"'trainer' resolves to {spec.origin}, not the cockpit's trainer (no {TRAINER_MARKER}): {fix}"
+    return None
 
 
 def rehearsal_args(layers: int, steps: int, step_offset: int) -> list[str]:
@@ -377,6 +421,9 @@ class Supervisor:
 
     def attempt(self) -> Outcome:
         """This attempt's stages, by what the supervisor was started for."""
+        problem = trainer_problem()  # the ranks start here, with this interpreter: would they run ours?
+        if problem is not None:
+            return Outcome("failed", problem, 2)
         if self.eval_args is not None:
             return self._evaluate_ended_run(self.eval_args)
         if self.manifest.get("mode", "train") == "rehearse":

@@ -14,16 +14,12 @@ from cockpit.plan.geometry import geometry_from_config
 from cockpit.plan.hardware import Hardware
 from cockpit.plan.model import Precision, Weights
 from cockpit.plan.planner import inputs_for, setup_for
-from cockpit.profiles import load_profile
+from cockpit.profiles import PROFILES_DIR, load_profile
 from trainer import quant
 from trainer.experts4bit import NF4Experts
 from trainer.nf4_pack import PackedLayout
 
-STORY = json.loads(
-    (
-        Path(__file__).resolve().parent.parent / "profiles/models/qwen3-235b-a22b-thinking-2507/config.json"
-    ).read_text()
-)
+STORY = json.loads((PROFILES_DIR / "models/qwen3-235b-a22b-thinking-2507/config.json").read_text())
 # (experts, hidden, expert width): the story's, the tiny model's, and widths whose block counts pick each
 # nested block size (256, 128, 64).
 EXPERT_SHAPES = [

@@ -407,7 +407,7 @@ def test_profile_guards():
 
 @pytest.mark.e2e
 def test_tiny_run_trains_with_experts_in_4bit(tmp_path, tiny_dir):
-    text = (REPO / "profiles" / "tiny-cpu.toml").read_text()
+    text = (REPO / "cockpit" / "profiles_data" / "tiny-cpu.toml").read_text()
     text = text.replace('name = "tiny-cpu"', 'name = "tiny-experts4bit-e2e"')
     if "quantize_experts" not in text:
         text = text.replace("[quantization]\n", "[quantization]\nquantize_experts = true\n")

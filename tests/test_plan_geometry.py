@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 import json
-from pathlib import Path
 
 import pytest
 import torch
@@ -13,10 +12,9 @@ import transformers
 from cockpit.contract import TINY_MODEL, kind_of
 from cockpit.plan.geometry import geometry_from_config
 from cockpit.plan.model import Precision
+from cockpit.profiles import PROFILES_DIR
 
-STORY_CONFIG = (
-    Path(__file__).resolve().parent.parent / "profiles/models/qwen3-235b-a22b-thinking-2507/config.json"
-)
+STORY_CONFIG = PROFILES_DIR / "models/qwen3-235b-a22b-thinking-2507/config.json"
 
 SMALL = {"vocab_size": 96, "hidden_size": 32, "num_attention_heads": 4, "num_key_value_heads": 2}
 CONFIGS = {

@@ -12,9 +12,10 @@ import pytest
 
 from cockpit.plan.geometry import geometry_from_config
 from cockpit.plan.model import Assumptions, GiB, Inputs, Precision, Setup, estimate
+from cockpit.profiles import PROFILES_DIR
 
 ROOT = Path(__file__).resolve().parent.parent
-CONFIG = json.loads((ROOT / "profiles/models/qwen3-235b-a22b-thinking-2507/config.json").read_text())
+CONFIG = json.loads((PROFILES_DIR / "models/qwen3-235b-a22b-thinking-2507/config.json").read_text())
 H, E, W, V = 4096, 128, 1536, 151936
 
 

@@ -8,21 +8,16 @@ from __future__ import annotations
 
 import json
 import math
-from pathlib import Path
 
 import pytest
 
 from cockpit.plan import Hardware, build_plan
 from cockpit.plan.formats import four_bit, pow2_ceil
 from cockpit.plan.model import GiB
-from cockpit.profiles import load_profile
+from cockpit.profiles import PROFILES_DIR, load_profile
 
 STORY = "qwen3-235b-a22b-thinking-4xh100"
-CONFIG = json.loads(
-    (
-        Path(__file__).resolve().parent.parent / "profiles/models/qwen3-235b-a22b-thinking-2507/config.json"
-    ).read_text()
-)
+CONFIG = json.loads((PROFILES_DIR / "models/qwen3-235b-a22b-thinking-2507/config.json").read_text())
 H, L, E, W, V = 4096, 94, 128, 1536, 151936
 ATTENTION = L * (H * 64 * 128 + 2 * H * 4 * 128 + 64 * 128 * H)
 EXPERTS = L * E * 3 * H * W

@@ -101,7 +101,7 @@ def test_a_profile_that_cannot_fit_one_layer_is_refused_before_anything_loads(
     (tmp_path / "giant").mkdir()
     (tmp_path / "giant" / "config.json").write_text(json.dumps(config))
     profile = (
-        (REPO / "profiles" / "tiny-cpu.toml")
+        (REPO / "cockpit" / "profiles_data" / "tiny-cpu.toml")
         .read_text()
         .replace('path = "builtin:tiny-qwen3-moe"', f'path = "{tmp_path / "giant"}"')
     )

@@ -1,0 +1,87 @@
+"""How the project installs: its dependency ranges and what a wheel carries."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import tomllib
+import zipfile
+from pathlib import Path
+
+import pytest
+from packaging.requirements import Requirement
+
+from cockpit.profiles import PROFILES_DIR, load_profile
+
+ROOT = Path(__file__).resolve().parent.parent
+STORY = "qwen3-235b-a22b-thinking-4xh100"
+
+
+def _requirement(name: str) -> Requirement:
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    found = [Requirement(r) for r in pyproject["project"]["dependencies"] if Requirement(r).name == name]
+    assert len(found) == 1, f"{name} is not declared once in pyproject.toml"
+    return found[0]
+
+
+@pytest.mark.parametrize(
+    ("version", "accepted"),
+    [
+        ("2.11.0a0+gitabc", True),  # NVIDIA's container build: pip must keep it, not replace it
+        ("2.11.0", True),
+        ("2.13.0", True),
+        ("2.14.1+cu128", True),
+        ("2.10.1", False),
+        ("2.15.0", False),
+    ],
+)
+def test_torch_range_keeps_container_builds(version: str, accepted: bool) -> None:
+    assert _requirement("torch").specifier.contains(version) is accepted
+
+
+def _wheel_files(tmp_path: Path) -> set[str]:
+    """The files a wheel built from this source tree holds (setuptools' own build, about a second)."""
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, src / name)
+    for name in ("cockpit", "trainer", "profiles"):  # `profiles`: the old layout, copied where it exists
+        if (ROOT / name).is_dir():
+            shutil.copytree(ROOT / name, src / name, ignore=shutil.ignore_patterns("__pycache__"))
+    out = tmp_path / "dist"
+    build = f"from setuptools import build_meta; print(build_meta.build_wheel({str(out)!r}))"
+    done = subprocess.run(
+        [sys.executable, "-c", build], cwd=src, capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    (wheel,) = out.glob("*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        return set(archive.namelist())
+
+
+def test_wheel_carries_the_shipped_profiles(tmp_path: Path) -> None:
+    shipped = sorted(p for p in PROFILES_DIR.rglob("*") if p.is_file() and "__pycache__" not in p.parts)
+    names = {p.relative_to(PROFILES_DIR).as_posix() for p in shipped}
+    assert {"tiny-cpu.toml", f"{STORY}.toml", "models/qwen3-235b-a22b-thinking-2507/config.json"} <= names
+    in_wheel = _wheel_files(tmp_path)
+    missing = [
+        p.relative_to(ROOT).as_posix() for p in shipped if p.relative_to(ROOT).as_posix() not in in_wheel
+    ]
+    assert not missing, f"not in the wheel: {missing}"
+    # Inside the package, so an installed `cockpit` finds them beside its own modules.
+    assert PROFILES_DIR.is_relative_to(ROOT / "cockpit")
+
+
+def test_shipped_profile_by_name_from_another_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    profile, path = load_profile(STORY)
+    assert path == PROFILES_DIR / f"{STORY}.toml"
+    assert Path(profile.model.config) == PROFILES_DIR / "models/qwen3-235b-a22b-thinking-2507/config.json"
+    assert Path(profile.model.config).is_file()
+    # An explicit file still wins, wherever it is.
+    own = tmp_path / "mine.toml"
+    own.write_text((PROFILES_DIR / "tiny-cpu.toml").read_text(encoding="utf-8").replace("tiny-cpu", "mine"))
+    assert load_profile(str(own))[0].name == "mine"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import signal
 import sys
 import time
@@ -21,7 +22,14 @@ from rich.table import Table
 
 from cockpit import lifecycle
 from cockpit.lifecycle import LifecycleError, StopOutcome
-from cockpit.profiles import DEFAULT_PROFILE, ProfileError, load_profile
+from cockpit.profiles import (
+    DEFAULT_PROFILE,
+    MAX_GPU_MEM_GIB,
+    MAX_GPUS,
+    MAX_HOST_RAM_GIB,
+    ProfileError,
+    load_profile,
+)
 from cockpit.record import RunPaths
 from cockpit.runs import default_runs_dir
 
@@ -33,6 +41,50 @@ console = Console(stderr=True, highlight=False, soft_wrap=True)
 
 class UsageError(Exception):
     """Bad input from the user: reported in one line, exit 2 (as are profile errors and refusals)."""
+
+
+# --- numbers from flags ------------------------------------------------------------------------------
+def whole(low: int, high: int | None = None) -> Callable[[str], int]:
+    """An argparse `type=`: a whole number from `low` (to `high`); argparse names the flag."""
+    span = f"from {low:,} to {high:,}" if high is not None else f"of at least {low:,}"
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r}: expected a whole number {span}") from None
+        if value < low or (high is not None and value > high):
+            raise argparse.ArgumentTypeError(f"{value}: expected a whole number {span}")
+        return value
+
+    return parse
+
+
+def _num(x: float) -> str:
+    return f"{x:,.0f}" if x == int(x) else f"{x:g}"
+
+
+def amount(low: float, high: float, *, above: bool = False) -> Callable[[str], float]:
+    """An argparse `type=`: a finite number in [low, high] (or (low, high] with `above`)."""
+    span = f"above {_num(low)} and at most {_num(high)}" if above else f"from {_num(low)} to {_num(high)}"
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r}: expected a number {span}") from None
+        if not math.isfinite(value) or value < low or value > high or (above and value == low):
+            raise argparse.ArgumentTypeError(f"{text}: expected a finite number {span}")
+        return value
+
+    return parse
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with the CLI's one-line errors (exit 2), the flag named, no usage block."""
+
+    def error(self, message: str) -> Any:  # argparse's own signature says NoReturn
+        raise UsageError(f"{self.prog}: {message} (see --help)")
 
 
 def _runs_dir(args: argparse.Namespace) -> Path:
@@ -59,9 +111,12 @@ def cmd_run(args: argparse.Namespace) -> int:
 # --- rehearse ----------------------------------------------------------------------------------------
 def _depths(text: str) -> list[int]:
     try:
-        return [int(part) for part in text.split(",") if part.strip()]
+        depths = [int(part) for part in text.split(",") if part.strip()]
     except ValueError:
-        raise UsageError(f"--layers {text!r}: expected depths like 1,2,4") from None
+        depths = []
+    if not depths or min(depths) < 1:
+        raise UsageError(f"--layers {text!r}: expected depths of at least one layer, like 1,2,4")
+    return depths
 
 
 def cmd_rehearse(args: argparse.Namespace) -> int:
@@ -129,8 +184,6 @@ def cmd_attach(args: argparse.Namespace) -> int:
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
-    if args.speed <= 0:
-        raise UsageError("--speed must be positive")
     return _open_app(_find(args), live=False, speed=args.speed)
 
 
@@ -349,7 +402,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 # --- parser ----------------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="cockpit",
         description=(
             "Plan, launch, watch and report QLoRA fine-tuning of large Mixture-of-Experts models "
@@ -357,7 +410,7 @@ def build_parser() -> argparse.ArgumentParser:
         ),
         epilog="Exit codes: 0 finished, 1 failed, 2 bad input, 3 stopped, 4 stalled.",
     )
-    common = argparse.ArgumentParser(add_help=False)
+    common = Parser(add_help=False)
     common.add_argument(
         "--runs-dir",
         default=default_runs_dir(),
@@ -414,12 +467,12 @@ def build_parser() -> argparse.ArgumentParser:
     rehearse.add_argument("--layers", default=depths, help=f"depths to measure (default {depths})")
     rehearse.add_argument(
         "--steps",
-        type=int,
+        type=whole(WARMUP_STEPS + 1),
         default=DEFAULT_STEPS,
         help=f"optimizer steps a depth (default {DEFAULT_STEPS}; {WARMUP_STEPS} warm up)",
     )
     rehearse.add_argument(
-        "--gpus", type=int, help="GPUs to rehearse on (default: every GPU here, 0 on a CPU)"
+        "--gpus", type=whole(0, MAX_GPUS), help="GPUs to rehearse on (default: every GPU here, 0 on a CPU)"
     )
     rehearse.add_argument(
         "--no-ui", action="store_true", help="headless: a progress line, then the prediction"
@@ -502,9 +555,11 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument(
         "--profile", default=DEFAULT_PROFILE, help=f"profile name or TOML path (default: {DEFAULT_PROFILE})"
     )
-    plan.add_argument("--gpus", type=int, help="number of GPUs (0: CPU only)")
-    plan.add_argument("--gpu-mem-gib", type=float, help="memory of each GPU in GiB")
-    plan.add_argument("--host-ram-gib", type=float, help="host RAM in GiB")
+    plan.add_argument("--gpus", type=whole(0, MAX_GPUS), help="number of GPUs (0: CPU only)")
+    plan.add_argument(
+        "--gpu-mem-gib", type=amount(0, MAX_GPU_MEM_GIB), help="memory of each GPU in GiB (0: unknown)"
+    )
+    plan.add_argument("--host-ram-gib", type=amount(0, MAX_HOST_RAM_GIB), help="host RAM in GiB (0: unknown)")
     plan.add_argument("--format", choices=("text", "json"), default="text", help="text tables or JSON")
     plan.set_defaults(func=cmd_plan)
 
@@ -514,10 +569,15 @@ def build_parser() -> argparse.ArgumentParser:
     attach.add_argument("run", help="run id, unique id prefix, path, or 'latest'")
     attach.set_defaults(func=cmd_attach)
 
+    from cockpit.record.playback import SPEEDS
+
     replay = sub.add_parser("replay", parents=[common], help="play a saved run record back in the app")
     replay.add_argument("run", help="run id, unique id prefix, path, or 'latest'")
     replay.add_argument(
-        "--speed", type=float, default=1.0, help="times real time (default 1; + and - in the app)"
+        "--speed",
+        type=amount(0, SPEEDS[-1], above=True),
+        default=1.0,
+        help="times real time (default 1; + and - in the app)",
     )
     replay.set_defaults(func=cmd_replay)
     return parser
@@ -525,8 +585,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
     try:
+        args = parser.parse_args(argv)
         return int(args.func(args))
     except (UsageError, ProfileError, LifecycleError) as exc:
         console.print(f"[red]error:[/] {escape(str(exc))}")

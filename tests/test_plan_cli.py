@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -113,3 +114,31 @@ def test_unknown_gpu_memory_is_not_called_a_fit(capsys: pytest.CaptureFixture[st
     assert main(["plan", "--profile", STORY, "--gpu-mem-gib", "0"]) == 0
     text = capsys.readouterr().out
     assert "FITS as configured" not in text and "Fastest that fits (not checked: GPU memory)" in text
+
+
+FIXTURES = Path(__file__).parent / "fixtures" / "profiles"
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (["--gpus", "-1"], "argument --gpus: -1: expected a whole number from 0 to 1,024"),
+        (["--gpus", "2.5"], "argument --gpus: '2.5'"),
+        (["--host-ram-gib", "-5"], "argument --host-ram-gib: -5: expected a finite number from 0"),
+        (["--gpu-mem-gib", "nan"], "argument --gpu-mem-gib: nan: expected a finite number from 0 to 4,096"),
+        (["--gpu-mem-gib", "inf"], "argument --gpu-mem-gib: inf"),
+        (["--gpu-mem-gib", "1e400"], "argument --gpu-mem-gib: 1e400"),
+        (
+            ["--profile", str(FIXTURES / "infinite_gpu_mem.toml")],
+            "hardware.gpu_mem_gib: Input should be a finite",
+        ),
+    ],
+)
+def test_bad_numbers_are_refused_in_one_line(
+    capsys: pytest.CaptureFixture[str], args: list[str], words: str
+) -> None:
+    assert main(["plan", *args]) == 2
+    captured = capsys.readouterr()
+    assert words in captured.err and "Traceback" not in captured.err
+    assert len(captured.err.strip().splitlines()) == 1
+    assert captured.out == ""

@@ -388,7 +388,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from cockpit.plan.render import render
 
     try:
-        profile, _path = load_profile(args.profile)
+        profile, _path = load_profile(args.profile, args.overrides)
         hardware = resolve_hardware(profile, args.gpus, args.gpu_mem_gib, args.host_ram_gib)
         plan = build_plan(profile, hardware)
     except (ProfileError, PlanError) as exc:
@@ -401,6 +401,18 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 # --- parser ----------------------------------------------------------------------------------------
+def _add_overrides(parser: argparse.ArgumentParser) -> None:
+    """`--set section.key=value`, validated with the profile (`cockpit.profiles.apply_overrides`)."""
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="override one profile field, e.g. --set training.max_steps=20 (repeatable)",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(
         prog="cockpit",
@@ -429,14 +441,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--profile", default=DEFAULT_PROFILE, help=f"profile name or TOML path (default: {DEFAULT_PROFILE})"
     )
-    run.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="SECTION.KEY=VALUE",
-        help="override one profile field, e.g. --set training.max_steps=20 (repeatable)",
-    )
+    _add_overrides(run)
     run.add_argument(
         "--no-ui", action="store_true", help="headless: a progress line instead of the full-screen app"
     )
@@ -457,10 +462,7 @@ def build_parser() -> argparse.ArgumentParser:
         "rehearsal keeps the depths it measured.",
     )
     rehearse.add_argument("--profile", default=DEFAULT_PROFILE, help="profile name or TOML path")
-    rehearse.add_argument(
-        "--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
-        help="override one profile field (repeatable)",
-    )  # fmt: skip
+    _add_overrides(rehearse)
     from cockpit.rehearse.measure import DEFAULT_LAYERS, DEFAULT_STEPS, WARMUP_STEPS
 
     depths = ",".join(map(str, DEFAULT_LAYERS))
@@ -555,6 +557,7 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument(
         "--profile", default=DEFAULT_PROFILE, help=f"profile name or TOML path (default: {DEFAULT_PROFILE})"
     )
+    _add_overrides(plan)
     plan.add_argument("--gpus", type=whole(0, MAX_GPUS), help="number of GPUs (0: CPU only)")
     plan.add_argument(
         "--gpu-mem-gib", type=amount(0, MAX_GPU_MEM_GIB), help="memory of each GPU in GiB (0: unknown)"

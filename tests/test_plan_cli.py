@@ -142,3 +142,32 @@ def test_bad_numbers_are_refused_in_one_line(
     assert words in captured.err and "Traceback" not in captured.err
     assert len(captured.err.strip().splitlines()) == 1
     assert captured.out == ""
+
+
+def test_set_overrides_reach_the_plan(capsys: pytest.CaptureFixture[str]) -> None:
+    """`plan --set` goes through the same override path as `run`: the plan is of the changed profile."""
+    args = ["plan", "--profile", STORY, "--format", "json"]
+    assert main([*args, "--set", "training.seq_len=2048", "--set", "hardware.gpus=8"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["configured"]["setup"]["seq_len"] == 2048
+    assert plan["configured"]["setup"]["gpus"] == 8
+    assert plan["hardware"]["source"]["gpus"] == "profile"
+
+
+@pytest.mark.parametrize(
+    ("override", "words"),
+    [
+        ("hardware.host_ram_gib=-5", "hardware.host_ram_gib: Input should be greater than or equal to 0"),
+        ("hardware.gpus=nan", "hardware.gpus"),
+        ("training.learning_rate=inf", "training.learning_rate: Input should be a finite number"),
+        ("training.nope=1", "training.nope: unknown key"),
+        ("training.seq_len", "expected section.key=value"),
+    ],
+)
+def test_bad_set_overrides_name_the_field(
+    capsys: pytest.CaptureFixture[str], override: str, words: str
+) -> None:
+    assert main(["plan", "--set", override]) == 2
+    err = capsys.readouterr().err
+    assert words in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1

@@ -39,6 +39,9 @@ EXIT_BAD_INPUT = 2
 console = Console(stderr=True, highlight=False, soft_wrap=True)
 
 
+PROFILE_HELP = f"profile name (`cockpit profiles` lists them) or TOML path (default: {DEFAULT_PROFILE})"
+
+
 class UsageError(Exception):
     """Bad input from the user: reported in one line, exit 2 (as are profile errors and refusals)."""
 
@@ -400,6 +403,22 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return 0
 
 
+# --- profiles ------------------------------------------------------------------------------------
+def cmd_profiles(args: argparse.Namespace) -> int:
+    """The profiles `--profile NAME` finds, with their descriptions."""
+    from cockpit.profiles import profile_names
+
+    table = Table(box=None, header_style="bold")
+    for col in ("profile", "description", "file"):
+        table.add_column(col)
+    for name, description, path in profile_names():
+        default = " (default)" if name == DEFAULT_PROFILE else ""
+        shown = path.relative_to(Path.cwd()) if path.is_relative_to(Path.cwd()) else path
+        table.add_row(escape(name + default), escape(description), escape(str(shown)))
+    _stdout_console().print(table)
+    return 0
+
+
 # --- parser ----------------------------------------------------------------------------------------
 def _add_overrides(parser: argparse.ArgumentParser) -> None:
     """`--set section.key=value`, validated with the profile (`cockpit.profiles.apply_overrides`)."""
@@ -438,9 +457,7 @@ def build_parser() -> argparse.ArgumentParser:
         "launches the trainer. Closing the terminal never stops the run; Ctrl-C asks it to save a "
         "checkpoint and stop (a second Ctrl-C kills).",
     )
-    run.add_argument(
-        "--profile", default=DEFAULT_PROFILE, help=f"profile name or TOML path (default: {DEFAULT_PROFILE})"
-    )
+    run.add_argument("--profile", default=DEFAULT_PROFILE, help=PROFILE_HELP)
     _add_overrides(run)
     run.add_argument(
         "--no-ui", action="store_true", help="headless: a progress line instead of the full-screen app"
@@ -461,7 +478,7 @@ def build_parser() -> argparse.ArgumentParser:
         "downloaded; a slice that cannot fit here is refused before anything loads (exit 2). A stopped "
         "rehearsal keeps the depths it measured.",
     )
-    rehearse.add_argument("--profile", default=DEFAULT_PROFILE, help="profile name or TOML path")
+    rehearse.add_argument("--profile", default=DEFAULT_PROFILE, help=PROFILE_HELP)
     _add_overrides(rehearse)
     from cockpit.rehearse.measure import DEFAULT_LAYERS, DEFAULT_STEPS, WARMUP_STEPS
 
@@ -514,7 +531,10 @@ def build_parser() -> argparse.ArgumentParser:
         "profile's base model and every --model, to compare open models before deciding to fine-tune.",
     )
     ev.add_argument("run", nargs="?", help="run id, unique prefix, path, or 'latest'")
-    ev.add_argument("--profile", help="profile whose data and quantization to use (evaluation-only run)")
+    ev.add_argument(
+        "--profile",
+        help="profile whose data and quantization to use (evaluation-only run); names: `cockpit profiles`",
+    )
     ev.add_argument(
         "--model", action="append", default=[], metavar="NAME=PATH", help="another model dir to score"
     )
@@ -554,9 +574,7 @@ def build_parser() -> argparse.ArgumentParser:
         "peaks at load and in training, whether the run fits and what binds, and the fastest configuration "
         "that fits. Hardware: flags, else the profile, else this machine (NVML, psutil).",
     )
-    plan.add_argument(
-        "--profile", default=DEFAULT_PROFILE, help=f"profile name or TOML path (default: {DEFAULT_PROFILE})"
-    )
+    plan.add_argument("--profile", default=DEFAULT_PROFILE, help=PROFILE_HELP)
     _add_overrides(plan)
     plan.add_argument("--gpus", type=whole(0, MAX_GPUS), help="number of GPUs (0: CPU only)")
     plan.add_argument(
@@ -565,6 +583,11 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--host-ram-gib", type=amount(0, MAX_HOST_RAM_GIB), help="host RAM in GiB (0: unknown)")
     plan.add_argument("--format", choices=("text", "json"), default="text", help="text tables or JSON")
     plan.set_defaults(func=cmd_plan)
+
+    profiles = sub.add_parser(
+        "profiles", help="list the profiles --profile can name, with their descriptions"
+    )
+    profiles.set_defaults(func=cmd_profiles)
 
     attach = sub.add_parser(
         "attach", parents=[common], help="open the app on a running run, with its whole history"

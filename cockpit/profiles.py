@@ -273,6 +273,21 @@ def resolve_profile_path(name_or_path: str) -> Path:
     raise ProfileError(f"{name_or_path}: no such profile file or name (known: {known})")
 
 
+def profile_names() -> list[tuple[str, str, Path]]:
+    """Every profile a name finds (`./profiles` first, then the shipped ones): name, description, file."""
+    found: dict[str, tuple[str, str, Path]] = {}
+    for directory in (Path.cwd() / "profiles", PROFILES_DIR):
+        for path in sorted(directory.glob("*.toml")):
+            if path.stem in found:
+                continue
+            try:
+                description = str(tomllib.loads(path.read_text(encoding="utf-8")).get("description", ""))
+            except (OSError, tomllib.TOMLDecodeError):
+                description = "(cannot be read as TOML)"
+            found[path.stem] = (path.stem, description, path)
+    return sorted(found.values())
+
+
 def _describe(error: dict[str, Any]) -> str:
     loc = ".".join(str(part) for part in error["loc"]) or "(top level)"
     kind = error["type"]

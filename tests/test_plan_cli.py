@@ -171,3 +171,25 @@ def test_bad_set_overrides_name_the_field(
     err = capsys.readouterr().err
     assert words in err and "Traceback" not in err
     assert len(err.strip().splitlines()) == 1
+
+
+def test_profiles_lists_every_name_with_its_description(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`cockpit profiles`: the shipped ones and those in ./profiles, the names --profile finds."""
+    (tmp_path / "profiles").mkdir()
+    (tmp_path / "profiles" / "mine.toml").write_text('name = "mine"\ndescription = "my [bold] own run"\n')
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("COLUMNS", "200")
+    assert main(["profiles"]) == 0
+    out = capsys.readouterr().out
+    assert "tiny-cpu (default)" in out and "Random-init tiny Qwen3-MoE" in out
+    assert STORY in out and "my [bold] own run" in out
+    assert "profiles/mine.toml" in out
+
+
+def test_profile_help_points_to_the_list(capsys: pytest.CaptureFixture[str]) -> None:
+    for command in ("plan", "run", "rehearse"):
+        with pytest.raises(SystemExit):
+            main([command, "--help"])
+        assert "cockpit profiles" in " ".join(capsys.readouterr().out.split())

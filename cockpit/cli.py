@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import signal
 import sys
 import time
@@ -22,7 +23,14 @@ from rich.table import Table
 from cockpit import __version__, lifecycle
 from cockpit.diagnosis import describe_exit
 from cockpit.lifecycle import LifecycleError, StopOutcome
-from cockpit.profiles import DEFAULT_PROFILE, ProfileError, load_profile
+from cockpit.profiles import (
+    DEFAULT_PROFILE,
+    MAX_GPU_MEM_GIB,
+    MAX_GPUS,
+    MAX_HOST_RAM_GIB,
+    ProfileError,
+    load_profile,
+)
 from cockpit.record import RecordError, RunPaths, check_record
 from cockpit.runs import default_runs_dir
 
@@ -32,8 +40,55 @@ EXIT_BAD_INPUT = 2
 console = Console(stderr=True, highlight=False, soft_wrap=True)
 
 
+PROFILE_HELP = f"profile name (`cockpit profiles` lists them) or TOML path (default: {DEFAULT_PROFILE})"
+
+
 class UsageError(Exception):
     """Bad input from the user: reported in one line, exit 2 (as are profile errors and refusals)."""
+
+
+# --- numbers from flags ------------------------------------------------------------------------------
+def whole(low: int, high: int | None = None) -> Callable[[str], int]:
+    """An argparse `type=`: a whole number from `low` (to `high`); argparse names the flag."""
+    span = f"from {low:,} to {high:,}" if high is not None else f"of at least {low:,}"
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r}: expected a whole number {span}") from None
+        if value < low or (high is not None and value > high):
+            raise argparse.ArgumentTypeError(f"{value}: expected a whole number {span}")
+        return value
+
+    return parse
+
+
+def _num(x: float) -> str:
+    return f"{x:,.0f}" if x == int(x) else f"{x:g}"
+
+
+def amount(low: float, high: float, *, above: bool = False) -> Callable[[str], float]:
+    """An argparse `type=`: a finite number in [low, high] (or (low, high] with `above`)."""
+    span = f"above {_num(low)} and at most {_num(high)}" if above else f"from {_num(low)} to {_num(high)}"
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r}: expected a number {span}") from None
+        if not math.isfinite(value) or value < low or value > high or (above and value == low):
+            raise argparse.ArgumentTypeError(f"{text}: expected a finite number {span}")
+        return value
+
+    return parse
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with the CLI's one-line errors (exit 2), the flag named, no usage block."""
+
+    def error(self, message: str) -> Any:  # argparse's own signature says NoReturn
+        raise UsageError(f"{self.prog}: {message} (see --help)")
 
 
 def _runs_dir(args: argparse.Namespace) -> Path:
@@ -60,9 +115,12 @@ def cmd_run(args: argparse.Namespace) -> int:
 # --- rehearse ----------------------------------------------------------------------------------------
 def _depths(text: str) -> list[int]:
     try:
-        return [int(part) for part in text.split(",") if part.strip()]
+        depths = [int(part) for part in text.split(",") if part.strip()]
     except ValueError:
-        raise UsageError(f"--layers {text!r}: expected depths like 1,2,4") from None
+        depths = []
+    if not depths or min(depths) < 1:
+        raise UsageError(f"--layers {text!r}: expected depths of at least one layer, like 1,2,4")
+    return depths
 
 
 def cmd_rehearse(args: argparse.Namespace) -> int:
@@ -154,8 +212,6 @@ def cmd_attach(args: argparse.Namespace) -> int:
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
-    if args.speed <= 0:
-        raise UsageError("--speed must be positive")
     run_dir = _find_readable(args)
     _require_terminal(
         "replay", f"without one, read the run with `cockpit report {args.run}` or list runs: `cockpit ls`"
@@ -408,7 +464,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from cockpit.plan.render import render
 
     try:
-        profile, _path = load_profile(args.profile)
+        profile, _path = load_profile(args.profile, args.overrides)
         hardware = resolve_hardware(profile, args.gpus, args.gpu_mem_gib, args.host_ram_gib)
         plan = build_plan(profile, hardware)
     except (ProfileError, PlanError) as exc:
@@ -420,9 +476,37 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return 0
 
 
+# --- profiles ------------------------------------------------------------------------------------
+def cmd_profiles(args: argparse.Namespace) -> int:
+    """The profiles `--profile NAME` finds, with their descriptions."""
+    from cockpit.profiles import profile_names
+
+    table = Table(box=None, header_style="bold")
+    for col in ("profile", "description", "file"):
+        table.add_column(col)
+    for name, description, path in profile_names():
+        default = " (default)" if name == DEFAULT_PROFILE else ""
+        shown = path.relative_to(Path.cwd()) if path.is_relative_to(Path.cwd()) else path
+        table.add_row(escape(name + default), escape(description), escape(str(shown)))
+    _stdout_console().print(table)
+    return 0
+
+
 # --- parser ----------------------------------------------------------------------------------------
+def _add_overrides(parser: argparse.ArgumentParser) -> None:
+    """`--set section.key=value`, validated with the profile (`cockpit.profiles.apply_overrides`)."""
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="override one profile field, e.g. --set training.max_steps=20 (repeatable)",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="cockpit",
         description=(
             "Plan, launch, watch and report QLoRA fine-tuning of large Mixture-of-Experts models "
@@ -431,7 +515,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Exit codes: 0 finished, 1 failed, 2 bad input, 3 stopped, 4 stalled.",
     )
     parser.add_argument("--version", action="version", version=f"cockpit {__version__}")
-    common = argparse.ArgumentParser(add_help=False)
+    common = Parser(add_help=False)
     common.add_argument(
         "--runs-dir",
         default=default_runs_dir(),
@@ -447,17 +531,8 @@ def build_parser() -> argparse.ArgumentParser:
         "launches the trainer. Closing the terminal never stops the run; Ctrl-C asks it to save a "
         "checkpoint and stop (a second Ctrl-C kills).",
     )
-    run.add_argument(
-        "--profile", default=DEFAULT_PROFILE, help=f"profile name or TOML path (default: {DEFAULT_PROFILE})"
-    )
-    run.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="SECTION.KEY=VALUE",
-        help="override one profile field, e.g. --set training.max_steps=20 (repeatable)",
-    )
+    run.add_argument("--profile", default=DEFAULT_PROFILE, help=PROFILE_HELP)
+    _add_overrides(run)
     run.add_argument(
         "--no-ui", action="store_true", help="headless: a progress line instead of the full-screen app"
     )
@@ -477,23 +552,20 @@ def build_parser() -> argparse.ArgumentParser:
         "downloaded; a slice that cannot fit here is refused before anything loads (exit 2). A stopped "
         "rehearsal keeps the depths it measured.",
     )
-    rehearse.add_argument("--profile", default=DEFAULT_PROFILE, help="profile name or TOML path")
-    rehearse.add_argument(
-        "--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
-        help="override one profile field (repeatable)",
-    )  # fmt: skip
+    rehearse.add_argument("--profile", default=DEFAULT_PROFILE, help=PROFILE_HELP)
+    _add_overrides(rehearse)
     from cockpit.rehearse.measure import DEFAULT_LAYERS, DEFAULT_STEPS, WARMUP_STEPS
 
     depths = ",".join(map(str, DEFAULT_LAYERS))
     rehearse.add_argument("--layers", default=depths, help=f"depths to measure (default {depths})")
     rehearse.add_argument(
         "--steps",
-        type=int,
+        type=whole(WARMUP_STEPS + 1),
         default=DEFAULT_STEPS,
         help=f"optimizer steps a depth (default {DEFAULT_STEPS}; {WARMUP_STEPS} warm up)",
     )
     rehearse.add_argument(
-        "--gpus", type=int, help="GPUs to rehearse on (default: every GPU here, 0 on a CPU)"
+        "--gpus", type=whole(0, MAX_GPUS), help="GPUs to rehearse on (default: every GPU here, 0 on a CPU)"
     )
     rehearse.add_argument(
         "--no-ui", action="store_true", help="headless: a progress line, then the prediction"
@@ -541,7 +613,10 @@ def build_parser() -> argparse.ArgumentParser:
         "profile's base model and every --model, to compare open models before deciding to fine-tune.",
     )
     ev.add_argument("run", nargs="?", help="run id, unique prefix, path, or 'latest'")
-    ev.add_argument("--profile", help="profile whose data and quantization to use (evaluation-only run)")
+    ev.add_argument(
+        "--profile",
+        help="profile whose data and quantization to use (evaluation-only run); names: `cockpit profiles`",
+    )
     ev.add_argument(
         "--model", action="append", default=[], metavar="NAME=PATH", help="another model dir to score"
     )
@@ -581,14 +656,20 @@ def build_parser() -> argparse.ArgumentParser:
         "peaks at load and in training, whether the run fits and what binds, and the fastest configuration "
         "that fits. Hardware: flags, else the profile, else this machine (NVML, psutil).",
     )
+    plan.add_argument("--profile", default=DEFAULT_PROFILE, help=PROFILE_HELP)
+    _add_overrides(plan)
+    plan.add_argument("--gpus", type=whole(0, MAX_GPUS), help="number of GPUs (0: CPU only)")
     plan.add_argument(
-        "--profile", default=DEFAULT_PROFILE, help=f"profile name or TOML path (default: {DEFAULT_PROFILE})"
+        "--gpu-mem-gib", type=amount(0, MAX_GPU_MEM_GIB), help="memory of each GPU in GiB (0: unknown)"
     )
-    plan.add_argument("--gpus", type=int, help="number of GPUs (0: CPU only)")
-    plan.add_argument("--gpu-mem-gib", type=float, help="memory of each GPU in GiB")
-    plan.add_argument("--host-ram-gib", type=float, help="host RAM in GiB")
+    plan.add_argument("--host-ram-gib", type=amount(0, MAX_HOST_RAM_GIB), help="host RAM in GiB (0: unknown)")
     plan.add_argument("--format", choices=("text", "json"), default="text", help="text tables or JSON")
     plan.set_defaults(func=cmd_plan)
+
+    profiles = sub.add_parser(
+        "profiles", help="list the profiles --profile can name, with their descriptions"
+    )
+    profiles.set_defaults(func=cmd_profiles)
 
     attach = sub.add_parser(
         "attach", parents=[common], help="open the app on a running run, with its whole history"
@@ -599,10 +680,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     attach.set_defaults(func=cmd_attach)
 
+    from cockpit.record.playback import SPEEDS
+
     replay = sub.add_parser("replay", parents=[common], help="play a saved run record back in the app")
     replay.add_argument("run", help="run id, unique id prefix, path, or 'latest'")
     replay.add_argument(
-        "--speed", type=float, default=1.0, help="times real time (default 1; + and - in the app)"
+        "--speed",
+        type=amount(0, SPEEDS[-1], above=True),
+        default=1.0,
+        help="times real time (default 1; + and - in the app)",
     )
     replay.set_defaults(func=cmd_replay)
     return parser
@@ -610,8 +696,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
     try:
+        args = parser.parse_args(argv)
         return int(args.func(args))
     except (UsageError, ProfileError, LifecycleError, RecordError) as exc:
         console.print(f"[red]error:[/] {escape(str(exc))}")

@@ -21,14 +21,20 @@ BUILTIN_PREFIX = "builtin:"
 BUILTIN_MODELS = ("builtin:tiny-qwen3-moe",)
 BUILTIN_DATA = ("builtin:tiny-tenants",)
 
+# Every float of a profile is finite (`allow_inf_nan=False` on every section): TOML spells inf and nan.
 PositiveInt = Annotated[int, Field(gt=0)]
 NonNegInt = Annotated[int, Field(ge=0)]
 PositiveFloat = Annotated[float, Field(gt=0)]
+NonNegFloat = Annotated[float, Field(ge=0)]
 Fraction = Annotated[float, Field(ge=0, lt=1)]
+Seed = Annotated[int, Field(ge=0, lt=2**32)]  # NumPy's seed range (Transformers seeds NumPy with it)
+MAX_GPUS = 1024
+MAX_GPU_MEM_GIB = 4096.0
+MAX_HOST_RAM_GIB = 1024.0**2  # 1 PiB
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class ModelSpec(_Section):
@@ -51,10 +57,14 @@ class ModelSpec(_Section):
 class HardwareSpec(_Section):
     """The machine the run is planned for. `gpus = 0` trains on the CPU."""
 
-    gpus: NonNegInt = 0
+    gpus: Annotated[int, Field(ge=0, le=MAX_GPUS)] = 0
     gpu_name: str = ""
-    gpu_mem_gib: Annotated[float, Field(ge=0)] = 0.0
-    host_ram_gib: Annotated[float, Field(ge=0)] = 0.0
+    gpu_mem_gib: Annotated[float, Field(ge=0, le=MAX_GPU_MEM_GIB)] = Field(
+        default=0.0, description="Memory of each GPU in GiB; 0: unknown (this machine's, for a plan)."
+    )
+    host_ram_gib: Annotated[float, Field(ge=0, le=MAX_HOST_RAM_GIB)] = Field(
+        default=0.0, description="Host RAM in GiB; 0: unknown (this machine's, for a plan)."
+    )
 
 
 class QuantizationSpec(_Section):
@@ -107,7 +117,7 @@ class DeepSpeedSpec(_Section):
         description="Parameters with at most this many elements stay whole on every GPU (never gathered); "
         "0: DeepSpeed's 10 x hidden size.",
     )
-    prefetch_layers: Annotated[float, Field(ge=0)] = Field(
+    prefetch_layers: NonNegFloat = Field(
         default=0.0,
         description="ZeRO-3 prefetch bucket in decoder layers (the next layer's weights fetched while this "
         "one computes); 0: DeepSpeed's size from the hidden size.",
@@ -129,7 +139,7 @@ class TrainingSpec(_Section):
     micro_batch_size: PositiveInt = 1
     grad_accum: PositiveInt = 1
     learning_rate: PositiveFloat = 2e-4
-    weight_decay: Annotated[float, Field(ge=0)] = 0.0
+    weight_decay: NonNegFloat = 0.0
     warmup_ratio: Fraction = 0.03
     lr_scheduler: Literal["linear", "cosine", "constant", "constant_with_warmup"] = "cosine"
     epochs: PositiveFloat = 1.0
@@ -156,7 +166,7 @@ class TrainingSpec(_Section):
         default=0, description="Checkpoint every N optimizer steps; 0 = only at the end."
     )
     save_total_limit: PositiveInt = 2
-    seed: int = 0
+    seed: Seed = 0
     stall_timeout_s: PositiveFloat = Field(
         default=1800.0, description="Stop a run with no step for this long."
     )
@@ -168,7 +178,7 @@ class DataSpec(_Section):
     source: str = Field(min_length=1, description="A .jsonl file, or builtin:tiny-tenants.")
     train_examples_per_tenant: PositiveInt = 320
     eval_examples_per_tenant: PositiveInt = 40
-    seed: int = 0
+    seed: Seed = 0
     examples: NonNegInt = Field(
         default=0,
         description="Training examples, for plans and rehearsals where the data file is not (0: unknown).",
@@ -191,10 +201,10 @@ class EvalSpec(_Section):
 class CostSpec(_Section):
     """Prices for the serving-cost comparison."""
 
-    serving_hour_usd: Annotated[float, Field(ge=0)] = Field(
+    serving_hour_usd: NonNegFloat = Field(
         default=0.0, description="Hourly price of the machine that serves the tuned model (all its GPUs)."
     )
-    api_usd_per_mtok: Annotated[float, Field(ge=0)] = 0.0
+    api_usd_per_mtok: NonNegFloat = 0.0
     api_name: str = ""
 
 
@@ -264,6 +274,21 @@ def resolve_profile_path(name_or_path: str) -> Path:
     raise ProfileError(f"{name_or_path}: no such profile file or name (known: {known})")
 
 
+def profile_names() -> list[tuple[str, str, Path]]:
+    """Every profile a name finds (`./profiles` first, then the shipped ones): name, description, file."""
+    found: dict[str, tuple[str, str, Path]] = {}
+    for directory in (Path.cwd() / "profiles", PROFILES_DIR):
+        for path in sorted(directory.glob("*.toml")):
+            if path.stem in found:
+                continue
+            try:
+                description = str(tomllib.loads(path.read_text(encoding="utf-8")).get("description", ""))
+            except (OSError, tomllib.TOMLDecodeError):
+                description = "(cannot be read as TOML)"
+            found[path.stem] = (path.stem, description, path)
+    return sorted(found.values())
+
+
 def _describe(error: dict[str, Any]) -> str:
     loc = ".".join(str(part) for part in error["loc"]) or "(top level)"
     kind = error["type"]
@@ -283,6 +308,8 @@ def parse_profile(data: dict[str, Any], source: str) -> Profile:
         return Profile.model_validate(data)
     except ValidationError as exc:
         lines = [_describe(err) for err in exc.errors(include_url=False)]
+        if len(lines) == 1:  # one line naming the file and the field
+            raise ProfileError(f"{source}: {lines[0]}") from None
         raise ProfileError(f"{source}: invalid profile\n  " + "\n  ".join(lines)) from None
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -113,3 +114,82 @@ def test_unknown_gpu_memory_is_not_called_a_fit(capsys: pytest.CaptureFixture[st
     assert main(["plan", "--profile", STORY, "--gpu-mem-gib", "0"]) == 0
     text = capsys.readouterr().out
     assert "FITS as configured" not in text and "Fastest that fits (not checked: GPU memory)" in text
+
+
+FIXTURES = Path(__file__).parent / "fixtures" / "profiles"
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (["--gpus", "-1"], "argument --gpus: -1: expected a whole number from 0 to 1,024"),
+        (["--gpus", "2.5"], "argument --gpus: '2.5'"),
+        (["--host-ram-gib", "-5"], "argument --host-ram-gib: -5: expected a finite number from 0"),
+        (["--gpu-mem-gib", "nan"], "argument --gpu-mem-gib: nan: expected a finite number from 0 to 4,096"),
+        (["--gpu-mem-gib", "inf"], "argument --gpu-mem-gib: inf"),
+        (["--gpu-mem-gib", "1e400"], "argument --gpu-mem-gib: 1e400"),
+        (
+            ["--profile", str(FIXTURES / "infinite_gpu_mem.toml")],
+            "hardware.gpu_mem_gib: Input should be a finite",
+        ),
+    ],
+)
+def test_bad_numbers_are_refused_in_one_line(
+    capsys: pytest.CaptureFixture[str], args: list[str], words: str
+) -> None:
+    assert main(["plan", *args]) == 2
+    captured = capsys.readouterr()
+    assert words in captured.err and "Traceback" not in captured.err
+    assert len(captured.err.strip().splitlines()) == 1
+    assert captured.out == ""
+
+
+def test_set_overrides_reach_the_plan(capsys: pytest.CaptureFixture[str]) -> None:
+    """`plan --set` goes through the same override path as `run`: the plan is of the changed profile."""
+    args = ["plan", "--profile", STORY, "--format", "json"]
+    assert main([*args, "--set", "training.seq_len=2048", "--set", "hardware.gpus=8"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["configured"]["setup"]["seq_len"] == 2048
+    assert plan["configured"]["setup"]["gpus"] == 8
+    assert plan["hardware"]["source"]["gpus"] == "profile"
+
+
+@pytest.mark.parametrize(
+    ("override", "words"),
+    [
+        ("hardware.host_ram_gib=-5", "hardware.host_ram_gib: Input should be greater than or equal to 0"),
+        ("hardware.gpus=nan", "hardware.gpus"),
+        ("training.learning_rate=inf", "training.learning_rate: Input should be a finite number"),
+        ("training.nope=1", "training.nope: unknown key"),
+        ("training.seq_len", "expected section.key=value"),
+    ],
+)
+def test_bad_set_overrides_name_the_field(
+    capsys: pytest.CaptureFixture[str], override: str, words: str
+) -> None:
+    assert main(["plan", "--set", override]) == 2
+    err = capsys.readouterr().err
+    assert words in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_profiles_lists_every_name_with_its_description(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`cockpit profiles`: the shipped ones and those in ./profiles, the names --profile finds."""
+    (tmp_path / "profiles").mkdir()
+    (tmp_path / "profiles" / "mine.toml").write_text('name = "mine"\ndescription = "my [bold] own run"\n')
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("COLUMNS", "200")
+    assert main(["profiles"]) == 0
+    out = capsys.readouterr().out
+    assert "tiny-cpu (default)" in out and "Random-init tiny Qwen3-MoE" in out
+    assert STORY in out and "my [bold] own run" in out
+    assert "profiles/mine.toml" in out
+
+
+def test_profile_help_points_to_the_list(capsys: pytest.CaptureFixture[str]) -> None:
+    for command in ("plan", "run", "rehearse"):
+        with pytest.raises(SystemExit):
+            main([command, "--help"])
+        assert "cockpit profiles" in " ".join(capsys.readouterr().out.split())

@@ -15,12 +15,14 @@ from cockpit.record import write_manifest
     [
         (["--layers", "4"], "two different depths"),
         (["--layers", "1,1"], "two different depths"),
-        (["--layers", "0,2"], "two different depths"),
+        (["--layers", "0,2"], "expected depths of at least one layer"),
         (["--layers", "1,9"], "deeper than the model (4 layers)"),
-        (["--layers", "1,x"], "expected depths like 1,2,4"),
-        (["--steps", "2"], "--steps 2: at least 3"),
+        (["--layers", "1,x"], "expected depths of at least one layer, like 1,2,4"),
+        (["--steps", "2"], "argument --steps: 2: expected a whole number of at least 3"),
+        (["--steps", "nan"], "argument --steps: 'nan'"),
         (["--gpus", "8"], "--gpus 8: this machine has"),
-        (["--gpus", "-1"], "--gpus -1: this machine has"),
+        (["--gpus", "-1"], "argument --gpus: -1: expected a whole number from 0"),
+        (["--set", "training.learning_rate=inf"], "training.learning_rate: Input should be a finite number"),
         (["--set", 'model.loader="transformers"'], "model.loader"),
     ],
 )

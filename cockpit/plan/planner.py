@@ -26,6 +26,7 @@ from cockpit.plan.model import (
     estimate,
     lora_params,
 )
+from cockpit.plan.units import size
 from cockpit.profiles import BUILTIN_PREFIX, Profile
 
 
@@ -308,7 +309,8 @@ class Plan:
 
 
 def gib(n: float) -> str:
-    return f"{n / GiB:,.1f} GiB"
+    """Bytes in the unit that fits (GiB for the story's sizes, MiB or KiB for a tiny model's)."""
+    return size(n)
 
 
 def estimate_dict(e: Estimate) -> dict[str, Any]:

@@ -7,16 +7,18 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from cockpit.plan.model import GB, Estimate, GiB, activations
+from cockpit.plan.model import Estimate, GiB, activations
 from cockpit.plan.planner import Plan
+from cockpit.plan.units import common_unit, size
 
 
 def _gb(n: float) -> str:
-    return f"{n / GB:,.1f} GB"
+    return size(n, binary=False)
 
 
-def _gib(n: float) -> str:
-    return f"{n / GiB:,.1f}"
+def _in(n: float, unit: int) -> str:
+    """A figure of a table whose unit is in its header or caption."""
+    return f"{n / unit:,.1f}"
 
 
 def _params(n: float) -> str:
@@ -114,19 +116,19 @@ def facts_table(plan: Plan) -> Table:
         "LoRA", f"r={plan.inputs.lora_r} on {', '.join(plan.inputs.lora_targets)}: {_params(lora)} trainable"
     )
     table.add_row(
-        "optimizer state", f"{_gib(16 * lora)} GiB (fp32 master + 2 Adam moments + fp32 grads, 16 B/param)"
+        "optimizer state", f"{size(16 * lora)} (fp32 master + 2 Adam moments + fp32 grads, 16 B/param)"
     )
     table.add_row(
         "activations / micro-batch",
-        f"seq {s.seq_len} x {s.micro_batch}: {_gib(acts.total(True))} GiB with gradient checkpointing, "
-        f"{_gib(acts.total(False))} GiB without (logits + loss {_gib(acts.logits)} GiB)",
+        f"seq {s.seq_len} x {s.micro_batch}: {size(acts.total(True))} with gradient checkpointing, "
+        f"{size(acts.total(False))} without (logits + loss {size(acts.logits)})",
     )
     if s.gpus:
-        name, size = w.largest_layer()
+        layer, layer_bytes = w.largest_layer()
         table.add_row(
             "ZeRO-3",
-            f"{s.ranks} partition(s) of {_gib(w.data_bytes / s.ranks)} GiB; largest gathered layer {name}: "
-            f"{_gib(size)} GiB; Linear4bit quantization state {_gib(w.state_bytes)} GiB stays whole on every "
+            f"{s.ranks} partition(s) of {size(w.data_bytes / s.ranks)}; largest gathered layer {layer}: "
+            f"{size(layer_bytes)}; Linear4bit quantization state {size(w.state_bytes)} stays whole on every "
             "GPU"
             + (
                 "; the packed experts' scales are parameters, partitioned"
@@ -137,14 +139,14 @@ def facts_table(plan: Plan) -> Table:
         if e.pinned_rounded:
             table.add_row(
                 "pinned offload buffers",
-                f"{_gib(e.pinned_rounded)} GiB per rank ({_gib(e.pinned_exact)} GiB of partitions; "
+                f"{size(e.pinned_rounded)} per rank ({size(e.pinned_exact)} of partitions; "
                 "the pinned allocator rounds each up to a power of two)",
             )
     disk = plan.disk()
     table.add_row(
         "disk",
-        f"model files {_gb(disk['model_files'])}; each checkpoint {_gib(disk['per_checkpoint'])} GiB "
-        f"(LoRA + optimizer), {plan.save_total_limit} kept: {_gib(disk['checkpoints_kept'])} GiB",
+        f"model files {_gb(disk['model_files'])}; each checkpoint {size(disk['per_checkpoint'])} "
+        f"(LoRA + optimizer), {plan.save_total_limit} kept: {size(disk['checkpoints_kept'])}",
     )
     return table
 
@@ -155,12 +157,27 @@ def phases_table(plan: Plan) -> Table:
     table = Table(
         title=f"Memory as configured: {e.setup.describe()}", title_justify="left", header_style="bold"
     )
-    for col in ("GiB", "load", "training", "usable", "what dominates"):
-        table.add_column(col, justify="left" if col in ("GiB", "what dominates") else "right")
+    # One unit for the table, the one that fits its largest peak (the usable limits follow it).
+    name, unit = common_unit(
+        [
+            e.load.gpu_peak,
+            e.train.gpu_peak,
+            e.load.host_peak,
+            e.train.host_peak,
+            e.load.rss_peak,
+            e.train.rss_peak,
+        ]
+    )
+
+    def fig(n: float) -> str:
+        return _in(n, unit)
+
+    for col in (name, "load", "training", "usable", "what dominates"):
+        table.add_column(col, justify="left" if col in (name, "what dominates") else "right")
 
     def top(terms: dict[str, int]) -> str:
         items = sorted(((v, k) for k, v in terms.items() if v > 0), reverse=True)[:2]
-        return ", ".join(f"{k} {_gib(v)}" for v, k in items)
+        return ", ".join(f"{k} {fig(v)}" for v, k in items)
 
     checks = {c.name: c for c in e.checks}
     gpu_limit = hw.gpu_mem_gib * GiB * a.gpu_usable_fraction
@@ -169,27 +186,27 @@ def phases_table(plan: Plan) -> Table:
         load_ok, train_ok = checks["GPU memory at load"].ok, checks["GPU memory in training"].ok
         table.add_row(
             "GPU peak, per GPU",
-            f"{_gib(e.load.gpu_peak)} {_mark(load_ok)}",
-            f"{_gib(e.train.gpu_peak)} {_mark(train_ok)}",
-            _gib(gpu_limit) if gpu_limit else "?",
+            f"{fig(e.load.gpu_peak)} {_mark(load_ok)}",
+            f"{fig(e.train.gpu_peak)} {_mark(train_ok)}",
+            fig(gpu_limit) if gpu_limit else "?",
             f"load: {top(e.load.gpu)}; training: {top(e.train.gpu)}",
         )
     table.add_row(
         "host RAM, whole machine",
-        f"{_gib(e.load.host_peak)} {_mark(checks['host RAM at load'].ok)}",
-        f"{_gib(e.train.host_peak)} {_mark(checks['host RAM in training'].ok)}",
-        _gib(host_limit),
+        f"{fig(e.load.host_peak)} {_mark(checks['host RAM at load'].ok)}",
+        f"{fig(e.train.host_peak)} {_mark(checks['host RAM in training'].ok)}",
+        fig(host_limit),
         f"load: {top(e.load.host)}; training: {top(e.train.host)}",
     )
     table.add_row(
         "RSS, per rank process",
-        _gib(e.load.rss_peak),
-        _gib(e.train.rss_peak),
+        fig(e.load.rss_peak),
+        fig(e.train.rss_peak),
         "",
         f"load: {top(e.load.rss)}; training: {top(e.train.rss)}",
     )
     table.caption = (
-        f"Plus {_gib(e.load.page_cache)} GiB of page cache while the checkpoint is read (shared by the "
+        f"Plus {size(e.load.page_cache)} of page cache while the checkpoint is read (shared by the "
         "ranks, reclaimable; each rank's RSS counts the pages it maps)."
     )
     table.caption_justify = "left"
@@ -216,6 +233,20 @@ def options_table(plan: Plan) -> Table:
         "tokens/s",
     ):
         table.add_column(col, justify="left" if col in ("option", "offload", "loader", "fits") else "right")
+    name, unit = common_unit(
+        v
+        for o in plan.options
+        for v in (
+            o.estimate.load.gpu_peak,
+            o.estimate.train.gpu_peak,
+            o.estimate.load.host_peak,
+            o.estimate.train.host_peak,
+        )
+    )
+
+    def fig(n: float) -> str:
+        return _in(n, unit)
+
     for o in plan.options:
         e = o.estimate
         s, b = e.setup, e.binding
@@ -225,17 +256,17 @@ def options_table(plan: Plan) -> Table:
             s.offload,
             "layer by layer" if s.loader == "layerwise" else "from_pretrained",
             fits,
-            _gib(e.load.gpu_peak),
-            _gib(e.train.gpu_peak),
-            _gib(e.load.host_peak),
-            _gib(e.train.host_peak),
+            fig(e.load.gpu_peak),
+            fig(e.train.gpu_peak),
+            fig(e.load.host_peak),
+            fig(e.train.host_peak),
             f"{e.transfer_s:.2f}" if e.transfer_s is not None else "-",
             _speed(e, ref),
         )
     a = plan.inputs.assumptions
     sp = a.speed
     table.caption = (
-        f"GiB per GPU and for the whole host; {ref.setup.gpus} GPU(s) and seq {ref.setup.seq_len} unless "
+        f"{name} per GPU and for the whole host; {ref.setup.gpus} GPU(s) and seq {ref.setup.seq_len} unless "
         f"the option says. A micro-batch's step = max(compute, all-gathers at {a.nvlink_gbps:g} GB/s) + "
         f"{sp.offload_exposed:.2f} x host-to-device copies at {a.h2d_gbps:g} GB/s per GPU; compute = "
         f"{sp.fixed_s * 1000:.0f} ms + {sp.layer_s * 1000:.1f} ms a layer + model FLOPs at "
@@ -264,9 +295,9 @@ def verdict_text(plan: Plan) -> Text:
         unknown = f" (not checked: {' and '.join(e.unchecked)})" if e.unchecked else ""
         lines.append(
             f"[bold]Fastest that fits{unknown}:[/] {bs.setup.describe()}: "
-            f"GPU {_gib(bs.load.gpu_peak)} GiB at load, "
-            f"{_gib(bs.train.gpu_peak)} GiB in training; host {_gib(bs.load.host_peak)} GiB at load, "
-            f"{_gib(bs.train.host_peak)} GiB in training; ~{bs.tokens_per_s:,.0f} tokens/s"
+            f"GPU {size(bs.load.gpu_peak)} at load, "
+            f"{size(bs.train.gpu_peak)} in training; host {size(bs.load.host_peak)} at load, "
+            f"{size(bs.train.host_peak)} in training; ~{bs.tokens_per_s:,.0f} tokens/s"
         )
         lines.extend(f"  note: {n}" for n in bs.notes)
     elif e.setup.gpus and not e.fits:
@@ -303,9 +334,13 @@ def experts_text(plan: Plan) -> Text | None:
             "bitsandbytes does not quantize; quantization.quantize_experts = false). In 4 bit instead, "
         )
     body = (
-        f"weights {_gb(other)} instead of {_gb(mine)}; GPU at load {_gib(alt.load.gpu_peak)} GiB instead of "
-        f"{_gib(e.load.gpu_peak)}; host in training {_gib(alt.train.host_peak)} GiB instead of "
-        f"{_gib(e.train.host_peak)}; "
+        f"weights {_gb(other)} instead of {_gb(mine)}; "
+        + (  # a CPU plan has no GPU to load onto
+            f"GPU at load {size(alt.load.gpu_peak)} instead of {size(e.load.gpu_peak)}; "
+            if alt.load.gpu_peak or e.load.gpu_peak
+            else ""
+        )
+        + f"host in training {size(alt.train.host_peak)} instead of {size(e.train.host_peak)}; "
     )
     if alt.transfer_s is not None and e.transfer_s is not None:
         body += f"host-to-device {alt.transfer_s:.2f} s/step instead of {e.transfer_s:.2f}; "
@@ -316,7 +351,7 @@ def experts_text(plan: Plan) -> Text | None:
         c = found.closest
         b = c.binding
         body += f"[bold red]no option fits[/]: the closest ({c.setup.describe()})" + (
-            f" needs {_gib(b.need)} GiB of {_gib(b.limit)} for {b.name}." if b else "."
+            f" needs {size(b.need)} of {size(b.limit)} for {b.name}." if b else "."
         )
     return Text.from_markup(head + body)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from cockpit.profiles import Profile
 
@@ -43,13 +44,13 @@ def needs_cpu_adam(profile: Profile) -> bool:
 
 
 def extensions_dir(name: str) -> Path:
-    """The torch extensions cache folder an op named `name` is JIT-built into (honours TORCH_EXTENSIONS_DIR)."""
+    """The torch extensions folder an op named `name` is JIT-built into (honours TORCH_EXTENSIONS_DIR)."""
     from torch.utils.cpp_extension import _get_build_directory
 
     return Path(_get_build_directory(name, verbose=False))
 
 
-def _builder():  # noqa: ANN202 (a DeepSpeed class chosen by its accelerator)
+def _builder() -> Any:  # the accelerator's CPUAdamBuilder
     from deepspeed.ops.op_builder import CPUAdamBuilder
 
     return CPUAdamBuilder()

@@ -156,3 +156,24 @@ def test_the_trainer_says_it_builds_before_it_builds(
         "tiny-cpu", ["deepspeed.offload_optimizer=none", "deepspeed.offload_param=none"]
     )
     assert build_ops(no_offload, lambda name, **f: pytest.fail("no build phase expected")) is None
+
+
+def test_prebuild_says_what_it_does_and_reports_a_failed_build(
+    empty_cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import time
+
+    if dsops.cpu_adam_state().where == "installed with DeepSpeed":
+        pytest.skip("DeepSpeed was installed with its ops prebuilt")
+    said: list[str] = []
+    monkeypatch.setattr(dsops, "build_cpu_adam", lambda: time.sleep(0.3))
+    check = doctor.prebuild(said.append, every_s=0.05)
+    assert check.status == "ok" and check.reason.startswith("built in")
+    assert str(empty_cache / "cpu_adam") in said[0] and any("still building" in s for s in said[1:])
+
+    def broken() -> None:
+        raise RuntimeError("Unable to JIT load the cpu_adam op due to ninja not being installed.")
+
+    monkeypatch.setattr(dsops, "build_cpu_adam", broken)
+    failed = doctor.prebuild(said.append)
+    assert failed.status == "fail" and "ninja not being installed" in failed.reason

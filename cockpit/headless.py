@@ -44,6 +44,7 @@ PLAIN_EVERY_S = 60.0
 PHASE_WORDS = {
     "setup": "setting up",
     "load": "loading the model",
+    "build": "building DeepSpeed ops",
     "train": "training",
     "save": "saving the adapter",
     "eval": "scoring the held-out split",
@@ -105,7 +106,7 @@ class PlainLog:
             self._step, self._step_t, new_step = view.step, now, False
         if view.phase != self._phase and view.phase != "starting":
             self._phase = view.phase
-            words = PHASE_WORDS.get(view.phase)
+            words = view.phase_message or PHASE_WORDS.get(view.phase)
             lines.append(f"phase {view.phase}" + (f": {words}" if words else ""))
         if new_step and self._step is None:  # this attempt's first step line (mid-run when following late)
             first = view.step == view.start_step + 1
@@ -205,9 +206,13 @@ class HeadlessViewer:
         )
         with progress:
             task = progress.add_task("run", total=None, phase="start", loss="-", tps="-", eta="--:--")
+            said: list[str | None] = [None]  # the phase message last printed above the bar
 
             def show() -> None:
                 v = self.view
+                if v.phase_message and v.phase_message != said[0]:
+                    progress.console.print(f"[cyan]{escape(v.phase)}:[/] {escape(v.phase_message)}")
+                said[0] = v.phase_message
                 evaluating = v.phase == "eval" and v.eval_total > 0
                 progress.update(
                     task,

@@ -10,6 +10,7 @@ import argparse
 import os
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -72,7 +73,8 @@ class Recipe:
     def phase(self, name: str, **fields: Any) -> None:
         self.events.write("phase", phase=name, pid=os.getpid(), **fields)
         if self.rank == 0:
-            print(f"[cockpit] phase: {name}", flush=True)
+            words = f": {fields['message']}" if fields.get("message") else ""
+            print(f"[cockpit] phase: {name}{words}", flush=True)
 
     # --- setup -------------------------------------------------------------------------------
 
@@ -284,6 +286,11 @@ class Recipe:
         )
 
     # --- train and save ------------------------------------------------------------------------
+    def build_ops(self) -> None:
+        """Build DeepSpeed's CPU Adam before training when the run needs it and it is not built, saying
+        so first (a `build` phase): the compile takes minutes on a fresh environment."""
+        build_ops(self.profile, self.phase)
+
     def train(self) -> str:
         """Train to the end or to a stop request; returns `finished` or `stopped`."""
         from trainer.checkpoints import last_complete_checkpoint
@@ -296,6 +303,7 @@ class Recipe:
             self.events.write(
                 "resume", checkpoint=checkpoint, skipped_incomplete=[str(p) for p in incomplete]
             )
+        self.build_ops()
         self.phase("train")
         result = self.trainer.train(resume_from_checkpoint=checkpoint)
         self.events.write(
@@ -343,6 +351,21 @@ class Recipe:
         )
         self.events.sync()
         self.events.close()
+
+
+def build_ops(profile: Profile, phase: Callable[..., None]) -> str | None:
+    """Build the DeepSpeed ops `profile` needs that are not built yet, after a `build` phase that names
+    them; returns the op built, or None. DeepSpeed's engine then reuses the loaded op."""
+    from cockpit import dsops
+
+    if not dsops.needs_cpu_adam(profile):
+        return None
+    state = dsops.cpu_adam_state()
+    if state.built or not state.compatible:  # an incompatible op fails in DeepSpeed, with its own words
+        return None
+    phase("build", ops=[state.name], message=dsops.BUILD_NOTE, cache=state.where)
+    dsops.build_cpu_adam()
+    return state.name
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -72,6 +72,7 @@ class Header:
     stop_requested: bool
     eval_progress: str | None = None  # "adapter 120/200" while the evaluation stage runs
     warning: str | None = None  # a stall suspected, the supervisor lost
+    phase_message: str | None = None  # what the trainer says of its phase ("building DeepSpeed CPU ops ...")
 
 
 @dataclass(frozen=True)
@@ -238,6 +239,7 @@ def build_header(pb: Playback, lost: str | None = None) -> Header:
         profile=str(m.get("profile_name") or "?"),
         status=status,
         phase=v.phase,
+        phase_message=v.phase_message,
         step=v.step,
         max_steps=v.max_steps,
         epoch=epoch,

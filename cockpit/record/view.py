@@ -45,6 +45,7 @@ class RunView(Fold):
 
     phase: str = "starting"
     phase_t: float | None = None  # when rank 0 entered `phase`
+    phase_message: str | None = None  # what rank 0 said of its phase (the `build` phase says what it builds)
     max_steps: int | None = None
     start_step: int = 0
     train_started_t: float | None = None
@@ -115,12 +116,13 @@ class RunView(Fold):
 
     def _on_phase(self, e: Event) -> None:
         if e.get("rank", 0) == 0:
-            self.phase, self.phase_t = e["phase"], e["t"]
+            self.phase, self.phase_t, self.phase_message = e["phase"], e["t"], e.get("message")
 
     def _on_launch(self, e: Event) -> None:
         """A new training attempt (a resume): the last attempt's phase and outcome no longer hold."""
         if e.get("stage") == "train":
             self.phase, self.phase_t, self.trainer_outcome = "starting", e["t"], None
+            self.phase_message = None
 
     def _on_train_begin(self, e: Event) -> None:
         if e.get("rank", 0) != 0:

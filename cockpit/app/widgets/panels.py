@@ -54,6 +54,8 @@ def header_text(h: Header) -> Text:
     text.append(" · ETA ")
     text.append(_duration(h.eta_s), "bold")
     text.append(f" · phase {h.phase}")
+    if h.phase_message:
+        text.append(f" ({h.phase_message})", "italic yellow")
     if h.eval_progress:
         text.append(f" ({h.eval_progress})")
     if h.loss is not None:

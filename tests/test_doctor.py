@@ -1,0 +1,179 @@
+"""`cockpit doctor` on this machine, its JSON, known-bad combinations, and the trainer's `build` phase."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from cockpit import cli, doctor, dsops
+from cockpit.headless import PlainLog
+from cockpit.profiles import load_profile
+from cockpit.record import EventWriter, RunReader
+from cockpit.record.view import RunView
+
+
+@pytest.fixture
+def empty_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A fresh torch extensions cache: nothing JIT-built in it yet."""
+    cache = tmp_path / "torch_extensions"
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(cache))
+    return cache
+
+
+def _by_name(exam: doctor.Examination) -> dict[str, doctor.Check]:
+    return {c.name: c for c in exam.checks}
+
+
+def test_each_check_on_this_machine_tells_the_truth(tmp_path: Path) -> None:
+    profile, _ = load_profile("tiny-cpu")
+    checks = _by_name(doctor.examine(profile, tmp_path / "runs"))
+    assert set(checks) == {
+        "libraries", "experts in 4 bit", "partition at load", "DeepSpeed CPU Adam", "c++ compiler", "ninja",
+        "GPUs", "host RAM", "disk", "plan",
+    }  # fmt: skip
+    assert all(c.status in ("ok", "warn", "fail") and c.reason for c in checks.values())
+    # The compiler and ninja are reported as they are on PATH here, present or not.
+    assert (checks["c++ compiler"].status == "ok") == (shutil.which("c++") is not None)
+    assert (checks["ninja"].status == "ok") == (shutil.which("ninja") is not None)
+    gpus, why = doctor.nvml_gpus()
+    if not gpus:  # this machine: no GPU, NVML says why; the tiny profile needs none
+        assert "NVML" in why and why in checks["GPUs"].reason
+        assert checks["GPUs"].status == "ok"
+    assert checks["libraries"].status == "ok" and "deepspeed 0.19" in checks["libraries"].reason
+    assert checks["disk"].status == "ok" and checks["plan"].reason.startswith("FITS")
+
+
+def test_a_profile_that_wants_gpus_fails_where_nvml_sees_none_and_exits_1(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    if doctor.nvml_gpus()[0]:
+        pytest.skip("this machine has GPUs")
+    code = cli.main(
+        ["doctor", "--runs-dir", str(tmp_path), "--format", "json", "--profile", _profile(tmp_path)]
+    )
+    answer = json.loads(capsys.readouterr().out)
+    gpus = next(c for c in answer["checks"] if c["name"] == "GPUs")
+    assert gpus["status"] == "fail" and "wants 1" in gpus["reason"]
+    assert code == 1 and answer["counts"]["fail"] >= 1
+
+
+def _profile(tmp_path: Path, **sections: str) -> str:
+    """The tiny profile with `hardware.gpus = 1` and any extra lines, as a file."""
+    text = (Path(cli.__file__).parent / "profiles_data" / "tiny-cpu.toml").read_text()
+    text = text.replace("[hardware]\ngpus = 0", "[hardware]\ngpus = 1")
+    for old, new in sections.items():
+        assert old in text
+        text = text.replace(old, new)
+    path = tmp_path / "crafted.toml"
+    path.write_text(text)
+    return str(path)
+
+
+def test_json_format_and_exit_0(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code = cli.main(["doctor", "--runs-dir", str(tmp_path / "runs"), "--format", "json"])
+    answer = json.loads(capsys.readouterr().out)
+    assert answer["profile"] == "tiny-cpu"
+    assert {tuple(sorted(c)) for c in answer["checks"]} == {("facts", "name", "reason", "status")}
+    assert sum(answer["counts"].values()) == len(answer["checks"])
+    assert code == (1 if answer["counts"]["fail"] else 0)
+
+
+def test_bad_input_exits_2(tmp_path: Path) -> None:
+    assert cli.main(["doctor", "--runs-dir", str(tmp_path), "--profile", str(tmp_path / "nope.toml")]) == 2
+
+
+def test_known_bad_combination_from_a_crafted_profile(tmp_path: Path) -> None:
+    """Experts left to bitsandbytes with Transformers 5, and from_pretrained skipping zero.Init."""
+    bad, _ = load_profile("tiny-cpu", ["quantization.quantize_experts=false", "model.loader=transformers"])
+    experts = doctor.check_fused_experts(bad, "5.24.0", is_moe=True)
+    assert experts.status == "warn" and "16 bit" in experts.reason and "quantize_experts" in experts.reason
+    assert doctor.check_fused_experts(bad, "4.57.1", is_moe=True).status == "ok"
+    assert doctor.check_zero_init(bad, "5.24.0").status == "warn"
+    good, _ = load_profile("tiny-cpu")
+    assert doctor.check_fused_experts(good, "5.24.0", is_moe=True).status == "ok"
+    assert doctor.check_zero_init(good, "5.24.0").status == "ok"
+    # Through the whole examination, with the Transformers installed here (5.x).
+    checks = _by_name(doctor.examine(bad, tmp_path / "runs"))
+    assert checks["experts in 4 bit"].status == "warn"
+    assert checks["partition at load"].status == "warn"
+
+
+def test_cpu_adam_in_an_empty_cache_is_not_built(empty_cache: Path) -> None:
+    state = dsops.cpu_adam_state()
+    if state.where == "installed with DeepSpeed":
+        pytest.skip("DeepSpeed was installed with its ops prebuilt")
+    assert not state.built and Path(state.where) == empty_cache / "cpu_adam"
+    offload, _ = load_profile("tiny-cpu")
+    check = doctor.check_cpu_adam(offload, state)
+    assert check.status == "warn" and "--prebuild" in check.reason
+    no_offload, _ = load_profile(
+        "tiny-cpu", ["deepspeed.offload_optimizer=none", "deepspeed.offload_param=none"]
+    )
+    assert doctor.check_cpu_adam(no_offload, state).status == "ok"
+    (empty_cache / "cpu_adam" / "cpu_adam.so").write_bytes(b"")  # what a finished build leaves
+    assert dsops.cpu_adam_state().built
+
+
+def test_host_ram_and_disk_against_the_plan(tmp_path: Path) -> None:
+    gib = doctor.GiB
+    assert doctor.check_host_ram(64 * gib, 60 * gib, 10 * gib).status == "ok"
+    assert doctor.check_host_ram(64 * gib, 5 * gib, 10 * gib).status == "warn"
+    assert doctor.check_host_ram(8 * gib, 5 * gib, 10 * gib).status == "fail"
+    assert doctor.check_disk(tmp_path, 1 * gib, 2 * gib).status == "fail"
+    assert doctor.check_disk(tmp_path, 3 * gib, 2 * gib).status == "ok"
+    assert doctor.existing_parent(tmp_path / "a" / "b") == tmp_path
+
+
+def test_the_trainer_says_it_builds_before_it_builds(
+    empty_cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The `build` phase is in the record before the compile starts; viewers show its message."""
+    from trainer.__main__ import build_ops
+
+    if dsops.cpu_adam_state().where == "installed with DeepSpeed":
+        pytest.skip("DeepSpeed was installed with its ops prebuilt")
+    events = tmp_path / "events" / "trainer-rank0.jsonl"
+    events.parent.mkdir()
+    writer = EventWriter(events, rank=0)
+    seen_at_build: list[str] = []
+    monkeypatch.setattr(dsops, "build_cpu_adam", lambda: seen_at_build.append(events.read_text()))
+    profile, _ = load_profile("tiny-cpu")
+    assert build_ops(profile, lambda name, **f: writer.write("phase", phase=name, **f)) == "cpu_adam"
+    assert len(seen_at_build) == 1 and dsops.BUILD_NOTE in seen_at_build[0]
+
+    view = RunView()
+    view.apply(RunReader(tmp_path).poll())
+    assert view.phase == "build" and view.phase_message == dsops.BUILD_NOTE
+    lines = PlainLog().update(view, now=view.last_t or 0.0)
+    assert any(line.endswith(f"phase build: {dsops.BUILD_NOTE}") for line in lines)
+
+    (empty_cache / "cpu_adam" / "cpu_adam.so").write_bytes(b"")  # built: no phase, no build
+    assert build_ops(profile, lambda name, **f: pytest.fail("no build phase expected")) is None
+    no_offload, _ = load_profile(
+        "tiny-cpu", ["deepspeed.offload_optimizer=none", "deepspeed.offload_param=none"]
+    )
+    assert build_ops(no_offload, lambda name, **f: pytest.fail("no build phase expected")) is None
+
+
+def test_prebuild_says_what_it_does_and_reports_a_failed_build(
+    empty_cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import time
+
+    if dsops.cpu_adam_state().where == "installed with DeepSpeed":
+        pytest.skip("DeepSpeed was installed with its ops prebuilt")
+    said: list[str] = []
+    monkeypatch.setattr(dsops, "build_cpu_adam", lambda: time.sleep(0.3))
+    check = doctor.prebuild(said.append, every_s=0.05)
+    assert check.status == "ok" and check.reason.startswith("built in")
+    assert str(empty_cache / "cpu_adam") in said[0] and any("still building" in s for s in said[1:])
+
+    def broken() -> None:
+        raise RuntimeError("Unable to JIT load the cpu_adam op due to ninja not being installed.")
+
+    monkeypatch.setattr(dsops, "build_cpu_adam", broken)
+    failed = doctor.prebuild(said.append)
+    assert failed.status == "fail" and "ninja not being installed" in failed.reason

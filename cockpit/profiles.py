@@ -55,6 +55,12 @@ class HardwareSpec(_Section):
     gpu_name: str = ""
     gpu_mem_gib: Annotated[float, Field(ge=0)] = 0.0
     host_ram_gib: Annotated[float, Field(ge=0)] = 0.0
+    host_ram_limit_gib: Annotated[float, Field(ge=0)] = Field(
+        default=0.0,
+        description="The resident memory (GiB) the run's processes (launcher, ranks, evaluation) may reach "
+        "before the supervisor asks for a checkpoint and stops the run, ahead of the kernel's OOM killer; "
+        "0: this host's RAM less max(5%, 4 GiB), at most half of it.",
+    )
 
 
 class QuantizationSpec(_Section):

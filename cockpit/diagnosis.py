@@ -35,6 +35,7 @@ class EndFacts:
     output_tail: str
     stop_requested: bool = False
     stop_reason: str = "user"
+    ram_guard: str = ""  # the host RAM guard's diagnosis when it asked for the stop (cockpit.ramguard)
     stalled: bool = False
     disk_full: bool = False
     disk_free_mib: float | None = None
@@ -108,6 +109,11 @@ def diagnose(facts: EndFacts) -> tuple[str, str]:
         return "finished", f"finished{step}"
     if facts.returncode == 0 and facts.trainer_outcome == "finished":  # the stop came after the last step
         return "finished", f"finished{step} (the stop request came after the last step)"
+    if facts.stop_requested and facts.ram_guard:
+        saved = facts.returncode == 0 or facts.trainer_outcome == "stopped"
+        how = "checkpoint saved" if saved else describe_exit(facts.returncode, facts.output_tail)
+        where = f"{step.strip()}, " if step else ""
+        return "stopped", f"{facts.ram_guard} ({where}{how})"
     by = "by user" if facts.stop_reason == "user" else f"({facts.stop_reason})"
     if facts.stop_requested and (facts.returncode == 0 or facts.trainer_outcome == "stopped"):
         return "stopped", f"stopped {by}{step}, checkpoint saved"

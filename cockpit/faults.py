@@ -3,7 +3,7 @@
 Shared by the fault tests (`tests/test_faults.py`) and `benchmarks/faults.py`. Every fault is done
 to real processes (a SIGKILL to a trainer rank, a SIGTERM to the supervisor, a full file system);
 only the faults a process cannot be made to have from outside (a hang, a CUDA out-of-memory on a
-machine without CUDA) use the trainer's test hook, COCKPIT_TEST_FAULT.
+machine without CUDA, memory that grows inside a rank) use the trainer's test hook, COCKPIT_TEST_FAULT.
 """
 
 from __future__ import annotations

@@ -65,6 +65,12 @@ class HardwareSpec(_Section):
     host_ram_gib: Annotated[float, Field(ge=0, le=MAX_HOST_RAM_GIB)] = Field(
         default=0.0, description="Host RAM in GiB; 0: unknown (this machine's, for a plan)."
     )
+    host_ram_limit_gib: Annotated[float, Field(ge=0, le=MAX_HOST_RAM_GIB)] = Field(
+        default=0.0,
+        description="The resident memory (GiB) the run's processes (launcher, ranks, evaluation) may reach "
+        "before the supervisor asks for a checkpoint and stops the run, ahead of the kernel's OOM killer; "
+        "0: this host's RAM less max(5%, 4 GiB), at least half of it.",
+    )
 
 
 class QuantizationSpec(_Section):

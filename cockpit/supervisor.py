@@ -33,9 +33,11 @@ import psutil
 from cockpit.control import request_stop
 from cockpit.diagnosis import EndFacts, describe_exit, diagnose, last_error_line
 from cockpit.profiles import Profile, parse_profile
+from cockpit.ramguard import ram_limit_mib, ram_verdict
 from cockpit.record import EventWriter, RunPaths, RunReader, load_manifest, write_manifest
 from cockpit.record.view import RunView
 from cockpit.stall import StallDetector
+from cockpit.telemetry import ProcessTree
 
 POLL_S = 0.5
 TAIL_BYTES = 256 * 1024
@@ -202,6 +204,11 @@ class Supervisor:
         self.killed = False
         self.ram_peak_fraction = 0.0
         self.ram_peak_mib = 0.0
+        self.ram_limit_mib = ram_limit_mib(
+            self.profile.hardware.host_ram_limit_gib, psutil.virtual_memory().total / 2**20
+        )
+        self.ram_stop: str | None = None  # the guard's diagnosis, once it has stopped the run
+        self.tree: ProcessTree | None = None  # the stage's processes: the launcher and its ranks
         self.stop_reason = "user"
         self.stage = ""
         self.stall = StallDetector(self.profile.training.stall_timeout_s, clock)
@@ -290,6 +297,26 @@ class Supervisor:
             self._note(f"stalled: {change.message}")
             self._signal_group(signal.SIGTERM)
 
+    def _check_host_ram(self) -> None:
+        """Once, when the stage's processes reach the RAM limit: ask for a checkpoint and a stop
+        (`cockpit.ramguard`). A stop already asked for (by the user, a signal) is left to run its course."""
+        if self.ram_stop is not None or self.tree is None or self.stop_requested_at is not None:
+            return
+        if self.paths.stop_request.exists():
+            return
+        rss = self.tree.sample().get("run_rss_mib")
+        verdict = ram_verdict(rss, self.ram_limit_mib)
+        if verdict is None:
+            return
+        self.ram_stop = verdict
+        self.stop_reason = verdict
+        self._note(
+            f"{verdict}: checkpoint and stop requested",
+            run_rss_mib=rss,
+            host_ram_limit_mib=round(self.ram_limit_mib, 1),
+        )
+        self.request_stop()
+
     def _sample_host(self) -> None:
         vm = psutil.virtual_memory()
         used = vm.total - vm.available
@@ -343,6 +370,7 @@ class Supervisor:
             )
         finally:
             log.close()
+        self.tree = ProcessTree(self.proc.pid)
         self.events.write(
             "launch", stage=stage, argv=argv, pid=self.proc.pid, world_size=self.profile.world_size
         )
@@ -357,6 +385,7 @@ class Supervisor:
             self.view.apply(events)
             self.stall.observe(events)
             self._sample_host()
+            self._check_host_ram()
             self._check_requests(now)
             self._check_stall()
             rc = self.proc.poll()
@@ -374,6 +403,7 @@ class Supervisor:
             output_tail=read_tail(self.paths.output_log),
             stop_requested=self.stop_requested_at is not None,
             stop_reason=self.stop_reason,
+            ram_guard=self.ram_stop or "",
             stalled=self.stall.stalled is not None,
             stall_detail=self.stall.stalled or "",
             disk_full=self.disk_full,
@@ -399,7 +429,8 @@ class Supervisor:
         returncode = self.watch()
         if returncode != 0:
             if self.stop_requested_at is not None:
-                return Evaluation("stopped", "evaluation stopped by user", returncode)
+                by = f": {self.ram_stop}" if self.ram_stop else " by user"
+                return Evaluation("stopped", f"evaluation stopped{by}", returncode)
             tail = read_tail(self.paths.output_log)
             error = last_error_line(tail)
             summary = f"evaluation failed ({describe_exit(returncode, tail)}{': ' + error if error else ''})"
@@ -519,7 +550,12 @@ class Supervisor:
         # A request already in control/ was made for this attempt (the lifecycle clears old ones before
         # a resume or an evaluation): a stop asked for while the supervisor was starting must not be lost.
         self._make_reserve()
-        self.events.write("supervisor_start", pid=os.getpid(), resume=self.resume)
+        self.events.write(
+            "supervisor_start",
+            pid=os.getpid(),
+            resume=self.resume,
+            host_ram_limit_mib=round(self.ram_limit_mib, 1),
+        )
         self._update_manifest(
             status="running",
             started_at=self.manifest.get("started_at") or time.time(),

@@ -3,6 +3,7 @@ the record stays whole and readable."""
 
 from __future__ import annotations
 
+import re
 import signal
 import subprocess
 import sys
@@ -161,3 +162,26 @@ def test_a_lost_supervisor_is_reported_and_its_run_can_be_ended(tmp_path: Path, 
     )
     assert "failed" in listing
     assert load_manifest(run_dir)["diagnosis"].startswith("supervisor lost")
+
+
+def test_host_ram_at_the_limit_stops_with_a_checkpoint(tmp_path: Path, asset_cache: Path) -> None:
+    # The tiny run's processes hold about 1.2 GiB while training; from step 2 rank 0 holds 512 MiB more at
+    # every step (3 GiB at most), so a 2.5 GiB limit is reached a few steps into training.
+    run_dir = start_detached(
+        tmp_path, asset_cache, 40, "--set", "hardware.host_ram_limit_gib=2.5", COCKPIT_TEST_FAULT="leak:2"
+    )
+    manifest = wait_end(run_dir)
+    assert manifest["status"] == "stopped", manifest["diagnosis"]
+    assert manifest["exit_code"] == 0, "the trainer checkpointed and exited; nothing was killed"
+    stopped_at = rank0_steps(run_dir)[-1]["step"]
+    match = re.fullmatch(
+        rf"host RAM at (\d+\.\d) of 2\.5 GiB; stopped before the OOM killer "
+        rf"\(at step {stopped_at}, checkpoint saved\)",
+        manifest["diagnosis"],
+    )
+    assert match and float(match[1]) >= 2.5, manifest["diagnosis"]
+    assert (run_dir / "checkpoints" / f"checkpoint-{stopped_at}").is_dir()
+    assert stopped_at < 40
+    notes = [e for e in read_events(run_dir, "note") if "host_ram_limit_mib" in e]
+    assert len(notes) == 1 and notes[0]["host_ram_limit_mib"] == 2560.0
+    assert_record_readable(run_dir)

@@ -186,16 +186,21 @@ class StopRequestCallback(TrainerCallback):
 
 class FaultInjectionCallback(TrainerCallback):
     """Test-only faults, off unless COCKPIT_TEST_FAULT is set: `hang:N`, `oom:N`, `crash:N`, `exit:N`,
-    `enospc:N` (a simulated full disk, for file systems where a real small one cannot be mounted).
+    `enospc:N` (a simulated full disk, for file systems where a real small one cannot be mounted),
+    `leak:N` (host memory that grows by `LEAK_CHUNK` at every step from N on, up to `LEAK_MAX`).
 
     The fault fires on rank 0 (or on the rank named as `kind:N:rank`) when step N ends.
     """
+
+    LEAK_CHUNK = 512 * 2**20
+    LEAK_MAX = 6  # chunks: 3 GiB at most, whatever happens to the run
 
     def __init__(self, spec: str) -> None:
         parts = spec.split(":")
         self.kind = parts[0]
         self.step = int(parts[1])
         self.rank = int(parts[2]) if len(parts) > 2 else 0
+        self.leaked: list[bytes] = []
 
     @classmethod
     def from_env(cls) -> FaultInjectionCallback | None:
@@ -203,6 +208,10 @@ class FaultInjectionCallback(TrainerCallback):
         return cls(spec) if spec else None
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.kind == "leak" and state.global_step >= self.step and args.process_index == self.rank:
+            if len(self.leaked) < self.LEAK_MAX:
+                self.leaked.append(b"\x01" * self.LEAK_CHUNK)  # written, so resident
+            return
         if state.global_step != self.step or args.process_index != self.rank:
             return
         print(f"[cockpit] test fault '{self.kind}' at step {self.step}", flush=True)

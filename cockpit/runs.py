@@ -18,9 +18,22 @@ DEFAULT_RUNS_DIR = Path("runs")
 RUNS_DIR_ENV = "COCKPIT_RUNS_DIR"
 
 
+def user_runs_dir() -> Path:
+    """This user's own runs directory, the same from any working directory (`platformdirs`' data
+    directory: ~/.local/share/cockpit/runs on Linux)."""
+    from platformdirs import user_data_path
+
+    return user_data_path("cockpit") / "runs"
+
+
 def default_runs_dir() -> Path:
-    """Where run records live unless told: `$COCKPIT_RUNS_DIR`, else `./runs`."""
-    return Path(os.environ.get(RUNS_DIR_ENV, DEFAULT_RUNS_DIR))
+    """Where run records live unless told: `$COCKPIT_RUNS_DIR`, else `./runs` where that folder exists
+    (a checkout's own), else the user's runs directory (`user_runs_dir`)."""
+    if os.environ.get(RUNS_DIR_ENV):
+        return Path(os.environ[RUNS_DIR_ENV])
+    if DEFAULT_RUNS_DIR.is_dir():
+        return DEFAULT_RUNS_DIR
+    return user_runs_dir()
 
 
 def new_run_id(profile_name: str) -> str:

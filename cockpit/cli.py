@@ -703,9 +703,7 @@ def build_parser() -> argparse.ArgumentParser:
         "1 when a check fails, 2 for bad input. --prebuild compiles DeepSpeed's CPU Adam now (about "
         "2 minutes the first time in an environment) instead of at the first run.",
     )
-    doc.add_argument(
-        "--profile", default=DEFAULT_PROFILE, help=f"profile name or TOML path (default: {DEFAULT_PROFILE})"
-    )
+    doc.add_argument("--profile", default=DEFAULT_PROFILE, help=PROFILE_HELP)
     doc.add_argument("--prebuild", action="store_true", help="build DeepSpeed's CPU Adam op now")
     doc.add_argument("--format", choices=("text", "json"), default="text", help="lines or JSON")
     doc.set_defaults(func=cmd_doctor)

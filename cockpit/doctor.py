@@ -5,7 +5,6 @@ op, NVML and GPUs, host RAM and disk against the profile's plan. The CLI only pr
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
 import subprocess
@@ -17,7 +16,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Literal
 
-from cockpit import dsops
+from cockpit import dsops, hostinfo
 from cockpit.hostinfo import library_versions
 from cockpit.profiles import Profile
 
@@ -215,33 +214,8 @@ def prebuild(progress: Callable[[str], None], every_s: float = 15.0) -> Check:
 
 # --- GPUs, RAM, disk ------------------------------------------------------------------------------------
 def nvml_gpus() -> tuple[list[dict[str, Any]], str]:
-    """Every GPU NVML sees (name, memory), or an empty list and why NVML could not answer."""
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-    except Exception as exc:
-        return [], f"NVML not available ({type(exc).__name__}: {exc})"
-    gpus = []
-    try:
-        for index in range(pynvml.nvmlDeviceGetCount()):
-            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-            gpu_name = pynvml.nvmlDeviceGetName(handle)
-            memory = pynvml.nvmlDeviceGetMemoryInfo(handle)
-            gpus.append(
-                {
-                    "index": index,
-                    "name": gpu_name.decode() if isinstance(gpu_name, bytes) else gpu_name,
-                    "mem_total_mib": round(memory.total / 2**20),
-                    "mem_free_mib": round(memory.free / 2**20),
-                }
-            )
-    except Exception as exc:
-        return gpus, f"NVML failed while listing GPUs ({exc})"
-    finally:
-        with contextlib.suppress(Exception):
-            pynvml.nvmlShutdown()
-    return gpus, ""
+    """Every GPU NVML sees (name, memory, free memory), or an empty list and why NVML could not answer."""
+    return hostinfo.nvml_gpus(free=True)
 
 
 def check_gpus(profile: Profile, gpus: list[dict[str, Any]], why: str, gpu_peak: int | None) -> Check:

@@ -25,33 +25,40 @@ def library_versions() -> dict[str, str | None]:
     return versions
 
 
-def gpu_inventory() -> list[dict[str, Any]]:
-    """Name and memory of every GPU NVML sees; empty without a GPU or without NVML."""
+def nvml_gpus(free: bool = False) -> tuple[list[dict[str, Any]], str]:
+    """Every GPU NVML sees (index, name, total memory; with `free`, free memory too), and why the list is
+    empty or short ("" when NVML answered)."""
     try:
         import pynvml
 
         pynvml.nvmlInit()
-    except Exception:
-        return []
-    gpus = []
+    except Exception as exc:
+        return [], f"NVML not available ({type(exc).__name__}: {exc})"
+    gpus: list[dict[str, Any]] = []
     try:
         for index in range(pynvml.nvmlDeviceGetCount()):
             handle = pynvml.nvmlDeviceGetHandleByIndex(index)
             name = pynvml.nvmlDeviceGetName(handle)
             memory = pynvml.nvmlDeviceGetMemoryInfo(handle)
-            gpus.append(
-                {
-                    "index": index,
-                    "name": name.decode() if isinstance(name, bytes) else name,
-                    "mem_total_mib": round(memory.total / 2**20),
-                }
-            )
-    except Exception:
-        pass
+            gpu = {
+                "index": index,
+                "name": name.decode() if isinstance(name, bytes) else name,
+                "mem_total_mib": round(memory.total / 2**20),
+            }
+            if free:
+                gpu["mem_free_mib"] = round(memory.free / 2**20)
+            gpus.append(gpu)
+    except Exception as exc:
+        return gpus, f"NVML failed while listing GPUs ({exc})"
     finally:
         with contextlib.suppress(Exception):
             pynvml.nvmlShutdown()
-    return gpus
+    return gpus, ""
+
+
+def gpu_inventory() -> list[dict[str, Any]]:
+    """Name and memory of every GPU NVML sees; empty without a GPU or without NVML."""
+    return nvml_gpus()[0]
 
 
 def host_facts() -> dict[str, Any]:

@@ -260,7 +260,6 @@ class ProfilerCallback(TrainerCallback):
         self.writer = writer
         self.out_dir = out_dir
         self._profiler: Any = None
-        self._python_packages: dict[str, list[float]] = {}
         self._python: Any = None  # cProfile over the same steps, with COCKPIT_PROFILE_PYTHON=1
         self._t0 = 0.0
 
@@ -303,8 +302,7 @@ class ProfilerCallback(TrainerCallback):
 
         self._sync()
         wall = time.perf_counter() - self._t0
-        python_top = self._python_top() if self._python is not None else None
-        python_packages = self._python_packages if python_top is not None else None
+        python = self._python_summary() if self._python is not None else None
         self._profiler.__exit__(None, None, None)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         path = self.out_dir / f"trace-rank{self.writer.rank or 0}.json"
@@ -312,14 +310,14 @@ class ProfilerCallback(TrainerCallback):
         summary = summarize_trace(json.loads(path.read_text()), self.last - self.first + 1, wall)
         if os.environ.get("COCKPIT_PROFILE_KEEP") != "1":
             path.unlink()
-        if python_top is not None:
-            summary["python_top"] = python_top
-            summary["python_packages"] = python_packages
+        if python is not None:
+            summary["python_top"], summary["python_packages"] = python
         self.writer.write("profile", first_step=self.first, last_step=self.last, **summary)
         self._profiler = None
 
-    def _python_top(self, count: int = 30) -> list[list[Any]]:
-        """The host functions that took the most time of their own (seconds a step), with call counts."""
+    def _python_summary(self, count: int = 30) -> tuple[list[list[Any]], dict[str, list[float]]]:
+        """The host functions that took the most time of their own (seconds a step), with call counts; and
+        own seconds and calls a step by top-level package."""
         import pstats
 
         self._python.disable()
@@ -332,10 +330,10 @@ class ProfilerCallback(TrainerCallback):
             entry = packages.setdefault(_package_of(file), [0.0, 0])
             entry[0] += own / steps
             entry[1] += calls // steps
-        self._python_packages = {
+        by_package = {
             k: [round(v[0], 5), v[1]] for k, v in sorted(packages.items(), key=lambda kv: -kv[1][0])
         }
-        return [
+        top = [
             [
                 f"{Path(k[0]).name}:{k[1]}:{k[2]}",
                 round(v[2] / steps, 5),
@@ -344,3 +342,4 @@ class ProfilerCallback(TrainerCallback):
             ]
             for k, v in rows
         ]
+        return top, by_package

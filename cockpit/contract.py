@@ -53,29 +53,35 @@ TINY_MODEL: dict[str, Any] = {
 }
 
 
-def first_fit(lengths: list[int], seq_len: int, seed: int = 0) -> list[list[int]]:
-    """How the trainer packs examples: indices of `lengths`, in a seeded random order, first-fit into rows
-    of `seq_len` tokens (empty examples dropped; ValueError for one longer than a row)."""
+def best_fit_decreasing(lengths: list[int], seq_len: int, seed: int = 0) -> list[list[int]]:
+    """How the trainer packs examples: indices of `lengths`, longest first, each into the fullest row of
+    `seq_len` tokens that still has room for it, then the rows in a seeded random order (empty examples
+    dropped; ValueError for one longer than a row).
+
+    Longest-first packing leaves little room unused (about 1% for the story's 3,600 examples of 1,000 to
+    3,000 tokens in rows of 4,096, against 4% for first-fit in random order); the shuffle keeps the
+    training order random.
+    """
+    import bisect
     import random
 
-    order = list(range(len(lengths)))
-    random.Random(seed).shuffle(order)
     bins: list[list[int]] = []
-    room: list[int] = []
-    for i in order:
+    rooms: list[tuple[int, int]] = []  # (free tokens, bin index), sorted
+    for i in sorted(range(len(lengths)), key=lambda k: (-lengths[k], k)):
         n = lengths[i]
         if n == 0:
             continue
         if n > seq_len:
             raise ValueError(f"example of {n} tokens is longer than seq_len {seq_len}")
-        for b, free in enumerate(room):
-            if n <= free:
-                bins[b].append(i)
-                room[b] -= n
-                break
+        at = bisect.bisect_left(rooms, (n, -1))
+        if at < len(rooms):
+            free, b = rooms.pop(at)
+            bins[b].append(i)
         else:
+            free, b = seq_len, len(bins)
             bins.append([i])
-            room.append(seq_len - n)
+        bisect.insort(rooms, (free - n, b))
+    random.Random(seed).shuffle(bins)
     return bins
 
 
@@ -95,10 +101,10 @@ def example_lengths(
 def packed_fill(
     mean_tokens: int, seq_len: int, spread: float = 0.5, count: int = 2000, seed: int = 0
 ) -> float:
-    """The share of packed slots holding a token for `example_lengths`, as `first_fit` packs them: the
-    fill a run of that data would get."""
+    """The share of packed slots holding a token for `example_lengths`, as `best_fit_decreasing` packs
+    them: the fill a run of that data would get."""
     lengths = example_lengths(mean_tokens, seq_len, count, spread, seed)
-    rows = first_fit(lengths, seq_len, seed)
+    rows = best_fit_decreasing(lengths, seq_len, seed)
     return sum(lengths) / (len(rows) * seq_len)
 
 

@@ -128,7 +128,8 @@ class Recipe:
         """The training rows (packed when the profile says so) and the tokenizer, if there is one.
 
         A rehearsal uses the real examples when the data file and tokenizer are here, else random-token
-        examples of `data.mean_tokens` (else `seq_len`) tokens, enough for its steps.
+        examples of `data.mean_tokens` (else `seq_len`) tokens: enough for its steps, and packed, as many
+        as `data.examples` says the real data holds, so its rows are as full as the real run's.
         """
         from transformers import AutoConfig, AutoTokenizer
 
@@ -154,7 +155,11 @@ class Recipe:
                 t.micro_batch_size * t.grad_accum * self.profile.world_size * self.rehearsal.steps * per_row
             )
             spread = 0.5 if d.mean_tokens else 0.0  # no mean given: every example fills a sequence
-            rows = data_mod.synthetic_rows(vocab, 2 * count, mean, t.seq_len, seed=t.seed, spread=spread)
+            if t.packing:  # pack as many examples as the data holds: its rows fill as the real run's do
+                count = max(2 * count, d.examples)
+            else:
+                count *= 2
+            rows = data_mod.synthetic_rows(vocab, count, mean, t.seq_len, seed=t.seed, spread=spread)
             source = f"random tokens, {mean} a mean example" + (" (±50%)" if spread else "")
         else:
             raise FileNotFoundError(f"{data_file}: no such data file")

@@ -120,7 +120,7 @@ def synthetic_rows(
     rng = random.Random(seed)
     rows = []
     for n in example_lengths(mean_tokens, seq_len, count, spread, seed):
-        ids = [rng.randrange(vocab_size) for _ in range(n)]
+        ids = rng.choices(range(vocab_size), k=n)
         cut = int(n * prompt_fraction)
         rows.append({"input_ids": ids, "labels": [IGNORE] * cut + ids[cut:], "attention_mask": [1] * n})
     return rows

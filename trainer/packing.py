@@ -13,17 +13,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from cockpit.contract import first_fit
+from cockpit.contract import best_fit_decreasing
 from trainer.data import IGNORE
 
 
 def pack_rows(rows: list[dict[str, list[int]]], seq_len: int, seed: int = 0) -> list[dict[str, list[int]]]:
-    """Examples (`input_ids`, `labels`) packed first-fit, in a seeded random order, into rows of `seq_len`.
+    """Examples (`input_ids`, `labels`) packed into rows of `seq_len` (`best_fit_decreasing`: longest
+    first, rows in a seeded random order).
 
     Every example is kept whole (tokenization already cut it to `seq_len`). Returns rows with
     `input_ids`, `labels`, `position_ids` and `lengths` (the examples' lengths, in order).
     """
-    bins = first_fit([len(r["input_ids"]) for r in rows], seq_len, seed)
+    bins = best_fit_decreasing([len(r["input_ids"]) for r in rows], seq_len, seed)
     packed = []
     for members in bins:
         ids: list[int] = []

@@ -96,7 +96,7 @@ def run_steps(profile: Any, size: DataSize | None, ranks: int) -> tuple[int, str
         fill = 1.0
     elif size.fill is not None:
         fill = size.fill
-    else:  # pack examples of the mean length, as the trainer's first-fit would
+    else:  # pack examples of the mean length, as the trainer packs them (best-fit decreasing)
         mean = round(size.tokens / size.examples) if size.examples else t.seq_len
         fill = packed_fill(max(2, min(mean, t.seq_len)), t.seq_len)
         how += f", packed {fill:.2f} full"

@@ -41,6 +41,7 @@ STORY_PROFILE = "qwen3-235b-a22b-thinking-4xh100"
 STORY_MEAN_TOKENS = 2000  # the story's examples: about 2,000 tokens each, reasoning traces included
 WARMUP_STEPS = 3
 PYTHON_PROFILE = False  # --python-profile: cProfile the profiled steps too (host-side hot spots)
+KEEP_TRACES = False  # --keep-traces: the profiled rows' chrome traces, gzipped, beside the results
 # The earlier ZeRO-3 settings: every MoE block a leaf, DeepSpeed's persistence threshold (10 x hidden).
 MOE_LEAF = ('deepspeed.zero3_leaf="moe_block"',)
 NO_PERSIST = ("deepspeed.persistence_threshold=40960",)
@@ -66,6 +67,7 @@ class Row:
     profile: bool = False
     bare: bool = False  # no step callbacks, no telemetry sampler: the cockpit's overhead control
     telemetry: bool = False
+    python_profile: bool = False  # cProfile the profiled steps (slows the host: its own row)
     extra: tuple[str, ...] = ()  # further profile overrides (a lever tried on its own)
     env_extra: tuple[tuple[str, str], ...] = ()  # further environment (a trainer lever switched off)
     result: dict[str, Any] = field(default_factory=dict)
@@ -98,8 +100,10 @@ class Row:
             env["COCKPIT_PROFILE_STEPS"] = f"{first}:{first + 1}"
         if self.bare:
             env["COCKPIT_BARE_TRAINER"] = "1"
-        if self.profile and PYTHON_PROFILE:
+        if self.profile and (PYTHON_PROFILE or self.python_profile):
             env["COCKPIT_PROFILE_PYTHON"] = "1"
+        if self.profile and KEEP_TRACES:
+            env["COCKPIT_PROFILE_KEEP"] = "1"
         if self.paths == "before":
             env.update(NO_FUSED_NORM + NO_FAST_ROUTING)
         env.update(self.env_extra)
@@ -123,6 +127,14 @@ def gpu_rows() -> list[Row]:
         Row("after-4096-bare", 4, 4096, steps=30, bare=True),
         Row("after-4096-callbacks", 4, 4096, steps=30),
         Row("after-4096-telemetry", 4, 4096, steps=30, telemetry=True),
+        Row("after-full-4096-prof", 4, 4096, mean_tokens=0, profile=True, steps=14),
+        Row("after-4096-pyprof", 4, 4096, profile=True, python_profile=True, steps=10),
+        # The cockpit's cost, interleaved so that drift between runs falls on both sides.
+        *(
+            Row(f"overhead-{kind}-{i}", 4, 4096, steps=40, bare=kind == "bare", telemetry=kind == "full")
+            for i in (1, 2)
+            for kind in ("bare", "full")
+        ),
         Row("after-4096-1L", 1, 4096, steps=14),
         Row("after-4096-2L", 2, 4096, steps=14),
         Row("offload-4096-1L", 1, 4096, offload=True, steps=12),
@@ -204,9 +216,23 @@ def run_row(row: Row, profile_name: str, runs: Path, gpu: bool, timeout: float) 
     code = run_depth(run_dir, row.layers, row.steps, row.env(), timeout=timeout, sampler=row.telemetry)
     result = read_row(run_dir, row)
     result.update(exit=code, wall_s=round(time.time() - t0, 1), run_dir=str(run_dir))
+    if KEEP_TRACES:
+        keep_traces(run_dir, row.name)
     if code != 0:
         result["error"] = log_tail(run_dir)
     return result
+
+
+def keep_traces(run_dir: Path, name: str) -> None:
+    """Gzip a row's chrome traces into the results folder, for reading off the machine."""
+    import gzip
+    import shutil
+
+    out = Path(os.environ.get("OUT") or ROOT / "benchmarks/results")
+    out.mkdir(parents=True, exist_ok=True)
+    for trace in sorted(run_dir.rglob("trace-rank*.json")):
+        with trace.open("rb") as src, gzip.open(out / f"trace-{name}-{trace.stem}.json.gz", "wb") as dst:
+            shutil.copyfileobj(src, dst)
 
 
 def read_row(run_dir: Path, row: Row) -> dict[str, Any]:
@@ -236,6 +262,8 @@ def read_row(run_dir: Path, row: Row) -> dict[str, Any]:
     out["step_times_s"] = [s.get("step_time_s") for s in steps]
     end = kinds.get("train_end", [{}])[0]
     bare_times = (end.get("step_times_s") or [])[WARMUP_STEPS - 1 :]  # times between step ends: step 2 on
+    if bare_times:  # the one clock of bare and full runs alike: the overhead rows compare these
+        out["clock_step_s"] = statistics.median(bare_times)
     if bare_times and not timed:
         out["step_s"] = statistics.median(bare_times)
         tokens = end.get("tokens") or 0
@@ -447,21 +475,30 @@ def loss_comparison(rows: list[Row]) -> list[str]:
 
 
 def overhead(rows: list[Row]) -> list[str]:
-    """The cockpit's cost: median step time with its callbacks and sampler against a bare trainer (steps
-    after the warm-up, the profiled steps left out)."""
+    """The cockpit's cost: median time between step ends with its callbacks and sampler against a bare
+    trainer, the same clock in both (`overhead-*` rows: interleaved bare and full runs)."""
     by = {r.name: r.result for r in rows}
-    bare = by.get("after-4096-bare", {}).get("step_s")
-    lines = []
-    for name, what in (
-        ("after-4096-callbacks", "step callbacks"),
-        ("after-4096-telemetry", "step callbacks + sampler"),
-    ):
-        mine = by.get(name, {}).get("step_s")
-        if bare and mine:
-            lines.append(
-                f"- {what}: median step {mine:.4f} s against {bare:.4f} s bare: {mine / bare - 1:+.2%}"
-            )
-    return ["", "The cockpit's own cost:", *lines] if lines else []
+    pairs = []
+    for i in range(1, 10):
+        bare = by.get(f"overhead-bare-{i}", {}).get("clock_step_s")
+        full = by.get(f"overhead-full-{i}", {}).get("clock_step_s")
+        if bare and full:
+            pairs.append((bare, full))
+    if not pairs:
+        return []
+    lines = [
+        f"- pair {i}: {full:.4f} s a step with the cockpit against {bare:.4f} s bare: {full / bare - 1:+.2%}"
+        for i, (bare, full) in enumerate(pairs, 1)
+    ]
+    bare_all = statistics.mean(b for b, _ in pairs)
+    full_all = statistics.mean(f for _, f in pairs)
+    lines.append(
+        f"- mean of the pairs: {full_all:.4f} s against {bare_all:.4f} s: tokens/s ratio "
+        f"{bare_all / full_all:.4f} ({full_all / bare_all - 1:+.2%} a step)"
+    )
+    spread = max(abs(b / pairs[0][0] - 1) for b, _ in pairs)
+    lines.append(f"- run-to-run spread of the bare runs: {spread:.2%}")
+    return ["", "The cockpit's own cost (step callbacks, step events and the telemetry sampler):", *lines]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -474,6 +511,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs-dir", type=Path, default=Path("/tmp/step-speed-runs"))
     parser.add_argument("--python-profile", action="store_true", help="cProfile the profiled steps too")
     parser.add_argument(
+        "--keep-traces", action="store_true", help="gzip the profiled rows' chrome traces beside the results"
+    )
+    parser.add_argument(
         "--merge",
         type=Path,
         action="append",
@@ -483,8 +523,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--report-only", action="store_true", help="run nothing: the merged rows' report")
     args = parser.parse_args(argv)
-    global PYTHON_PROFILE
-    PYTHON_PROFILE = args.python_profile
+    global PYTHON_PROFILE, KEEP_TRACES
+    PYTHON_PROFILE, KEEP_TRACES = args.python_profile, args.keep_traces
     gpu = not args.cpu
     rows = gpu_rows() if gpu else cpu_rows()
     if args.rows:

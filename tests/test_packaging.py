@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -40,8 +41,8 @@ def test_torch_range_keeps_container_builds(version: str, accepted: bool) -> Non
     assert _requirement("torch").specifier.contains(version) is accepted
 
 
-def _wheel_files(tmp_path: Path) -> set[str]:
-    """The files a wheel built from this source tree holds (setuptools' own build, about a second)."""
+def _build_wheel(tmp_path: Path) -> Path:
+    """A wheel built from a copy of this source tree (setuptools' own build, about a second)."""
     src = tmp_path / "src"
     src.mkdir()
     for name in ("pyproject.toml", "README.md"):
@@ -56,7 +57,12 @@ def _wheel_files(tmp_path: Path) -> set[str]:
     )
     assert done.returncode == 0, done.stderr[-2000:]
     (wheel,) = out.glob("*.whl")
-    with zipfile.ZipFile(wheel) as archive:
+    return wheel
+
+
+def _wheel_files(tmp_path: Path) -> set[str]:
+    """The files a wheel built from this source tree holds."""
+    with zipfile.ZipFile(_build_wheel(tmp_path)) as archive:
         return set(archive.namelist())
 
 
@@ -85,3 +91,52 @@ def test_shipped_profile_by_name_from_another_directory(
     own = tmp_path / "mine.toml"
     own.write_text((PROFILES_DIR / "tiny-cpu.toml").read_text(encoding="utf-8").replace("tiny-cpu", "mine"))
     assert load_profile(str(own))[0].name == "mine"
+
+
+@pytest.mark.e2e
+def test_a_wheel_installed_outside_the_checkout_plans_and_checks(tmp_path: Path) -> None:
+    """`pip install cockpit-*.whl` into a new venv, run from another directory: `cockpit plan` and
+    `cockpit doctor` work from the installed package alone (its profiles are package data)."""
+    import sysconfig
+    import venv
+
+    (tmp_path / "build").mkdir()
+    wheel = _build_wheel(tmp_path / "build")
+    env_dir = tmp_path / "venv"
+    venv.create(env_dir, with_pip=True)
+    python = env_dir / "bin" / "python"
+    installed = subprocess.run(
+        [python, "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(wheel)],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert installed.returncode == 0, installed.stderr[-2000:]
+    # The dependencies are this environment's (nothing is downloaded in CI): its site-packages as a plain
+    # path entry, after the new venv's own, so its editable finder for the checkout never runs.
+    site = subprocess.run(
+        [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True, text=True, check=True,
+    ).stdout.strip()  # fmt: skip
+    Path(site, "dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    away = tmp_path / "elsewhere"
+    away.mkdir()
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    env["COCKPIT_RUNS_DIR"] = str(tmp_path / "runs")
+
+    def cockpit(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [env_dir / "bin" / "cockpit", *args], cwd=away, env=env, capture_output=True, text=True,
+            timeout=300, check=False,
+        )  # fmt: skip
+
+    where = subprocess.run(
+        [python, "-c", "import cockpit, trainer; print(cockpit.__file__); print(trainer.__file__)"],
+        cwd=away, env=env, capture_output=True, text=True, check=True,
+    ).stdout.split()  # fmt: skip
+    assert all(Path(f).is_relative_to(site) for f in where), where
+    plan = cockpit("plan", "--profile", "tiny-cpu")
+    assert plan.returncode == 0, plan.stderr[-2000:]
+    assert "FITS" in plan.stdout
+    doctor = cockpit("doctor", "--profile", "tiny-cpu")
+    assert doctor.returncode == 0, doctor.stdout[-2000:] + doctor.stderr[-2000:]
+    assert "cockpit doctor: profile tiny-cpu" in doctor.stdout
+    assert "fail " not in doctor.stdout

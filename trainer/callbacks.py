@@ -140,8 +140,8 @@ class RecordCallback(TrainerCallback):
 
 
 class StepClock(TrainerCallback):
-    """When each optimizer step ended, kept in memory (no I/O, no sync): the overhead benchmark's bare
-    trainer reports its step times once, at the end, so that its control run pays nothing per step."""
+    """When each optimizer step ended, kept in memory (no I/O, no sync) and reported once, at the end:
+    the overhead benchmark times the bare trainer and the cockpit's with this one clock."""
 
     def __init__(self) -> None:
         self.ends: list[float] = []

@@ -67,6 +67,7 @@ class Row:
     profile: bool = False
     bare: bool = False  # no step callbacks, no telemetry sampler: the cockpit's overhead control
     telemetry: bool = False
+    ab_block: int = 0  # the cockpit's callbacks on and off in alternating blocks of this many steps
     python_profile: bool = False  # cProfile the profiled steps (slows the host: its own row)
     extra: tuple[str, ...] = ()  # further profile overrides (a lever tried on its own)
     env_extra: tuple[tuple[str, str], ...] = ()  # further environment (a trainer lever switched off)
@@ -100,6 +101,8 @@ class Row:
             env["COCKPIT_PROFILE_STEPS"] = f"{first}:{first + 1}"
         if self.bare:
             env["COCKPIT_BARE_TRAINER"] = "1"
+        if self.ab_block:
+            env["COCKPIT_OVERHEAD_AB"] = str(self.ab_block)
         if self.profile and (PYTHON_PROFILE or self.python_profile):
             env["COCKPIT_PROFILE_PYTHON"] = "1"
         if self.profile and KEEP_TRACES:
@@ -129,6 +132,8 @@ def gpu_rows() -> list[Row]:
         Row("after-4096-telemetry", 4, 4096, steps=30, telemetry=True),
         Row("after-full-4096-prof", 4, 4096, mean_tokens=0, profile=True, steps=14),
         Row("after-4096-pyprof", 4, 4096, profile=True, python_profile=True, steps=10),
+        # The cockpit's cost in one process: its callbacks on and off in alternating blocks of 5 steps.
+        Row("overhead-ab", 4, 4096, steps=83, ab_block=5, telemetry=True),
         # The cockpit's cost, interleaved so that drift between runs falls on both sides.
         *(
             Row(f"overhead-{kind}-{i}", 4, 4096, steps=40, bare=kind == "bare", telemetry=kind == "full")
@@ -264,6 +269,8 @@ def read_row(run_dir: Path, row: Row) -> dict[str, Any]:
     bare_times = (end.get("step_times_s") or [])[WARMUP_STEPS - 1 :]  # times between step ends: step 2 on
     if bare_times:  # the one clock of bare and full runs alike: the overhead rows compare these
         out["clock_step_s"] = statistics.median(bare_times)
+    if row.ab_block:
+        out["ab"] = ab_split(end.get("step_times_s") or [], row.ab_block)
     if bare_times and not timed:
         out["step_s"] = statistics.median(bare_times)
         tokens = end.get("tokens") or 0
@@ -282,6 +289,31 @@ def read_row(run_dir: Path, row: Row) -> dict[str, Any]:
     if profiled:
         out["profile"] = {k: v for k, v in profiled.items() if k not in ("t", "kind", "rank")}
     return out
+
+
+def ab_split(times: list[float], block: int) -> dict[str, Any]:
+    """Step times of an alternating run split into callbacks-on and -off blocks.
+
+    `times[j]` runs from step j's end to step j+1's (0-based), so it holds step j's callbacks and step
+    j+1's work: it counts for a kind when both steps are in one block of that kind. Blocks before step
+    `WARMUP_STEPS + block` are left out.
+    """
+    on: list[float] = []
+    off: list[float] = []
+    for j, t in enumerate(times):
+        if j < WARMUP_STEPS + block or j // block != (j + 1) // block:
+            continue
+        (on if (j // block) % 2 == 0 else off).append(t)
+    if not on or not off:
+        return {}
+    return {
+        "on_s": statistics.median(on),
+        "off_s": statistics.median(off),
+        "on_steps": len(on),
+        "off_steps": len(off),
+        "on_mean_s": statistics.mean(on),
+        "off_mean_s": statistics.mean(off),
+    }
 
 
 # --- derived figures ----------------------------------------------------------------------------------
@@ -478,18 +510,29 @@ def overhead(rows: list[Row]) -> list[str]:
     """The cockpit's cost: median time between step ends with its callbacks and sampler against a bare
     trainer, the same clock in both (`overhead-*` rows: interleaved bare and full runs)."""
     by = {r.name: r.result for r in rows}
+    lines = []
+    ab = by.get("overhead-ab", {}).get("ab")
+    if ab:
+        lines += [
+            f"- one process, callbacks on and off in alternating blocks of steps (sampler on throughout): "
+            f"median {ab['on_s']:.4f} s a step on ({ab['on_steps']} steps) against {ab['off_s']:.4f} s off "
+            f"({ab['off_steps']}): {ab['on_s'] / ab['off_s'] - 1:+.2%}; means {ab['on_mean_s']:.4f} against "
+            f"{ab['off_mean_s']:.4f} s: {ab['on_mean_s'] / ab['off_mean_s'] - 1:+.2%}"
+        ]
     pairs = []
     for i in range(1, 10):
         bare = by.get(f"overhead-bare-{i}", {}).get("clock_step_s")
         full = by.get(f"overhead-full-{i}", {}).get("clock_step_s")
         if bare and full:
             pairs.append((bare, full))
-    if not pairs:
+    if not pairs and not lines:
         return []
-    lines = [
+    lines += [
         f"- pair {i}: {full:.4f} s a step with the cockpit against {bare:.4f} s bare: {full / bare - 1:+.2%}"
         for i, (bare, full) in enumerate(pairs, 1)
     ]
+    if not pairs:
+        return ["", "The cockpit's own cost (step callbacks, step events and the telemetry sampler):", *lines]
     bare_all = statistics.mean(b for b, _ in pairs)
     full_all = statistics.mean(f for _, f in pairs)
     lines.append(

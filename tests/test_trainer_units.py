@@ -47,3 +47,30 @@ def test_a_stop_request_on_the_last_step_does_not_turn_a_finished_run_into_a_sto
     earlier = SimpleNamespace(global_step=39, max_steps=40)
     callback.on_step_end(args, earlier, control)
     assert callback.stopped_at == 39 and control.should_save and control.should_training_stop
+
+
+def test_alternating_callbacks_act_in_every_other_block() -> None:
+    """The overhead benchmark's control: inner callbacks see steps of on-blocks only, and per-step
+    logging is off in the off-blocks."""
+    from types import SimpleNamespace
+
+    from transformers import TrainerCallback
+
+    from trainer.callbacks import AlternatingCallbacks
+
+    class Seen(TrainerCallback):
+        def __init__(self) -> None:
+            self.ended: list[int] = []
+
+        def on_step_end(self, args, state, control, **kwargs):  # type: ignore[no-untyped-def]
+            self.ended.append(state.global_step)
+
+    seen = Seen()
+    ab = AlternatingCallbacks([seen], block=2)
+    logged = []
+    for step in range(1, 9):  # global_step after each optimizer step
+        control = SimpleNamespace(should_log=True)
+        ab.on_step_end(None, SimpleNamespace(global_step=step), control)
+        logged.append(control.should_log)
+    assert seen.ended == [1, 2, 5, 6]
+    assert logged == [True, True, False, False, True, True, False, False]

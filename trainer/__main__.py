@@ -37,6 +37,9 @@ def resolve_assets(profile: Profile) -> tuple[str, Path]:
 # COCKPIT_BARE_TRAINER=1: no step events, no stop checks, no per-step logging (the overhead benchmark's
 # control run; a real run never sets it).
 BARE = os.environ.get("COCKPIT_BARE_TRAINER") == "1"
+# COCKPIT_OVERHEAD_AB=N: the callbacks and per-step logging on and off in alternating blocks of N steps
+# (`trainer.callbacks.AlternatingCallbacks`; the overhead benchmark's in-process control).
+AB_BLOCK = int(os.environ.get("COCKPIT_OVERHEAD_AB") or 0)
 
 
 def _rank() -> int:
@@ -200,6 +203,7 @@ class Recipe:
 
         from trainer import model as model_mod
         from trainer.callbacks import (
+            AlternatingCallbacks,
             FaultInjectionCallback,
             ProfilerCallback,
             RecordCallback,
@@ -244,6 +248,8 @@ class Recipe:
         ]
         if BARE:  # the speed benchmark's control: what the trainer costs without the cockpit's callbacks
             callbacks = [self.clock]
+        elif AB_BLOCK:  # its in-process control: the callbacks on and off in alternating blocks of steps
+            callbacks = [self.clock, AlternatingCallbacks(callbacks[1:], AB_BLOCK)]
         fault = FaultInjectionCallback.from_env()
         if fault is not None:
             callbacks.append(fault)

@@ -153,11 +153,50 @@ class StepClock(TrainerCallback):
         return [round(b - a, 5) for a, b in zip(self.ends, self.ends[1:], strict=False)]
 
 
+class AlternatingCallbacks(TrainerCallback):
+    """The overhead benchmark's in-process control: the cockpit's callbacks and per-step logging act in
+    blocks of `block` steps and are off in the blocks between (`COCKPIT_OVERHEAD_AB=block`; a real run
+    never sets it). `StepClock` times every step, so both kinds of block are timed in one process."""
+
+    def __init__(self, inner: list[TrainerCallback], block: int) -> None:
+        self.inner = inner
+        self.block = block
+
+    def _on(self, step: int) -> bool:
+        return (step // self.block) % 2 == 0
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        for callback in self.inner:
+            callback.on_train_begin(args, state, control, **kwargs)
+
+    def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self._on(state.global_step):
+            for callback in self.inner:
+                callback.on_step_begin(args, state, control, **kwargs)
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        step = state.global_step - 1  # the step that just ended
+        if self._on(step):
+            for callback in self.inner:
+                callback.on_step_end(args, state, control, **kwargs)
+        else:
+            control.should_log = False
+
+    def on_log(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        for callback in self.inner:
+            callback.on_log(args, state, control, **kwargs)
+
+    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        for callback in self.inner:
+            callback.on_save(args, state, control, **kwargs)
+
+
 class StopRequestCallback(TrainerCallback):
     """Stops training at a step boundary, with a checkpoint, once the stop-request file appears.
 
-    Rank 0 looks at the file and every rank learns its answer through one all-reduce, so all ranks
-    stop after the same step (a rank that stopped alone would hang the others in a collective).
+    Rank 0 looks at the file and, with several ranks, every rank learns its answer through one
+    all-reduce, so all ranks stop after the same step (a rank that stopped alone would hang the others
+    in a collective). One rank alone asks nobody: no collective, no device sync.
     """
 
     def __init__(self, request: Path, writer: EventWriter) -> None:
@@ -167,7 +206,7 @@ class StopRequestCallback(TrainerCallback):
 
     def _requested(self, args: Any) -> bool:
         wanted = self.request.exists() if args.process_index == 0 else False
-        if torch.distributed.is_available() and torch.distributed.is_initialized():
+        if args.world_size > 1 and torch.distributed.is_available() and torch.distributed.is_initialized():
             device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else "cpu"
             flag = torch.tensor([1 if wanted else 0], device=device)
             torch.distributed.all_reduce(flag)

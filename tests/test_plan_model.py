@@ -117,8 +117,8 @@ def test_partitions_scale_with_gpus_without_offload() -> None:
         (w.data_bytes - four.train.gpu["persistent small params"]) / 4, rel=1e-3
     )
     # One GPU: the partition is the gathered weight; several: a gathered layer comes on top.
-    assert one.train.gpu["gathered layer + lm_head"] == 0
-    assert four.train.gpu["gathered layer + lm_head"] > 0
+    assert one.train.gpu["gathered layers + lm_head"] == 0
+    assert four.train.gpu["gathered layers + lm_head"] > 0
     stage2 = estimate(inputs, replace(H200, gpus=4, stage=2, offload_param="none"))
     assert stage2.train.gpu["weights (partition)"] == w.data_bytes
 
@@ -128,8 +128,26 @@ def test_without_checkpointing_offload_keeps_every_gathered_layer() -> None:
     ckpt = estimate(inputs, H200)
     no_ckpt = estimate(inputs, replace(H200, grad_ckpt=False))
     layers = sum(v for k, v in inputs.weights.blocks.items() if k.startswith("layer."))
-    assert no_ckpt.train.gpu["gathered layer + lm_head"] >= layers
+    assert no_ckpt.train.gpu["gathered layers + lm_head"] >= layers
     assert no_ckpt.train.gpu_peak > ckpt.train.gpu_peak + 2 * layers / 4
+
+
+def test_prefetched_layers_are_gathered_beside_the_computing_one() -> None:
+    """deepspeed.prefetch_layers = 1 keeps the next layer gathered too: one more layer on the GPU; and the
+    DeepSpeed config lets that many elements be live, or the prefetch would wait for this layer's release."""
+    from cockpit.profiles import load_profile
+    from trainer.ds_config import deepspeed_config, layer_elements
+
+    inputs = slice_inputs(4, experts_4bit=True)
+    now = estimate(inputs, H200)
+    ahead = estimate(inputs, replace(H200, prefetch_layers=1))
+    layer = inputs.weights.largest_layer()[1]
+    assert ahead.train.gpu["gathered layers + lm_head"] - now.train.gpu["gathered layers + lm_head"] == layer
+    profile, _ = load_profile("qwen3-235b-a22b-thinking-4xh100")
+    assert profile.deepspeed.prefetch_layers == 1
+    zero = deepspeed_config(profile)["zero_optimization"]
+    assert zero["stage3_max_live_parameters"] >= 3 * layer_elements(profile)
+    assert zero["stage3_prefetch_bucket_size"] == layer_elements(profile)
 
 
 def test_cpu_profile_fits_and_has_no_gpu_checks() -> None:

@@ -39,7 +39,7 @@ def test_a_stop_request_on_the_last_step_does_not_turn_a_finished_run_into_a_sto
     request = tmp_path / "stop"
     request.touch()
     callback = StopRequestCallback(request, EventWriter(tmp_path / "events.jsonl"))
-    args = SimpleNamespace(process_index=0)
+    args = SimpleNamespace(process_index=0, world_size=1)
     last = SimpleNamespace(global_step=40, max_steps=40)
     control = TrainerControl()
     callback.on_step_end(args, last, control)

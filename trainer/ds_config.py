@@ -42,7 +42,8 @@ def deepspeed_config(profile: Profile) -> dict[str, Any]:
     """A ZeRO config with the profile's stage and offload (DeepSpeed rejects unknown keys: none added).
 
     `deepspeed.prefetch_layers` sizes the ZeRO-3 prefetch bucket in decoder layers, so the next layer's
-    weights are fetched (copied from the host, with parameter offload) while this one computes. Without
+    weights are fetched (copied from the host, with parameter offload) while this one computes; the
+    limit on live gathered elements is raised to let them. Without
     optimizer offload the optimizer is torch's AdamW (`torch_adam`): DeepSpeed's own fused Adam would be
     compiled on first use, a minute of nvcc on every fresh machine. A single rank on a GPU without
     parameter offload persists every parameter (`single_rank_on_device`) unless the profile sets a
@@ -68,7 +69,11 @@ def deepspeed_config(profile: Profile) -> dict[str, Any]:
         elif single_rank_on_device(profile):
             zero["stage3_param_persistence_threshold"] = EVERY_PARAMETER
         if ds.prefetch_layers:
-            zero["stage3_prefetch_bucket_size"] = int(ds.prefetch_layers * layer_elements(profile))
+            layer = layer_elements(profile)
+            zero["stage3_prefetch_bucket_size"] = int(ds.prefetch_layers * layer)
+            # DeepSpeed prefetches only while the gathered elements stay under this limit (default 1e9):
+            # below this layer plus the next, the next layer's copy cannot start until this one is freed.
+            zero["stage3_max_live_parameters"] = max(10**9, int((ds.prefetch_layers + 2) * layer))
     for key, device in (("offload_param", ds.offload_param), ("offload_optimizer", ds.offload_optimizer)):
         section = _offload(device, profile)
         if section is not None:

@@ -165,6 +165,7 @@ class Setup:
     gpu_name: str = ""
     packing: bool = False
     doc_tokens: int = 0  # mean tokens an example (data.mean_tokens); 0: every example fills its sequence
+    prefetch_layers: float = 0.0  # deepspeed.prefetch_layers: layers gathered ahead of the one computing
 
     @property
     def ranks(self) -> int:
@@ -639,8 +640,9 @@ def estimate(inputs: Inputs, setup: Setup) -> Estimate:
             resident = part if setup.stage == 3 else w.data_bytes
         gathered = 0
         if gathering:
-            if setup.grad_ckpt:
-                gathered = w.largest_layer()[1] + w.head_bytes()
+            if setup.grad_ckpt:  # this layer, the layers prefetched behind it, and the lm_head
+                ahead = math.ceil(setup.prefetch_layers)
+                gathered = (1 + ahead) * w.largest_layer()[1] + w.head_bytes()
             else:
                 gathered = sum(v for k, v in w.blocks.items() if k != "embed")
                 notes.append(
@@ -650,7 +652,7 @@ def estimate(inputs: Inputs, setup: Setup) -> Estimate:
             "weights (partition)": resident,
             "persistent small params": persistent if setup.stage == 3 else 0,
             "quantization state": w.state_bytes,
-            "gathered layer + lm_head": gathered,
+            "gathered layers + lm_head": gathered,
             "checkpointed activations" if setup.grad_ckpt else "activations": acts.stack(setup.grad_ckpt),
             # NF4 experts dequantize a chunk at a time within the layer's recompute and backward; measured,
             # it never adds to the activation transients at seq 1024 (adding it over-predicts all four

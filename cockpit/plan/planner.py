@@ -85,6 +85,7 @@ def setup_for(profile: Profile, hw: Hardware) -> Setup:
         gpu_name=hw.gpu_name,
         packing=t.packing,
         doc_tokens=profile.data.mean_tokens,
+        prefetch_layers=ds.prefetch_layers if ds.stage == 3 else 0.0,
     )
 
 

@@ -47,12 +47,8 @@ FIGURES = (
 )
 
 
-def rehearse(config: str, profile_name: str, gpu: bool, runs: Path, deadline: float) -> dict[str, Any]:
-    """Every depth of one configuration in one record, bracketed as the rehearsal command brackets them."""
-    from benchmarks.trainer_runs import log_tail, new_run, run_depth
-    from cockpit.record import EventWriter, RunPaths, read_events
-    from cockpit.rehearse.measure import BEGIN, END, depth_measures
-
+def config_overrides(config: str, gpu: bool) -> list[str]:
+    """The profile overrides of one configuration."""
     experts, offload = CONFIGS[config]
     overrides = [
         f"quantization.quantize_experts={experts}",
@@ -63,7 +59,29 @@ def rehearse(config: str, profile_name: str, gpu: bool, runs: Path, deadline: fl
     ]
     if not gpu:
         overrides += ["training.bf16=false", "training.micro_batch_size=4", "data.mean_tokens=100"]
-    run_dir, _ = new_run(profile_name, overrides, runs, f"accuracy-{config}")
+    return overrides
+
+
+def gathered(config: str, profile_name: str, gpu: bool) -> Any:
+    """The configuration's gathered-layers term (`cockpit.rehearse.predict.gathered_for`), from its plan."""
+    from cockpit.plan.model import Weights
+    from cockpit.plan.planner import inputs_for, resolve_geometry
+    from cockpit.profiles import load_profile
+    from cockpit.rehearse.predict import ModelFacts, gathered_for
+
+    profile, _ = load_profile(profile_name, config_overrides(config, gpu))
+    inputs = inputs_for(profile, resolve_geometry(profile))
+    layer = Weights.of(inputs.geometry, inputs.precision).largest_layer()[1]
+    return gathered_for(profile, ModelFacts(inputs.geometry.layers, layer, 0.0, 0.0, 0.0))
+
+
+def rehearse(config: str, profile_name: str, gpu: bool, runs: Path, deadline: float) -> dict[str, Any]:
+    """Every depth of one configuration in one record, bracketed as the rehearsal command brackets them."""
+    from benchmarks.trainer_runs import log_tail, new_run, run_depth
+    from cockpit.record import EventWriter, RunPaths, read_events
+    from cockpit.rehearse.measure import BEGIN, END, depth_measures
+
+    run_dir, _ = new_run(profile_name, config_overrides(config, gpu), runs, f"accuracy-{config}")
     marks = EventWriter(RunPaths(run_dir).events("supervisor"))
     offset = 0
     for layers in DEPTHS:
@@ -83,31 +101,32 @@ def rehearse(config: str, profile_name: str, gpu: bool, runs: Path, deadline: fl
     return {"run_dir": str(run_dir), "measures": [m.to_dict() for m in measures]}
 
 
-def compare(result: dict[str, Any]) -> list[dict[str, Any]]:
-    """Per figure: the fit over FIT_DEPTHS read at 4 layers, beside the 4-layer measurement."""
+def compare(result: dict[str, Any], extra: Any = None) -> list[dict[str, Any]]:
+    """Per figure: the rehearsal's fit over FIT_DEPTHS (`cockpit.rehearse.predict.fit_all`, the GPU peak
+    less the gathered layers `extra`) read at 4 layers, beside the 4-layer measurement."""
     from cockpit.rehearse.measure import DepthMeasure
-    from cockpit.rehearse.predict import fit
+    from cockpit.rehearse.predict import fit_all
 
     measures = [DepthMeasure.from_dict(m) for m in result["measures"]]
     by_depth = {m.layers: m for m in measures if m.complete}
+    fits = fit_all([by_depth[d] for d in FIT_DEPTHS if d in by_depth], extra)
     rows = []
     for key, label in FIGURES:
 
         def value(m: DepthMeasure, key: str = key) -> float | None:
             return m.step_s if key == "step_s" else m.peak(key)
 
-        points = [
-            (d, value(by_depth[d])) for d in FIT_DEPTHS if d in by_depth and value(by_depth[d]) is not None
-        ]
-        line = fit(points)
+        line = fits.get(key)
         measured = value(by_depth[4]) if 4 in by_depth else None
         predicted = line.at(4) if line else None
+        if predicted is not None and key == "gpu_train" and extra is not None:
+            predicted += extra.at(4)
         error = (predicted - measured) / measured if predicted is not None and measured else None
         rows.append({"figure": label, "predicted": predicted, "measured": measured, "error": error})
     return rows
 
 
-def table(results: dict[str, dict[str, Any]], note: str) -> str:
+def table(results: dict[str, dict[str, Any]], note: str, extras: dict[str, Any] | None = None) -> str:
     out = [
         "# Rehearsal accuracy: depth 4 predicted from depths 1 and 2 (out of sample)",
         "",
@@ -119,7 +138,7 @@ def table(results: dict[str, dict[str, Any]], note: str) -> str:
     total = inside = 0
     for config, result in results.items():
         cells, ok = [], 0
-        for row in compare(result):
+        for row in compare(result, (extras or {}).get(config)):
             if row["error"] is None:
                 cells.append("-")
                 continue
@@ -149,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     profile_name = "qwen3-235b-a22b-thinking-4xh100" if gpu else "tiny-cpu"
     deadline = time.time() + args.budget_s
     results: dict[str, dict[str, Any]] = json.loads(args.merge.read_text()) if args.merge else {}
-    for config in args.configs.split(","):
+    for config in filter(None, args.configs.split(",")):  # --configs "" --merge F: report F again
         t0 = time.time()
         results[config] = rehearse(config, profile_name, gpu, args.runs_dir, deadline)
         done = [m["layers"] for m in results[config]["measures"] if m["status"] == "ok"]
@@ -160,7 +179,8 @@ def main(argv: list[str] | None = None) -> int:
         if gpu
         else "The tiny profile on the CPU (a smoke test of the method, not a claim)."
     )
-    report = table({c: results[c] for c in CONFIGS if c in results}, note)
+    extras = {c: gathered(c, profile_name, gpu) for c in CONFIGS if c in results}
+    report = table({c: results[c] for c in CONFIGS if c in results}, note, extras)
     print(report)
     out = Path(os.environ.get("OUT") or ROOT / "benchmarks/results")
     out.mkdir(parents=True, exist_ok=True)

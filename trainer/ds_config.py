@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from cockpit.profiles import Profile
@@ -18,12 +19,18 @@ def _offload(device: str, profile: Profile) -> dict[str, Any] | None:
 
 def layer_elements(profile: Profile) -> int:
     """Stored elements of the model's largest decoder layer (what ZeRO-3 gathers for it), from the plan."""
+    return _gathered_elements(profile)[0]
+
+
+def _gathered_elements(profile: Profile) -> tuple[int, int]:
+    """Stored elements of the largest decoder layer and of the lm_head, from the plan (ZeRO-3 counts
+    elements of the 16-bit storage dtype)."""
     from cockpit.plan.model import Weights
     from cockpit.plan.planner import inputs_for, resolve_geometry
 
     inputs = inputs_for(profile, resolve_geometry(profile))
-    _, nbytes = Weights.of(inputs.geometry, inputs.precision).largest_layer()
-    return nbytes // 2  # ZeRO-3 counts elements of the 16-bit storage dtype
+    weights = Weights.of(inputs.geometry, inputs.precision)
+    return weights.largest_layer()[1] // 2, weights.head_bytes() // 2
 
 
 # A persistence threshold above any parameter's size: every parameter stays whole.
@@ -69,11 +76,13 @@ def deepspeed_config(profile: Profile) -> dict[str, Any]:
         elif single_rank_on_device(profile):
             zero["stage3_param_persistence_threshold"] = EVERY_PARAMETER
         if ds.prefetch_layers:
-            layer = layer_elements(profile)
+            layer, head = _gathered_elements(profile)
             zero["stage3_prefetch_bucket_size"] = int(ds.prefetch_layers * layer)
             # DeepSpeed prefetches only while the gathered elements stay under this limit (default 1e9):
             # below this layer plus the next, the next layer's copy cannot start until this one is freed.
-            zero["stage3_max_live_parameters"] = max(10**9, int((ds.prefetch_layers + 2) * layer))
+            # Exactly those and the lm_head: what the planner counts as gathered.
+            ahead = math.ceil(ds.prefetch_layers)
+            zero["stage3_max_live_parameters"] = max(10**9, (1 + ahead) * layer + head)
     for key, device in (("offload_param", ds.offload_param), ("offload_optimizer", ds.offload_optimizer)):
         section = _offload(device, profile)
         if section is not None:

@@ -45,8 +45,21 @@ def fit(points: list[tuple[int, float]]) -> Linear | None:
     return Linear(my - slope * mx, slope, tuple(points))
 
 
-def fit_all(measures: list[DepthMeasure]) -> dict[str, Linear | None]:
-    """A fit per metric over the complete depths."""
+@dataclass(frozen=True)
+class Gathered:
+    """The layers ZeRO-3 keeps gathered in training: the computing one and `ahead` prefetched behind it,
+    so `min(depth, 1 + ahead)` layers of `layer_gib`: a term that stops growing with depth. The GPU
+    peak is fitted without it and has it added back at the depth read."""
+
+    layer_gib: float = 0.0
+    ahead: int = 0
+
+    def at(self, layers: float) -> float:
+        return min(layers, 1 + self.ahead) * self.layer_gib if self.ahead else 0.0
+
+
+def fit_all(measures: list[DepthMeasure], gathered: Gathered | None = None) -> dict[str, Linear | None]:
+    """A fit per metric over the complete depths (the GPU peak in training less `gathered`)."""
     done = [m for m in measures if m.complete]
     fits: dict[str, Linear | None] = {}
     for metric in METRICS:
@@ -54,9 +67,21 @@ def fit_all(measures: list[DepthMeasure]) -> dict[str, Linear | None]:
         for m in done:
             value = getattr(m, metric) if metric.endswith("_s") else m.peak(metric)
             if value is not None:
+                if metric == "gpu_train" and gathered is not None:
+                    value -= gathered.at(m.layers)
                 points.append((m.layers, float(value)))
         fits[metric] = fit(points)
     return fits
+
+
+def gathered_for(profile: Any, facts: ModelFacts) -> Gathered:
+    """What the profile keeps gathered beyond the computing layer: its prefetched layers, where ZeRO-3
+    gathers (parameter offload, or several ranks)."""
+    ds = profile.deepspeed
+    gathers = ds.stage == 3 and (ds.offload_param != "none" or profile.world_size > 1)
+    if not gathers or not ds.prefetch_layers:
+        return Gathered()
+    return Gathered(facts.layer_bytes / GiB, math.ceil(ds.prefetch_layers))
 
 
 @dataclass(frozen=True)
@@ -181,10 +206,13 @@ def forecast(
 ) -> Forecast:
     """Fit the depths, read them at full depth, scale to the profile's machine, add the wall clock."""
     facts = model_facts(plan)
-    fits = fit_all(measures)
+    gathered = gathered_for(profile, facts)
+    fits = fit_all(measures, gathered)
     full = facts.layers
     # A cost cannot be negative: a fit that extrapolates below zero (a save of ~0 s) reads as zero.
     here: dict[str, float | None] = {k: (max(0.0, v.at(full)) if v else None) for k, v in fits.items()}
+    if here["gpu_train"] is not None:
+        here["gpu_train"] += gathered.at(full)
     notes: list[str] = []
     done = [m for m in measures if m.complete]
     if len(done) < 2:

@@ -7,9 +7,12 @@ overlaid runs stay readable; the legend gives each run's last value.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from cockpit.app.model import GPU_COLORS, ChartData, Trace, fmt_mib
+from cockpit.app.widgets.chart import GUTTER
 from cockpit.compare import ComparedRun, Comparison, Curve
 from cockpit.downsample import bucketize
 
@@ -90,8 +93,7 @@ def build_chart(
         s = run.summary
         b = bucketize(x, y, lo, hi, n)
         line = b.ymax if name == "memory" else b.ymean
-        label = f"{s.tag} {s.label}".strip()
-        traces.append(Trace(label, run_color(i), line, line, value=_value(name, y)))
+        traces.append(Trace(f"{s.tag} {s.label}".strip(), run_color(i), line, line, value=_value(name, y)))
         if not len(x):
             missing.append(s.tag)
     y_lo, y_hi = _y_range(traces, floor_zero=name in ("tokens", "memory"))
@@ -102,6 +104,9 @@ def build_chart(
     if name == "memory":
         kinds = sorted({r.summary.memory_kind for r in comparison.runs if r.summary.memory_kind})
         note = " · ".join(filter(None, [" / ".join(kinds), note]))
+    width = n // 2 + GUTTER
+    if sum(len(f"{t.label} {t.value}") + 4 for t in traces) > width:  # the legend names runs by tag alone
+        traces = [replace(t, label=t.label.split(" ", 1)[0]) for t in traces]
     title = TITLES[name] + (" vs step" if axis == "step" else " vs elapsed time")
     return ChartData(title, lo, hi, y_lo, y_hi, "mib" if name == "memory" else "", tuple(traces), note=note)
 

@@ -22,7 +22,8 @@ from cockpit.app.model import fmt_mib
 from cockpit.app.widgets.compare_chart import CompareChart
 from cockpit.compare import Comparison, f1_rows, summary_rows
 
-COLUMNS = ("run", "steps", "loss", "val loss", "tok/s", "CUDA peak", "GPU used", "RSS peak", "time")
+COLUMNS = ("run", "steps", "loss", "val loss", "tok/s", "CUDA", "GPU", "RSS", "F1", "time")
+TABLE_NOTE = "tok/s: median · CUDA: trainer's peak · GPU: NVML used · F1: mean, tuned · -: not recorded"
 
 
 def title_text(comparison: Comparison | None, axis: str, error: str | None = None) -> Text:
@@ -56,7 +57,8 @@ def summary_table(comparison: Comparison) -> Table:
     for i, (s, row) in enumerate(zip(comparison.summaries, summary_rows(comparison), strict=True)):
         memory = [fmt_mib(v) for v in (s.cuda_peak_mib, s.gpu_used_mib, s.rss_peak_mib)]
         run = Text.assemble((f"■ {s.tag} ", f"bold {run_color(i)}"), s.label or s.run)
-        table.add_row(run, *row[2:6], *memory, row[9])
+        f1 = "-" if s.mean_f1 is None else f"{s.mean_f1 * 100:.1f}"
+        table.add_row(run, *row[2:6], *memory, f1, row[9])
     return table
 
 
@@ -74,7 +76,10 @@ def f1_table(comparison: Comparison) -> Table | Text:
 
 
 class CompareScreen(Screen[None]):
-    """Runs overlaid; everything it shows comes from one Comparison."""
+    """Runs overlaid; everything it shows comes from one Comparison. Narrower than 110 columns, the
+    per-tenant F1 panel gives way (the table keeps the mean)."""
+
+    HORIZONTAL_BREAKPOINTS: ClassVar[list[tuple[int, str]] | None] = [(0, "-narrow"), (110, "-wide")]
 
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("x", "switch_axis", "Step/time"),
@@ -109,9 +114,7 @@ class CompareScreen(Screen[None]):
             return
         self.query_one("#compare-table", Static).update(summary_table(comparison))
         self.query_one("#compare-f1", Static).update(f1_table(comparison))
-        self.query_one(
-            "#compare-table"
-        ).border_subtitle = "loss, val loss: last logged · tok/s: median of the steps · -: not in the record"
+        self.query_one("#compare-table").border_subtitle = TABLE_NOTE
         self.call_after_refresh(self._draw)
 
     def on_resize(self) -> None:

@@ -123,14 +123,13 @@ def _flatten(data: Any, prefix: str = "") -> dict[str, Any]:
 
 
 def differences(profiles: list[dict[str, Any] | None]) -> list[str]:
-    """Dotted profile fields whose values differ between the runs that have a profile."""
+    """Dotted profile fields whose values differ between the runs that have a profile (fields some of
+    them lack, from an older cockpit, are not compared)."""
     flat = [_flatten(p) for p in profiles if p]
     if len(flat) < 2:
         return []
-    keys = sorted({k for f in flat for k in f})
-    return [
-        k for k in keys if k.split(".")[-1] not in SKIP_FIELDS and len({repr(f.get(k)) for f in flat}) > 1
-    ]
+    keys = sorted(set.intersection(*(set(f) for f in flat)))
+    return [k for k in keys if k.split(".")[-1] not in SKIP_FIELDS and len({repr(f[k]) for f in flat}) > 1]
 
 
 def _label(manifest: dict[str, Any], fields: list[str]) -> str:

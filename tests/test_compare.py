@@ -56,6 +56,7 @@ def test_labels_name_only_the_fields_that_differ() -> None:
     b = {"name": "b", "training": {"learning_rate": 0.005, "seed": 0}, "lora": {"r": 32}}
     assert differences([a, b]) == ["lora.r", "training.learning_rate"]
     assert differences([a, None]) == []
+    assert differences([a, {**b, "eval": {"enabled": True}}]) == ["lora.r", "training.learning_rate"]
 
 
 def test_format_md_and_json_without_a_terminal(two_rates: list[Path], capsys) -> None:

@@ -99,7 +99,7 @@ def build_chart(
     y_lo, y_hi = _y_range(traces, floor_zero=name in ("tokens", "memory"))
     note = ""
     if missing:
-        why = "no clock" if axis == "time" and name != "val_loss" else "none"
+        why = "no clock" if axis == "time" and name != "val_loss" else f"no {TITLES[name]} in"
         note = f"{why}: {', '.join(missing)}"
     if name == "memory":
         kinds = sorted({r.summary.memory_kind for r in comparison.runs if r.summary.memory_kind})

@@ -534,6 +534,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
         run_compare_app(run_dirs, axis=args.x)
         return 0
+    _say_reading(run_dirs)
     comparison = compare_runs(run_dirs)
     if args.format == "json":
         print(json.dumps(comparison.to_dict(), indent=2))
@@ -542,12 +543,20 @@ def cmd_compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def _say_reading(run_dirs: list[Path], at_least_mib: float = 8.0) -> None:
+    """Before reading long records whole (a 26-hour one takes seconds), say so."""
+    size = sum(p.stat().st_size for d in run_dirs for p in RunPaths(d).event_files()) / 2**20
+    if size >= at_least_mib:
+        console.print(f"reading {len(run_dirs)} record(s), {size:,.0f} MiB of events...", markup=False)
+
+
 def cmd_export(args: argparse.Namespace) -> int:
     """A run's series as trackio CSV or TensorBoard event files."""
     from cockpit.export import write_csv, write_tensorboard
 
     run_dir = _run_or_log(args.run, _runs_dir(args))
     check_record(run_dir)
+    _say_reading([run_dir])
     if args.format == "csv":
         output = Path(args.output) if args.output else Path(f"{run_dir.name}.csv")
         if output.is_dir():

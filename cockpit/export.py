@@ -19,8 +19,8 @@ time either way. TensorBoard stores scalars as 32-bit floats.
 from __future__ import annotations
 
 import csv
-import math
 from collections.abc import Iterator
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -50,44 +50,71 @@ class ExportError(ValueError):
     """The export cannot be written (a missing optional package, an unusable output path)."""
 
 
-Row = tuple[int, float, dict[str, float]]  # step, time, metrics
+@dataclass(frozen=True)
+class Table:
+    """Every row to export, in time order: its time, its step, and one column a metric (NaN: absent)."""
+
+    t: np.ndarray
+    step: np.ndarray
+    columns: dict[str, np.ndarray]
+
+    def __len__(self) -> int:
+        return len(self.t)
+
+    def rows(self) -> Iterator[tuple[int, float, dict[str, float]]]:
+        """(step, time, metrics present in the row), one row at a time."""
+        names = list(self.columns)
+        values = np.column_stack([self.columns[n] for n in names]) if names else np.zeros((len(self), 0))
+        for i in range(len(self)):
+            row = values[i].tolist()
+            yield (
+                int(self.step[i]),
+                float(self.t[i]),
+                {n: v for n, v in zip(names, row, strict=True) if v == v},
+            )
 
 
-def rows(scalars: RunScalars) -> Iterator[Row]:
-    """Every (step, time, metrics) the record holds, in time order; a metric is left out where absent."""
-    out: list[Row] = []
-    steps = scalars.column("step")
-    t = scalars.column("t")
-    for i in range(len(steps)):
-        metrics = {
-            name: float(scalars.steps[col][i]) for name, col in STEP_METRICS.items() if col in scalars.steps
-        }
-        for name, col in MEMORY_METRICS.items():
-            if col in scalars.memory:
-                metrics[name] = float(scalars.memory[col][i])
-        out.append((int(steps[i]), float(t[i]), _finite(metrics)))
+def table(scalars: RunScalars) -> Table:
+    """The record's steps, validation losses and telemetry as one table (see the module's names)."""
+    parts: list[tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]] = []
+    steps, t = scalars.column("step"), scalars.column("t")
+    if len(steps):
+        cols = {name: scalars.steps[col] for name, col in STEP_METRICS.items() if col in scalars.steps}
+        cols |= {name: scalars.memory[col] for name, col in MEMORY_METRICS.items() if col in scalars.memory}
+        parts.append((t, steps, cols))
     vals = scalars.val_loss
-    for i in range(len(vals.get("t", []))):
-        out.append((int(vals["step"][i]), float(vals["t"][i]), _finite({"val/loss": float(vals["loss"][i])})))
+    if len(vals.get("t", [])):
+        parts.append((vals["t"], vals["step"], {"val/loss": vals["loss"]}))
     tel = scalars.telemetry
     if tel and len(steps):
         order = np.argsort(t, kind="stable")
         at = np.searchsorted(t[order], tel["t"], side="right") - 1  # the last step ended before the sample
-        gpu_cols = [k for k in tel if k.startswith("gpu_mem_used_mib[")]
-        for j in range(len(tel["t"])):
-            step = int(steps[order][at[j]]) if at[j] >= 0 else 0
-            metrics = {f"gpu{k[len('gpu_mem_used_mib[') : -1]}/used": float(tel[k][j]) for k in gpu_cols}
-            if "ram_used_mib" in tel:
-                metrics["ram/used"] = float(tel["ram_used_mib"][j])
-            metrics = _finite(metrics)
-            if metrics:
-                out.append((step, float(tel["t"][j]), metrics))
-    out.sort(key=lambda r: r[1])
-    yield from (r for r in out if r[2])
-
-
-def _finite(metrics: dict[str, float]) -> dict[str, float]:
-    return {k: v for k, v in metrics.items() if math.isfinite(v)}
+        step_at = np.where(at >= 0, steps[order][np.clip(at, 0, None)], 0.0)
+        cols = {
+            f"gpu{k[len('gpu_mem_used_mib[') : -1]}/used": tel[k]
+            for k in tel
+            if k.startswith("gpu_mem_used_mib[")
+        }
+        if "ram_used_mib" in tel:
+            cols["ram/used"] = tel["ram_used_mib"]
+        if cols:
+            parts.append((tel["t"], step_at, cols))
+    names: list[str] = []
+    for _, _, cols in parts:
+        names += [n for n in cols if n not in names]
+    if not parts:
+        return Table(np.zeros(0), np.zeros(0), {})
+    columns = {
+        n: np.concatenate([c.get(n, np.full(len(tt), np.nan)) for tt, _, c in parts]).astype(np.float64)
+        for n in names
+    }
+    times = np.concatenate([tt for tt, _, _ in parts]).astype(np.float64)
+    step_col = np.concatenate([st for _, st, _ in parts]).astype(np.float64)
+    keep = np.zeros(len(times), dtype=bool)
+    for n in names:
+        keep |= np.isfinite(columns[n])
+    order = np.argsort(times[keep], kind="stable")
+    return Table(times[keep][order], step_col[keep][order], {n: c[keep][order] for n, c in columns.items()})
 
 
 def _wall_clock(run_dir: Path) -> bool:
@@ -100,20 +127,20 @@ def write_csv(run_dir: Path, output: Path) -> int:
     """trackio's CSV import format: a header, a `step` column, a `timestamp` column, one column a metric.
 
     Returns the number of rows."""
-    scalars = load_scalars(run_dir)
-    all_rows = list(rows(scalars))
-    names: list[str] = []
-    for _, _, metrics in all_rows:
-        names += [n for n in metrics if n not in names]
-    wall = _wall_clock(run_dir)
+    data = table(load_scalars(run_dir))
+    names = list(data.columns)
+    cells = {n: [repr(v) if v == v else "" for v in data.columns[n].tolist()] for n in names}
+    if _wall_clock(run_dir):
+        stamps = [datetime.fromtimestamp(t, UTC).isoformat() for t in data.t.tolist()]
+    else:
+        stamps = [""] * len(data)
+    steps = [str(int(s)) for s in data.step.tolist()]
     output.parent.mkdir(parents=True, exist_ok=True)
     with open(output, "w", newline="", encoding="utf-8") as f:
         writer = csv.writer(f)
         writer.writerow(["step", "timestamp", *names])
-        for step, t, metrics in all_rows:
-            stamp = datetime.fromtimestamp(t, UTC).isoformat() if wall else ""
-            writer.writerow([step, stamp, *(repr(metrics[n]) if n in metrics else "" for n in names)])
-    return len(all_rows)
+        writer.writerows(zip(steps, stamps, *(cells[n] for n in names), strict=True))
+    return len(data)
 
 
 def write_tensorboard(run_dir: Path, logdir: Path) -> int:
@@ -123,12 +150,12 @@ def write_tensorboard(run_dir: Path, logdir: Path) -> int:
         from tensorboard.summary.writer.event_file_writer import EventFileWriter
     except ImportError:
         raise ExportError(TENSORBOARD_MISSING) from None
-    scalars = load_scalars(run_dir)
+    data = table(load_scalars(run_dir))
     logdir.mkdir(parents=True, exist_ok=True)
     writer = EventFileWriter(str(logdir), filename_suffix=f".{run_dir.name}")
     count = 0
     try:
-        for step, t, metrics in rows(scalars):
+        for step, t, metrics in data.rows():
             values = [summary_pb2.Summary.Value(tag=k, simple_value=v) for k, v in metrics.items()]
             writer.add_event(
                 event_pb2.Event(wall_time=t, step=step, summary=summary_pb2.Summary(value=values))

@@ -284,3 +284,14 @@ def test_read_foreign_refuses_a_run_record(tmp_path: Path, capsys) -> None:
     run_dir = import_cli(LLAMAFACTORY, tmp_path / "runs", capsys)
     with pytest.raises(ForeignLogError, match="already a cockpit run record"):
         read_foreign(run_dir)
+
+
+def test_replay_of_a_log_imports_it_before_asking_for_a_terminal(tmp_path: Path, monkeypatch, capsys) -> None:
+    """Without a terminal, `cockpit replay PATH` still reads the log (bad input would be said first), then
+    refuses to draw; the cached record is there for the next replay."""
+    monkeypatch.setenv("COCKPIT_CACHE", str(tmp_path / "cache"))
+    assert cli.main(["replay", str(LLAMAFACTORY), "--runs-dir", str(tmp_path / "runs")]) == 2
+    err = capsys.readouterr().err
+    assert "imported" in err and "needs a terminal" in err.splitlines()[-1]
+    (cached,) = (tmp_path / "cache" / "imports").iterdir()
+    assert load_manifest(cached)["imported"]["format"] == "llamafactory"

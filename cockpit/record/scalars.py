@@ -79,20 +79,26 @@ def _steps_of(blocks: list[Block], rank0: bool) -> list[dict[str, np.ndarray]]:
     return [b.columns for b in blocks if b.kind == "step" and ((b.rank or 0) == 0) == rank0]
 
 
-def _resumed(columns: dict[str, np.ndarray], events: list[Event]) -> dict[str, np.ndarray]:
-    """Drop the steps a later attempt repeated: rows before a `train_begin` past its `start_step`."""
-    if not columns:
-        return columns
-    keep = np.ones(len(columns["t"]), dtype=bool)
+def _replaced(columns: dict[str, np.ndarray], events: list[Event]) -> np.ndarray:
+    """Which rows a later attempt repeated: before a `train_begin` and past its `start_step`."""
+    replaced = np.zeros(len(columns["t"]), dtype=bool)
     for e in events:
         if e["kind"] == "train_begin" and e.get("rank", 0) == 0 and e.get("start_step") is not None:
-            keep &= ~((columns["t"] < e["t"]) & (columns["step"] > e["start_step"]))
+            replaced |= (columns["t"] < e["t"]) & (columns["step"] > e["start_step"])
+    return replaced
+
+
+def _resumed(columns: dict[str, np.ndarray], events: list[Event]) -> dict[str, np.ndarray]:
+    """The rows a later attempt did not repeat, in time order."""
+    if not columns:
+        return columns
+    keep = ~_replaced(columns, events)
     order = np.argsort(columns["t"][keep], kind="stable")
     return {k: v[keep][order] for k, v in columns.items()}
 
 
-def _memory_by_step(blocks: list[Block], steps: np.ndarray) -> dict[str, np.ndarray]:
-    """Each of `steps`' memory peak over every rank that reported it."""
+def _memory_by_step(blocks: list[Block], steps: np.ndarray, events: list[Event]) -> dict[str, np.ndarray]:
+    """Each of `steps`' memory peak over every rank that reported it (in the attempt that counts)."""
     if len(steps) == 0:
         return {}
     index = {int(s): i for i, s in enumerate(steps)}
@@ -101,7 +107,7 @@ def _memory_by_step(blocks: list[Block], steps: np.ndarray) -> dict[str, np.ndar
         if b.kind != "step":
             continue
         rows = np.array([index.get(int(s), -1) for s in b.columns["step"]], dtype=np.int64)
-        ok = rows >= 0
+        ok = (rows >= 0) & ~_replaced(b.columns, events)
         for name in MEMORY_COLUMNS:
             if name not in b.columns:
                 continue
@@ -129,7 +135,7 @@ def load_scalars(run_dir: Path) -> RunScalars:
     memory_blocks = list(blocks)
     if others:
         memory_blocks.append(_as_block(others))
-    scalars.memory = _memory_by_step(memory_blocks, scalars.column("step"))
+    scalars.memory = _memory_by_step(memory_blocks, scalars.column("step"), events)
     telemetry = [b.columns for b in blocks if b.kind == "telemetry"]
     loose_tel = [e for e in events if e["kind"] == "telemetry"]
     if loose_tel:

@@ -22,6 +22,8 @@ from rich.table import Table
 
 from cockpit import __version__, lifecycle
 from cockpit.diagnosis import describe_exit
+from cockpit.export import ExportError
+from cockpit.importers.model import ForeignLogError
 from cockpit.lifecycle import LifecycleError, StopOutcome
 from cockpit.profiles import (
     DEFAULT_PROFILE,
@@ -212,7 +214,8 @@ def cmd_attach(args: argparse.Namespace) -> int:
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
-    run_dir = _find_readable(args)
+    run_dir = _run_or_log(args.run, _runs_dir(args))
+    check_record(run_dir)
     _require_terminal(
         "replay", f"without one, read the run with `cockpit report {args.run}` or list runs: `cockpit ls`"
     )
@@ -444,15 +447,132 @@ def _report_and_print(run_dir: Path, fmt: str, output: Path | None) -> int:
 
 
 def cmd_import(args: argparse.Namespace) -> int:
-    run_dir = _find(args)
-    _import_all(run_dir, args.predictions)
-    return _report_and_print(run_dir, "md", None) if args.show else 0
+    """`import RUN --predictions NAME=FILE`: predictions into a run; `import PATH`: a foreign log as a run."""
+    if args.predictions:
+        run_dir = _find(args)
+        _import_all(run_dir, args.predictions)
+        return _report_and_print(run_dir, "md", None) if args.show else 0
+    if args.show:
+        raise UsageError("--show goes with --predictions (it prints the run's updated report)")
+    from cockpit.importers import import_log
+
+    source = Path(args.run)
+    if not source.exists():
+        raise UsageError(
+            f"{source}: no such file or directory (to bring predictions into a run: "
+            f"`cockpit import RUN --predictions NAME=FILE`)"
+        )
+    run_dir, imported = import_log(source, _runs_dir(args))
+    _say_imported(source, imported, run_dir.name)
+    console.print(f"replay it: cockpit replay {run_dir.name}", markup=False)
+    print(run_dir)
+    return 0
+
+
+def _say_imported(source: Path, imported: Any, run_id: str) -> None:
+    """What an import read, what it lacks and what it skipped: a few plain lines on stderr."""
+    from cockpit.importers import summary
+
+    facts = summary(imported)
+    clock = {"wall": "wall time", "elapsed": "elapsed time", "step": "no clock (one second a step)"}
+    console.print(
+        f"imported {source} ({facts['format']}) as run {run_id}: {facts['steps']} steps, "
+        f"{facts['val_losses']} validation losses, {clock[facts['clock']]}"
+        f"{'' if facts['finished'] else ', cut off before its end'}",
+        markup=False,
+    )
+    if facts["absent"]:
+        console.print(f"  absent (not in the log): {', '.join(facts['absent'])}", markup=False)
+    for line in facts["skipped"]:
+        console.print(f"  skipped: {line}", markup=False)
+    for line in facts["notes"]:
+        console.print(f"  note: {line}", markup=False)
+
+
+def _run_or_log(ref: str, runs_dir: Path) -> Path:
+    """A run by id, prefix, path or `latest`; else a foreign log at the path `ref`, imported into the
+    cache once (`cockpit.importers.cached_import`)."""
+    from cockpit.runs import find_run
+
+    try:
+        return find_run(runs_dir, ref)
+    except LookupError as exc:
+        if not Path(ref).exists():
+            raise UsageError(str(exc)) from None
+    from cockpit.importers import cached_import
+
+    run_dir, imported = cached_import(Path(ref))
+    if imported is not None:
+        _say_imported(Path(ref), imported, run_dir.name)
+    return run_dir
 
 
 def cmd_report(args: argparse.Namespace) -> int:
     run_dir = _find_readable(args)
     _import_all(run_dir, args.predictions)
     return _report_and_print(run_dir, args.format, Path(args.output) if args.output else None)
+
+
+# --- compare, export ------------------------------------------------------------------------------
+def cmd_compare(args: argparse.Namespace) -> int:
+    """Several runs (or imported logs) in one screen, or their table as Markdown or JSON."""
+    from cockpit.compare import MAX_RUNS, compare_runs, render_markdown
+
+    if not 2 <= len(args.runs) <= MAX_RUNS:
+        raise UsageError(f"compare needs from 2 to {MAX_RUNS} runs (got {len(args.runs)})")
+    run_dirs = [_run_or_log(ref, _runs_dir(args)) for ref in args.runs]
+    seen: dict[Path, str] = {}
+    for ref, run_dir in zip(args.runs, run_dirs, strict=True):
+        key = run_dir.resolve()
+        if key in seen:
+            raise UsageError(f"{ref!r} and {seen[key]!r} are the same run: give different runs")
+        seen[key] = ref
+        check_record(run_dir)
+    if args.format is None:
+        _require_terminal("compare", "without one, print the table with --format md or --format json")
+        from cockpit.app.compare import run_compare_app
+
+        run_compare_app(run_dirs, axis=args.x)
+        return 0
+    _say_reading(run_dirs)
+    comparison = compare_runs(run_dirs)
+    if args.format == "json":
+        print(json.dumps(comparison.to_dict(), indent=2))
+    else:
+        print(render_markdown(comparison), end="")
+    return 0
+
+
+def _say_reading(run_dirs: list[Path], at_least_mib: float = 8.0) -> None:
+    """Before reading long records whole (a 26-hour one takes seconds), say so."""
+    size = sum(p.stat().st_size for d in run_dirs for p in RunPaths(d).event_files()) / 2**20
+    if size >= at_least_mib:
+        console.print(f"reading {len(run_dirs)} record(s), {size:,.0f} MiB of events...", markup=False)
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    """A run's series as trackio CSV or TensorBoard event files."""
+    from cockpit.export import write_csv, write_tensorboard
+
+    run_dir = _run_or_log(args.run, _runs_dir(args))
+    check_record(run_dir)
+    _say_reading([run_dir])
+    if args.format == "csv":
+        output = Path(args.output) if args.output else Path(f"{run_dir.name}.csv")
+        if output.is_dir():
+            raise UsageError(f"--output {output}: a directory; --format csv writes one file")
+        count = write_csv(run_dir, output)
+        console.print(f"wrote {count} rows to {output} (trackio: trackio.import_csv)", markup=False)
+    else:
+        output = Path(args.output) if args.output else Path("tensorboard") / run_dir.name
+        if output.is_file():
+            raise UsageError(f"--output {output}: a file; --format tensorboard writes a log directory")
+        count = write_tensorboard(run_dir, output)
+        console.print(
+            f"wrote {count} scalars to {output} (tensorboard --logdir {output.parent})", markup=False
+        )
+    print(output)
+    return 0
 
 
 # --- plan ----------------------------------------------------------------------------------------
@@ -653,12 +773,27 @@ def build_parser() -> argparse.ArgumentParser:
     imp = sub.add_parser(
         "import",
         parents=[common],
-        help="bring another system's predictions (an API model's) into a run's comparison",
-        description="Each line of FILE is a JSON object with tenant, id and pred (gold optional, checked). "
-        "Unknown tenants or labels, missing or duplicate ids are refused with the line number (exit 2).",
+        help="a foreign training log as a run record; or another system's predictions into a run",
+        description="`cockpit import PATH`: read a training log the cockpit did not make and write it as a "
+        "new run record (replay, compare and export read it like any other): an HF Trainer output directory "
+        "(trainer_state.json, its own and each checkpoint-N/'s) or one trainer_state.json; LLaMA-Factory's "
+        "trainer_log.jsonl (or its output directory); or the console output of an HF Trainer or DeepSpeed "
+        "run (the log dicts HF prints, DeepSpeed's step, throughput and memory lines). What the log does "
+        "not hold is listed as absent, never made up; lines it cannot use (cut off, noise) are counted. "
+        "`cockpit import RUN --predictions NAME=FILE`: each line of FILE is a JSON object with tenant, id "
+        "and pred (gold optional, checked); unknown tenants or labels, missing or duplicate ids are "
+        "refused with the line number (exit 2).",
     )
-    imp.add_argument("run", help="run id, unique prefix, path, or 'latest'")
-    imp.add_argument("--predictions", action="append", required=True, metavar="NAME=FILE")
+    imp.add_argument(
+        "run", metavar="PATH|RUN", help="a foreign log to import; with --predictions, the run to add them to"
+    )
+    imp.add_argument(
+        "--predictions",
+        action="append",
+        default=[],
+        metavar="NAME=FILE",
+        help="import a predictions file into RUN as system NAME (repeatable)",
+    )
     imp.add_argument("--show", action="store_true", help="print the updated report")
     imp.set_defaults(func=cmd_import)
 
@@ -719,8 +854,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     from cockpit.record.playback import SPEEDS
 
-    replay = sub.add_parser("replay", parents=[common], help="play a saved run record back in the app")
-    replay.add_argument("run", help="run id, unique id prefix, path, or 'latest'")
+    replay = sub.add_parser(
+        "replay",
+        parents=[common],
+        help="play a saved run record (or any log `import` reads) back in the app",
+        description="RUN is a run id, prefix, path or 'latest', or anything `cockpit import` reads (an HF "
+        "Trainer output directory, a trainer_state.json, a LLaMA-Factory trainer_log.jsonl, a console "
+        "log): that is imported once into the cache ($COCKPIT_CACHE/imports) and replayed.",
+    )
+    replay.add_argument("run", metavar="RUN|PATH", help="run id, unique id prefix, path, 'latest', or a log")
     replay.add_argument(
         "--speed",
         type=amount(0, SPEEDS[-1], above=True),
@@ -728,6 +870,46 @@ def build_parser() -> argparse.ArgumentParser:
         help="times real time (default 1; + and - in the app)",
     )
     replay.set_defaults(func=cmd_replay)
+
+    cmp = sub.add_parser(
+        "compare",
+        parents=[common],
+        help="overlay several runs' loss, validation loss, tokens/s and memory; a table of what each reached",
+        description="Runs are tagged A, B, C... in the order given and labelled by the profile fields in "
+        "which they differ. In a terminal the app shows four charts (x: step or elapsed time, the key x "
+        "switches) and a table of final loss, final validation loss, median tokens/s, peak memories and "
+        "the tuned model's macro F1 per tenant where a run has a report. --format prints the table instead. "
+        "A RUN may also be anything `cockpit import` reads (imported once into the cache).",
+    )
+    cmp.add_argument(
+        "runs", nargs="+", metavar="RUN", help="two runs or more: id, prefix, path, 'latest' or a log"
+    )
+    cmp.add_argument(
+        "--format",
+        choices=("md", "json"),
+        help="print the table as Markdown or JSON instead of opening the app",
+    )
+    cmp.add_argument(
+        "--x", choices=("step", "time"), default="step", help="the charts' x axis at first (default step)"
+    )
+    cmp.set_defaults(func=cmd_compare)
+
+    exp = sub.add_parser(
+        "export",
+        parents=[common],
+        help="write a run's series for another tracker: trackio CSV or TensorBoard event files",
+        description="Every step's loss, learning rate, grad norm, epoch, tokens/s, samples/s, step time and "
+        "memory peaks, the validation losses and the telemetry's memory, each with its step and time. csv: "
+        "trackio's import format (a `step` and a `timestamp` column, one column a metric; "
+        "trackio.import_csv reads it), to RUN.csv by default. tensorboard: event files in a log directory, "
+        "tensorboard/RUN/ by default (needs the `tensorboard` package: pip install 'cockpit[tensorboard]').",
+    )
+    exp.add_argument(
+        "run", metavar="RUN", help="run id, unique prefix, path, 'latest', or a log `import` reads"
+    )
+    exp.add_argument("--format", choices=("csv", "tensorboard"), required=True)
+    exp.add_argument("--output", help="the CSV file, or the TensorBoard log directory")
+    exp.set_defaults(func=cmd_export)
     return parser
 
 
@@ -736,7 +918,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = parser.parse_args(argv)
         return int(args.func(args))
-    except (UsageError, ProfileError, LifecycleError, RecordError) as exc:
+    except (UsageError, ProfileError, LifecycleError, RecordError, ForeignLogError, ExportError) as exc:
         console.print(f"[red]error:[/] {escape(str(exc))}")
         return EXIT_BAD_INPUT
 

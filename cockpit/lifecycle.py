@@ -295,8 +295,13 @@ def resume(run_dir: Path, overrides: Sequence[str] = (), from_scratch: bool = Fa
 
 
 def _not_a_rehearsal(run_dir: Path, why: str) -> None:
-    if load_manifest(run_dir).get("mode") == "rehearse":
+    """Refuse a rehearsal (`why` says what it cannot be), and an imported log (curves only, no model)."""
+    mode = load_manifest(run_dir).get("mode")
+    if mode == "rehearse":
         raise LifecycleError(f"{run_dir.name} is a rehearsal and cannot be {why}")
+    if mode == "import":
+        verb = why.split(":")[0]
+        raise LifecycleError(f"{run_dir.name} is an imported log (its curves only) and cannot be {verb}")
 
 
 def _new_attempt(run_dir: Path, training: dict[str, Any] | None) -> None:

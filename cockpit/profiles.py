@@ -31,6 +31,11 @@ Seed = Annotated[int, Field(ge=0, lt=2**32)]  # NumPy's seed range (Transformers
 MAX_GPUS = 1024
 MAX_GPU_MEM_GIB = 4096.0
 MAX_HOST_RAM_GIB = 1024.0**2  # 1 PiB
+# The HF Trainer's reporting integrations (transformers' INTEGRATION_TO_CALLBACK); "all": those installed.
+Tracker = Literal[
+    "all", "azure_ml", "clearml", "codecarbon", "comet_ml", "dagshub", "dvclive", "flyte", "kubeflow",
+    "mlflow", "neptune", "swanlab", "tensorboard", "trackio", "wandb",
+]  # fmt: skip
 
 
 class _Section(BaseModel):
@@ -173,6 +178,12 @@ class TrainingSpec(_Section):
     )
     save_total_limit: PositiveInt = 2
     seed: Seed = 0
+    report_to: list[Tracker] = Field(
+        default_factory=list,
+        description="Trackers the HF Trainer also reports to, live (its `report_to`: tensorboard, wandb, "
+        "mlflow, trackio, ...; each needs its own package and settings); empty: none. The run record stays "
+        "the cockpit's source of truth.",
+    )
     stall_timeout_s: PositiveFloat = Field(
         default=1800.0, description="Stop a run with no step for this long."
     )

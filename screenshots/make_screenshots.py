@@ -8,9 +8,12 @@
 - `run-2xh200.svg`: the run screen over a tiny run recorded on two H200s (two ranks, real NVML telemetry);
 - `prediction.svg`: the prediction screen (`p`) of a recorded tiny rehearsal (`cockpit rehearse`);
 - `report.svg`: the report screen (`r`) of the finished tiny run, with the report.json of an evaluated
-  tiny-cpu run (`tests/fixtures/reports/`: the recorded run predates the evaluation stage).
+  tiny-cpu run (`tests/fixtures/reports/`: the recorded run predates the evaluation stage);
+- `compare.svg`: `cockpit compare` of two recorded tiny-cpu runs (150 steps each, evaluated) that differ
+  only in their learning rate, 5e-3 and 1e-3.
 
-    python screenshots/make_screenshots.py
+    python screenshots/make_screenshots.py            # all of them
+    python screenshots/make_screenshots.py compare    # compare.svg only
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from replay_large import generate  # noqa: E402
 from tui_helpers import FIXTURE, add_report, copy_until, fixture_times  # noqa: E402
 
 from cockpit.app.app import CockpitApp, make_app  # noqa: E402
+from cockpit.app.compare import make_compare_app  # noqa: E402
 from cockpit.record.playback import Playback  # noqa: E402
 
 SIZE = (120, 40)
@@ -37,6 +41,11 @@ SIZE = (120, 40)
 GPU_FIXTURE = ROOT / "tests" / "fixtures" / "records" / "20261130-074646-tiny-cpu-5bc8"
 REHEARSAL = ROOT / "tests" / "fixtures" / "records" / "20261201-023803-tiny-cpu-729e"
 OUT = ROOT / "screenshots"
+# Two tiny-cpu runs, 150 steps, learning rates 5e-3 and 1e-3, each evaluated (`cockpit run --no-ui`).
+LR_RUNS = [
+    ROOT / "tests" / "fixtures" / "records" / "20261201-071535-tiny-cpu-1e29",
+    ROOT / "tests" / "fixtures" / "records" / "20261201-071844-tiny-cpu-5986",
+]
 
 
 async def shoot(
@@ -103,5 +112,22 @@ async def main() -> None:
         shutil.rmtree(big, ignore_errors=True)
 
 
+async def shoot_compare() -> None:
+    app = make_compare_app(LR_RUNS)
+    async with app.run_test(size=SIZE) as pilot:
+        deadline = time.monotonic() + 120
+        while app.comparison is None or not all(c.data for c in app.screen.query("CompareChart")):
+            if time.monotonic() > deadline:
+                raise TimeoutError("compare.svg")
+            await pilot.pause(0.05)
+        await pilot.pause()
+        app.save_screenshot("compare.svg", str(OUT))
+    print(f"wrote {(OUT / 'compare.svg').relative_to(ROOT)}")
+
+
 if __name__ == "__main__":
-    asyncio.run(main())
+    if sys.argv[1:] == ["compare"]:
+        asyncio.run(shoot_compare())
+    else:
+        asyncio.run(main())
+        asyncio.run(shoot_compare())

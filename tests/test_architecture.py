@@ -20,6 +20,9 @@ FORBIDDEN = [
     ("cockpit.plan", ("trainer", "cockpit.report", "cockpit.rehearse", "cockpit.app", "cockpit.lifecycle")),
     ("cockpit.report", ("trainer", "cockpit.plan", "cockpit.app", "cockpit.lifecycle")),
     ("cockpit.rehearse", ("trainer", "cockpit.app")),
+    ("cockpit.importers", ("cockpit.app", "cockpit.lifecycle", "cockpit.plan", "cockpit.report", "trainer")),
+    ("cockpit.export", ("cockpit.app", "cockpit.lifecycle", "trainer")),
+    ("cockpit.compare", ("cockpit.app", "cockpit.lifecycle", "trainer")),
     ("cockpit", ("benchmarks", "tests")),
     ("trainer", ("cockpit.app", "cockpit.lifecycle", "cockpit.cli", "benchmarks", "tests")),
 ]

@@ -109,7 +109,8 @@ class Recipe:
             bf16=t.bf16,
             seed=t.seed,
             deepspeed=deepspeed_config(self.profile),
-            report_to=[],
+            report_to=list(t.report_to),  # the user's trackers, beside the record (default: none)
+            run_name=self.paths.run_id,
             disable_tqdm=True,
             include_num_input_tokens_seen="non_padding",
             remove_unused_columns=False,

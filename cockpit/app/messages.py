@@ -8,6 +8,7 @@ from typing import Any
 from textual.message import Message
 
 from cockpit.app.model import Snapshot
+from cockpit.compare import Comparison
 from cockpit.report import Report
 
 
@@ -42,4 +43,12 @@ class ReportLoaded(Message):
     """The report worker read the run's report (None, with `error`, when it could not)."""
 
     report: Report | None
+    error: str | None = None
+
+
+@dataclass
+class ComparisonLoaded(Message):
+    """The compare worker read every run (None, with `error`, when one could not be read)."""
+
+    comparison: Comparison | None
     error: str | None = None

@@ -189,12 +189,15 @@ def merge_blocks(blocks: list[Block]) -> list[Block]:
     for b in blocks:
         groups.setdefault((b.kind, b.rank, tuple(b.columns)), []).append(b)
     merged = []
-    for (kind, _rank, keys), parts in groups.items():
+    for (kind, rank, keys), parts in groups.items():
         if len(parts) == 1:
             merged.append(parts[0])
             continue
         columns = {k: np.concatenate([p.columns[k] for p in parts]) for k in keys}
-        merged.extend(_blocks_from_columns(kind, columns))
+        blocks = _blocks_from_columns(kind, columns)
+        if "rank" not in columns:  # slimmed rows of another rank: their rank is the group's, not None
+            blocks = [Block(kind, rank, b.columns) for b in blocks]
+        merged.extend(blocks)
     merged.sort(key=lambda b: float(b.t[0]) if len(b) else 0.0)
     return merged
 

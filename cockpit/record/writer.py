@@ -61,9 +61,9 @@ class EventWriter:
         drop_torn_tail(path)
         self._file = open(path, "a", encoding="utf-8")  # noqa: SIM115 - held open for the writer's life
 
-    def write(self, kind: str, **fields: Any) -> dict[str, Any]:
-        """Append one event and return it."""
-        record: dict[str, Any] = {"t": round(time.time(), 4), "kind": kind}
+    def write(self, kind: str, *, at: float | None = None, **fields: Any) -> dict[str, Any]:
+        """Append one event and return it; `at` is its time when it is not now (an imported log's)."""
+        record: dict[str, Any] = {"t": round(time.time() if at is None else at, 4), "kind": kind}
         if self.rank is not None:
             record["rank"] = self.rank
         record.update(_clean(fields))

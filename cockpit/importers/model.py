@@ -1,0 +1,136 @@
+"""What every importer returns: the steps, validation losses and facts a foreign log holds, nothing more.
+
+An importer fills an `Imported` from its format; `cockpit.importers.write` turns it into a run record.
+A field the log does not hold stays out of the steps (and is listed in `absent`): nothing is invented.
+Lines an importer could not use are counted in `skipped`, each reason once with its count and first line.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+# Step fields a record can hold, in the words the README's event table uses; `absent` names those missing.
+STEP_FIELDS = (
+    "loss",
+    "learning_rate",
+    "grad_norm",
+    "epoch",
+    "tokens_per_s",
+    "samples_per_s",
+    "step_time_s",
+    "cuda_peak_alloc_mib",
+)
+CLOCKS = ("wall", "elapsed", "step")  # Unix time; seconds since training began; none (one second a step)
+SNIFF_BYTES = 8192
+MIB_PER_GB = 1024.0  # DeepSpeed and LLaMA-Factory divide bytes by 1024**3 and call it GB
+
+
+class ForeignLogError(ValueError):
+    """A file or folder that cannot be imported; the message is one line naming the file (and line, field)."""
+
+
+@dataclass
+class Skipped:
+    """Lines left out for one reason: how many, and where the first was."""
+
+    reason: str
+    count: int = 0
+    first_line: int | None = None
+
+    def __str__(self) -> str:
+        where = f" (first at line {self.first_line})" if self.first_line is not None else ""
+        return f"{self.count} {self.reason}{where}"
+
+
+@dataclass
+class Imported:
+    """A foreign run as read: steps keyed by step number, validation losses, and what could not be read."""
+
+    source: Path
+    format: str  # "hf-trainer-state", "llamafactory", "console"
+    steps: dict[int, dict[str, Any]] = field(default_factory=dict)  # step -> fields (and "t" when known)
+    evals: list[dict[str, Any]] = field(default_factory=list)  # {"step", "loss", "t"?}
+    clock: str = "step"
+    max_steps: int | None = None
+    finished: bool = False
+    load_memory: dict[str, float] | None = None  # memory before the first step (DeepSpeed's report)
+    notes: list[str] = field(default_factory=list)  # what a reader should know (how steps were numbered)
+    skipped: dict[str, Skipped] = field(default_factory=dict)
+
+    def skip(self, reason: str, line: int | None = None) -> None:
+        """Count one line left out for `reason`."""
+        entry = self.skipped.setdefault(reason, Skipped(reason))
+        entry.count += 1
+        if entry.first_line is None:
+            entry.first_line = line
+
+    def step(self, number: int) -> dict[str, Any]:
+        """The fields of step `number` (created empty)."""
+        return self.steps.setdefault(number, {})
+
+    @property
+    def absent(self) -> list[str]:
+        """Step fields no step has, and `wall time` when the clock is the step count."""
+        present = {k for fields in self.steps.values() for k, v in fields.items() if v is not None}
+        missing = [f for f in STEP_FIELDS if f not in present]
+        if self.clock == "step":
+            missing.append("wall time")
+        return missing
+
+    def skipped_lines(self) -> list[str]:
+        return [str(s) for s in self.skipped.values()]
+
+
+def number(value: Any) -> float | None:
+    """A finite float from a log value (transformers 5 prints them as strings), else None."""
+    if isinstance(value, bool) or value is None:
+        return None
+    try:
+        f = float(value)
+    except (TypeError, ValueError):
+        return None
+    return f if math.isfinite(f) else None
+
+
+def read_text(path: Path) -> str:
+    """A log file's text; `ForeignLogError` for an empty, unreadable or binary file."""
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise ForeignLogError(f"{path}: cannot read ({exc.strerror})") from None
+    if not data.strip():
+        raise ForeignLogError(f"{path}: empty file, nothing to import")
+    head = data[:SNIFF_BYTES]
+    if b"\x00" in head:
+        raise ForeignLogError(f"{path}: a binary file, not a training log")
+    text = data.decode("utf-8", errors="replace")
+    bad = text[:SNIFF_BYTES].count("\ufffd")
+    if bad > max(8, len(head) // 100):
+        raise ForeignLogError(f"{path}: not text (undecodable bytes), not a training log")
+    return text
+
+
+def rates_from_tokens(imported: Imported) -> None:
+    """Tokens/s (and seconds a step) between consecutive steps whose clock and token count are both known.
+
+    Uses the `tokens_seen` each step carries (a running total) and `t`: real figures, averaged over the
+    interval between two log lines. The running total is then dropped (the record counts a step's own).
+    """
+    last: tuple[int, float, float | None] | None = None
+    for step in sorted(imported.steps):
+        fields = imported.steps[step]
+        seen, t = fields.pop("tokens_seen", None), fields.get("t")
+        if t is None:
+            continue
+        if last is not None:
+            prev_step, prev_t, prev_seen = last
+            dt = t - prev_t
+            if dt > 0 and imported.clock != "step":
+                fields.setdefault("step_time_s", round(dt / (step - prev_step), 4))
+                if seen is not None and prev_seen is not None:
+                    fields["tokens"] = int(seen - prev_seen)
+                    fields.setdefault("tokens_per_s", round((seen - prev_seen) / dt, 2))
+        last = (step, t, seen)

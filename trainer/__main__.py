@@ -84,6 +84,7 @@ class Recipe:
     def training_args(self) -> Any:
         from transformers import TrainingArguments
 
+        from trainer.distributed import cpu_ranks_accelerator_config
         from trainer.ds_config import deepspeed_config
 
         t = self.profile.training
@@ -115,6 +116,7 @@ class Recipe:
             include_num_input_tokens_seen="non_padding",
             remove_unused_columns=False,
             dataloader_num_workers=0,
+            accelerator_config=cpu_ranks_accelerator_config(),
         )
 
     def model_dir(self) -> str:

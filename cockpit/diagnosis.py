@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import re
 import signal
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 CUDA_OOM = re.compile(
     r"CUDA out of memory|torch\.OutOfMemoryError|OutOfMemoryError|CUBLAS_STATUS_ALLOC_FAILED"
@@ -25,6 +27,80 @@ LAUNCHER_RC = re.compile(r"exits with return code = (-?\d+)")
 TRACEBACK_LAST = re.compile(
     r"^(?:\[rank\d+\]:\s*)?(\w+(?:\.\w+)*(?:Error|Exception|Interrupt)\b.*)$", re.MULTILINE
 )
+
+
+# What a rank says when another rank went away first: gloo's closed connections, NCCL's errors and
+# timeouts. Never the cause when a rank failed on its own.
+COLLECTIVE_ERROR = re.compile(
+    r"gloo|nccl|DistBackendError|DistNetworkError|DistStoreError|Connection (?:closed|reset) by peer"
+    r"|Broken pipe|collective",
+    re.IGNORECASE,
+)
+
+
+@dataclass(frozen=True)
+class RankFault:
+    """The rank that failed first on its own, where it ran, and how it ended."""
+
+    rank: int
+    host: str
+    node: int | None  # its node, when the job spans several
+    kind: str  # signal, oom, error, exit, collective
+    how: str  # "killed by SIGKILL", "RuntimeError: ...", "exit code 3"
+    signal: int | None = None
+
+    @property
+    def who(self) -> str:
+        """`rank 1 on gpu-b (node 1)`: the rank, its host, and its node when there are several."""
+        host = f" on {self.host}" if self.host else ""
+        node = f" (node {self.node})" if self.node is not None else ""
+        return f"rank {self.rank}{host}{node}"
+
+
+def culprit(
+    ranks: Mapping[int, Mapping[str, Any]],
+    exits: Mapping[int, Mapping[str, Any]],
+    errors: Mapping[int, Mapping[str, Any]],
+) -> RankFault | None:
+    """Which rank failed on its own, from the record: each rank's `rank_start` (host, node), its guard's
+    `rank_exit` and its own `error` event.
+
+    A rank ended by a signal other than SIGTERM (the launcher's and the supervisor's way of ending the
+    others) comes first: nothing another rank does sends it. Then a rank's own error (CUDA out of
+    memory, a crash), then an exit code with no error said, and last the collective errors a rank gets
+    when a peer went away. Within each, the earliest. None when no rank failed.
+    """
+    found: list[tuple[int, float, int, str, str, int | None]] = []
+    for rank, e in exits.items():
+        name = e.get("signal")
+        if name and name != "SIGTERM":
+            number = _signal_number(name)
+            how = ended_by(number) if number is not None else f"ended by {name}"
+            found.append((0, e["t"], rank, "signal", how, number))
+        elif not name and e.get("exit_code") not in (0, None) and rank not in errors:
+            found.append((2, e["t"], rank, "exit", f"exit code {e['exit_code']}", None))
+    for rank, e in errors.items():
+        text = f"{e.get('type', 'Error')}: {e.get('message', '')}".rstrip(": ")
+        if CUDA_OOM.search(text):
+            found.append((1, e["t"], rank, "oom", text, None))
+        elif COLLECTIVE_ERROR.search(text):
+            found.append((3, e["t"], rank, "collective", text, None))
+        else:
+            found.append((1, e["t"], rank, "error", text, None))
+    if not found:
+        return None
+    _, _, rank, kind, how, number = min(found)
+    where = {**exits.get(rank, {}), **ranks.get(rank, {})}
+    several = int(where.get("nodes") or 1) > 1
+    node = int(where["node_rank"]) if several and where.get("node_rank") is not None else None
+    return RankFault(rank, str(where.get("host") or ""), node, kind, how, number)
+
+
+def _signal_number(name: str) -> int | None:
+    try:
+        return int(signal.Signals[name])
+    except KeyError:
+        return None
 
 
 @dataclass(frozen=True)
@@ -45,6 +121,7 @@ class EndFacts:
     gpu_peak_mib: dict[int, float] | None = None
     trainer_outcome: str | None = None  # from the trainer's trainer_end event
     last_step: int | None = None
+    culprit: RankFault | None = None  # with several ranks: the one that failed first (`culprit`)
 
 
 def _signal_name(number: int) -> str:
@@ -123,22 +200,29 @@ def diagnose(facts: EndFacts) -> tuple[str, str]:
     if facts.disk_full or low_disk or DISK_FULL.search(facts.output_tail):
         free = f" ({facts.disk_free_mib:.1f} MiB free)" if facts.disk_free_mib is not None else ""
         return "failed", f"disk full{after}: no space left for the run record or checkpoints{free}"
-    if CUDA_OOM.search(facts.output_tail):
-        return "failed", f"CUDA out of memory{after}{_gpu_peaks(facts)}"
-    if NCCL_TIMEOUT.search(facts.output_tail):
+    fault = facts.culprit
+    on = f" in {fault.who}" if fault else ""
+    if (fault and fault.kind == "oom") or (CUDA_OOM.search(facts.output_tail) and not fault):
+        return "failed", f"CUDA out of memory{on}{after}{_gpu_peaks(facts)}"
+    if NCCL_TIMEOUT.search(facts.output_tail) and (fault is None or fault.kind == "collective"):
         return "failed", f"NCCL/collective timeout{after}: a rank stopped answering"
-    sig = killing_signal(facts)
+    who = f"{fault.who} " if fault else ""
+    sig = fault.signal if fault and fault.kind == "signal" else None
+    if sig is None and (fault is None or fault.kind == "collective"):
+        sig = killing_signal(facts)
     if sig is not None:
         if sig == signal.SIGKILL and (facts.host_ram_peak_fraction or 0) >= HOST_OOM_FRACTION:
             peak = f"{facts.host_ram_peak_mib / 1024:.1f} GiB, " if facts.host_ram_peak_mib else ""
             return "failed", (
-                f"killed by SIGKILL{after} with host RAM at {peak}{facts.host_ram_peak_fraction:.0%} "
+                f"{who}killed by SIGKILL{after} with host RAM at {peak}{facts.host_ram_peak_fraction:.0%} "
                 "of total: likely host out-of-memory (kernel OOM killer)"
             )
-        return "failed", f"{ended_by(sig)}{after}"
-    error = last_error_line(facts.output_tail)
+        return "failed", f"{who}{ended_by(sig)}{after}"
+    if fault and fault.kind == "exit":
+        return "failed", f"{who}crashed{after} with {fault.how}"
+    error = fault.how if fault else last_error_line(facts.output_tail)
     detail = f": {error}" if error else ""
-    return "failed", f"crashed{after} with exit code {facts.returncode}{detail}"
+    return "failed", f"{who}crashed{after} with exit code {facts.returncode}{detail}"
 
 
 # A stall is judged against the run's own pace: no step for several median step times, and at least

@@ -14,6 +14,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from cockpit.launcher import BACKENDS, NODE_SPECS, extra_args_problem, selection_problem
+
 # The shipped profiles (and the story's config.json beside them) are package data: a wheel carries them.
 PROFILES_DIR = Path(__file__).resolve().parent / "profiles_data"
 DEFAULT_PROFILE = "tiny-cpu"
@@ -29,6 +31,8 @@ NonNegFloat = Annotated[float, Field(ge=0)]
 Fraction = Annotated[float, Field(ge=0, lt=1)]
 Seed = Annotated[int, Field(ge=0, lt=2**32)]  # NumPy's seed range (Transformers seeds NumPy with it)
 MAX_GPUS = 1024
+MAX_NODES = 4096
+Port = Annotated[int, Field(ge=0, le=65535)]
 MAX_GPU_MEM_GIB = 4096.0
 MAX_HOST_RAM_GIB = 1024.0**2  # 1 PiB
 # The HF Trainer's reporting integrations (transformers' INTEGRATION_TO_CALLBACK); "all": those installed.
@@ -60,9 +64,14 @@ class ModelSpec(_Section):
 
 
 class HardwareSpec(_Section):
-    """The machine the run is planned for. `gpus = 0` trains on the CPU."""
+    """The machines the run is planned for: `nodes` hosts of `gpus` GPUs each. `gpus = 0` trains on the CPU
+    (one rank a node)."""
 
-    gpus: Annotated[int, Field(ge=0, le=MAX_GPUS)] = 0
+    gpus: Annotated[int, Field(ge=0, le=MAX_GPUS)] = Field(default=0, description="GPUs a node; 0: the CPU.")
+    nodes: Annotated[int, Field(ge=1, le=MAX_NODES)] = Field(
+        default=1,
+        description="Hosts the run spans, each with `gpus` GPUs; more than one needs launcher.hostfile.",
+    )
     gpu_name: str = ""
     gpu_mem_gib: Annotated[float, Field(ge=0, le=MAX_GPU_MEM_GIB)] = Field(
         default=0.0, description="Memory of each GPU in GiB; 0: unknown (this machine's, for a plan)."
@@ -225,6 +234,69 @@ class CostSpec(_Section):
     api_name: str = ""
 
 
+# Accepted by Pydantic's Literal only as a tuple of literals: spelled out, and checked against BACKENDS.
+Backend = Literal["pdsh", "openmpi", "mvapich", "slurm", "mpich", "impi"]
+assert set(Backend.__args__) == set(BACKENDS)  # type: ignore[attr-defined]
+
+
+class LauncherSpec(_Section):
+    """How DeepSpeed's launcher (`deepspeed.launcher.runner`) starts the ranks: on this host, or on
+    `hardware.nodes` hosts of a hostfile, by ssh or on every node without ssh. Passed to it unchanged."""
+
+    hostfile: str = Field(
+        default="",
+        description="An MPI-style hostfile, `HOST slots=N` a line (relative to the profile); empty: this "
+        "host only. Its first host is node 0.",
+    )
+    include: str = Field(
+        default="", description="The runner's --include: NAME[:SLOT[,SLOT...]][@NAME...] of the hostfile."
+    )
+    exclude: str = Field(default="", description="The runner's --exclude, same syntax; not with include.")
+    master_addr: str = Field(
+        default="",
+        description="Address of node 0 for the rendezvous; needed without ssh (found by ssh otherwise).",
+    )
+    master_port: Port = Field(
+        default=0,
+        description="Rendezvous port; 0: a free port on this host (one host, or node 0 without ssh), "
+        "29500 when ssh starts node 0 elsewhere.",
+    )
+    no_ssh: bool = Field(
+        default=False,
+        description="Start each node's ranks on that node (`cockpit join RUN --node-rank N` on every other "
+        "node), instead of from here by ssh.",
+    )
+    node_rank: Annotated[int, Field(ge=0)] = Field(
+        default=0, description="This node's index in the hostfile, with no_ssh (node 0 starts the run)."
+    )
+    backend: Backend = Field(default="pdsh", description="The runner's --launcher for ssh launches.")
+    launcher_args: str = Field(default="", description="The runner's --launcher_args, one string.")
+    ssh_port: Port = Field(default=0, description="The runner's --ssh_port; 0: ssh's default.")
+    extra_args: list[str] = Field(
+        default_factory=list,
+        description="More runner options, verbatim (e.g. --bind_cores_to_rank, --save_pid).",
+    )
+
+    @model_validator(mode="after")
+    def _consistent(self) -> LauncherSpec:
+        for name in ("include", "exclude"):
+            value = getattr(self, name)
+            if value and not NODE_SPECS.match(value):
+                raise ValueError(f"{name}: expected NAME[:SLOT[,SLOT...]][@NAME...], got {value!r}")
+            if value and not self.hostfile:
+                raise ValueError(f"{name} needs a hostfile (the hosts it names are the hostfile's)")
+        if self.include and self.exclude:
+            raise ValueError("include and exclude cannot both be set (the runner takes one)")
+        if self.node_rank and not self.no_ssh:
+            raise ValueError("node_rank is for launches without ssh (no_ssh = true)")
+        if self.no_ssh and self.hostfile and not self.master_addr:
+            raise ValueError("no_ssh with a hostfile needs master_addr (node 0's address)")
+        problem = extra_args_problem(self.extra_args)
+        if problem:
+            raise ValueError(f"extra_args: {problem}")
+        return self
+
+
 class Profile(_Section):
     """A whole run profile."""
 
@@ -244,6 +316,16 @@ class Profile(_Section):
     data: DataSpec
     eval: EvalSpec = EvalSpec()
     cost: CostSpec = CostSpec()
+    launcher: LauncherSpec = LauncherSpec()
+
+    @model_validator(mode="after")
+    def _node_rank_in_range(self) -> Profile:
+        if self.launcher.node_rank >= self.hardware.nodes:
+            raise ValueError(
+                f"launcher.node_rank: {self.launcher.node_rank} is not a node of hardware.nodes = "
+                f"{self.hardware.nodes} (0..{self.hardware.nodes - 1})"
+            )
+        return self
 
     @model_validator(mode="after")
     def _nvme_needs_gpu(self) -> Profile:
@@ -268,9 +350,14 @@ class Profile(_Section):
         return self
 
     @property
-    def world_size(self) -> int:
-        """Number of training ranks: one per GPU, or one on the CPU."""
+    def ranks_per_node(self) -> int:
+        """Training ranks on each node: one a GPU, or one on the CPU."""
         return max(1, self.hardware.gpus)
+
+    @property
+    def world_size(self) -> int:
+        """Number of training ranks: nodes x ranks a node."""
+        return self.hardware.nodes * self.ranks_per_node
 
 
 class ProfileError(Exception):
@@ -379,7 +466,8 @@ def _anchor_paths(profile: Profile, base: Path) -> Profile:
 
     model = profile.model.model_copy(update={"config": anchor(profile.model.config)})
     data = profile.data.model_copy(update={"source": anchor(profile.data.source)})
-    return profile.model_copy(update={"model": model, "data": data})
+    launcher = profile.launcher.model_copy(update={"hostfile": anchor(profile.launcher.hostfile)})
+    return profile.model_copy(update={"model": model, "data": data, "launcher": launcher})
 
 
 def check_runnable(profile: Profile, source: str) -> None:
@@ -400,6 +488,29 @@ def check_runnable(profile: Profile, source: str) -> None:
             )
     elif not Path(data).expanduser().is_file():
         raise ProfileError(f"{source}: data.source: no such file {data!r}")
+    check_hosts(profile, source)
+
+
+def check_hosts(profile: Profile, source: str) -> None:
+    """The hosts the launcher will use are the run's plan: `hardware.nodes` of the hostfile's hosts, each
+    with a slot for each of its ranks (`ProfileError` naming the field otherwise)."""
+    spec = profile.launcher
+    if not spec.hostfile:
+        if profile.hardware.nodes > 1:
+            raise ProfileError(
+                f"{source}: hardware.nodes: {profile.hardware.nodes} nodes need launcher.hostfile "
+                "(DeepSpeed's launcher finds the other hosts there)"
+            )
+        return
+    try:
+        text = Path(spec.hostfile).expanduser().read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ProfileError(
+            f"{source}: launcher.hostfile: cannot read {spec.hostfile!r}: {exc.strerror}"
+        ) from None
+    problem = selection_problem(profile, text)
+    if problem:
+        raise ProfileError(f"{source}: {problem} ({spec.hostfile})")
 
 
 def profile_to_dict(profile: Profile) -> dict[str, Any]:

@@ -31,7 +31,8 @@ from typing import Any
 import psutil
 
 from cockpit.control import request_stop
-from cockpit.diagnosis import EndFacts, describe_exit, diagnose, last_error_line
+from cockpit.diagnosis import EndFacts, culprit, describe_exit, diagnose, last_error_line
+from cockpit.launcher import RUNNER, master_port, runner_options
 from cockpit.profiles import Profile, parse_profile
 from cockpit.ramguard import ram_limit_mib, ram_verdict
 from cockpit.record import EventWriter, RunPaths, RunReader, load_manifest, write_manifest
@@ -42,6 +43,9 @@ from cockpit.telemetry import ProcessTree
 POLL_S = 0.5
 TAIL_BYTES = 256 * 1024
 KILL_GRACE_S = 15.0
+# After node 0's ranks end, how long it waits for the nodes that joined (launches without ssh) to end
+# theirs and say how (`node_end`), before diagnosing without them.
+NODE_END_WAIT_S = 45.0
 # Space kept aside in the run directory, freed to write the last words when the disk fills up.
 RESERVE_BYTES = 256 * 1024
 # NVLink multicast can take a shared host's GPUs down: keep it off in every child, whatever the caller set.
@@ -65,14 +69,20 @@ def free_port() -> int:
 
 
 def trainer_argv(
-    profile: Profile, run_dir: Path, resume: bool, port: int, extra: Sequence[str] = ()
+    profile: Profile,
+    run_dir: Path,
+    resume: bool,
+    port: int,
+    extra: Sequence[str] = (),
+    node_rank: int | None = None,
 ) -> list[str]:
-    """The launch command, as an argv list (never a shell string); `extra` goes to the trainer."""
+    """The launch command, as an argv list (never a shell string): DeepSpeed's runner with the profile's
+    launcher options (`cockpit.launcher`), each rank the trainer under its guard (`trainer.guard`);
+    `extra` goes to the trainer, `node_rank` is this node's in a launch without ssh."""
     argv = [
-        sys.executable, "-m", "deepspeed.launcher.runner",
-        "--num_gpus", str(profile.world_size),
-        "--master_port", str(port),
-        "--module", "trainer",
+        sys.executable, "-m", RUNNER,
+        *runner_options(profile, port, node_rank),
+        "--module", "trainer.guard",
         "--run-dir", str(run_dir),
     ]  # fmt: skip
     if resume:
@@ -396,8 +406,11 @@ class Supervisor:
 
     def train(self, extra: Sequence[str] = ()) -> tuple[str, str, int]:
         """The training stage; returns (status, diagnosis, exit code)."""
-        self.launch(trainer_argv(self.profile, self.paths.root, self.resume, free_port(), extra), "train")
+        port = master_port(self.profile, free_port())
+        self.launch(trainer_argv(self.profile, self.paths.root, self.resume, port, extra), "train")
         returncode = self.watch()
+        self._durable(lambda: self.events.write("launch_end", stage="train", exit_code=returncode))
+        self._wait_for_nodes()
         facts = EndFacts(
             returncode=returncode,
             output_tail=read_tail(self.paths.output_log),
@@ -416,9 +429,36 @@ class Supervisor:
             or None,
             trainer_outcome=self.view.trainer_outcome,
             last_step=self.view.step or None,
+            culprit=self._culprit(),
         )
         status, diagnosis = diagnose(facts)
         return status, diagnosis, returncode
+
+    def _culprit(self) -> Any:
+        """With several ranks, the one that failed first on its own (`cockpit.diagnosis.culprit`)."""
+        if self.profile.world_size <= 1:
+            return None
+        view = self.view
+        return culprit(view.ranks, view.rank_exits, view.rank_errors)
+
+    def _wait_for_nodes(self) -> None:
+        """In a launch without ssh, wait (a while) for every node that joined it to say how its ranks
+        ended, so the diagnosis sees them; nodes that never joined are named in a note."""
+        spec, nodes = self.profile.launcher, self.profile.hardware.nodes
+        if not spec.no_ssh or nodes <= 1:
+            return
+        deadline = time.monotonic() + NODE_END_WAIT_S
+        while not set(self.view.nodes_joined) <= set(self.view.nodes_ended) and time.monotonic() < deadline:
+            time.sleep(POLL_S)
+            self.view.apply(self.reader.poll())
+        silent = sorted(set(self.view.nodes_joined) - set(self.view.nodes_ended))
+        if silent:
+            waited = f"{NODE_END_WAIT_S:.0f} s"
+            self._note(f"node(s) {', '.join(map(str, silent))} did not report an end within {waited}")
+        absent = sorted(set(range(nodes)) - {spec.node_rank} - set(self.view.nodes_joined))
+        if absent:
+            which = ", ".join(map(str, absent))
+            self._note(f"node(s) {which} never joined (`cockpit join RUN --node-rank N` on each)")
 
     def evaluate(self, extra_args: list[str]) -> Evaluation:
         """The evaluation stage and the report."""

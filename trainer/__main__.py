@@ -7,6 +7,7 @@ One recipe: `setup` (assets, data, model, Trainer), `train`, `save`, `cleanup`.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 import time
@@ -17,6 +18,7 @@ from typing import Any
 
 from cockpit.profiles import BUILTIN_PREFIX, Profile, parse_profile
 from cockpit.record import EventWriter, RunPaths, load_manifest
+from trainer.distributed import rank_identity
 
 
 def resolve_assets(profile: Profile) -> tuple[str, Path]:
@@ -70,6 +72,7 @@ class Recipe:
         self.profile: Profile = parse_profile(manifest["profile"], str(self.paths.manifest))
         self.rank = _rank()
         self.events = EventWriter(self.paths.events(f"trainer-rank{self.rank}"), rank=self.rank)
+        self.events.write("rank_start", pid=os.getpid(), **rank_identity().fields())
         self.trainer: Any = None
         self._load_facts: dict[str, Any] = {}
 
@@ -360,6 +363,18 @@ class Recipe:
             save_file(state, str(path), metadata={"r": str(lora.r), "alpha": str(lora.alpha)})
             self.events.write("expert_adapter", path=str(path), tensors=len(state))
 
+    def error(self, exc: BaseException) -> None:
+        """An `error` event: this rank's exception, type and message, in the phase it came."""
+        message = str(exc).strip().splitlines()
+        with contextlib.suppress(OSError):
+            self.events.write(
+                "error",
+                type=type(exc).__name__,
+                message=(message[0] if message else "")[:300],
+                step=self.trainer.state.global_step if self.trainer is not None else None,
+            )
+            self.events.sync()
+
     def cleanup(self, outcome: str) -> None:
         self.events.write(
             "trainer_end", outcome=outcome, step=self.trainer.state.global_step if self.trainer else 0
@@ -399,10 +414,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.rehearse_layers is not None:
         rehearsal = Rehearsal(args.rehearse_layers, args.rehearse_steps, args.step_offset)
     recipe = Recipe(args.run_dir, args.resume, rehearsal)
-    recipe.setup()
-    outcome = recipe.train()
-    if outcome == "finished" and rehearsal is None:
-        recipe.save()
+    try:
+        recipe.setup()
+        outcome = recipe.train()
+        if outcome == "finished" and rehearsal is None:
+            recipe.save()
+    except Exception as exc:  # said in the record, by this rank, then raised as ever (traceback, exit 1)
+        recipe.error(exc)
+        raise
     recipe.cleanup(outcome)
     return 0
 

@@ -57,6 +57,13 @@ class RunView(Fold):
     load_peaks: dict[int, dict[str, Any]] = field(default_factory=dict)
     memory: dict[int, dict[str, Any]] = field(default_factory=dict)  # last step event's memory, per rank
     checkpoints: list[int] = field(default_factory=list)
+    # Every rank of the current attempt: its `rank_start` (host, node, local index, pid), its guard's
+    # `rank_exit` and its own `error`, by rank; a new training launch starts them afresh.
+    ranks: dict[int, dict[str, Any]] = field(default_factory=dict)
+    rank_exits: dict[int, dict[str, Any]] = field(default_factory=dict)
+    rank_errors: dict[int, dict[str, Any]] = field(default_factory=dict)
+    nodes_joined: dict[int, dict[str, Any]] = field(default_factory=dict)  # joined nodes' `node_start`
+    nodes_ended: dict[int, dict[str, Any]] = field(default_factory=dict)  # and their `node_end`
     trainer_outcome: str | None = None
     supervisor_notes: list[str] = field(default_factory=list)
     eval_done: int = 0
@@ -123,51 +130,38 @@ class RunView(Fold):
         if e.get("stage") == "train":
             self.phase, self.phase_t, self.trainer_outcome = "starting", e["t"], None
             self.phase_message = None
+            self.ranks, self.rank_exits, self.rank_errors = {}, {}, {}
+            self.nodes_joined, self.nodes_ended = {}, {}
 
-    def _on_train_begin(self, e: Event) -> None:
-        if e.get("rank", 0) != 0:
-            return
-        self.max_steps = e.get("max_steps")
-        self.start_step = e.get("start_step", 0)
-        self.train_started_t = e["t"]
-        # A resumed run repeats the steps after its checkpoint: the new ones replace the old.
-        self.steps = [s for s in self.steps if s.step <= self.start_step]
+    def _on_rank_start(self, e: Event) -> None:
+        self.ranks[e.get("rank", 0)] = e
 
-    def _on_audit(self, e: Event) -> None:
-        if e.get("rank", 0) == 0:
-            self.audit = e
+    def _on_rank_exit(self, e: Event) -> None:
+        self.rank_exits[e.get("rank", 0)] = e
 
-    def _on_load_peak(self, e: Event) -> None:
-        self.load_peaks[e.get("rank", 0)] = e
+    def _on_error(self, e: Event) -> None:
+        self.rank_errors.setdefault(e.get("rank", 0), e)  # the first: what came after is its consequence
 
-    def _on_checkpoint(self, e: Event) -> None:
-        if e.get("rank", 0) == 0:
-            self.checkpoints.append(e["step"])
+    def _on_node_start(self, e: Event) -> None:
+        self.nodes_joined[int(e.get("node_rank", 0))] = e
 
-    def _on_trainer_end(self, e: Event) -> None:
-        if e.get("rank", 0) == 0:
-            self.trainer_outcome = e.get("outcome")
-            self.phase = "done" if self.trainer_outcome == "finished" else self.trainer_outcome or "done"
+    def _on_node_end(self, e: Event) -> None:
+        self.nodes_ended[int(e.get("node_rank", 0))] = e
 
-    def _on_eval_begin(self, e: Event) -> None:
-        self.phase = "eval"
+    @property
+    def nodes(self) -> int:
+        """Nodes the current attempt's ranks said they run on (1 before they said)."""
+        return max((int(r.get("nodes") or 1) for r in self.ranks.values()), default=1)
 
-    def _on_eval_progress(self, e: Event) -> None:
-        self.phase = "eval"
-        self.eval_system = e.get("system")
-        self.eval_done, self.eval_total = e.get("done", 0), e.get("total", 0)
-
-    def _on_eval_end(self, e: Event) -> None:
-        self.phase = "report"
-
-    def _on_report(self, e: Event) -> None:
-        self.report = e
-
-    def _on_rehearsal(self, e: Event) -> None:
-        self.rehearsal = e
-
-    def _on_note(self, e: Event) -> None:
-        self.supervisor_notes.append(e.get("message", ""))
+    def rank_label(self, rank: int) -> str:
+        """A rank's line label: `r1` on one node; its host and local index (`gpu-b:0`) when the ranks span
+        several nodes, with the node (`gpu-a/n1:0`) where nodes share a host (a simulated cluster)."""
+        info = self.ranks.get(rank)
+        if self.nodes <= 1 or info is None:
+            return f"r{rank}"
+        host, node, local = info.get("host") or "?", info.get("node_rank", "?"), info.get("local_rank", "?")
+        shared = sum(1 for r in self.ranks.values() if r.get("host") == host and r.get("node_rank") != node)
+        return f"{host}/n{node}:{local}" if shared else f"{host}:{local}"
 
     # --- derived figures -------------------------------------------------------------------------
     @property

@@ -375,6 +375,18 @@ def cmd_resume(args: argparse.Namespace) -> int:
 
 
 # --- eval, import, report -------------------------------------------------------------------------
+def cmd_join(args: argparse.Namespace) -> int:
+    run_dir = _find(args)
+    launch = lifecycle.join(run_dir, args.node_rank)
+    log = RunPaths(run_dir).node_supervisor_log(args.node_rank)
+    console.print(f"node {args.node_rank} joins run [bold]{run_dir.name}[/]; its supervisor's log: {log}")
+    if not args.wait or launch.process is None:
+        return 0
+    code = launch.process.wait()
+    console.print(f"node {args.node_rank}: its ranks ended ({'ok' if code == 0 else 'failed'})")
+    return 0 if code == 0 else 1
+
+
 def _parse_named(items: list[str], what: str) -> list[tuple[str, Path]]:
     pairs = []
     for item in items:
@@ -733,6 +745,22 @@ def build_parser() -> argparse.ArgumentParser:
     stop.add_argument("run", help="run id, unique id prefix, path, or 'latest'")
     stop.add_argument("--kill", action="store_true", help="kill the training processes at once")
     stop.set_defaults(func=cmd_stop)
+
+    join = sub.add_parser(
+        "join",
+        parents=[common],
+        help="start this node's ranks of a run launched without ssh over several nodes",
+        description="For a profile with launcher.no_ssh = true and hardware.nodes > 1: `cockpit run` on "
+        "node 0 (the hostfile's first host) starts the run; on every other node, `cockpit join RUN "
+        "--node-rank N` starts a supervisor there that waits for node 0's launch and starts this node's "
+        "ranks with the same arguments. The run directory must be on a file system every node sees.",
+    )
+    join.add_argument("run", help="run id, unique id prefix, path, or 'latest'")
+    join.add_argument(
+        "--node-rank", type=whole(1), required=True, help="this node's index in the hostfile (1, 2, ...)"
+    )
+    join.add_argument("--wait", action="store_true", help="wait until this node's ranks have ended")
+    join.set_defaults(func=cmd_join)
 
     resume = sub.add_parser(
         "resume", parents=[common], help="continue an ended run from its last checkpoint, in the same record"

@@ -161,6 +161,30 @@ def start_rehearsal(
     return _spawn(run_dir)
 
 
+# --- join (a launch without ssh over several nodes) -----------------------------------------------------
+def join(run_dir: Path, node_rank: int) -> Launch:
+    """Start node `node_rank`'s supervisor (`cockpit.node`) on this machine for a run whose node 0 was
+    started without ssh; it launches this node's ranks once node 0 has launched its own."""
+    from cockpit.node import spawn_node
+
+    manifest = load_manifest(run_dir)
+    profile = parse_profile(manifest["profile"], str(RunPaths(run_dir).manifest))
+    nodes = profile.hardware.nodes
+    if not profile.launcher.no_ssh or nodes < 2:
+        raise LifecycleError(
+            f"{run_dir.name}: nothing to join: its profile does not launch several nodes without ssh "
+            "(launcher.no_ssh = true and hardware.nodes > 1)"
+        )
+    if not 0 < node_rank < nodes:
+        raise LifecycleError(
+            f"--node-rank {node_rank}: node 0 started the run; the nodes that join are 1..{nodes - 1}"
+        )
+    if manifest.get("status") not in ACTIVE:
+        raise LifecycleError(f"{run_dir.name} has ended (status {manifest.get('status')}): nothing to join")
+    check_trainer()
+    return Launch(run_dir, spawn_node(run_dir, node_rank))
+
+
 # --- stop --------------------------------------------------------------------------------------------
 def request_stop(run_dir: Path) -> bool:
     """Ask for a checkpoint and a clean exit; False if a stop was already asked for."""

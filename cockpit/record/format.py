@@ -6,7 +6,9 @@ runs/<run-id>/
   plan.json                the memory plan the run started with (cockpit.plan), for checking the audit
   events/<writer>.jsonl    append-only event streams, one per writing process
   output.log               every byte the training processes printed
+  output-node<N>.log       the same, of node N's ranks in a launch without ssh (`cockpit join`)
   supervisor.log           the detached supervisor's own messages
+  supervisor-node<N>.log   node N's supervisor's own messages
   telemetry.log            the telemetry sampler's own messages
   control/{stop,kill}      requests to the running trainer
   checkpoints/             trainer checkpoints
@@ -71,6 +73,14 @@ class RunPaths:
     @property
     def supervisor_log(self) -> Path:
         return self.root / "supervisor.log"
+
+    def node_output_log(self, node_rank: int) -> Path:
+        """What node N's ranks printed, in a launch without ssh (node 0's is `output_log`)."""
+        return self.root / f"output-node{node_rank}.log"
+
+    def node_supervisor_log(self, node_rank: int) -> Path:
+        """Node N's supervisor's own messages (`cockpit.node`)."""
+        return self.root / f"supervisor-node{node_rank}.log"
 
     @property
     def telemetry_log(self) -> Path:

@@ -30,6 +30,7 @@ from cockpit.profiles import (
     MAX_GPU_MEM_GIB,
     MAX_GPUS,
     MAX_HOST_RAM_GIB,
+    MAX_NODES,
     ProfileError,
     load_profile,
 )
@@ -597,7 +598,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
     try:
         profile, _path = load_profile(args.profile, args.overrides)
-        hardware = resolve_hardware(profile, args.gpus, args.gpu_mem_gib, args.host_ram_gib)
+        hardware = resolve_hardware(profile, args.gpus, args.gpu_mem_gib, args.host_ram_gib, nodes=args.nodes)
         plan = build_plan(profile, hardware)
     except (ProfileError, PlanError) as exc:
         raise UsageError(str(exc)) from None
@@ -846,7 +847,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     plan.add_argument("--profile", default=DEFAULT_PROFILE, help=PROFILE_HELP)
     _add_overrides(plan)
-    plan.add_argument("--gpus", type=whole(0, MAX_GPUS), help="number of GPUs (0: CPU only)")
+    plan.add_argument("--gpus", type=whole(0, MAX_GPUS), help="number of GPUs a node (0: CPU only)")
+    plan.add_argument("--nodes", type=whole(1, MAX_NODES), help="number of nodes (hosts), each with --gpus")
     plan.add_argument(
         "--gpu-mem-gib", type=amount(0, MAX_GPU_MEM_GIB), help="memory of each GPU in GiB (0: unknown)"
     )

@@ -403,6 +403,8 @@ def _describe(error: dict[str, Any]) -> str:
     given = error.get("input")
     shown = "" if isinstance(given, dict) else f" (got {given!r})"
     message = error["msg"].removeprefix("Value error, ")
+    if not error["loc"]:  # a whole-profile check: its message names the fields itself
+        return f"{message}{shown}"
     return f"{loc}: {message}{shown}"
 
 

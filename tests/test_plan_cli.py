@@ -17,6 +17,7 @@ def test_json_for_the_story(capsys: pytest.CaptureFixture[str]) -> None:
     plan = json.loads(capsys.readouterr().out)
     assert plan["hardware"] == {
         "gpus": 4,
+        "nodes": 1,
         "gpu_name": "H100-80GB",
         "gpu_mem_gib": 80.0,
         "host_ram_gib": 960.0,
@@ -193,3 +194,21 @@ def test_profile_help_points_to_the_list(capsys: pytest.CaptureFixture[str]) -> 
         with pytest.raises(SystemExit):
             main([command, "--help"])
         assert "cockpit profiles" in " ".join(capsys.readouterr().out.split())
+
+
+def test_two_nodes_count_eight_ranks(capsys: pytest.CaptureFixture[str]) -> None:
+    """`--nodes 2` with 4 GPUs a node: ZeRO-3 partitions divide by 8, the run takes half the steps, and
+    host RAM is each node's (its 4 ranks), not all 8 ranks'."""
+    assert main(["plan", "--profile", STORY, "--format", "json"]) == 0
+    one = json.loads(capsys.readouterr().out)
+    assert main(["plan", "--profile", STORY, "--format", "json", "--nodes", "2"]) == 0
+    two = json.loads(capsys.readouterr().out)
+    assert two["hardware"]["nodes"] == 2 and two["hardware"]["source"]["nodes"] == "flag"
+    assert two["run"]["steps"] * 2 == pytest.approx(one["run"]["steps"], abs=1)
+    pinned = "offload buffers (pinned)"
+    rss_one = one["configured"]["train"]["rss_terms"][pinned]
+    rss_two = two["configured"]["train"]["rss_terms"][pinned]
+    assert rss_two < 0.6 * rss_one  # each rank pins its partition: half as large over twice the ranks
+    assert two["configured"]["train"]["host_peak"] < one["configured"]["train"]["host_peak"]
+    assert main(["plan", "--profile", STORY, "--nodes", "2"]) == 0
+    assert "2 nodes x 4 x H100-80GB (80 GiB) = 8 ranks" in capsys.readouterr().out

@@ -9,11 +9,17 @@ from cockpit.profiles import Profile
 
 @dataclass(frozen=True)
 class Hardware:
-    gpus: int
+    gpus: int  # a node
     gpu_name: str
     gpu_mem_gib: float  # 0: unknown
-    host_ram_gib: float
+    host_ram_gib: float  # a node
     source: dict[str, str] = field(default_factory=dict)  # field -> "flag" | "profile" | "this machine"
+    nodes: int = 1
+
+    @property
+    def ranks(self) -> int:
+        """Every rank of the job: nodes x (GPUs a node, or one on the CPU)."""
+        return self.nodes * max(1, self.gpus)
 
 
 def machine_facts() -> tuple[list[dict], float]:
@@ -31,6 +37,7 @@ def resolve_hardware(
     gpu_mem_gib: float | None = None,
     host_ram_gib: float | None = None,
     probe: bool = True,
+    nodes: int | None = None,
 ) -> Hardware:
     """Each figure from the first that has it: the flag, the profile (non-zero), this machine."""
     hw = profile.hardware
@@ -61,4 +68,9 @@ def resolve_hardware(
         ram, source["host_ram_gib"] = machine_ram, "this machine"
     else:
         ram, source["host_ram_gib"] = 0.0, "unknown"
-    return Hardware(gpus=n, gpu_name=name, gpu_mem_gib=float(mem), host_ram_gib=float(ram), source=source)
+    if nodes is not None:
+        source["nodes"] = "flag"
+    nodes = hw.nodes if nodes is None else nodes
+    return Hardware(
+        gpus=n, gpu_name=name, gpu_mem_gib=float(mem), host_ram_gib=float(ram), source=source, nodes=nodes
+    )

@@ -96,6 +96,9 @@ class Assumptions:
 
     h2d_gbps: float = 55.0  # pinned host-to-device copies measured on the H200 box (FACTS.md)
     nvlink_gbps: float = 150.0  # effective all-gather bandwidth per GPU over NVLink
+    # Between nodes: what each node's network (e.g. 400 Gb/s InfiniBand) carries of an all-gather.
+    # Assumed, not measured: no multi-node run has been measured yet.
+    internode_gbps: float = 50.0
     nvme_gbps: float = 6.0  # aggregate read bandwidth of the NVMe offload drive(s)
     # Step time from costs measured on a GPU (cockpit.plan.speed): fixed and per-layer seconds and the
     # efficiency of the model FLOPs, fitted to benchmarks/results/step_speed_h200.json.
@@ -152,7 +155,7 @@ class Precision:
 class Setup:
     """One configuration to evaluate."""
 
-    gpus: int  # 0: train on the CPU
+    gpus: int  # a node; 0: train on the CPU
     stage: int = 3
     offload_param: str = "cpu"
     offload_optimizer: str = "cpu"
@@ -166,10 +169,17 @@ class Setup:
     packing: bool = False
     doc_tokens: int = 0  # mean tokens an example (data.mean_tokens); 0: every example fills its sequence
     prefetch_layers: float = 0.0  # deepspeed.prefetch_layers: layers gathered ahead of the one computing
+    nodes: int = 1  # hosts, each with `gpus` GPUs (hardware.nodes)
+
+    @property
+    def ranks_per_node(self) -> int:
+        """Ranks on each host: one a GPU, or one on the CPU."""
+        return max(1, self.gpus)
 
     @property
     def ranks(self) -> int:
-        return max(1, self.gpus)
+        """Every rank of the job: nodes x ranks a node (ZeRO partitions divide by this)."""
+        return self.nodes * self.ranks_per_node
 
     @property
     def offload(self) -> str:
@@ -184,6 +194,8 @@ class Setup:
             mode = f"ZeRO-{self.stage}, {mode}"
         where = "layer-by-layer load" if self.loader == "layerwise" else "from_pretrained load"
         hw = f"{self.gpus} GPU" + ("s" if self.gpus != 1 else "") if self.gpus else "CPU"
+        if self.nodes > 1:
+            hw = f"{self.nodes} nodes x {hw}"
         return f"{mode}, {where}, {hw}, seq {self.seq_len}"
 
 
@@ -563,7 +575,7 @@ def _layerwise_load(
         load.rss["checkpoint pages"] = ckpt_file
     else:
         load.rss["optimizer state (pinned)"] = host_opt
-    ranks = setup.ranks
+    ranks = setup.ranks_per_node  # host RAM is each host's: its own ranks
     load.host = {"ranks x process": ranks * baseline, "offload buffers": ranks * (host_params + host_opt)}
 
 
@@ -631,9 +643,13 @@ def estimate(inputs: Inputs, setup: Setup) -> Estimate:
             after_init = baseline + host_params + host_opt
             if after_init > sum(load.rss.values()):
                 load.rss = {"process": baseline, "offload buffers": host_params + host_opt}
-            load.host = {"ranks x process": n * baseline}
+            here = setup.ranks_per_node  # host RAM is each host's: its own ranks
+            load.host = {"ranks x process": here * baseline}
             if after_init > baseline:
-                load.host = {"ranks x process": n * baseline, "offload buffers": n * (host_params + host_opt)}
+                load.host = {
+                    "ranks x process": here * baseline,
+                    "offload buffers": here * (host_params + host_opt),
+                }
         # --- training ---
         resident = 0
         if setup.offload_param == "none":
@@ -670,7 +686,7 @@ def estimate(inputs: Inputs, setup: Setup) -> Estimate:
             )
         if host_opt:
             train.rss["optimizer state (pinned)"] = host_opt
-        train.host = {"ranks x process": n * sum(train.rss.values())}
+        train.host = {"ranks x process": setup.ranks_per_node * sum(train.rss.values())}
 
     # --- speed ---
     compute_s = transfer_s = step_s = tps = None
@@ -692,9 +708,11 @@ def estimate(inputs: Inputs, setup: Setup) -> Estimate:
             offload_s = moved / (a.nvme_gbps * GB) + speed.offload_exposed * moved / n / (a.h2d_gbps * GB)
         if setup.stage == 3 and n > 1:
             gather_s = moved * (n - 1) / n / (a.nvlink_gbps * GB)
+        if setup.stage == 3 and setup.nodes > 1:  # the other nodes' partitions come over the network
+            gather_s += moved * (setup.nodes - 1) / setup.nodes / (a.internode_gbps * GB)
         transfer_s = offload_s + gather_s
         # Offloaded copies add the measured share not hidden under compute (speed.offload_exposed).
-        # All-gathers over NVLink are not measured here: assumed to overlap compute.
+        # All-gathers over NVLink and the network are not measured here: assumed to overlap compute.
         step_s = max(compute_s, gather_s) + offload_s
         tps = n * tokens / step_s
 

@@ -73,6 +73,7 @@ def setup_for(profile: Profile, hw: Hardware) -> Setup:
     ds, t = profile.deepspeed, profile.training
     return Setup(
         gpus=hw.gpus,
+        nodes=hw.nodes,
         stage=ds.stage,
         offload_param=ds.offload_param,
         offload_optimizer=ds.offload_optimizer,
@@ -236,6 +237,7 @@ class Plan:
             },
             "hardware": {
                 "gpus": hw.gpus,
+                "nodes": hw.nodes,
                 "gpu_name": hw.gpu_name,
                 "gpu_mem_gib": hw.gpu_mem_gib,
                 "host_ram_gib": hw.host_ram_gib,
@@ -448,7 +450,7 @@ def run_length(profile: Profile, hw: Hardware, configured: Estimate) -> RunLengt
     """Steps from the data (`cockpit.plan.run_length`) times the configured micro-batch's step time."""
     from cockpit.plan.run_length import data_size, run_steps
 
-    steps, how = run_steps(profile, data_size(profile), max(1, hw.gpus))
+    steps, how = run_steps(profile, data_size(profile), hw.ranks)
     accum = profile.training.grad_accum
     step = configured.step_s * accum if configured.step_s else None
     return RunLength(steps, how, accum, step, steps * step if step and steps else None)

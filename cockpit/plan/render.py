@@ -46,6 +46,8 @@ def header(plan: Plan) -> Text:
     if g.is_moe:
         arch += f", {g.experts} experts top-{g.top_k}"
     where = f"{hw.gpus} x {hw.gpu_name or 'GPU'} ({hw.gpu_mem_gib:g} GiB)" if hw.gpus else "CPU only"
+    if hw.nodes > 1:
+        where = f"{hw.nodes} nodes x {where} = {hw.ranks} ranks"
     src = ", ".join(f"{k} from {v}" for k, v in hw.source.items() if v != "profile")
     t = Text.from_markup(f"[bold]Plan for {plan.profile_name}[/]: {g.name} ({arch})\n")
     t.append_text(
@@ -265,11 +267,16 @@ def options_table(plan: Plan) -> Table:
         )
     a = plan.inputs.assumptions
     sp = a.speed
+    network = (
+        f", plus {a.internode_gbps:g} GB/s a node between its {ref.setup.nodes} nodes (assumed)"
+        if ref.setup.nodes > 1
+        else ""
+    )
     table.caption = (
         f"{name} per GPU and for the whole host; {ref.setup.gpus} GPU(s) and seq {ref.setup.seq_len} unless "
-        f"the option says. A micro-batch's step = max(compute, all-gathers at {a.nvlink_gbps:g} GB/s) + "
-        f"{sp.offload_exposed:.2f} x host-to-device copies at {a.h2d_gbps:g} GB/s per GPU; compute = "
-        f"{sp.fixed_s * 1000:.0f} ms + {sp.layer_s * 1000:.1f} ms a layer + model FLOPs at "
+        f"the option says. A micro-batch's step = max(compute, all-gathers at {a.nvlink_gbps:g} GB/s"
+        f"{network}) + {sp.offload_exposed:.2f} x host-to-device copies at {a.h2d_gbps:g} GB/s per GPU; "
+        f"compute = {sp.fixed_s * 1000:.0f} ms + {sp.layer_s * 1000:.1f} ms a layer + model FLOPs at "
         f"{sp.efficiency:.0%} of the bf16 rate, all measured on {sp.gpu} (benchmarks/fit_speed.py); each "
         "layer moves twice a step, embeddings and lm_head once. "
         "tokens/s relative to the configuration as written."

@@ -163,6 +163,51 @@ class RunView(Fold):
         shared = sum(1 for r in self.ranks.values() if r.get("host") == host and r.get("node_rank") != node)
         return f"{host}/n{node}:{local}" if shared else f"{host}:{local}"
 
+    def _on_train_begin(self, e: Event) -> None:
+        if e.get("rank", 0) != 0:
+            return
+        self.max_steps = e.get("max_steps")
+        self.start_step = e.get("start_step", 0)
+        self.train_started_t = e["t"]
+        # A resumed run repeats the steps after its checkpoint: the new ones replace the old.
+        self.steps = [s for s in self.steps if s.step <= self.start_step]
+
+    def _on_audit(self, e: Event) -> None:
+        if e.get("rank", 0) == 0:
+            self.audit = e
+
+    def _on_load_peak(self, e: Event) -> None:
+        self.load_peaks[e.get("rank", 0)] = e
+
+    def _on_checkpoint(self, e: Event) -> None:
+        if e.get("rank", 0) == 0:
+            self.checkpoints.append(e["step"])
+
+    def _on_trainer_end(self, e: Event) -> None:
+        if e.get("rank", 0) == 0:
+            self.trainer_outcome = e.get("outcome")
+            self.phase = "done" if self.trainer_outcome == "finished" else self.trainer_outcome or "done"
+
+    def _on_eval_begin(self, e: Event) -> None:
+        self.phase = "eval"
+
+    def _on_eval_progress(self, e: Event) -> None:
+        self.phase = "eval"
+        self.eval_system = e.get("system")
+        self.eval_done, self.eval_total = e.get("done", 0), e.get("total", 0)
+
+    def _on_eval_end(self, e: Event) -> None:
+        self.phase = "report"
+
+    def _on_report(self, e: Event) -> None:
+        self.report = e
+
+    def _on_rehearsal(self, e: Event) -> None:
+        self.rehearsal = e
+
+    def _on_note(self, e: Event) -> None:
+        self.supervisor_notes.append(e.get("message", ""))
+
     # --- derived figures -------------------------------------------------------------------------
     @property
     def step(self) -> int:

@@ -90,7 +90,7 @@ class Scaling:
 
     measured_gpus: int
     measured_gpu: str
-    target_gpus: int
+    target_gpus: int  # every rank of the target: nodes x GPUs a node
     target_gpu: str
     target_gpu_mem_gib: float
     target_host_ram_gib: float
@@ -99,11 +99,29 @@ class Scaling:
     h2d_gbps_target: float
     gpu2gpu_gbps: float
     disk_gbps: float
+    target_nodes: int = 1  # hosts of the target, each with target_gpus / target_nodes ranks
+    internode_gbps: float = 0.0  # what each node's network carries of an all-gather (several nodes)
+
+    @property
+    def target_machine(self) -> str:
+        """`4 x H100-80GB`, or `2 nodes x 4 x H100-80GB` when the target spans several hosts."""
+        gpu = self.target_gpu or self.measured_gpu or "CPU"
+        if self.target_nodes > 1:
+            return f"{self.target_nodes} nodes x {self.target_gpus // self.target_nodes} x {gpu}"
+        return f"{self.target_gpus} x {gpu}"
 
     def lines(self) -> list[str]:
+        network = (
+            [
+                f"between nodes: {self.internode_gbps:g} GB/s a node for the other nodes' partitions (the "
+                "network, assumed: no run over several nodes measured yet); host RAM is a node's"
+            ]
+            if self.target_nodes > 1
+            else []
+        )
         return [
             f"GPUs: measured on {self.measured_gpus} x {self.measured_gpu or 'CPU'}, predicted for "
-            f"{self.target_gpus} x {self.target_gpu or self.measured_gpu or 'CPU'}",
+            f"{self.target_machine}",
             f"bf16 rate: target compute time = measured x {self.compute_ratio:.2f} (datasheet dense bf16 "
             "rates; the H100 and the H200 share one chip, so 1.00 between them)",
             f"GPU memory: {self.target_gpu_mem_gib or 'unknown'} GiB a GPU on the target; host RAM "
@@ -117,6 +135,7 @@ class Scaling:
             "nothing)",
             "ZeRO-3 partitions: weights (GPU without offload, pinned host memory with it) divide by the "
             "rank count; activations and the gathered working set do not",
+            *network,
         ]
 
 
@@ -138,7 +157,7 @@ class Forecast:
     def summary(self) -> str:
         """One line: the whole run's wall clock and speed on the profile's machine."""
         s = self.scaling
-        machine = f"{s.target_gpus} x {s.target_gpu or 'CPU'}"
+        machine = s.target_machine
         total, step, tps = (
             self.wall.get("total_s"),
             self.target.get("step_s"),
@@ -232,7 +251,7 @@ def forecast(
     rss_here = [v for v in (here["rss_load"], here["rss_train"]) if v is not None]
     here["host_gib"] = max(rss_here) * nm if rss_here else None
     rss = [v for v in (target["rss_load"], target["rss_train"]) if v is not None]
-    target["host_gib"] = max(rss) * nt if rss else None
+    target["host_gib"] = max(rss) * (nt // max(1, scaling.target_nodes)) if rss else None  # a node's
     pages = ((plan.get("configured") or {}).get("load") or {}).get("rss_terms", {}).get("checkpoint pages")
     if pages and target["rss_load"] is not None:
         # Random weights map no checkpoint; the real load maps it, and its pages count in each rank's RSS
@@ -250,6 +269,9 @@ def forecast(
         h2d_here = moved_step / nm / (scaling.h2d_gbps_measured * 1e9) if offload else 0.0
         h2d_target = moved_step / nt / (scaling.h2d_gbps_target * 1e9) if offload else 0.0
         gather = moved_step * (nt - 1) / nt / (scaling.gpu2gpu_gbps * 1e9)
+        nodes = scaling.target_nodes
+        if nodes > 1 and scaling.internode_gbps:  # the other nodes' partitions come over the network
+            gather += moved_step * (nodes - 1) / nodes / (scaling.internode_gbps * 1e9)
         compute = max(0.0, step - h2d_here) * scaling.compute_ratio
         target["step_s"] = max(compute, gather) + h2d_target
         if gather > compute:

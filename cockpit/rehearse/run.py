@@ -14,7 +14,7 @@ from typing import Any
 
 from cockpit.plan.geometry import ModelGeometry
 from cockpit.plan.model import Assumptions, GiB, datasheet_tflops
-from cockpit.profiles import Profile
+from cockpit.profiles import LauncherSpec, Profile
 from cockpit.record import RunPaths, load_manifest, read_events
 from cockpit.record.atomic import write_json_atomic
 from cockpit.rehearse.measure import depth_measures
@@ -28,11 +28,12 @@ class RehearsalError(ValueError):
 
 
 def rehearsal_profile(profile: Profile, gpus: int) -> Profile:
-    """The profile as the rehearsal runs it: `gpus` GPUs of this machine, its own memory sizes."""
+    """The profile as the rehearsal runs it: `gpus` GPUs of this machine (one node, launched here), its own
+    memory sizes."""
     hardware = profile.hardware.model_copy(
-        update={"gpus": gpus, "gpu_name": "", "gpu_mem_gib": 0.0, "host_ram_gib": 0.0}
+        update={"gpus": gpus, "nodes": 1, "gpu_name": "", "gpu_mem_gib": 0.0, "host_ram_gib": 0.0}
     )
-    return profile.model_copy(update={"hardware": hardware})
+    return profile.model_copy(update={"hardware": hardware, "launcher": LauncherSpec()})
 
 
 def preflight(profile_here: Profile, geometry: ModelGeometry, depths: list[int]) -> None:
@@ -66,10 +67,13 @@ def scaling_for(manifest: dict[str, Any], measured_ranks: int) -> Scaling:
     if datasheet_tflops(here) and datasheet_tflops(there):
         ratio = datasheet_tflops(here) / datasheet_tflops(there)
     plan = Assumptions()  # the plan's bandwidths: pinned copies measured on the H200 box, NVLink assumed
+    nodes = int(target.get("nodes") or 1)
     return Scaling(
         measured_gpus=measured_ranks,
         measured_gpu=here,
-        target_gpus=int(target.get("gpus") or measured_ranks),
+        target_gpus=nodes * int(target.get("gpus") or measured_ranks),
+        target_nodes=nodes,
+        internode_gbps=plan.internode_gbps,
         target_gpu=there,
         target_gpu_mem_gib=float(target.get("gpu_mem_gib") or 0.0),
         target_host_ram_gib=float(target.get("host_ram_gib") or 0.0),

@@ -76,6 +76,11 @@ def step_line(view: RunView) -> str:
     )
 
 
+def world(view: RunView) -> int:
+    """Ranks of the current attempt, as its ranks said (0 before any did)."""
+    return max((int(r.get("world_size") or 1) for r in view.ranks.values()), default=0)
+
+
 @dataclass
 class PlainLog:
     """Plain progress lines for a log with no terminal: one every `every_steps` steps or `every_s` seconds
@@ -93,6 +98,7 @@ class PlainLog:
     _checkpoints: int = 0
     _eval: tuple[str | None, int] = (None, 0)
     _eval_t: float = 0.0
+    _placed: dict[int, dict] | None = None  # the ranks last said to span several nodes
 
     def update(self, view: RunView, now: float) -> list[str]:
         """The lines that `view` at `now` calls for, beyond those already given."""
@@ -108,6 +114,10 @@ class PlainLog:
             self._phase = view.phase
             words = view.phase_message or PHASE_WORDS.get(view.phase)
             lines.append(f"phase {view.phase}" + (f": {words}" if words else ""))
+        if view.nodes > 1 and view.ranks is not self._placed and len(view.ranks) == world(view):
+            self._placed = view.ranks  # every rank of a job over several nodes has started: where
+            where = ", ".join(f"rank {r} {view.rank_label(r)}" for r in sorted(view.ranks))
+            lines.append(f"{len(view.ranks)} ranks on {view.nodes} nodes: {where}")
         if new_step and self._step is None:  # this attempt's first step line (mid-run when following late)
             first = view.step == view.start_step + 1
             lines.append(f"first {step_line(view)}" if first else step_line(view))

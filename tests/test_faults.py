@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -94,6 +95,23 @@ def test_sigkill_of_a_trainer_rank(tmp_path: Path, asset_cache: Path) -> None:
     manifest = wait_end(run_dir)
     assert manifest["status"] == "failed"
     assert manifest["diagnosis"].startswith("killed by SIGKILL after step"), manifest["diagnosis"]
+    assert_record_readable(run_dir)
+
+
+def test_sigkill_of_one_of_two_ranks_names_that_rank(tmp_path: Path, asset_cache: Path) -> None:
+    """Two ranks on the CPU (gloo): rank 1 killed; rank 0 then fails in a collective, 3 ms later, and is
+    ended by the launcher. The diagnosis names rank 1 and its host, from its guard's `rank_exit`."""
+    run_dir = start_detached(tmp_path, asset_cache, 200, "--set", "hardware.gpus=2")
+    wait_step(run_dir, 2)
+    kill(trainer_pid(run_dir, rank=1), signal.SIGKILL)
+    manifest = wait_end(run_dir)
+    assert manifest["status"] == "failed"
+    here = re.escape(socket.gethostname())
+    assert re.fullmatch(rf"rank 1 on {here} killed by SIGKILL after step \d+", manifest["diagnosis"]), (
+        manifest["diagnosis"]
+    )
+    exits = {e["rank"]: e["signal"] for e in read_events(run_dir, "rank_exit")}
+    assert exits == {0: "SIGTERM", 1: "SIGKILL"}, "rank 0 was ended by the launcher, after rank 1"
     assert_record_readable(run_dir)
 
 

@@ -177,16 +177,24 @@ def build_charts(pb: Playback, dots: dict[str, int]) -> dict[str, ChartData]:
     # GPU memory: used (NVML) against total, and the trainer's CUDA peak per rank
     k = n("gpu")
     traces: list[Trace] = []
+    # Several nodes: each rank's line by its host and index; the sampler's GPUs are its own host's.
+    label, several = pb.view.rank_label, pb.view.nodes > 1
+    here = f"{(pb.manifest.get('host') or {}).get('hostname', '?')} " if several else ""
     peaks = [
         Trace(
-            f"peak r{r}", PEAK_COLORS[r % len(PEAK_COLORS)], *_line(peak, lo, hi, k), value=fmt_mib(peak.last)
+            f"peak {label(r)}",
+            PEAK_COLORS[r % len(PEAK_COLORS)],
+            *_line(peak, lo, hi, k),
+            value=fmt_mib(peak.last),
         )
         for r, peak in sorted(s.rank_peak.items())
     ]
     if s.has_gpus:
         for i, used in sorted(s.gpu_used.items()):
             color = GPU_COLORS[i % len(GPU_COLORS)]
-            traces.append(Trace(f"GPU{i}", color, *_envelope(used, lo, hi, k), value=fmt_mib(used.last)))
+            traces.append(
+                Trace(f"{here}GPU{i}", color, *_envelope(used, lo, hi, k), value=fmt_mib(used.last))
+            )
         traces += peaks
         totals = [t for t in s.gpu_total.values() if len(t)]
         if totals:
@@ -198,7 +206,8 @@ def build_charts(pb: Playback, dots: dict[str, int]) -> dict[str, ChartData]:
     else:
         for r, rss in sorted(s.rank_rss.items()):
             color = GPU_COLORS[r % len(GPU_COLORS)]
-            traces.append(Trace(f"rank{r} RSS", color, *_envelope(rss, lo, hi, k), value=fmt_mib(rss.last)))
+            name = f"{label(r)} RSS" if several else f"rank{r} RSS"
+            traces.append(Trace(name, color, *_envelope(rss, lo, hi, k), value=fmt_mib(rss.last)))
         traces += peaks
         y_lo, y_hi = _range(traces, floor_zero=True)
         info = s.telemetry_info or {}

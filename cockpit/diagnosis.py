@@ -9,6 +9,7 @@ import re
 import signal
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 CUDA_OOM = re.compile(
@@ -52,9 +53,59 @@ class RankFault:
     @property
     def who(self) -> str:
         """`rank 1 on gpu-b (node 1)`: the rank, its host, and its node when there are several."""
-        host = f" on {self.host}" if self.host else ""
-        node = f" (node {self.node})" if self.node is not None else ""
-        return f"rank {self.rank}{host}{node}"
+        return rank_words(self.rank, self.host, self.node)
+
+
+def rank_words(rank: int, host: str, node: int | None) -> str:
+    """`rank 1 on gpu-b (node 1)`: a rank, its host, and its node when the job has several."""
+    return f"rank {rank}" + (f" on {host}" if host else "") + (f" (node {node})" if node is not None else "")
+
+
+def placed(rank: int, info: Mapping[str, Any]) -> str:
+    """`rank_words` from a rank's `rank_start` (or `rank_exit`) fields."""
+    several = int(info.get("nodes") or 1) > 1
+    node = int(info["node_rank"]) if several and info.get("node_rank") is not None else None
+    return rank_words(rank, str(info.get("host") or ""), node)
+
+
+# A Python stack (faulthandler's dump, innermost frame first) whose innermost frames are a collective's:
+# the rank waits for the others.
+COLLECTIVE_FRAME = re.compile(
+    r"torch/distributed/|deepspeed/comm/|in (?:all_reduce|all_gather\w*|barrier|broadcast|reduce_scatter\w*"
+    r"|wait|_wait|synchronize)$"
+)
+_FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)', re.MULTILINE)
+
+
+def main_stack(dump: str) -> list[tuple[str, int, str]]:
+    """The dumping thread's frames, innermost first, from `faulthandler`'s text: (file, line, function)."""
+    blocks = re.split(r"^(?=(?:Current thread|Thread) 0x)", dump, flags=re.MULTILINE)
+    current = [b for b in blocks if b.startswith("Current thread")] or [b for b in blocks if b.strip()]
+    block = current[-1] if current else ""
+    return [(m["file"], int(m["line"]), m["func"]) for m in _FRAME.finditer(block)]
+
+
+def waits_in_collective(frames: list[tuple[str, int, str]], depth: int = 4) -> bool:
+    """Whether one of the innermost frames is a collective (or a wait on one)."""
+    return any(COLLECTIVE_FRAME.search(f"{file} in {func}") for file, _, func in frames[:depth])
+
+
+def stall_where(stacks: Mapping[int, str], ranks: Mapping[int, Mapping[str, Any]]) -> str:
+    """Which rank stalled, from each rank's stack when the stall was judged: the ranks that do not wait in
+    a collective while others do. "" when the stacks say nothing (none dumped, or all alike)."""
+    frames = {r: main_stack(text) for r, text in stacks.items()}
+    frames = {r: f for r, f in frames.items() if f}
+    waiting = {r for r, f in frames.items() if waits_in_collective(f)}
+    stuck = sorted(set(frames) - waiting)
+    if not frames or not waiting or not stuck:
+        if frames and len(waiting) == len(frames):
+            return "every rank here waits in a collective (the one that stalled is elsewhere)"
+        return ""
+    rank = stuck[0]
+    file, line, func = frames[rank][0]
+    short = "/".join(Path(file).parts[-2:])
+    others = "the others wait in a collective" if len(stuck) == 1 else f"{len(waiting)} wait in a collective"
+    return f"{placed(rank, ranks.get(rank, {}))} is stuck in {func} ({short}:{line}), {others}"
 
 
 def culprit(

@@ -31,7 +31,7 @@ from typing import Any
 import psutil
 
 from cockpit.control import request_stop
-from cockpit.diagnosis import EndFacts, culprit, describe_exit, diagnose, last_error_line
+from cockpit.diagnosis import EndFacts, culprit, describe_exit, diagnose, last_error_line, stall_where
 from cockpit.launcher import RUNNER, master_port, runner_options
 from cockpit.profiles import Profile, parse_profile
 from cockpit.ramguard import ram_limit_mib, ram_verdict
@@ -46,6 +46,7 @@ KILL_GRACE_S = 15.0
 # After node 0's ranks end, how long it waits for the nodes that joined (launches without ssh) to end
 # theirs and say how (`node_end`), before diagnosing without them.
 NODE_END_WAIT_S = 45.0
+STACK_WAIT_S = 3.0  # for the ranks' stack dumps, when a stall is judged
 # Space kept aside in the run directory, freed to write the last words when the disk fills up.
 RESERVE_BYTES = 256 * 1024
 # NVLink multicast can take a shared host's GPUs down: keep it off in every child, whatever the caller set.
@@ -222,6 +223,7 @@ class Supervisor:
         self.stop_reason = "user"
         self.stage = ""
         self.stall = StallDetector(self.profile.training.stall_timeout_s, clock)
+        self.stall_where = ""  # which rank stalled, when a stall was judged with several ranks
         self.reserve = self.paths.reserve
         self.disk_full = False
         self.telemetry: subprocess.Popen[bytes] | None = None
@@ -304,8 +306,39 @@ class Supervisor:
             self._note(change.message, stall_suspected=True)
             self._update_manifest(warning=f"stall suspected at step {self.view.step}: {change.message}")
         else:
-            self._note(f"stalled: {change.message}")
+            self.stall_where = self._stalled_rank()
+            where = f"{self.stall_where}; " if self.stall_where else ""
+            self._note(f"stalled: {where}{change.message}")
             self._signal_group(signal.SIGTERM)
+
+    def _stalled_rank(self) -> str:
+        """With several ranks: ask this host's ranks for their Python stacks (SIGUSR1, `trainer/__main__.py`)
+        and say which one is stuck outside a collective (`cockpit.diagnosis.stall_where`)."""
+        if self.profile.world_size <= 1:
+            return ""
+        here = socket.gethostname()
+        sizes: dict[int, int] = {}
+        for rank, info in self.view.ranks.items():
+            path = self.paths.stack(rank)
+            if info.get("host") != here or not path.exists():
+                continue
+            sizes[rank] = path.stat().st_size
+            try:
+                os.kill(int(info["pid"]), signal.SIGUSR1)
+            except (ProcessLookupError, PermissionError, KeyError, ValueError):
+                sizes.pop(rank)
+        deadline = time.monotonic() + STACK_WAIT_S
+        while time.monotonic() < deadline and any(
+            self.paths.stack(r).stat().st_size == n for r, n in sizes.items()
+        ):
+            time.sleep(0.1)
+        time.sleep(0.2)  # a dump is written in one go, all threads: let the last one finish
+        stacks = {}
+        for rank, size in sizes.items():
+            with open(self.paths.stack(rank), encoding="utf-8", errors="replace") as f:
+                f.seek(size)
+                stacks[rank] = f.read()
+        return stall_where(stacks, self.view.ranks)
 
     def _check_host_ram(self) -> None:
         """Once, when the stage's processes reach the RAM limit: ask for a checkpoint and a stop
@@ -407,6 +440,7 @@ class Supervisor:
     def train(self, extra: Sequence[str] = ()) -> tuple[str, str, int]:
         """The training stage; returns (status, diagnosis, exit code)."""
         port = master_port(self.profile, free_port())
+        self.stall_where = ""
         self.launch(trainer_argv(self.profile, self.paths.root, self.resume, port, extra), "train")
         returncode = self.watch()
         self._durable(lambda: self.events.write("launch_end", stage="train", exit_code=returncode))
@@ -418,7 +452,7 @@ class Supervisor:
             stop_reason=self.stop_reason,
             ram_guard=self.ram_stop or "",
             stalled=self.stall.stalled is not None,
-            stall_detail=self.stall.stalled or "",
+            stall_detail="; ".join(w for w in (self.stall_where, self.stall.stalled or "") if w),
             disk_full=self.disk_full,
             disk_free_mib=shutil.disk_usage(self.paths.root).free / 2**20,
             host_ram_peak_fraction=self.ram_peak_fraction,

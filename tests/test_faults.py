@@ -115,13 +115,21 @@ def test_sigkill_of_one_of_two_ranks_names_that_rank(tmp_path: Path, asset_cache
     assert_record_readable(run_dir)
 
 
-def test_a_rank_that_hangs_is_diagnosed_as_stalled(tmp_path: Path, asset_cache: Path) -> None:
-    run_dir = start_detached(tmp_path, asset_cache, 200, COCKPIT_TEST_FAULT="hang:3")
+def test_a_rank_that_hangs_is_named_in_the_stall(tmp_path: Path, asset_cache: Path) -> None:
+    """Two ranks: rank 1 hangs at step 3, rank 0 waits for it in a collective. The stall is said while
+    the run is alive, and its diagnosis names rank 1 from the ranks' stacks (SIGUSR1, faulthandler)."""
+    run_dir = start_detached(
+        tmp_path, asset_cache, 200, "--set", "hardware.gpus=2", COCKPIT_TEST_FAULT="hang:3:1"
+    )
     manifest = wait_end(run_dir)
     assert manifest["status"] == "stalled", manifest["diagnosis"]
-    assert manifest["diagnosis"].startswith("stalled after step 2: no step for"), "step 3 never got logged"
+    here = re.escape(socket.gethostname())
+    stuck = rf"stalled after step 2: rank 1 on {here} is stuck in on_step_end \(trainer/callbacks\.py:\d+\), "
+    assert re.match(stuck + "the others wait in a collective; no step for", manifest["diagnosis"]), manifest[
+        "diagnosis"
+    ]
     notes = [e["message"] for e in read_events(run_dir, "note")]
-    assert any(n.startswith("stalled:") for n in notes), "said while the run was still alive"
+    assert any(n.startswith("stalled: rank 1") for n in notes), "said while the run was still alive"
     assert_record_readable(run_dir)
 
 

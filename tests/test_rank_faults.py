@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from cockpit.diagnosis import EndFacts, culprit, diagnose
+from cockpit.diagnosis import EndFacts, culprit, diagnose, main_stack, stall_where
 from cockpit.record import EventWriter, RunPaths, read_events
 from cockpit.record.view import RunView
 
@@ -136,3 +136,35 @@ def test_a_new_launch_forgets_the_last_attempts_ranks(tmp_path: Path) -> None:
 def test_each_rank_is_labelled_by_host_and_index(tmp_path: Path, ranks: list, labels: list[str]) -> None:
     view = record(tmp_path, ranks, [])
     assert [view.rank_label(r) for r in range(len(ranks))] == labels
+
+
+# faulthandler's dumps of a real stall on two CPU ranks (hang:3:1), trimmed: rank 0 waits in the loss's
+# all-gather, rank 1 sleeps in the test hook.
+WAITING = """Current thread 0x00007f74f6666b80 (most recent call first):
+  File "/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py", line 4287 in all_gather
+  File "/venv/lib/python3.11/site-packages/torch/distributed/c10d_logger.py", line 83 in wrapper
+  File "/venv/lib/python3.11/site-packages/transformers/trainer_pt_utils.py", line 207 in distributed_concat
+  File "/venv/lib/python3.11/site-packages/transformers/trainer.py", line 2257 in _maybe_log_save_evaluate
+  File "/work/trainer/__main__.py", line 338 in train
+"""
+STUCK = """Thread 0x00007fd3e1a8a640 (most recent call first):
+  File "/usr/lib/python3.11/threading.py", line 331 in wait
+  File "/usr/lib/python3.11/threading.py", line 629 in wait
+
+Current thread 0x00007fd3efa8ab80 (most recent call first):
+  File "/work/trainer/callbacks.py", line 259 in on_step_end
+  File "/venv/lib/python3.11/site-packages/transformers/trainer_callback.py", line 545 in call_event
+  File "/venv/lib/python3.11/site-packages/transformers/trainer.py", line 1957 in _run_epoch
+"""
+
+
+def test_the_stalled_rank_is_the_one_not_waiting_in_a_collective() -> None:
+    ranks = {r: {"host": "vm", "node_rank": r, "nodes": 2} for r in (0, 1)}
+    assert stall_where({0: WAITING, 1: STUCK}, ranks) == (
+        "rank 1 on vm (node 1) is stuck in on_step_end (trainer/callbacks.py:259), "
+        "the others wait in a collective"
+    )
+    assert main_stack(STUCK)[0] == ("/work/trainer/callbacks.py", 259, "on_step_end"), "the dumping thread"
+    assert stall_where({0: WAITING, 1: WAITING}, ranks).startswith("every rank here waits in a collective")
+    assert stall_where({0: STUCK, 1: STUCK}, ranks) == "", "all alike: nothing to tell them apart"
+    assert stall_where({0: "", 1: STUCK}, ranks) == "", "a rank that did not dump says nothing"

@@ -73,8 +73,20 @@ class Recipe:
         self.rank = _rank()
         self.events = EventWriter(self.paths.events(f"trainer-rank{self.rank}"), rank=self.rank)
         self.events.write("rank_start", pid=os.getpid(), **rank_identity().fields())
+        self._dump_stacks_on_request()
         self.trainer: Any = None
         self._load_facts: dict[str, Any] = {}
+
+    def _dump_stacks_on_request(self) -> None:
+        """SIGUSR1 writes this rank's Python stacks to `stacks/rank<N>.txt` (faulthandler: even while the
+        rank waits in C, in a collective); the supervisor asks when it judges a stall."""
+        import faulthandler
+        import signal
+
+        path = self.paths.stack(self.rank)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._stacks = open(path, "a", encoding="utf-8")  # noqa: SIM115 - open for the process's life
+        faulthandler.register(signal.SIGUSR1, file=self._stacks, all_threads=True)
 
     def phase(self, name: str, **fields: Any) -> None:
         self.events.write("phase", phase=name, pid=os.getpid(), **fields)

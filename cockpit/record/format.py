@@ -11,6 +11,7 @@ runs/<run-id>/
   supervisor-node<N>.log   node N's supervisor's own messages
   telemetry.log            the telemetry sampler's own messages
   control/{stop,kill}      requests to the running trainer
+  stacks/rank<N>.txt       rank N's Python stacks, dumped when the supervisor asks (a stall)
   checkpoints/             trainer checkpoints
   adapter/                 the final LoRA adapter
   predictions/<system>.jsonl  per-system predictions on the held-out split
@@ -101,6 +102,10 @@ class RunPaths:
     @property
     def kill_request(self) -> Path:
         return self.control_dir / "kill"
+
+    def stack(self, rank: int) -> Path:
+        """Where rank N dumps its Python stacks on SIGUSR1 (the supervisor asks when it judges a stall)."""
+        return self.root / "stacks" / f"rank{rank}.txt"
 
     @property
     def checkpoints(self) -> Path:

@@ -44,15 +44,24 @@ def sigkill_rank(runs: Path, cache: Path) -> tuple[Path, float]:
     return run, kill(trainer_pid(run), signal.SIGKILL)
 
 
+TWO_RANKS = ("--set", "hardware.gpus=2")  # two ranks (on the CPU: two CPU ranks over gloo)
+
+
+def sigkill_rank1_of_2(runs: Path, cache: Path) -> tuple[Path, float]:
+    run = start_detached(runs, cache, 200, *TWO_RANKS)
+    wait_step(run, 2)
+    return run, kill(trainer_pid(run, rank=1), signal.SIGKILL)
+
+
 def sigterm_supervisor(runs: Path, cache: Path) -> tuple[Path, float]:
     run = start_detached(runs, cache, 200)
     wait_step(run, 2)
     return run, kill(supervisor_pid(run), signal.SIGTERM)
 
 
-def hook(spec: str) -> Fault:
+def hook(spec: str, *more: str) -> Fault:
     def fault(runs: Path, cache: Path) -> tuple[Path, float]:
-        run = start_detached(runs, cache, 200, COCKPIT_TEST_FAULT=spec)
+        run = start_detached(runs, cache, 200, *more, COCKPIT_TEST_FAULT=spec)
         wait_end(run)
         steps = rank0_steps(run)
         return run, steps[-1]["t"] if steps else time.time()
@@ -76,6 +85,9 @@ FAULTS: dict[str, tuple[str, Fault]] = {
     "oom": ("out-of-memory error raised in the trainer", hook("oom:2")),
     "sigterm-supervisor": ("SIGTERM to the supervisor", sigterm_supervisor),
     "disk-full": ("run directory on a full 1 MiB tmpfs", disk_full),
+    "sigkill-rank1-of-2": ("SIGKILL to rank 1 of two", sigkill_rank1_of_2),
+    "hang-rank1-of-2": ("rank 1 of two sleeps forever (stall timeout 20 s)", hook("hang:3:1", *TWO_RANKS)),
+    "oom-rank1-of-2": ("out-of-memory error raised in rank 1 of two", hook("oom:2:1", *TWO_RANKS)),
 }
 
 

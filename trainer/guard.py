@@ -67,7 +67,8 @@ def main(argv: list[str] | None = None) -> int:
     if returncode < 0:  # end as the trainer did: by the same signal
         for sig in FORWARDED:
             signal.signal(sig, signal.SIG_DFL)
-        signal.signal(-returncode, signal.SIG_DFL)
+        with contextlib.suppress(OSError, ValueError):  # SIGKILL's disposition cannot be set (nor needs to)
+            signal.signal(-returncode, signal.SIG_DFL)
         os.kill(os.getpid(), -returncode)
     return returncode if returncode >= 0 else 128 - returncode
 

@@ -442,6 +442,13 @@ class Supervisor:
         port = master_port(self.profile, free_port())
         self.stall_where = ""
         self.launch(trainer_argv(self.profile, self.paths.root, self.resume, port, extra), "train")
+        spec, nodes = self.profile.launcher, self.profile.hardware.nodes
+        if spec.no_ssh and nodes > 1:  # the ranks wait at the rendezvous until every node has joined
+            others = ", ".join(str(n) for n in range(nodes) if n != spec.node_rank)
+            self._note(
+                f"node {spec.node_rank} launched; on node(s) {others}: "
+                f"`cockpit join {self.paths.run_id} --node-rank N` (the run waits for them)"
+            )
         returncode = self.watch()
         self._durable(lambda: self.events.write("launch_end", stage="train", exit_code=returncode))
         self._wait_for_nodes()

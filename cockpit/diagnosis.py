@@ -117,9 +117,10 @@ def culprit(
     `rank_exit` and its own `error` event.
 
     A rank ended by a signal other than SIGTERM (the launcher's and the supervisor's way of ending the
-    others) comes first: nothing another rank does sends it. Then a rank's own error (CUDA out of
-    memory, a crash), then an exit code with no error said, and last the collective errors a rank gets
-    when a peer went away. Within each, the earliest. None when no rank failed.
+    others) or SIGABRT (NCCL's watchdog's) comes first: nothing another rank does sends it. Then a rank's
+    own error (CUDA out of memory, a crash), then an exit code with no error said, and last the collective
+    errors and aborts a rank gets when a peer went away. Within each, the earliest. None when no rank
+    failed.
     """
     found: list[tuple[int, float, int, str, str, int | None]] = []
     for rank, e in exits.items():
@@ -127,7 +128,12 @@ def culprit(
         if name and name != "SIGTERM":
             number = _signal_number(name)
             how = ended_by(number) if number is not None else f"ended by {name}"
-            found.append((0, e["t"], rank, "signal", how, number))
+            # NCCL's watchdog aborts the ranks left waiting for one that stopped answering: an abort is
+            # as likely a consequence as a cause, and ranks after the collectives' own complaints.
+            if name == "SIGABRT":
+                found.append((3, e["t"], rank, "collective", how, number))
+            else:
+                found.append((0, e["t"], rank, "signal", how, number))
         elif not name and e.get("exit_code") not in (0, None) and rank not in errors:
             found.append((2, e["t"], rank, "exit", f"exit code {e['exit_code']}", None))
     for rank, e in errors.items():

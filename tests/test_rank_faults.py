@@ -110,6 +110,20 @@ def test_a_kill_near_the_ram_limit_is_host_oom_of_that_rank(tmp_path: Path) -> N
     assert line.startswith("rank 1 on h killed by SIGKILL after step 2 with host RAM at 900.0 GiB, 97%")
 
 
+def test_aborts_after_an_nccl_timeout_are_not_the_cause(tmp_path: Path) -> None:
+    """NCCL's watchdog aborts the ranks that waited; the one that stopped answering was ended by SIGTERM."""
+    view = record(
+        tmp_path,
+        [("h", 0, 0), ("h", 0, 1)],
+        [(8.0, "rank_exit", 0, killed("SIGABRT", -6)), (9.0, "rank_exit", 1, killed("SIGTERM", -15))],
+    )
+    fault = culprit(view.ranks, view.rank_exits, view.rank_errors)
+    assert fault is not None and fault.kind == "collective"
+    out = "[Rank 0] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=5, OpType=ALLREDUCE)"
+    line = diagnose(EndFacts(-6, out, last_step=2, culprit=fault))[1]
+    assert line == "NCCL/collective timeout after step 2: a rank stopped answering"
+
+
 def test_ranks_ended_by_sigterm_name_nobody(tmp_path: Path) -> None:
     """The supervisor (a stall, a stop) and the launcher end ranks by SIGTERM: none of them failed."""
     exits = [(4.0, "rank_exit", r, killed("SIGTERM", -15)) for r in (0, 1)]

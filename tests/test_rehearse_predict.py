@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from cockpit.profiles import load_profile
@@ -113,6 +115,21 @@ def test_forecast_reads_the_fit_at_full_depth_and_partitions_weights() -> None:
     assert more.target["gpu_train"] == pytest.approx(same.here["gpu_train"] - weights_gib * (1 / 2 - 1 / 4))
     # the 4,096 tokens a step are both measured ranks': 2,048 a rank, on four ranks
     assert more.target["tokens_per_s"] == pytest.approx(4096 / 2 * 4 / more.target["step_s"])
+
+
+def test_two_nodes_count_every_rank_but_host_ram_is_a_nodes() -> None:
+    """Two nodes of 4 GPUs: weights partition over 8 ranks, the steps' gathers cross the network too, and
+    host RAM is one node's 4 ranks."""
+    profile, _ = load_profile("tiny-cpu", ['deepspeed.offload_param="none"'])
+    measures = depth_measures(_depth_events(0, 1, 6, 0) + _depth_events(100, 2, 6, 6))
+    one = forecast(measures, profile, _plan(10), _scaling(4))
+    two = forecast(measures, profile, _plan(10), replace(_scaling(8), target_nodes=2, internode_gbps=50.0))
+    weights_gib = 2 * 10 + 2
+    assert two.target["gpu_train"] == pytest.approx(one.target["gpu_train"] - weights_gib * (1 / 4 - 1 / 8))
+    rss = max(v for v in (two.target["rss_load"], two.target["rss_train"]) if v is not None)
+    assert two.target["host_gib"] == pytest.approx(rss * 4)
+    assert two.scaling.target_machine == "2 nodes x 4 x H100-80GB"
+    assert any("between nodes: 50 GB/s" in line for line in two.scaling.lines())
 
 
 def test_disagreements_name_the_figure_and_which_is_measured() -> None:

@@ -197,9 +197,10 @@ def count_tokens(examples: list[dict[str, Any]], model_path: str) -> tuple[list[
     if model_path.startswith(BUILTIN_PREFIX):
         from trainer.tiny import model_path as tiny_model_path
 
-        directory = tiny_model_path(seed=0)
+        directory, name = tiny_model_path(seed=0), model_path
     else:
         directory = Path(model_path).expanduser()
+        name = str(directory)
     if not any((directory / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json")):
         how = f"about {CHARS_PER_TOKEN:g} characters a token (no tokenizer in {directory})"
         return estimate_lengths(examples), how
@@ -208,7 +209,7 @@ def count_tokens(examples: list[dict[str, Any]], model_path: str) -> tuple[list[
     from trainer.data import token_lengths
 
     tokenizer = AutoTokenizer.from_pretrained(str(directory))
-    return token_lengths(tokenizer, examples), f"the tokenizer and chat template of {directory}"
+    return token_lengths(tokenizer, examples), f"the tokenizer and chat template of {name}"
 
 
 def source_path(profile: Any, path: str | None = None) -> Path:

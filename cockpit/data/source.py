@@ -104,7 +104,7 @@ def _parse_jsonl(path: Path) -> list[dict[str, Any]]:
             if not line.strip():
                 continue
             try:
-                row = json.loads(line)
+                row = json.loads(line.rstrip("\r\n"))  # a column of this line, not of the next
             except json.JSONDecodeError as exc:
                 raise DataError(
                     f"{path}: line {number}: not valid JSON ({exc.msg} at column {exc.colno})"
@@ -182,9 +182,13 @@ def _read_csv(path: Path, cache: str | None) -> list[dict[str, Any]]:
     """Every value as text (no guessing of numbers or NA), a UTF-8 byte-order mark ignored."""
     datasets = _quiet_datasets()
     with open(path, encoding="utf-8-sig", newline="") as f:
-        header = next(csv.reader(f), [])
+        reader = csv.reader(f)
+        header = next(reader, [])
+        first = next(reader, None)
     if not header or not any(h.strip() for h in header):
         raise DataError(f"{path}: line 1: no header row naming the columns")
+    if first is None:
+        raise DataError(f"{path}: no examples (only a header)")
     features = datasets.Features({name: datasets.Value("string") for name in header})
     try:
         ds = datasets.Dataset.from_csv(

@@ -67,3 +67,15 @@ def test_steps_from_tokens_fill_and_batch(tmp_path, packing):
     assert steps == -(-rows // (2 * 3 * 2)) * 2  # micro-batch x accumulation x ranks a step, two epochs
     nothing, how = run_steps(profile, None, 1)
     assert nothing == 0 and "unknown" in how
+
+
+def test_a_parquet_data_file_counts_as_its_jsonl_twin(tmp_path):
+    """`cockpit plan` and `rehearse` read the data in any format `cockpit.data` reads."""
+    import datasets
+
+    _write_data(tmp_path, ["a" * 37, "b" * 80])
+    rows = [json.loads(line) for line in (tmp_path / "d.jsonl").read_text().splitlines()]
+    datasets.Dataset.from_list(rows).to_parquet(str(tmp_path / "d.parquet"))
+    jsonl, parquet = data_size(_profile(tmp_path, "d.jsonl")), data_size(_profile(tmp_path, "d.parquet"))
+    assert (parquet.examples, parquet.tokens) == (jsonl.examples, jsonl.tokens) == (2, round((117 + 8) / 4))
+    assert "d.parquet" in parquet.how

@@ -111,3 +111,104 @@ def test_an_improvement_resets_the_wait() -> None:
     for step, loss in ((0, 1.0), (1, 1.1), (2, 0.9), (3, 0.95)):
         assert early.observe(step, loss) is None
     assert early.observe(4, 0.95) is not None and early.best_step == 2
+
+
+def test_the_callback_validates_on_schedule_and_stops_early(tmp_path) -> None:
+    """At the start, every `eval_steps` and at the last step; with patience 1 and a min_delta no change can
+    beat, the first validation after the start stops training and says why."""
+    from types import SimpleNamespace
+
+    from cockpit.record import read_events
+    from cockpit.record.writer import EventWriter
+    from trainer.validation import ValidationCallback
+
+    model = _model()
+    use_chunked_loss(model)
+    rows, groups = _examples(6)
+    batches = validation_batches(rows, groups, seq_len=64, micro_batch=2, collator=PackedCollator(0))
+    paused: list[float] = []
+    (tmp_path / "events").mkdir()
+    with EventWriter(tmp_path / "events" / "trainer-rank0.jsonl", rank=0) as writer:
+        callback = ValidationCallback(
+            writer, batches, ["a", "b", "c"], eval_steps=2, model=lambda: model, chunked=True,
+            early=EarlyStopping(patience=1, min_delta=10.0), facts={"examples": 6},
+            pause_clock=paused.append,
+        )  # fmt: skip
+        args = SimpleNamespace(device=torch.device("cpu"), process_index=0, world_size=1)
+        state = SimpleNamespace(global_step=0, max_steps=10, epoch=0.0, is_world_process_zero=True)
+        control = SimpleNamespace(should_training_stop=False)
+        callback.on_train_begin(args, state, control)
+        state.global_step = 1
+        callback.on_step_end(args, state, control)  # not a validation step
+        assert not control.should_training_stop
+        state.global_step = 2
+        callback.on_step_end(args, state, control)
+    assert control.should_training_stop and callback.stopped is not None
+    vals = read_events(tmp_path, "val_loss")
+    assert [e["step"] for e in vals] == [0, 2] and len(paused) == 2
+    assert vals[0]["loss"] == pytest.approx(vals[1]["loss"]) and set(vals[0]["tenant_loss"]) == {
+        "a",
+        "b",
+        "c",
+    }
+    (stop,) = read_events(tmp_path, "early_stop")
+    assert stop["step"] == 2 and stop["best_step"] == 0 and "patience 1" in stop["reason"]
+
+
+TWO_RANKS = """
+import json, os, sys
+import torch
+sys.path.insert(0, os.getcwd())
+from tests.test_loss import _model
+from tests.test_validation import _examples
+from trainer.loss import use_chunked_loss
+from trainer.packing import PackedCollator
+from trainer.validation import group_sums, validation_batches
+
+torch.distributed.init_process_group("gloo")
+rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
+model = _model()
+use_chunked_loss(model)
+rows, groups = _examples(9)
+batches = validation_batches(rows, groups, seq_len=40, micro_batch=1, collator=PackedCollator(0))
+totals = group_sums(model, batches, 3, torch.device("cpu"), True, rank=rank, world=world)
+print(json.dumps(totals.tolist()))
+torch.distributed.destroy_process_group()
+"""
+
+
+def test_two_ranks_all_reduce_to_one_ranks_sums(tmp_path) -> None:
+    """Two real processes (gloo): each runs its share, one all-reduce, both hold the whole sums."""
+    import json
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": "2",
+           "PYTHONPATH": str(REPO)}  # fmt: skip
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", TWO_RANKS],
+            env={**env, "RANK": str(r)},
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for r in range(2)
+    ]
+    outs = [p.communicate(timeout=240) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [err[-2000:] for _, err in outs]
+    model = _model()
+    use_chunked_loss(model)
+    rows, groups = _examples(9)
+    batches = validation_batches(rows, groups, seq_len=40, micro_batch=1, collator=PackedCollator(0))
+    whole = group_sums(model, batches, 3, torch.device("cpu"), True)
+    for out, _ in outs:
+        torch.testing.assert_close(torch.tensor(json.loads(out.strip().splitlines()[-1])), whole)

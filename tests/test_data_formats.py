@@ -188,3 +188,17 @@ def test_the_validation_sample_is_the_first_of_each_tenant(examples: list[dict],
     sample, source = validation_sample(load_examples(path, spec(), cache_dir=tmp_path), 2)
     assert source == "validation" and [e["id"] for e in sample] == [f"{t}-eval-00000" for t in
         ("northwind", "helix", "ledger", "lexis", "orbit")]  # fmt: skip
+
+
+def test_examples_longer_than_seq_len_are_counted_and_said(examples: list[dict], tokenizer, tmp_path) -> None:
+    from trainer.__main__ import over_seq_len_words
+
+    prompts_cut = tokenize_examples(tokenizer, examples, 72, tmp_path)  # prompts ~80 tokens, answers ~25
+    assert prompts_cut.over_seq_len > 0 and not any(prompts_cut.answer_cut)
+    cut = tokenize_examples(tokenizer, examples, 24, tmp_path)
+    lost = sum(1 for a in cut.answer_cut if a)
+    assert cut.over_seq_len == len(examples) and lost > 0 and all(len(r["input_ids"]) <= 24 for r in cut.rows)
+    words = over_seq_len_words(cut.over_seq_len, len(cut.rows), lost, 24)
+    assert words.startswith(f"{cut.over_seq_len} of {len(cut.rows)} training examples are longer than "
+                            "training.seq_len 24: the start of their prompt is cut")  # fmt: skip
+    assert f"{lost} of them lose answer tokens, their label among them" in words

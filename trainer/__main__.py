@@ -7,6 +7,7 @@ One recipe: `setup` (assets, data, model, Trainer), `train`, `save`, `cleanup`.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import sys
 import time
@@ -153,7 +154,10 @@ class Recipe:
                 raise
             tokenizer = None
         facts: dict[str, Any] = {}
-        if tokenizer is not None and data_file.exists():
+        # A rehearsal where `datasets` is not installed (a GPU machine set up for benchmarks) rehearses on
+        # random tokens rather than fail.
+        readable = self.rehearsal is None or importlib.util.find_spec("datasets") is not None
+        if tokenizer is not None and data_file.exists() and readable:
             prepared = self.prepare_data(tokenizer, data_file, args)
             rows = prepared.train.rows
             source = str(data_file)

@@ -57,7 +57,8 @@ class CockpitApp(App[str]):
         Binding("plus,equals_sign,right_square_bracket", "faster", "Faster", key_display="+"),
         Binding("minus,left_square_bracket", "slower", "Slower", key_display="-"),
         Binding("e,end", "jump_end", "End"),
-        Binding("v", "toggle_val_tenants", "Val/tenant"),
+        # Not in the footer: the loss chart says "v: validation loss per tenant" once the run has one.
+        Binding("v", "toggle_val_tenants", "Val/tenant", show=False),
     ]
 
     def __init__(

@@ -46,7 +46,8 @@ class EarlyStopping:
             by = f" by more than {self.min_delta:g}" if self.min_delta else ""
             return (
                 f"validation loss {loss:.4f} has not improved on its best, {self.best:.4f} at step "
-                f"{self.best_step},{by} in {self.waited} validations (patience {self.patience})"
+                f"{self.best_step},{by} in {self.waited} validation{'s' if self.waited > 1 else ''} "
+                f"(patience {self.patience})"
             )
         return None
 

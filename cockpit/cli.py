@@ -596,6 +596,36 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return 0
 
 
+# --- data --------------------------------------------------------------------------------------------
+def cmd_data(args: argparse.Namespace) -> int:
+    """Inspect a data set before any GPU is touched; exit 2 when a run would refuse it."""
+    from cockpit.cache import cache_root
+    from cockpit.data import DataError, load_examples
+    from cockpit.data.inspection import count_tokens, inspect, source_path
+
+    profile, _path = load_profile(args.profile, args.overrides)
+    path = source_path(profile, args.path)
+    try:
+        data = load_examples(path, profile.data, strict=False, cache_dir=cache_root() / "datasets")
+    except DataError as exc:
+        raise UsageError(str(exc)) from None
+    if args.no_tokens:
+        lengths, how = None, "(not counted: --no-tokens)"
+    else:
+        lengths, how = count_tokens(data.examples, profile.model.path)
+    found = inspect(data, lengths, how, profile.training.seq_len)
+    if args.format == "json":
+        print(json.dumps(found.to_dict(), indent=2))
+    else:
+        from cockpit.data.render import render
+
+        _stdout_console().print(render(found))
+    if found.blocking:
+        more = f" (and {len(found.blocking) - 1:,} more)" if len(found.blocking) > 1 else ""
+        raise UsageError(f"{found.blocking[0].message}{more}")
+    return 0
+
+
 # --- profiles ------------------------------------------------------------------------------------
 def cmd_profiles(args: argparse.Namespace) -> int:
     """The profiles `--profile NAME` finds, with their descriptions."""
@@ -825,6 +855,25 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--host-ram-gib", type=amount(0, MAX_HOST_RAM_GIB), help="host RAM in GiB (0: unknown)")
     plan.add_argument("--format", choices=("text", "json"), default="text", help="text tables or JSON")
     plan.set_defaults(func=cmd_plan)
+
+    data = sub.add_parser(
+        "data",
+        help="inspect a data set before training: tenants, labels, token lengths, problems",
+        description="Read PATH (default: the profile's data.source) as the trainer would, through "
+        "`datasets`: JSON Lines, JSON, Parquet, CSV or a save_to_disk folder, columns mapped by the "
+        "profile's data.columns. Prints tenants with examples per split, labels per tenant with their "
+        "counts, token lengths of prompt, reasoning and answer (histograms, the share over "
+        "training.seq_len, what truncation would cut), repeated ids, gold labels outside their tenant's "
+        "set and empty reasoning. Exit 2, with the first one-line error, when a run would refuse the data.",
+    )
+    data.add_argument("path", nargs="?", help="a data file or save_to_disk folder (default: the profile's)")
+    data.add_argument("--profile", default=DEFAULT_PROFILE, help=PROFILE_HELP)
+    _add_overrides(data)
+    data.add_argument(
+        "--no-tokens", action="store_true", help="skip counting tokens (no tokenizer is loaded)"
+    )
+    data.add_argument("--format", choices=("text", "json"), default="text", help="tables or JSON")
+    data.set_defaults(func=cmd_data)
 
     profiles = sub.add_parser(
         "profiles", help="list the profiles --profile can name, with their descriptions"

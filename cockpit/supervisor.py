@@ -416,6 +416,7 @@ class Supervisor:
             or None,
             trainer_outcome=self.view.trainer_outcome,
             last_step=self.view.step or None,
+            early_stop=self.view.early_stop or "",
         )
         status, diagnosis = diagnose(facts)
         return status, diagnosis, returncode

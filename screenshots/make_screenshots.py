@@ -10,10 +10,13 @@
 - `report.svg`: the report screen (`r`) of the finished tiny run, with the report.json of an evaluated
   tiny-cpu run (`tests/fixtures/reports/`: the recorded run predates the evaluation stage);
 - `compare.svg`: `cockpit compare` of two recorded tiny-cpu runs (150 steps each, evaluated) that differ
-  only in their learning rate, 5e-3 and 1e-3.
+  only in their learning rate, 5e-3 and 1e-3;
+- `data.svg`: `cockpit data` on the built-in tiny tenants (built in a temporary cache if need be);
+- `run-val.svg`: the run screen over a finished tiny run with validation loss, each tenant's shown (`v`).
 
-    python screenshots/make_screenshots.py            # all of them
-    python screenshots/make_screenshots.py compare    # compare.svg only
+    python screenshots/make_screenshots.py                         # all of them
+    python screenshots/make_screenshots.py compare                 # compare.svg only
+    python screenshots/make_screenshots.py data.svg run-val.svg    # only these two
 """
 
 from __future__ import annotations
@@ -39,6 +42,8 @@ from cockpit.record.playback import Playback  # noqa: E402
 SIZE = (120, 40)
 # A tiny-cpu run recorded on two H200s (hardware.gpus=2, bf16, 80 steps): real NVML telemetry of both GPUs.
 GPU_FIXTURE = ROOT / "tests" / "fixtures" / "records" / "20261130-074646-tiny-cpu-5bc8"
+# A tiny-cpu run with validation loss every 40 steps, evaluated.
+VAL_FIXTURE = ROOT / "tests" / "fixtures" / "records" / "20261201-073045-tiny-cpu-c04c"
 REHEARSAL = ROOT / "tests" / "fixtures" / "records" / "20261201-023803-tiny-cpu-729e"
 OUT = ROOT / "screenshots"
 # Two tiny-cpu runs, 150 steps, learning rates 5e-3 and 1e-3, each evaluated (`cockpit run --no-ui`).
@@ -53,9 +58,10 @@ async def shoot(
     path: Path,
     keys: tuple[str, ...] = (),
     size: tuple[int, int] = SIZE,
-    opens: str = "report",
+    opens: str | None = "report",
 ) -> None:
-    """`keys` open the screen held in the app's attribute `opens` (the report, or the prediction)."""
+    """`keys` open the screen held in the app's attribute `opens` (the report, or the prediction), or
+    with `opens=None` change what the run screen shows (the next snapshot shows it)."""
     async with app.run_test(size=size) as pilot:
         deadline = time.monotonic() + 120
         while not (app.last_snapshot and app.last_snapshot.header.loading is None):
@@ -65,7 +71,12 @@ async def shoot(
         seen = app.shown
         while app.shown < seen + 1:
             await pilot.pause(0.05)
-        if keys:
+        if keys and opens is None:
+            await pilot.press(*keys)
+            seen = app.shown
+            while app.shown < seen + 2:
+                await pilot.pause(0.05)
+        elif keys:
             while getattr(app, opens) is None:  # wait until what the keys open is there
                 if time.monotonic() > deadline:
                     raise TimeoutError(path.name)
@@ -77,7 +88,44 @@ async def shoot(
     print(f"wrote {path.relative_to(ROOT)}")
 
 
-async def main() -> None:
+def shoot_data(path: Path) -> None:
+    """`cockpit data` on the tiny tenants, as the command prints it, 110 columns wide."""
+    import os
+
+    from rich.console import Console
+
+    from cockpit.cache import cache_root
+    from cockpit.data import load_examples
+    from cockpit.data.inspection import count_tokens, inspect, source_path
+    from cockpit.data.render import render
+    from cockpit.profiles import load_profile
+
+    profile, _ = load_profile("tiny-cpu")
+    with tempfile.TemporaryDirectory() as tmp:
+        os.environ.setdefault("COCKPIT_CACHE", tmp)  # the tenants and tokenizer: built if not cached
+        data = load_examples(
+            source_path(profile), profile.data, strict=False, cache_dir=cache_root() / "datasets"
+        )
+        lengths, how = count_tokens(data.examples, profile.model.path)
+        found = inspect(data, lengths, how, profile.training.seq_len)
+        found.path = "builtin:tiny-tenants"  # not the cache folder it was generated into
+        console = Console(record=True, width=110, file=open(os.devnull, "w"))  # noqa: SIM115
+        console.print("$ cockpit data", style="bold")
+        console.print(render(found))
+        console.save_svg(str(path), title="cockpit data")
+    print(f"wrote {path.relative_to(ROOT)}")
+
+
+async def main(only: set[str]) -> None:
+    if "data.svg" in only or not only:
+        shoot_data(OUT / "data.svg")
+    if "run-val.svg" in only or not only:
+        await shoot(make_app(VAL_FIXTURE, live=True), OUT / "run-val.svg", ("v",), opens=None)
+    if not only:
+        await app_pictures()
+
+
+async def app_pictures() -> None:
     first, last = fixture_times()
     mid = first + (last - first) / 2
     with tempfile.TemporaryDirectory() as tmp:
@@ -126,8 +174,11 @@ async def shoot_compare() -> None:
 
 
 if __name__ == "__main__":
-    if sys.argv[1:] == ["compare"]:
+    names = set(sys.argv[1:])
+    if names == {"compare"}:
         asyncio.run(shoot_compare())
+    elif names:
+        asyncio.run(main(names))
     else:
-        asyncio.run(main())
+        asyncio.run(main(set()))
         asyncio.run(shoot_compare())

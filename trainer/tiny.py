@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+from cockpit.cache import cache_root
 from cockpit.contract import TINY_MODEL
 from trainer.tenants import generate
 
@@ -31,11 +31,6 @@ CHAT_TEMPLATE = (
 
 EMBED_STD = 0.1
 HEAD_STD = 0.3
-
-
-def cache_root() -> Path:
-    """Where built-in assets are cached."""
-    return Path(os.environ.get("COCKPIT_CACHE", Path.home() / ".cache" / "cockpit")).expanduser()
 
 
 def _key(**settings: object) -> str:

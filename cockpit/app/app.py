@@ -57,6 +57,8 @@ class CockpitApp(App[str]):
         Binding("plus,equals_sign,right_square_bracket", "faster", "Faster", key_display="+"),
         Binding("minus,left_square_bracket", "slower", "Slower", key_display="-"),
         Binding("e,end", "jump_end", "End"),
+        # Not in the footer: the loss chart says "v: validation loss per tenant" once the run has one.
+        Binding("v", "toggle_val_tenants", "Val/tenant", show=False),
     ]
 
     def __init__(
@@ -92,6 +94,7 @@ class CockpitApp(App[str]):
         self._report_state: str | None = None  # None, "reading", "read", "failed"
         self.prediction: dict[str, Any] | None = None  # a rehearsal's rehearsal.json, once due and read
         self._prediction_state: str | None = None
+        self.val_tenants = False  # the loss chart shows each tenant's validation loss too (`v`)
 
     # --- start -----------------------------------------------------------------------------------
     def on_mount(self) -> None:
@@ -163,8 +166,9 @@ class CockpitApp(App[str]):
         if self._in_flight.is_set() and not force:
             return
         snapshot = build_snapshot(
-            self.playback, dict(self._dots), tick_ms=tick_ms, lost=self._lost, plan=self.plan
-        )
+            self.playback, dict(self._dots), tick_ms=tick_ms, lost=self._lost, plan=self.plan,
+            val_tenants=self.val_tenants,
+        )  # fmt: skip
         self._in_flight.set()
         self.post_message(SnapshotReady(snapshot))
 
@@ -321,6 +325,11 @@ class CockpitApp(App[str]):
 
     def action_jump_end(self) -> None:
         self._command("end")
+
+    def action_toggle_val_tenants(self) -> None:
+        """Each tenant's validation loss in the loss chart, or only their mean."""
+        self.val_tenants = not self.val_tenants
+        self._wake.set()  # the worker builds the next snapshot with it
 
     def on_unmount(self) -> None:
         self._wake.set()

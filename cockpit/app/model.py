@@ -22,7 +22,8 @@ DEFAULT_DOTS = 200  # bucket count before the widget has told us its width
 MUTED = "#8a8a8a"
 GPU_COLORS = ("#4e9be6", "#f28e2b", "#e15759", "#59c3a1", "#b07aa1", "#edc948", "#9c755f", "#ff9da7")
 PEAK_COLORS = ("#a9d1ff", "#ffd29e", "#ffb0b1", "#b4f0dd", "#e3c3dc", "#fff0a8", "#d9bfae", "#ffd6db")
-LOSS_RAW, LOSS_SMOOTH = "#4e79a7", "#f28e2b"
+LOSS_RAW, LOSS_SMOOTH, LOSS_VAL = "#4e79a7", "#f28e2b", "#e15759"
+TENANT_COLORS = ("#59c3a1", "#b07aa1", "#edc948", "#9c755f", "#ff9da7", "#76b7b2", "#bab0ac", "#a0cbe8")
 THROUGHPUT, THROUGHPUT_MEAN = "#2f7d32", "#7bd36a"
 RAM_USED, RAM_RSS, RAM_SWAP = "#4e9be6", "#f28e2b", "#e15759"
 
@@ -136,7 +137,33 @@ def _range(traces: list[Trace], floor_zero: bool, pad: float = 0.05) -> tuple[fl
     return (lo if floor_zero else lo - span * pad), hi + span * pad
 
 
-def build_charts(pb: Playback, dots: dict[str, int]) -> dict[str, ChartData]:
+def loss_chart(s: Any, lo: float, hi: float, k: int, x_hi: float, val_tenants: bool = False) -> ChartData:
+    """Training loss (raw and smoothed) beside the validation loss (mean over tenants), and each tenant's
+    validation loss when `val_tenants` is on."""
+    raw = Trace("loss", LOSS_RAW, *_envelope(s.loss, lo, hi, k), value=_fmt(s.loss.last, ".4f"))
+    smooth = Trace(
+        "smoothed", LOSS_SMOOTH, *_line(s.loss_smooth, lo, hi, k), value=_fmt(s.loss_smooth.last, ".4f")
+    )
+    traces = [raw, smooth]
+    if len(s.val_loss):
+        traces.append(
+            Trace("val", LOSS_VAL, *_line(s.val_loss, lo, hi, k), value=_fmt(s.val_loss.last, ".4f"))
+        )
+    if val_tenants:
+        for i, (tenant, series) in enumerate(sorted(s.val_tenant_loss.items())):
+            color = TENANT_COLORS[i % len(TENANT_COLORS)]
+            traces.append(
+                Trace(f"val {tenant}", color, *_line(series, lo, hi, k), value=_fmt(series.last, ".3f"))
+            )
+    y_lo, y_hi = _range(traces, floor_zero=False)
+    ranges = [r for r in (s.loss.y_range(lo, hi), s.val_loss.y_range(lo, hi)) if r is not None]
+    if ranges and min(r[0] for r in ranges) >= 0:
+        y_lo = max(y_lo, 0.0)  # a loss is not negative: do not pad below zero
+    note = "" if val_tenants or not s.val_tenant_loss else "v: validation loss per tenant"
+    return ChartData("loss", 0.0, x_hi, y_lo, y_hi, "", tuple(traces), note=note)
+
+
+def build_charts(pb: Playback, dots: dict[str, int], val_tenants: bool = False) -> dict[str, ChartData]:
     s = pb.series
     first = pb.first_t
     shown = pb.shown_t
@@ -151,16 +178,8 @@ def build_charts(pb: Playback, dots: dict[str, int]) -> dict[str, ChartData]:
 
     charts: dict[str, ChartData] = {}
 
-    # loss: raw (min..max per column) and smoothed (EMA, averaged per column)
-    k = n("loss")
-    raw = Trace("loss", LOSS_RAW, *_envelope(s.loss, lo, hi, k), value=_fmt(s.loss.last, ".4f"))
-    smooth = Trace(
-        "smoothed", LOSS_SMOOTH, *_line(s.loss_smooth, lo, hi, k), value=_fmt(s.loss_smooth.last, ".4f")
-    )
-    y_lo, y_hi = _range([raw, smooth], floor_zero=False)
-    if s.loss.y_range(lo, hi) is not None and s.loss.y_range(lo, hi)[0] >= 0:
-        y_lo = max(y_lo, 0.0)  # a loss is not negative: do not pad below zero
-    charts["loss"] = ChartData("loss", 0.0, x_hi, y_lo, y_hi, "", (raw, smooth))
+    # loss: raw (min..max per column), smoothed (EMA, averaged per column), validation
+    charts["loss"] = loss_chart(s, lo, hi, n("loss"), x_hi, val_tenants)
 
     # throughput
     k = n("throughput")
@@ -304,11 +323,13 @@ def build_snapshot(
     tick_ms: float = 0.0,
     lost: str | None = None,
     plan: dict[str, Any] | None = None,
+    val_tenants: bool = False,
 ) -> Snapshot:
     """Everything the run screen shows, from the Playback as it stands (call on the Playback's thread);
-    `plan` is the run's plan.json, to check the audit against."""
+    `plan` is the run's plan.json, to check the audit against; `val_tenants` adds each tenant's
+    validation loss to the loss chart."""
     t0 = time.perf_counter()
-    charts = build_charts(pb, dots)
+    charts = build_charts(pb, dots, val_tenants)
     header = build_header(pb, lost)
     audit = build_audit(pb, plan)
     log = tuple(pb.output_tail(log_lines))

@@ -64,6 +64,9 @@ class RunView(Fold):
     eval_system: str | None = None
     report: dict[str, Any] | None = None  # the supervisor's `report` event: report.json is written
     rehearsal: dict[str, Any] | None = None  # the supervisor's `rehearsal` event: rehearsal.json is written
+    val_loss: float | None = None  # the last validation loss (mean over tenants) and its step
+    val_step: int | None = None
+    early_stop: str | None = None  # why early stopping ended training (the trainer's `early_stop` event)
     events_seen: int = 0
 
     def apply_event(self, e: Event) -> None:
@@ -122,7 +125,7 @@ class RunView(Fold):
         """A new training attempt (a resume): the last attempt's phase and outcome no longer hold."""
         if e.get("stage") == "train":
             self.phase, self.phase_t, self.trainer_outcome = "starting", e["t"], None
-            self.phase_message = None
+            self.phase_message = self.early_stop = None
 
     def _on_train_begin(self, e: Event) -> None:
         if e.get("rank", 0) != 0:
@@ -148,6 +151,14 @@ class RunView(Fold):
         if e.get("rank", 0) == 0:
             self.trainer_outcome = e.get("outcome")
             self.phase = "done" if self.trainer_outcome == "finished" else self.trainer_outcome or "done"
+
+    def _on_val_loss(self, e: Event) -> None:
+        if e.get("rank", 0) == 0:
+            self.val_loss, self.val_step = e.get("loss"), e.get("step")
+
+    def _on_early_stop(self, e: Event) -> None:
+        if e.get("rank", 0) == 0:
+            self.early_stop = e.get("reason")
 
     def _on_eval_begin(self, e: Event) -> None:
         self.phase = "eval"

@@ -227,6 +227,19 @@ class SyntheticRun:
         self.trainer.write("checkpoint", step=self.step, path=str(path))
         return self
 
+    def resume(self) -> SyntheticRun:
+        """`cockpit resume`: a new supervisor, a new training attempt in the same record."""
+        update_manifest(self.root, status="running", diagnosis=None, exit_code=None, ended_at=None)
+        self.supervisor = self._writer("supervisor")
+        self.trainer = self._writer("trainer-rank0", rank=0)
+        self.telemetry_writer = self._writer("telemetry")
+        self.log = open(self.paths.output_log, "a", encoding="utf-8")  # noqa: SIM115 - closed in `close`
+        self.wait(20.0)
+        self.supervisor.write("supervisor_start", pid=5100, resume=True, host_ram_limit_mib=21694.5)
+        self.supervisor.write("launch", stage="train", argv=["python"], pid=5101, world_size=1)
+        self.step_before_resume = self.step
+        return self.wait(6.5)
+
     def request_stop(self) -> SyntheticRun:
         """Someone asked for a stop: the supervisor says so in the record."""
         (self.paths.control_dir / "stop").write_text("")
@@ -316,3 +329,34 @@ class SyntheticRun:
     @property
     def manifest(self) -> dict[str, Any]:
         return load_manifest(self.root)
+
+
+MOMENTS = ("load", "training", "eval", "stopping", "stopped", "report")
+
+
+def make_run(parent: Path, moment: str, *, gpus: int = 0) -> SyntheticRun:
+    """A run record as it stands at one `moment` of MOMENTS:
+
+    - `load`: the model half loaded (layer 2 of 4), no step yet;
+    - `training`: step 120 of 324;
+    - `eval`: trained, the fine-tuned model's evaluation 96 of 200 examples in;
+    - `stopping`: a stop requested at step 120, the trainer not yet out;
+    - `stopped`: stopped at step 121 with a checkpoint, the run ended;
+    - `report`: trained, evaluated, report.json written, finished.
+    """
+    run = SyntheticRun(parent, gpus=gpus)
+    run.start().setup()
+    if moment == "load":
+        return run.load(4, upto=2)
+    run.load(4).begin_training()
+    if moment in ("training", "stopping", "stopped"):
+        run.train(120)
+        if moment == "stopping":
+            run.request_stop()
+        elif moment == "stopped":
+            run.request_stop().train(1).stop()
+        return run
+    run.train(324).finish_training()
+    if moment == "eval":
+        return run.evaluate(done=96)
+    return run.evaluate().report()

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from trainer.checkpoints import last_complete_checkpoint
 from trainer.evaluate import cut_at_end
 
@@ -47,3 +49,20 @@ def test_a_stop_request_on_the_last_step_does_not_turn_a_finished_run_into_a_sto
     earlier = SimpleNamespace(global_step=39, max_steps=40)
     callback.on_step_end(args, earlier, control)
     assert callback.stopped_at == 39 and control.should_save and control.should_training_stop
+
+
+def test_the_setup_phase_says_when_it_builds_the_built_in_assets(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first run in an environment builds the tiny model, tokenizer and data: the viewers say so."""
+    from cockpit.profiles import load_profile
+    from trainer import tiny
+    from trainer.__main__ import setup_words
+
+    monkeypatch.setenv("COCKPIT_CACHE", str(tmp_path))
+    profile, _ = load_profile("tiny-cpu")
+    assert setup_words(profile).startswith("building the built-in model, tokenizer and data")
+    d = profile.data
+    tiny._model_dir(0).mkdir(parents=True)  # what the first run leaves in the cache
+    tiny._data_dir(d.seed, d.train_examples_per_tenant, d.eval_examples_per_tenant).mkdir()
+    assert setup_words(profile) == "reading and tokenizing the training data"

@@ -324,7 +324,7 @@ def activity(pb: Playback) -> str:
     if pb.series.stop_requested:
         if v.trainer_outcome == "stopped" or v.phase == "stopped":
             saved = " with a checkpoint" if v.checkpoints and v.checkpoints[-1] == v.step else ""
-            return f"the trainer stopped at step {v.step}{saved}; the supervisor is closing the run"
+            return f"stopped at step {v.step}{saved}; closing"
         if v.phase == "eval":
             return "stop requested: the evaluation ends"
         return "stop requested: a checkpoint after this step, then exit"

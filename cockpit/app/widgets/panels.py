@@ -60,7 +60,7 @@ def header_text(h: Header) -> Text:
     text.append(f" {badge} ", style)
     text.append(" elapsed ")
     text.append(_duration(h.elapsed_s), "bold")
-    if not h.ended:
+    if not h.ended and (h.eta_s is not None or h.eta_note):  # an unknown ETA leaves room for the rest
         text.append(" · ETA ")
         text.append(_duration(h.eta_s), "bold")
         if h.eta_note:

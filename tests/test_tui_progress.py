@@ -251,3 +251,36 @@ def test_the_headless_line_of_a_resume_waits_for_its_first_step(tmp_path: Path) 
     view.apply(reader.poll())
     line = step_line(view)
     assert "loss -" in line and "- tok/s" in line and "ETA --:--" in line and "step 121/324" in line
+
+
+# --- a jump to the end of a long replay answers at once, then folds in slices -----------------------------
+def test_a_fold_in_slices_ends_where_a_fold_in_one_does(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`tick(budget_s=...)` stops after its budget with `catching_up`; slice after slice it reaches the
+    same state as one unbudgeted tick (the app shows each slice's state instead of freezing)."""
+    import numpy as np
+
+    from cockpit.record import playback
+
+    run = make_run(tmp_path, "report")
+    monkeypatch.setattr(playback, "SLICE_ROWS", 16)
+    whole, sliced = (playback.Playback(run.root, live=False, now=lambda: 0.0) for _ in range(2))
+    for pb in (whole, sliced):
+        pb.load()
+        pb.tick()
+        pb.command("end")
+    whole.tick()
+    slices = 0
+    while True:
+        sliced.tick(budget_s=0.0)
+        slices += 1
+        if not sliced.catching_up:
+            break
+        assert sliced.view.step <= whole.view.step
+    assert slices > 10 and not whole.catching_up
+    assert sliced.view.steps == whole.view.steps and sliced.view.report == whole.view.report
+    assert sliced.status() == whole.status() == "finished"
+    for name in ("loss", "loss_smooth", "tokens_per_s", "ram_used", "run_rss"):
+        a, b = getattr(sliced.series, name), getattr(whole.series, name)
+        assert np.array_equal(a.x, b.x) and np.allclose(a.y, b.y), name

@@ -40,6 +40,8 @@ LIVE_REFRESH_S = 0.5
 REPLAY_REFRESH_S = 0.25
 OWNER_CHECK_S = 5.0  # how often a live view checks that the run's supervisor is still there
 LOAD_SLICE_S = 0.2  # while reading a long history: show progress this often
+TICK_BUDGET_S = 0.03  # a tick folds at most this long before the state is shown (a jump to the end)
+CATCH_UP_FRAME_S = 0.25  # while a jump folds on, a frame of its progress this often
 
 
 # Each key: (keys, action, footer label, key shown). The footer shows a key only while it acts
@@ -125,6 +127,7 @@ class CockpitApp(App[str]):
         self._prediction_state: str | None = None
         self.gpu_axis = "total"  # the GPU chart's axis: the GPU's total or the run's range (`g`)
         self._requested = threading.Event()  # a key asked for a new snapshot: post one as soon as possible
+        self._posted_t = -math.inf  # when the last snapshot was built (perf_counter)
         self._key_state: tuple[object, ...] | None = None  # what the footer's keys depend on, last seen
 
     # --- start -----------------------------------------------------------------------------------
@@ -173,10 +176,14 @@ class CockpitApp(App[str]):
                         self.post_message(SnapshotReady(dataclasses.replace(preview, header=header)))
                     continue
             t0 = time.perf_counter()
-            pb.tick()
+            was_catching_up = pb.catching_up
+            pb.tick(budget_s=TICK_BUDGET_S if pb.loaded else None)
             self._check_owner()
-            self._post(tick_ms=(time.perf_counter() - t0) * 1000)
-            if pb.loaded:
+            if was_catching_up and pb.catching_up and t0 - self._posted_t < CATCH_UP_FRAME_S:
+                continue  # folding on: a frame of the way now and then, not one a slice
+            # A catch-up's first frame, or its last: shown as soon as the screen is free, not a refresh later.
+            self._post(tick_ms=(time.perf_counter() - t0) * 1000, urgent=was_catching_up or pb.catching_up)
+            if pb.loaded and not pb.catching_up:  # catching up (a jump to the end): the next slice now
                 self._wake.wait(self.refresh_s)
                 self._wake.clear()
 
@@ -192,12 +199,15 @@ class CockpitApp(App[str]):
         alive = supervisor_alive(pb.manifest, pb.paths.root) or not pb.manifest.get("supervisor_pid")
         self._lost = None if alive else "supervisor lost: nothing will diagnose this run (see `cockpit ls`)"
 
-    def _post(self, force: bool = False, tick_ms: float = 0.0) -> None:
+    def _post(self, force: bool = False, tick_ms: float = 0.0, urgent: bool = False) -> None:
         # Hold back while the previous snapshot is still waiting to be shown: the UI thread is busy (a key
-        # that asked for a snapshot meanwhile wakes the worker again once it is shown).
+        # that asked for a snapshot meanwhile, or an `urgent` one, wakes the worker again once it is shown).
         if self._in_flight.is_set() and not force:
+            if urgent:
+                self._requested.set()
             return
         self._requested.clear()
+        self._posted_t = time.perf_counter()
         snapshot = build_snapshot(
             self.playback,
             dict(self._dots),

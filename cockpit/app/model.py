@@ -80,6 +80,7 @@ class Header:
     activity: str = ""  # what is under way, in words: "loading the model: layer 3 of 8"; "" once ended
     eta_note: str = ""  # what the ETA leaves out or waits for: "+ eval", "eval next"
     resume_hint: str | None = None  # an ended run that can go on: "cockpit resume RUN continues from step N"
+    catching_up: bool = False  # the fold is still on its way to the clock (a jump to the end of a replay)
 
     @property
     def ended(self) -> bool:
@@ -403,6 +404,7 @@ def build_header(pb: Playback, lost: str | None = None) -> Header:
         activity=activity(pb),
         eta_note=eta_note,
         resume_hint=resume_hint,
+        catching_up=pb.catching_up,
     )
 
 

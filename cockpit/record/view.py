@@ -11,6 +11,8 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from cockpit.record.bulk import Block
 from cockpit.record.fold import Fold
 from cockpit.record.reader import Event
@@ -110,9 +112,15 @@ class RunView(Fold):
 
         def col(name: str) -> list[Any]:
             values = columns.get(name)
-            return [None] * (hi - lo) if values is None else [_num(v) for v in values[lo:hi].tolist()]
+            if values is None:
+                return [None] * (hi - lo)
+            part = values[lo:hi]
+            out = part.tolist()
+            if part.dtype.kind == "f" and np.isnan(part).any():  # nulls back to None (rare: one pass)
+                out = [None if v != v else v for v in out]
+            return out
 
-        steps = [int(s) for s in columns["step"][lo:hi].tolist()]
+        steps = columns["step"][lo:hi].astype(np.int64).tolist()
         self.step_events += len(steps)
         if "tokens_per_s" in columns:
             tps = columns["tokens_per_s"][lo:hi]

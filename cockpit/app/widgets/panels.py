@@ -58,6 +58,8 @@ def header_text(h: Header) -> Text:
         if mode == "ended":
             style = f"{style} {STATUS_STYLE.get(h.status, '').replace('bold', '').strip()}".strip()
     text.append(f" {badge} ", style)
+    if h.catching_up:
+        text.append(" jumping to the end…", "italic yellow")
     text.append(" elapsed ")
     text.append(_duration(h.elapsed_s), "bold")
     if not h.ended and (h.eta_s is not None or h.eta_note):  # an unknown ETA leaves room for the rest

@@ -8,7 +8,10 @@
 - `run-2xh200.svg`: the run screen over a tiny run recorded on two H200s (two ranks, real NVML telemetry);
 - `prediction.svg`: the prediction screen (`p`) of a recorded tiny rehearsal (`cockpit rehearse`);
 - `report.svg`: the report screen (`r`) of the finished tiny run, with the report.json of an evaluated
-  tiny-cpu run (`tests/fixtures/reports/`: the recorded run predates the evaluation stage).
+  tiny-cpu run (`tests/fixtures/reports/`: the recorded run predates the evaluation stage);
+- `run-load-80x24.svg`, `run-eval-80x24.svg`, `run-stopped-80x24.svg`, `report-micro-80x24.svg`: an
+  80x24 terminal while the model loads, during the evaluation, once stopped, and the report with micro
+  F1 chosen (`r`, `m`), over synthetic records (`tests/synthetic_run.py`, the snapshot tests' records).
 
     python screenshots/make_screenshots.py
 """
@@ -27,6 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "benchmarks")]
 
 from replay_large import generate  # noqa: E402
+from synthetic_run import make_run  # noqa: E402
 from tui_helpers import FIXTURE, add_report, copy_until, fixture_times  # noqa: E402
 
 from cockpit.app.app import CockpitApp, make_app  # noqa: E402
@@ -44,9 +48,10 @@ async def shoot(
     path: Path,
     keys: tuple[str, ...] = (),
     size: tuple[int, int] = SIZE,
-    opens: str = "report",
+    opens: str | None = "report",
 ) -> None:
-    """`keys` open the screen held in the app's attribute `opens` (the report, or the prediction)."""
+    """`keys` are pressed once the app's attribute `opens` is set (the report, the prediction; None: at
+    once)."""
     async with app.run_test(size=size) as pilot:
         deadline = time.monotonic() + 120
         while not (app.last_snapshot and app.last_snapshot.header.loading is None):
@@ -57,7 +62,7 @@ async def shoot(
         while app.shown < seen + 1:
             await pilot.pause(0.05)
         if keys:
-            while getattr(app, opens) is None:  # wait until what the keys open is there
+            while opens is not None and getattr(app, opens) is None:  # wait until what the keys open is there
                 if time.monotonic() > deadline:
                     raise TimeoutError(path.name)
                 await pilot.pause(0.05)
@@ -95,7 +100,21 @@ async def main() -> None:
         ]
         gpu_mid = steps[len(steps) * 2 // 3]
         gpu_run = copy_until(Path(tmp) / "gpu", gpu_mid, src=GPU_FIXTURE)
-        await shoot(make_app(gpu_run, live=True, now=lambda: gpu_mid + 1.0), OUT / "run-2xh200.svg")
+        await shoot(
+            make_app(gpu_run, live=True, now=lambda: gpu_mid + 1.0),
+            OUT / "run-2xh200.svg",
+            ("g",),
+            opens=None,
+        )
+
+        small = (80, 24)
+        for moment, name in (("load", "run-load"), ("eval", "run-eval"), ("stopped", "run-stopped")):
+            synthetic = make_run(Path(tmp) / moment, moment)
+            app = make_app(synthetic.root, live=True, now=lambda s=synthetic: s.now + 0.5)
+            await shoot(app, OUT / f"{name}-80x24.svg", size=small)
+        reported = make_run(Path(tmp) / "reported", "report")
+        app = make_app(reported.root, live=True, now=lambda: reported.now + 0.5)
+        await shoot(app, OUT / "report-micro-80x24.svg", ("r", "m"), size=small)
 
         big = Path(tmp) / "20260101-000000-qwen3-235b-4xh100-0000"
         generate(big, steps=100_000, ranks=4, gpus=4, samples=100_000)

@@ -126,7 +126,11 @@ class CockpitApp(App[str]):
         self.prediction: dict[str, Any] | None = None  # a rehearsal's rehearsal.json, once due and read
         self._prediction_state: str | None = None
         self.gpu_axis = "total"  # the GPU chart's axis: the GPU's total or the run's range (`g`)
-        self._requested = threading.Event()  # a key asked for a new snapshot: post one as soon as possible
+        # Keys that changed what is shown count up `_asks` (UI thread); the worker notes what it has seen, and
+        # `_owed` when a snapshot it owes could not be posted yet: the UI wakes it once the screen is free.
+        self._asks = 0
+        self._asks_seen = 0
+        self._owed = False
         self._posted_t = -math.inf  # when the last snapshot was built (perf_counter)
         self._key_state: tuple[object, ...] | None = None  # what the footer's keys depend on, last seen
 
@@ -177,12 +181,17 @@ class CockpitApp(App[str]):
                     continue
             t0 = time.perf_counter()
             was_catching_up = pb.catching_up
+            # Read before the tick: a key pressed from here on is seen on the next round, never lost.
+            asks = self._asks
+            asked = asks != self._asks_seen or self._owed
+            self._asks_seen = asks
             pb.tick(budget_s=TICK_BUDGET_S if pb.loaded else None)
             self._check_owner()
-            if was_catching_up and pb.catching_up and t0 - self._posted_t < CATCH_UP_FRAME_S:
+            if was_catching_up and pb.catching_up and not asked and t0 - self._posted_t < CATCH_UP_FRAME_S:
                 continue  # folding on: a frame of the way now and then, not one a slice
-            # A catch-up's first frame, or its last: shown as soon as the screen is free, not a refresh later.
-            self._post(tick_ms=(time.perf_counter() - t0) * 1000, urgent=was_catching_up or pb.catching_up)
+            # What a key asked for, a catch-up's first frame or its last: shown as soon as the screen is free.
+            urgent = asked or was_catching_up or pb.catching_up
+            self._post(tick_ms=(time.perf_counter() - t0) * 1000, urgent=urgent)
             if pb.loaded and not pb.catching_up:  # catching up (a jump to the end): the next slice now
                 self._wake.wait(self.refresh_s)
                 self._wake.clear()
@@ -200,13 +209,12 @@ class CockpitApp(App[str]):
         self._lost = None if alive else "supervisor lost: nothing will diagnose this run (see `cockpit ls`)"
 
     def _post(self, force: bool = False, tick_ms: float = 0.0, urgent: bool = False) -> None:
-        # Hold back while the previous snapshot is still waiting to be shown: the UI thread is busy (a key
-        # that asked for a snapshot meanwhile, or an `urgent` one, wakes the worker again once it is shown).
+        # Hold back while the previous snapshot is still waiting to be shown: the UI thread is busy. An
+        # `urgent` one (a key's) is owed, set before looking: the UI wakes the worker once it is shown.
+        self._owed = urgent
         if self._in_flight.is_set() and not force:
-            if urgent:
-                self._requested.set()
             return
-        self._requested.clear()
+        self._owed = False
         self._posted_t = time.perf_counter()
         snapshot = build_snapshot(
             self.playback,
@@ -223,12 +231,14 @@ class CockpitApp(App[str]):
         t0 = time.perf_counter()
         snapshot = message.snapshot
         self.last_snapshot = snapshot
-        if self.run_screen.ready:
-            self.run_screen.show(snapshot)  # also while a dialog is over it; else shown once mounted
+        # Shown while the run screen is on screen, under a dialog too; under the report or the prediction
+        # it is not drawn: it shows the last snapshot when it comes back (`RunScreen.on_screen_resume`).
+        if self.run_screen.ready and not isinstance(self.screen, ReportScreen | PredictionScreen):
+            self.run_screen.show(snapshot)
         self.shown += 1
         self.timings.append((snapshot.tick_ms, snapshot.built_ms, (time.perf_counter() - t0) * 1000))
         self._in_flight.clear()
-        if self._requested.is_set():
+        if self._owed or self._asks != self._asks_seen:
             self._wake.set()
         h = snapshot.header
         self._status = h.status
@@ -393,8 +403,9 @@ class CockpitApp(App[str]):
             if yes:
                 self.send_stop()
 
-        run_id = self.last_snapshot.header.run_id if self.last_snapshot else self.run_dir.name
-        self.push_screen(ConfirmStop(run_id), answered)
+        if not self.is_screen_installed("confirm-stop"):  # built once: asking again costs no compose
+            self.install_screen(ConfirmStop(self.run_dir.name), name="confirm-stop")
+        self.push_screen("confirm-stop", answered)
 
     @work(thread=True, exclusive=True, group="control", name="send-stop")
     def send_stop(self) -> None:
@@ -422,8 +433,10 @@ class CockpitApp(App[str]):
         if self.report is None or self.screen is not self.run_screen:
             return
         self.clear_notifications()  # the offer is taken
-        run_id = self.last_snapshot.header.run_id if self.last_snapshot else self.run_dir.name
-        self.push_screen(ReportScreen(self.report, run_id))
+        if not self.is_screen_installed("report"):  # built once, kept: it opens again at once, on its metric
+            run_id = self.last_snapshot.header.run_id if self.last_snapshot else self.run_dir.name
+            self.install_screen(ReportScreen(self.report, run_id), name="report")
+        self.push_screen("report")
 
     def action_detach(self) -> None:
         self.exit("detached")
@@ -436,7 +449,7 @@ class CockpitApp(App[str]):
 
     def _ask_snapshot(self) -> None:
         """A key changed what is shown: a new snapshot now, not at the next refresh."""
-        self._requested.set()
+        self._asks += 1
         self._wake.set()
 
     def _command(self, name: str, *args: Any) -> None:

@@ -45,6 +45,11 @@ class RunScreen(Screen[None]):
         if snapshot is not None:
             self.show(snapshot)
 
+    def on_screen_resume(self) -> None:
+        """Back from the report or the prediction: the newest snapshot, which was not drawn meanwhile."""
+        if self.ready:
+            self._ready()
+
     def on_unmount(self) -> None:
         self.ready = False
 

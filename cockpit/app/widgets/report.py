@@ -214,10 +214,13 @@ class DeltaChart(Widget):
         super().__init__(id=id, classes=classes)
         self.report = report
         self.metric = "macro_f1"
+        self._drawn: dict[tuple[str, int], Text] = {}  # (metric, width) -> the bars: `m` cycles back at once
 
     def show(self, metric: str) -> None:
+        """Draw `metric`'s bars; the layout is redone only when the number of rows changes."""
+        rows = len(delta_rows(self.report, self.metric))
         self.metric = metric
-        self.refresh(layout=True)
+        self.refresh(layout=len(delta_rows(self.report, metric)) != rows)
 
     def get_content_height(self, container: Size, viewport: Size, width: int) -> int:
         other = self.report.reference
@@ -228,4 +231,7 @@ class DeltaChart(Widget):
         return rows + mean + 2
 
     def render(self) -> Text:
-        return delta_chart(self.report, self.size.width, self.metric)
+        key = (self.metric, self.size.width)
+        if key not in self._drawn:
+            self._drawn[key] = delta_chart(self.report, self.size.width, self.metric)
+        return self._drawn[key]

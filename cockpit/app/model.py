@@ -7,6 +7,7 @@ Widgets only ever see these immutable snapshots. This module imports no Textual.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import time
 from dataclasses import dataclass
@@ -256,6 +257,15 @@ def build_charts(
         )
         for r, peak in sorted(s.rank_peak.items())
     ]
+    if len(peaks) > 2:  # one legend entry for every rank's peak: the GPUs' own entries keep their room
+        known = [p.last for p in s.rank_peak.values() if p.last is not None]
+        span = f"{fmt_mib(min(known))}–{fmt_mib(max(known))}" if known else "-"
+        peaks = [
+            dataclasses.replace(t, label=f"peak r0–{len(peaks) - 1}", value=span)
+            if i == 0
+            else dataclasses.replace(t, legend=False)
+            for i, t in enumerate(peaks)
+        ]
     if s.has_gpus:
         for i, used in sorted(s.gpu_used.items()):
             color = GPU_COLORS[i % len(GPU_COLORS)]
@@ -339,7 +349,7 @@ def activity(pb: Playback) -> str:
             else ""
         )
         return f"evaluating {v.eval_system} {v.eval_done}/{v.eval_total}{which}"
-    resumed = v.launches > 1 and len(v.steps) <= v.attempt_from  # a resume, before its first step
+    resumed = v.resumed and len(v.steps) <= v.attempt_from  # a resume, before its first step
     words = v.phase_message or PHASE_WORDS.get(v.phase, v.phase)
     if v.phase == "load" and v.load_layers:
         words = f"loading the model: layer {v.load_layer} of {v.load_layers}"

@@ -75,7 +75,7 @@ class RunView(Fold):
     )
     load_layer: int = 0  # rank 0's `load_progress`: decoder layers loaded so far, of `load_layers`
     load_layers: int = 0
-    launches: int = 0  # training attempts launched by the supervisor (a resume is the second)
+    resumed: bool = False  # the supervisor of this attempt was started to resume from a checkpoint
     _tps_sum: float = 0.0  # tokens/s summed over `steps` (for the mean), and how many had one
     _tps_n: int = 0
     _eval_first: tuple[float, int] | None = None  # (t, done) of the current system's first progress event
@@ -155,8 +155,10 @@ class RunView(Fold):
         if e.get("stage") == "train":
             self.phase, self.phase_t, self.trainer_outcome = "starting", e["t"], None
             self.phase_message = None
-            self.launches += 1
             self.attempt_from = len(self.steps)
+
+    def _on_supervisor_start(self, e: Event) -> None:
+        self.resumed = bool(e.get("resume"))
 
     def _on_train_begin(self, e: Event) -> None:
         if e.get("rank", 0) != 0:

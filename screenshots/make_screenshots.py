@@ -12,7 +12,10 @@
 - `compare.svg`: `cockpit compare` of two recorded tiny-cpu runs (150 steps each, evaluated) that differ
   only in their learning rate, 5e-3 and 1e-3;
 - `data.svg`: `cockpit data` on the built-in tiny tenants (built in a temporary cache if need be);
-- `run-val.svg`: the run screen over a finished tiny run with validation loss, each tenant's shown (`v`).
+- `run-val.svg`: the run screen over a finished tiny run with validation loss, each tenant's shown (`v`);
+- `run-load-80x24.svg`, `run-eval-80x24.svg`, `run-stopped-80x24.svg`, `report-micro-80x24.svg`: an
+  80x24 terminal while the model loads, during the evaluation, once stopped, and the report with micro
+  F1 chosen (`r`, `m`), over synthetic records (`tests/synthetic_run.py`, the snapshot tests' records).
 
     python screenshots/make_screenshots.py                         # all of them
     python screenshots/make_screenshots.py compare                 # compare.svg only
@@ -33,6 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "benchmarks")]
 
 from replay_large import generate  # noqa: E402
+from synthetic_run import make_run  # noqa: E402
 from tui_helpers import FIXTURE, add_report, copy_until, fixture_times  # noqa: E402
 
 from cockpit.app.app import CockpitApp, make_app  # noqa: E402
@@ -152,7 +156,21 @@ async def app_pictures() -> None:
         ]
         gpu_mid = steps[len(steps) * 2 // 3]
         gpu_run = copy_until(Path(tmp) / "gpu", gpu_mid, src=GPU_FIXTURE)
-        await shoot(make_app(gpu_run, live=True, now=lambda: gpu_mid + 1.0), OUT / "run-2xh200.svg")
+        await shoot(
+            make_app(gpu_run, live=True, now=lambda: gpu_mid + 1.0),
+            OUT / "run-2xh200.svg",
+            ("g",),
+            opens=None,
+        )
+
+        small = (80, 24)
+        for moment, name in (("load", "run-load"), ("eval", "run-eval"), ("stopped", "run-stopped")):
+            synthetic = make_run(Path(tmp) / moment, moment)
+            app = make_app(synthetic.root, live=True, now=lambda s=synthetic: s.now + 0.5)
+            await shoot(app, OUT / f"{name}-80x24.svg", size=small)
+        reported = make_run(Path(tmp) / "reported", "report")
+        app = make_app(reported.root, live=True, now=lambda: reported.now + 0.5)
+        await shoot(app, OUT / "report-micro-80x24.svg", ("r", "m"), size=small)
 
         big = Path(tmp) / "20260101-000000-qwen3-235b-4xh100-0000"
         generate(big, steps=100_000, ranks=4, gpus=4, samples=100_000)

@@ -125,7 +125,9 @@ class LossChartApp(App[None]):
 
     def fill(self) -> None:
         chart = self.query_one(BrailleChart)
-        chart.set_data(build_charts(self.pb, {"loss": chart.dot_columns}, self.val_tenants)["loss"])
+        chart.set_data(
+            build_charts(self.pb, {"loss": chart.dot_columns}, val_tenants=self.val_tenants)["loss"]
+        )
         self.filled = True
 
 

@@ -20,6 +20,17 @@ from cockpit.profiles import BUILTIN_PREFIX, Profile, parse_profile
 from cockpit.record import EventWriter, RunPaths, load_manifest
 
 
+def setup_words(profile: Profile) -> str:
+    """What the setup phase does, for the viewers: the built-in assets are built on a first run."""
+    from trainer import tiny
+
+    d = profile.data
+    builtin = profile.model.path.startswith(BUILTIN_PREFIX) or d.source.startswith(BUILTIN_PREFIX)
+    if builtin and not tiny.built(d.seed, d.train_examples_per_tenant, d.eval_examples_per_tenant):
+        return "building the built-in model, tokenizer and data (first run; cached after)"
+    return "reading and tokenizing the training data"
+
+
 def resolve_assets(profile: Profile) -> tuple[str, Path]:
     """The model directory and data file of a profile, building the built-in ones if needed."""
     from trainer import tiny
@@ -269,17 +280,21 @@ class Recipe:
             memory_fields,
         )
 
-        self.phase("setup")
+        self.phase("setup", message=setup_words(self.profile))
         model_dir = self.model_dir()
         # TrainingArguments first: it registers the DeepSpeed config that from_pretrained consults, and
         # sets up the ranks, so that the main process can tokenize the data before the others read it.
         args = self.training_args()
         train_set, tokenizer = self.train_rows(model_dir, args)
 
-        self.phase("load", model=model_dir, train_examples=len(train_set))
+        self.phase("load", model=model_dir, train_examples=len(train_set), message="loading the model")
         t0 = time.time()
         layers = self.rehearsal.layers if self.rehearsal is not None else None
-        base = model_mod.load_base(self.profile, model_dir, random_layers=layers)
+
+        def layer_loaded(done: int, total: int) -> None:
+            self.events.write("load_progress", layer=done, layers=total)
+
+        base = model_mod.load_base(self.profile, model_dir, random_layers=layers, progress=layer_loaded)
         partitioned_at_load = any(hasattr(p, "ds_id") for p in base.parameters())
         training_facts = model_mod.configure_training(self.profile, base)
         model = model_mod.attach_lora(self.profile, base)
@@ -413,7 +428,8 @@ class Recipe:
                 "resume", checkpoint=checkpoint, skipped_incomplete=[str(p) for p in incomplete]
             )
         self.build_ops()
-        self.phase("train")
+        # Until `train_begin` the Trainer builds the DeepSpeed engine (partitioning, the optimizer).
+        self.phase("train", message="building the DeepSpeed engine")
         result = self.trainer.train(resume_from_checkpoint=checkpoint)
         self.events.write(
             "train_end",

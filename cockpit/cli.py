@@ -110,9 +110,17 @@ def cmd_run(args: argparse.Namespace) -> int:
         console.print(f"detached: follow with `cockpit ls`, stop with `cockpit stop {run_dir.name}`")
         print(run_dir)
         return 0
-    if not args.no_ui:
+    return _follow_started(run_dir, launch.running, args.no_ui)
+
+
+def _follow_started(run_dir: Path, running: Callable[[], bool], no_ui: bool) -> int:
+    """Follow a run just started (`run`, `resume`): the app, or with `--no-ui` (or no terminal to draw
+    on) the headless progress, whose Ctrl-C asks for a stop."""
+    if not no_ui and _has_terminal():
         return _open_app(run_dir, live=True)
-    return _exit_code(_follow_headless(run_dir, launch.running))
+    if not no_ui:
+        console.print("no terminal: plain progress lines instead of the app", markup=False)
+    return _exit_code(_follow_headless(run_dir, running))
 
 
 # --- rehearse ----------------------------------------------------------------------------------------
@@ -177,12 +185,29 @@ def _open_app(run_dir: Path, *, live: bool, speed: float = 1.0) -> int:
     from cockpit.record import load_manifest
 
     how = run_app(run_dir, live=live, speed=speed)
-    status = load_manifest(run_dir).get("status", "?")
+    manifest = load_manifest(run_dir)
+    status = manifest.get("status", "?")
     if live and status in ("running", "planned"):
         console.print(f"{how}: run {run_dir.name} goes on; `cockpit attach {run_dir.name}` to watch it again")
         return 0
     console.print(f"run {run_dir.name}: {status}", markup=False)
+    hint = _resume_hint(run_dir, manifest)
+    if hint:
+        console.print(hint, markup=False)
     return EXIT_CODES.get(status, 0) if live else 0
+
+
+def _resume_hint(run_dir: Path, manifest: dict[str, Any]) -> str | None:
+    """For a run that ended before its schedule did, and that has a checkpoint: how to go on."""
+    if (
+        manifest.get("status") not in ("stopped", "failed", "stalled")
+        or manifest.get("mode", "train") != "train"
+    ):
+        return None
+    checkpoint = lifecycle.last_checkpoint(run_dir)
+    if checkpoint is None:
+        return None
+    return f"continue it with `cockpit resume {run_dir.name}` (from {Path(checkpoint).name})"
 
 
 # --- attach, replay ---------------------------------------------------------------------------------
@@ -205,6 +230,17 @@ def _require_terminal(command: str, instead: str) -> None:
 
 
 def cmd_attach(args: argparse.Namespace) -> int:
+    if args.run is None:  # the latest running run, named
+        from cockpit.runs import latest_running
+
+        found = latest_running(_runs_dir(args))
+        if found is None:
+            raise UsageError(
+                f"no running run in {_runs_dir(args)} to attach to: `cockpit ls` lists the runs, "
+                "`cockpit replay RUN` plays an ended one back"
+            )
+        args.run = found.name
+        console.print(f"attaching to {found.name}, the latest running run", markup=False)
     run_dir = _find_readable(args)
     if args.no_ui:
         return _watch_headless(run_dir)
@@ -371,8 +407,9 @@ def cmd_resume(args: argparse.Namespace) -> int:
     for change in launch.changes:
         console.print(f"  changed {change}", markup=False)
     if args.detach:
+        console.print(f"detached: watch it with `cockpit attach {name}`, stop it with `cockpit stop {name}`")
         return 0
-    return _exit_code(_follow_headless(launch.run_dir, launch.running))
+    return _follow_started(launch.run_dir, launch.running, args.no_ui)
 
 
 # --- eval, import, report -------------------------------------------------------------------------
@@ -609,6 +646,36 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return 0
 
 
+# --- data --------------------------------------------------------------------------------------------
+def cmd_data(args: argparse.Namespace) -> int:
+    """Inspect a data set before any GPU is touched; exit 2 when a run would refuse it."""
+    from cockpit.cache import cache_root
+    from cockpit.data import DataError, load_examples
+    from cockpit.data.inspection import count_tokens, inspect, source_path
+
+    profile, _path = load_profile(args.profile, args.overrides)
+    path = source_path(profile, args.path)
+    try:
+        data = load_examples(path, profile.data, strict=False, cache_dir=cache_root() / "datasets")
+    except DataError as exc:
+        raise UsageError(str(exc)) from None
+    if args.no_tokens:
+        lengths, how = None, "(not counted: --no-tokens)"
+    else:
+        lengths, how = count_tokens(data.examples, profile.model.path)
+    found = inspect(data, lengths, how, profile.training.seq_len)
+    if args.format == "json":
+        print(json.dumps(found.to_dict(), indent=2))
+    else:
+        from cockpit.data.render import render
+
+        _stdout_console().print(render(found))
+    if found.blocking:
+        more = f" (and {len(found.blocking) - 1:,} more)" if len(found.blocking) > 1 else ""
+        raise UsageError(f"{found.blocking[0].message}{more}")
+    return 0
+
+
 # --- profiles ------------------------------------------------------------------------------------
 def cmd_profiles(args: argparse.Namespace) -> int:
     """The profiles `--profile NAME` finds, with their descriptions."""
@@ -764,7 +831,12 @@ def build_parser() -> argparse.ArgumentParser:
     join.set_defaults(func=cmd_join)
 
     resume = sub.add_parser(
-        "resume", parents=[common], help="continue an ended run from its last checkpoint, in the same record"
+        "resume",
+        parents=[common],
+        help="continue an ended run from its last checkpoint, in the same record",
+        description="Start a new attempt of an ended run from its last complete checkpoint, appending to "
+        "its record, and follow it like `run`: the full-screen app (leaving it never stops the run), "
+        "`--no-ui` for a progress line, `--detach` for neither.",
     )
     resume.add_argument("run", help="run id, unique id prefix, path, or 'latest'")
     resume.add_argument(
@@ -774,8 +846,14 @@ def build_parser() -> argparse.ArgumentParser:
     resume.add_argument(
         "--from-scratch", action="store_true", help="a run with no checkpoint: start it over from step 0"
     )
-    resume.add_argument("--no-ui", action="store_true", help="headless progress line")
-    resume.add_argument("--detach", action="store_true", help="return at once")
+    resume.add_argument(
+        "--no-ui",
+        action="store_true",
+        help="headless: a progress line instead of the full-screen app (Ctrl-C there stops the run)",
+    )
+    resume.add_argument(
+        "--detach", action="store_true", help="resume and return at once: neither app nor line"
+    )
     resume.set_defaults(func=cmd_resume)
 
     ev = sub.add_parser(
@@ -856,6 +934,25 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--format", choices=("text", "json"), default="text", help="text tables or JSON")
     plan.set_defaults(func=cmd_plan)
 
+    data = sub.add_parser(
+        "data",
+        help="inspect a data set before training: tenants, labels, token lengths, problems",
+        description="Read PATH (default: the profile's data.source) as the trainer would, through "
+        "`datasets`: JSON Lines, JSON, Parquet, CSV or a save_to_disk folder, columns mapped by the "
+        "profile's data.columns. Prints tenants with examples per split, labels per tenant with their "
+        "counts, token lengths of prompt, reasoning and answer (histograms, the share over "
+        "training.seq_len, what truncation would cut), repeated ids, gold labels outside their tenant's "
+        "set and empty reasoning. Exit 2, with the first one-line error, when a run would refuse the data.",
+    )
+    data.add_argument("path", nargs="?", help="a data file or save_to_disk folder (default: the profile's)")
+    data.add_argument("--profile", default=DEFAULT_PROFILE, help=PROFILE_HELP)
+    _add_overrides(data)
+    data.add_argument(
+        "--no-tokens", action="store_true", help="skip counting tokens (no tokenizer is loaded)"
+    )
+    data.add_argument("--format", choices=("text", "json"), default="text", help="tables or JSON")
+    data.set_defaults(func=cmd_data)
+
     profiles = sub.add_parser(
         "profiles", help="list the profiles --profile can name, with their descriptions"
     )
@@ -876,7 +973,9 @@ def build_parser() -> argparse.ArgumentParser:
     attach = sub.add_parser(
         "attach", parents=[common], help="open the app on a running run, with its whole history"
     )
-    attach.add_argument("run", help="run id, unique id prefix, path, or 'latest'")
+    attach.add_argument(
+        "run", nargs="?", help="run id, unique id prefix, path, or 'latest' (default: the latest running run)"
+    )
     attach.add_argument(
         "--no-ui", action="store_true", help="follow it headless (progress lines) instead of the app"
     )

@@ -179,6 +179,7 @@ class EndFacts:
     trainer_outcome: str | None = None  # from the trainer's trainer_end event
     last_step: int | None = None
     culprit: RankFault | None = None  # with several ranks: the one that failed first (`culprit`)
+    early_stop: str = ""  # why early stopping ended training (the trainer's early_stop event)
 
 
 def _signal_name(number: int) -> str:
@@ -240,7 +241,8 @@ def diagnose(facts: EndFacts) -> tuple[str, str]:
     if facts.stalled:
         return "stalled", f"stalled{after}: {facts.stall_detail}".rstrip(": ")
     if facts.returncode == 0 and facts.trainer_outcome in ("finished", None) and not facts.stop_requested:
-        return "finished", f"finished{step}"
+        early = f": stopped early, {facts.early_stop}" if facts.early_stop else ""
+        return "finished", f"finished{step}{early}"
     if facts.returncode == 0 and facts.trainer_outcome == "finished":  # the stop came after the last step
         return "finished", f"finished{step} (the stop request came after the last step)"
     if facts.stop_requested and facts.ram_guard:

@@ -68,9 +68,11 @@ def peak_memory(view: RunView) -> str:
 
 
 def step_line(view: RunView) -> str:
-    """`step 100/400  loss 2.3456  4,427 tok/s  ETA 02:05  peak GPU 76 MiB, RSS 754 MiB`."""
+    """`step 100/400  loss 2.3456  4,427 tok/s  ETA 02:05  peak GPU 76 MiB, RSS 754 MiB` (with
+    `val 2.4567` after the loss once the run has a validation loss)."""
+    val = f"  val {view.val_loss:.4f}" if view.val_loss is not None else ""
     return (
-        f"step {view.step}/{view.max_steps or '?'}  loss {_fmt(view.last_loss, '.4f')}  "
+        f"step {view.step}/{view.max_steps or '?'}  loss {_fmt(view.last_loss, '.4f')}{val}  "
         f"{_fmt(view.tokens_per_s, ',.0f')} tok/s  ETA {format_duration(view.eta_s())}  "
         f"peak {peak_memory(view)}"
     )
@@ -268,6 +270,8 @@ class HeadlessViewer:
         trend = self.view.loss_trend()
         if trend:
             lines.append(f"loss: first 10% of steps {trend[0]:.4f} -> last 10% {trend[1]:.4f}")
+        if self.view.val_loss is not None:
+            lines.append(f"validation loss at step {self.view.val_step}: {self.view.val_loss:.4f}")
         lines.append(f"record: {self.paths.root}")
         return lines
 

@@ -20,7 +20,14 @@ from pathlib import Path
 from typing import Any
 
 from cockpit import control, liveness, supervisor
-from cockpit.profiles import apply_overrides, check_runnable, load_profile, parse_profile, profile_to_dict
+from cockpit.profiles import (
+    Profile,
+    apply_overrides,
+    check_runnable,
+    load_profile,
+    parse_profile,
+    profile_to_dict,
+)
 from cockpit.record import RunPaths, load_manifest, write_manifest
 from cockpit.record.manifest import update_manifest
 from cockpit.runs import create_run
@@ -67,10 +74,27 @@ def _spawn(run_dir: Path, **how: Any) -> Launch:
 
 
 # --- start -------------------------------------------------------------------------------------------
+def check_data(profile: Profile) -> None:
+    """Read and check the profile's own data before anything starts: `LifecycleError` with the one-line
+    error of the first problem a run would meet (the built-in tenants are generated, never wrong)."""
+    from cockpit.cache import cache_root
+    from cockpit.data import DataError, load_examples
+    from cockpit.profiles import BUILTIN_PREFIX
+
+    if profile.data.source.startswith(BUILTIN_PREFIX):
+        return
+    try:
+        load_examples(Path(profile.data.source), profile.data, cache_dir=cache_root() / "datasets")
+    except DataError as exc:
+        raise LifecycleError(str(exc)) from None
+
+
 def start(runs_dir: Path, profile_ref: str, overrides: Sequence[str], argv: list[str]) -> Launch:
-    """Validate the profile (`ProfileError`), create a `planned` run record, start its supervisor."""
+    """Validate the profile (`ProfileError`) and its data, create a `planned` run record, start its
+    supervisor."""
     profile, path = load_profile(profile_ref, list(overrides))
     check_runnable(profile, str(path))
+    check_data(profile)
     check_trainer()
     return _spawn(create_run(runs_dir, profile, path, argv))
 
@@ -81,6 +105,7 @@ def start_eval(
     """An evaluation-only run: the profile's base model and every other model, side by side."""
     profile, path = load_profile(profile_ref)
     check_runnable(profile, str(path))
+    check_data(profile)
     check_trainer()
     eval_args = [a for name, model in models for a in ("--model", f"{name}={Path(model).resolve()}")]
     return _spawn(create_run(runs_dir, profile, path, argv, mode="eval", eval_args=eval_args))

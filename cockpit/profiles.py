@@ -198,10 +198,46 @@ class TrainingSpec(_Section):
     )
 
 
-class DataSpec(_Section):
-    """Chat-formatted training data: a JSONL file, or the built-in generated tenants."""
+class ColumnsSpec(_Section):
+    """Which of the data's columns holds each field the cockpit needs (each defaults to its own name).
 
-    source: str = Field(min_length=1, description="A .jsonl file, or builtin:tiny-tenants.")
+    `user` and `gold` are needed, or a `messages` column (a chat: system, user and assistant turns, as
+    role/content or ShareGPT's from/value, the assistant's `<think>...</think>` giving the reasoning and
+    what follows it the label). The others are optional: no `tenant` column puts every example in one
+    tenant, no `id` numbers them, no `split` splits each tenant with `data.eval_fraction`, no `labels` takes
+    each tenant's gold labels as its label set, no `system` or `reasoning` leaves them empty.
+    """
+
+    tenant: str = "tenant"
+    id: str = "id"
+    split: str = Field(default="split", description="train, eval (or test), validation (or val, dev).")
+    system: str = "system"
+    user: str = "user"
+    labels: str = Field(
+        default="labels", description="A list; in CSV a JSON list or labels separated by '|'."
+    )
+    gold: str = "gold"
+    reasoning: str = "reasoning"
+    messages: str = "messages"
+
+
+class DataSpec(_Section):
+    """Chat-formatted training data: a local file or folder read with `datasets`, or the built-in tenants."""
+
+    source: str = Field(
+        min_length=1,
+        description="A .jsonl, .json, .parquet or .csv file, a folder written by `save_to_disk`, or "
+        "builtin:tiny-tenants.",
+    )
+    format: Literal["auto", "jsonl", "json", "parquet", "csv", "arrow"] = Field(
+        default="auto", description="auto: from the file's suffix (a folder is `arrow`, save_to_disk's)."
+    )
+    columns: ColumnsSpec = ColumnsSpec()
+    eval_fraction: Annotated[float, Field(gt=0, lt=1)] = Field(
+        default=0.1,
+        description="With no split column: the share of each tenant held out for evaluation (seeded by "
+        "data.seed).",
+    )
     train_examples_per_tenant: PositiveInt = 320
     eval_examples_per_tenant: PositiveInt = 40
     seed: Seed = 0
@@ -212,6 +248,26 @@ class DataSpec(_Section):
     mean_tokens: NonNegInt = Field(
         default=0,
         description="Mean tokens an example, for plans and rehearsals made where the data file is not.",
+    )
+
+
+class ValidationSpec(_Section):
+    """Loss on a small held-out sample per tenant during training (no generation), and early stopping."""
+
+    eval_steps: NonNegInt = Field(
+        default=50, description="Every N optimizer steps (and at the last); 0: no validation loss."
+    )
+    examples_per_tenant: PositiveInt = Field(
+        default=16,
+        description="Held-out examples a tenant: the first ones of its validation split, else of its "
+        "eval split.",
+    )
+    early_stopping_patience: NonNegInt = Field(
+        default=0,
+        description="Stop after this many validations in a row without improvement; 0: never stop early.",
+    )
+    early_stopping_min_delta: NonNegFloat = Field(
+        default=0.0, description="An improvement is a validation loss lower than the best by more than this."
     )
 
 
@@ -314,6 +370,7 @@ class Profile(_Section):
     deepspeed: DeepSpeedSpec = DeepSpeedSpec()
     training: TrainingSpec = TrainingSpec()
     data: DataSpec
+    validation: ValidationSpec = ValidationSpec()
     eval: EvalSpec = EvalSpec()
     cost: CostSpec = CostSpec()
     launcher: LauncherSpec = LauncherSpec()
@@ -488,8 +545,8 @@ def check_runnable(profile: Profile, source: str) -> None:
             raise ProfileError(
                 f"{source}: data.source: unknown built-in data {data!r} (known: {', '.join(BUILTIN_DATA)})"
             )
-    elif not Path(data).expanduser().is_file():
-        raise ProfileError(f"{source}: data.source: no such file {data!r}")
+    elif not Path(data).expanduser().exists():
+        raise ProfileError(f"{source}: data.source: no such file or folder {data!r}")
     check_hosts(profile, source)
 
 

@@ -113,6 +113,15 @@ def find_run(runs_dir: Path, ref: str) -> Path:
     raise LookupError(f"{ref!r} matches {len(matches)} runs: {', '.join(m.name for m in matches[:5])}")
 
 
+def latest_running(runs_dir: Path) -> Path | None:
+    """The newest run whose manifest says it is running (or about to: `planned`), if any."""
+    for run_dir in reversed(list_run_dirs(runs_dir)):
+        manifest = manifest_or_none(run_dir)
+        if manifest is not None and manifest.get("status") in ("running", "planned"):
+            return run_dir
+    return None
+
+
 def list_run_dirs(runs_dir: Path) -> list[Path]:
     """Run directories, oldest first."""
     if not runs_dir.is_dir():

@@ -471,6 +471,7 @@ class Supervisor:
             trainer_outcome=self.view.trainer_outcome,
             last_step=self.view.step or None,
             culprit=self._culprit(),
+            early_stop=self.view.early_stop or "",
         )
         status, diagnosis = diagnose(facts)
         return status, diagnosis, returncode

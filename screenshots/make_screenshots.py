@@ -10,10 +10,16 @@
 - `report.svg`: the report screen (`r`) of the finished tiny run, with the report.json of an evaluated
   tiny-cpu run (`tests/fixtures/reports/`: the recorded run predates the evaluation stage);
 - `compare.svg`: `cockpit compare` of two recorded tiny-cpu runs (150 steps each, evaluated) that differ
-  only in their learning rate, 5e-3 and 1e-3.
+  only in their learning rate, 5e-3 and 1e-3;
+- `data.svg`: `cockpit data` on the built-in tiny tenants (built in a temporary cache if need be);
+- `run-val.svg`: the run screen over a finished tiny run with validation loss, each tenant's shown (`v`);
+- `run-load-80x24.svg`, `run-eval-80x24.svg`, `run-stopped-80x24.svg`, `report-micro-80x24.svg`: an
+  80x24 terminal while the model loads, during the evaluation, once stopped, and the report with micro
+  F1 chosen (`r`, `m`), over synthetic records (`tests/synthetic_run.py`, the snapshot tests' records).
 
-    python screenshots/make_screenshots.py            # all of them
-    python screenshots/make_screenshots.py compare    # compare.svg only
+    python screenshots/make_screenshots.py                         # all of them
+    python screenshots/make_screenshots.py compare                 # compare.svg only
+    python screenshots/make_screenshots.py data.svg run-val.svg    # only these two
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "benchmarks")]
 
 from replay_large import generate  # noqa: E402
+from synthetic_run import make_run  # noqa: E402
 from tui_helpers import FIXTURE, add_report, copy_until, fixture_times  # noqa: E402
 
 from cockpit.app.app import CockpitApp, make_app  # noqa: E402
@@ -39,6 +46,8 @@ from cockpit.record.playback import Playback  # noqa: E402
 SIZE = (120, 40)
 # A tiny-cpu run recorded on two H200s (hardware.gpus=2, bf16, 80 steps): real NVML telemetry of both GPUs.
 GPU_FIXTURE = ROOT / "tests" / "fixtures" / "records" / "20261130-074646-tiny-cpu-5bc8"
+# A tiny-cpu run with validation loss every 40 steps, evaluated.
+VAL_FIXTURE = ROOT / "tests" / "fixtures" / "records" / "20261201-073045-tiny-cpu-c04c"
 REHEARSAL = ROOT / "tests" / "fixtures" / "records" / "20261201-023803-tiny-cpu-729e"
 OUT = ROOT / "screenshots"
 # Two tiny-cpu runs, 150 steps, learning rates 5e-3 and 1e-3, each evaluated (`cockpit run --no-ui`).
@@ -53,9 +62,10 @@ async def shoot(
     path: Path,
     keys: tuple[str, ...] = (),
     size: tuple[int, int] = SIZE,
-    opens: str = "report",
+    opens: str | None = "report",
 ) -> None:
-    """`keys` open the screen held in the app's attribute `opens` (the report, or the prediction)."""
+    """`keys` open the screen held in the app's attribute `opens` (the report, or the prediction), or
+    with `opens=None` change what the run screen shows (the next snapshot shows it)."""
     async with app.run_test(size=size) as pilot:
         deadline = time.monotonic() + 120
         while not (app.last_snapshot and app.last_snapshot.header.loading is None):
@@ -65,7 +75,12 @@ async def shoot(
         seen = app.shown
         while app.shown < seen + 1:
             await pilot.pause(0.05)
-        if keys:
+        if keys and opens is None:
+            await pilot.press(*keys)
+            seen = app.shown
+            while app.shown < seen + 2:
+                await pilot.pause(0.05)
+        elif keys:
             while getattr(app, opens) is None:  # wait until what the keys open is there
                 if time.monotonic() > deadline:
                     raise TimeoutError(path.name)
@@ -77,7 +92,44 @@ async def shoot(
     print(f"wrote {path.relative_to(ROOT)}")
 
 
-async def main() -> None:
+def shoot_data(path: Path) -> None:
+    """`cockpit data` on the tiny tenants, as the command prints it, 110 columns wide."""
+    import os
+
+    from rich.console import Console
+
+    from cockpit.cache import cache_root
+    from cockpit.data import load_examples
+    from cockpit.data.inspection import count_tokens, inspect, source_path
+    from cockpit.data.render import render
+    from cockpit.profiles import load_profile
+
+    profile, _ = load_profile("tiny-cpu")
+    with tempfile.TemporaryDirectory() as tmp:
+        os.environ.setdefault("COCKPIT_CACHE", tmp)  # the tenants and tokenizer: built if not cached
+        data = load_examples(
+            source_path(profile), profile.data, strict=False, cache_dir=cache_root() / "datasets"
+        )
+        lengths, how = count_tokens(data.examples, profile.model.path)
+        found = inspect(data, lengths, how, profile.training.seq_len)
+        found.path = "builtin:tiny-tenants"  # not the cache folder it was generated into
+        console = Console(record=True, width=110, file=open(os.devnull, "w"))  # noqa: SIM115
+        console.print("$ cockpit data", style="bold")
+        console.print(render(found))
+        console.save_svg(str(path), title="cockpit data")
+    print(f"wrote {path.relative_to(ROOT)}")
+
+
+async def main(only: set[str]) -> None:
+    if "data.svg" in only or not only:
+        shoot_data(OUT / "data.svg")
+    if "run-val.svg" in only or not only:
+        await shoot(make_app(VAL_FIXTURE, live=True), OUT / "run-val.svg", ("v",), opens=None)
+    if not only:
+        await app_pictures()
+
+
+async def app_pictures() -> None:
     first, last = fixture_times()
     mid = first + (last - first) / 2
     with tempfile.TemporaryDirectory() as tmp:
@@ -104,7 +156,21 @@ async def main() -> None:
         ]
         gpu_mid = steps[len(steps) * 2 // 3]
         gpu_run = copy_until(Path(tmp) / "gpu", gpu_mid, src=GPU_FIXTURE)
-        await shoot(make_app(gpu_run, live=True, now=lambda: gpu_mid + 1.0), OUT / "run-2xh200.svg")
+        await shoot(
+            make_app(gpu_run, live=True, now=lambda: gpu_mid + 1.0),
+            OUT / "run-2xh200.svg",
+            ("g",),
+            opens=None,
+        )
+
+        small = (80, 24)
+        for moment, name in (("load", "run-load"), ("eval", "run-eval"), ("stopped", "run-stopped")):
+            synthetic = make_run(Path(tmp) / moment, moment)
+            app = make_app(synthetic.root, live=True, now=lambda s=synthetic: s.now + 0.5)
+            await shoot(app, OUT / f"{name}-80x24.svg", size=small)
+        reported = make_run(Path(tmp) / "reported", "report")
+        app = make_app(reported.root, live=True, now=lambda: reported.now + 0.5)
+        await shoot(app, OUT / "report-micro-80x24.svg", ("r", "m"), size=small)
 
         big = Path(tmp) / "20260101-000000-qwen3-235b-4xh100-0000"
         generate(big, steps=100_000, ranks=4, gpus=4, samples=100_000)
@@ -126,8 +192,11 @@ async def shoot_compare() -> None:
 
 
 if __name__ == "__main__":
-    if sys.argv[1:] == ["compare"]:
+    names = set(sys.argv[1:])
+    if names == {"compare"}:
         asyncio.run(shoot_compare())
+    elif names:
+        asyncio.run(main(names))
     else:
-        asyncio.run(main())
+        asyncio.run(main(set()))
         asyncio.run(shoot_compare())

@@ -23,6 +23,17 @@ FORBIDDEN = [
     ("cockpit.importers", ("cockpit.app", "cockpit.lifecycle", "cockpit.plan", "cockpit.report", "trainer")),
     ("cockpit.export", ("cockpit.app", "cockpit.lifecycle", "trainer")),
     ("cockpit.compare", ("cockpit.app", "cockpit.lifecycle", "trainer")),
+    (
+        "cockpit.data",
+        (
+            "cockpit.plan",
+            "cockpit.report",
+            "cockpit.rehearse",
+            "cockpit.app",
+            "cockpit.lifecycle",
+            "cockpit.cli",
+        ),
+    ),
     ("cockpit", ("benchmarks", "tests")),
     ("trainer", ("cockpit.app", "cockpit.lifecycle", "cockpit.cli", "benchmarks", "tests")),
 ]

@@ -178,3 +178,57 @@ def test_evaluating_the_ended_run_again_goes_through_a_supervisor(
     assert manifest["evaluation"]["status"] == "finished"
     assert manifest["diagnosis"] == f"{training['diagnosis']}; {manifest['evaluation']['summary']}"
     assert [e["stage"] for e in read_events(run_dir, "launch")] == ["train", "eval", "eval"]
+
+
+def test_validation_loss_is_in_the_record_and_falls(tiny_run: tuple[Path, str]) -> None:
+    """Every `validation.eval_steps` (40 on the tiny profile), from step 0 to the last: each tenant's loss
+    on its held-out sample, folded into the loss chart's curve."""
+    from cockpit.record.playback import Playback
+
+    run_dir, _ = tiny_run
+    vals = read_events(run_dir, "val_loss")
+    max_steps = [e for e in read_events(run_dir, "step") if e["rank"] == 0][-1]["max_steps"]
+    assert [e["step"] for e in vals] == sorted({*range(0, max_steps + 1, 40), max_steps})
+    for e in vals:
+        assert len(e["tenant_loss"]) == 5 and e["examples"] == 30 and e["split"] == "eval"
+        assert e["loss"] == pytest.approx(statistics.fmean(e["tenant_loss"].values()), abs=1e-4)
+    assert vals[-1]["loss"] < 0.5 * vals[0]["loss"], (vals[0]["loss"], vals[-1]["loss"])
+    assert sum(e["eval_s"] for e in vals) < 15, "validation stays cheap on the tiny profile"
+    pb = Playback(run_dir, live=False)
+    pb.load()
+    pb.command("end")
+    pb.tick()
+    assert len(pb.series.val_loss) == len(vals) and len(pb.series.val_tenant_loss) == 5
+
+
+def test_every_format_trains_on_the_run_s_very_rows(
+    tiny_run: tuple[Path, str], asset_cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One data set, four formats: the tiny tenants as Parquet, CSV and a save_to_disk folder give the rows
+    the JSONL run trained on, in its order (so its first batch and first-step loss), up to the first batch."""
+    from transformers import AutoTokenizer
+
+    from cockpit.profiles import load_profile
+    from tests.test_data_formats import write_formats
+    from trainer import tiny
+    from trainer.data import load_examples, prepare_data, rows_fingerprint
+    from trainer.packing import PackedCollator, pack_rows
+
+    run_dir, _ = tiny_run
+    (data,) = read_events(run_dir, "data")
+    (first, *_) = [e for e in read_events(run_dir, "step") if e["rank"] == 0]
+    assert data["format"] == "jsonl" and data["tokenize_cache"] in ("built", "reused") and first["loss"] > 0
+    monkeypatch.setenv("COCKPIT_CACHE", str(asset_cache))
+    tokenizer = AutoTokenizer.from_pretrained(tiny.model_path(seed=0))
+    profile, _ = load_profile("tiny-cpu")
+    t = profile.training
+    examples = load_examples(Path(data["source"]), profile.data).examples
+    files = write_formats(examples, tmp_path / "formats")
+    batches = {}
+    for fmt in ("jsonl", "parquet", "csv", "arrow"):
+        prepared = prepare_data(tokenizer, files[fmt], profile.data, t.seq_len, 0, tmp_path / "cache")
+        rows = pack_rows(prepared.train.rows, t.seq_len, seed=t.seed)
+        assert rows_fingerprint(rows) == data["rows_sha256"], fmt
+        batches[fmt] = PackedCollator(tokenizer.pad_token_id, doc_lens=True)(rows[: t.micro_batch_size])
+    for fmt, batch in batches.items():
+        assert all(batch[k].equal(batches["jsonl"][k]) for k in ("input_ids", "labels", "position_ids")), fmt

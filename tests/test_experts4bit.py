@@ -344,9 +344,15 @@ def test_expert_lora_trains_only_itself_and_gets_gradients(quantized, tmp_path):
 
 
 def test_layerwise_loader_reproduces_from_pretrained(tiny_dir, reference):
+    loaded: list[tuple[int, int]] = []  # the `load_progress` events the trainer writes from it
     model, facts = load_layerwise(
-        tiny_profile(load_in_4bit=False, quantize_experts=False), tiny_dir, torch.device("cpu"), None
+        tiny_profile(load_in_4bit=False, quantize_experts=False),
+        tiny_dir,
+        torch.device("cpu"),
+        None,
+        progress=lambda done, total: loaded.append((done, total)),
     )
+    assert loaded == [(k, 4) for k in range(1, 5)]
     assert facts["unused_checkpoint_tensors"] == 0 and facts["experts_16bit"] == 4
     want, got = reference.state_dict(), model.state_dict()
     assert want.keys() == got.keys()

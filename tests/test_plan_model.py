@@ -146,7 +146,8 @@ def test_prefetched_layers_are_gathered_beside_the_computing_one() -> None:
     profile, _ = load_profile("qwen3-235b-a22b-thinking-4xh100")
     assert profile.deepspeed.prefetch_layers == 1
     zero = deepspeed_config(profile)["zero_optimization"]
-    assert zero["stage3_max_live_parameters"] >= 3 * layer_elements(profile)
+    head = inputs.weights.head_bytes() // 2  # elements of the 16-bit storage
+    assert zero["stage3_max_live_parameters"] >= 2 * layer_elements(profile) + head
     assert zero["stage3_prefetch_bucket_size"] == layer_elements(profile)
 
 

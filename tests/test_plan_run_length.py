@@ -8,11 +8,12 @@ from types import SimpleNamespace
 import pytest
 
 from cockpit.plan.run_length import DataSize, data_size, run_steps
+from cockpit.profiles import DataSpec
 
 
 def _profile(tmp_path, source="missing.jsonl", examples=0, mean_tokens=0, packing=True):
     return SimpleNamespace(
-        data=SimpleNamespace(source=str(tmp_path / source), examples=examples, mean_tokens=mean_tokens),
+        data=DataSpec(source=str(tmp_path / source), examples=examples, mean_tokens=mean_tokens),
         model=SimpleNamespace(path=str(tmp_path / "model")),
         training=SimpleNamespace(
             packing=packing, seq_len=100, micro_batch_size=2, grad_accum=3, epochs=2, max_steps=-1
@@ -21,8 +22,8 @@ def _profile(tmp_path, source="missing.jsonl", examples=0, mean_tokens=0, packin
 
 
 def _write_data(tmp_path, texts):
-    rows = [{"split": "train", "system": "", "user": t, "reasoning": "", "gold": ""} for t in texts]
-    rows.append({"split": "eval", "system": "", "user": "held out " * 50, "reasoning": "", "gold": ""})
+    rows = [{"split": "train", "system": "", "user": t, "reasoning": "", "gold": "g"} for t in texts]
+    rows.append({"split": "eval", "system": "", "user": "held out " * 50, "reasoning": "", "gold": "g"})
     (tmp_path / "d.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
 
 
@@ -30,7 +31,7 @@ def test_data_file_counted_by_characters_without_a_tokenizer(tmp_path):
     _write_data(tmp_path, ["a" * 37, "b" * 80])
     size = data_size(_profile(tmp_path, "d.jsonl", examples=999, mean_tokens=999))
     assert size.examples == 2  # the eval split is left out; the file wins over the assumption
-    assert size.tokens == round((37 + 80 + 2 * 3) / 4)  # four text fields joined by newlines
+    assert size.tokens == round((37 + 80 + 2 * (3 + 1)) / 4)  # four text fields joined by newlines
     assert "characters a token" in size.how
 
 
@@ -45,7 +46,7 @@ def test_data_file_counted_by_the_models_tokenizer(tmp_path):
     tok.save(str(tmp_path / "model" / "tokenizer.json"))
     _write_data(tmp_path, ["one two three", "four five"])
     size = data_size(_profile(tmp_path, "d.jsonl"))
-    assert size.tokens == 5 and "tokenizer.json" in size.how
+    assert size.tokens == 5 + 2 and "tokenizer.json" in size.how  # the gold label is one word more
 
 
 def test_a_trainers_count_wins_and_the_assumption_is_last(tmp_path):
@@ -66,3 +67,15 @@ def test_steps_from_tokens_fill_and_batch(tmp_path, packing):
     assert steps == -(-rows // (2 * 3 * 2)) * 2  # micro-batch x accumulation x ranks a step, two epochs
     nothing, how = run_steps(profile, None, 1)
     assert nothing == 0 and "unknown" in how
+
+
+def test_a_parquet_data_file_counts_as_its_jsonl_twin(tmp_path):
+    """`cockpit plan` and `rehearse` read the data in any format `cockpit.data` reads."""
+    import datasets
+
+    _write_data(tmp_path, ["a" * 37, "b" * 80])
+    rows = [json.loads(line) for line in (tmp_path / "d.jsonl").read_text().splitlines()]
+    datasets.Dataset.from_list(rows).to_parquet(str(tmp_path / "d.parquet"))
+    jsonl, parquet = data_size(_profile(tmp_path, "d.jsonl")), data_size(_profile(tmp_path, "d.parquet"))
+    assert (parquet.examples, parquet.tokens) == (jsonl.examples, jsonl.tokens) == (2, round((117 + 8) / 4))
+    assert "d.parquet" in parquet.how

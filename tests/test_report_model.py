@@ -244,3 +244,48 @@ def test_reading_a_report_does_not_import_sklearn() -> None:
     root = Path(__file__).resolve().parents[1]
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=root)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+# --- every metric's delta (report version 3) -------------------------------------------------------------
+def test_the_bootstrap_metrics_are_scikit_learns() -> None:
+    """The vectorised metrics the bootstrap draws from equal `tenant_metrics` (scikit-learn) on any sample,
+    labels missing from gold or predictions included."""
+    from cockpit.report import metrics_batch, tenant_metrics
+
+    labels = ["A", "B", "C", "D"]
+    rng = np.random.default_rng(3)
+    for _ in range(20):
+        n = int(rng.integers(3, 30))
+        gold = rng.integers(0, 3, size=n)  # D never gold
+        pred = rng.integers(0, 4, size=n)
+        batch = metrics_batch(gold[None], pred[None], len(labels))
+        expected = tenant_metrics([labels[i] for i in gold], [labels[i] for i in pred], labels)
+        for metric in METRICS:
+            assert batch[metric][0] == pytest.approx(getattr(expected, metric), abs=1e-12), metric
+
+
+def test_every_metric_has_its_delta_and_interval(report: Report) -> None:
+    """Before version 3 the deltas were macro F1's only: the app's `m` left Δ and the bars on macro F1."""
+    for row in [*report.tenants, report.mean]:
+        for metric in METRICS:
+            d = row.delta("base", metric)
+            assert d is not None and d.low <= d.value <= d.high, (row.name, metric)
+            if row.n is not None:  # a tenant: the delta is the difference of the two systems' figures
+                diff = row.metric("finetuned", metric) - row.metric("base", metric)
+                assert d.value == pytest.approx(diff, abs=1e-12)
+        assert row.delta("base", "macro_f1") == row.deltas["base"]
+    for metric in METRICS:
+        rows = [t.delta("base", metric).value for t in report.tenants]
+        assert report.mean.delta("base", metric).value == pytest.approx(np.mean(rows), abs=1e-12)
+    data = report.to_dict()
+    assert data["report_version"] == 3 and set(data["mean"]["metric_deltas"]) == {
+        "micro_f1",
+        "precision",
+        "recall",
+    }
+    assert Report.from_dict(json.loads(json.dumps(data))) == report
+
+
+def test_a_version_2_report_has_macro_deltas_only() -> None:
+    r = Report.from_dict(json.loads(REPORT.read_text()))
+    assert r.tenants[0].delta("base") is not None and r.tenants[0].delta("base", "micro_f1") is None

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from trainer.checkpoints import last_complete_checkpoint
 from trainer.evaluate import cut_at_end
 
@@ -74,3 +76,20 @@ def test_alternating_callbacks_act_in_every_other_block() -> None:
         logged.append(control.should_log)
     assert seen.ended == [1, 2, 5, 6]
     assert logged == [True, True, False, False, True, True, False, False]
+
+
+def test_the_setup_phase_says_when_it_builds_the_built_in_assets(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first run in an environment builds the tiny model, tokenizer and data: the viewers say so."""
+    from cockpit.profiles import load_profile
+    from trainer import tiny
+    from trainer.__main__ import setup_words
+
+    monkeypatch.setenv("COCKPIT_CACHE", str(tmp_path))
+    profile, _ = load_profile("tiny-cpu")
+    assert setup_words(profile).startswith("building the built-in model, tokenizer and data")
+    d = profile.data
+    tiny._model_dir(0).mkdir(parents=True)  # what the first run leaves in the cache
+    tiny._data_dir(d.seed, d.train_examples_per_tenant, d.eval_examples_per_tenant).mkdir()
+    assert setup_words(profile) == "reading and tokenizing the training data"

@@ -144,3 +144,26 @@ async def wait_for(pilot, predicate: Callable[[], bool], timeout: float = 20.0) 
         if time.monotonic() > deadline:
             raise AssertionError("condition not met in time")
         await pilot.pause(0.05)
+
+
+def screen_text(app) -> str:
+    """What the app's screen shows, as plain text, one line a row."""
+    strips = app.screen._compositor.render_strips()
+    return "\n".join("".join(segment.text for segment in strip) for strip in strips)
+
+
+async def settle(pilot, app, timeout: float = 20.0) -> None:
+    """Until the app shows a complete snapshot (the history read), and one more, bucketed to the charts'
+    real widths."""
+    await wait_for(
+        pilot, lambda: app.last_snapshot is not None and app.last_snapshot.header.loading is None, timeout
+    )
+    seen = app.shown
+    await wait_for(pilot, lambda: app.shown > seen, timeout)
+    await pilot.pause()
+
+
+def region_text(app, widget) -> list[str]:
+    """The rows of `widget`'s content area as the screen shows them."""
+    r = widget.content_region
+    return [line[r.x : r.right] for line in screen_text(app).splitlines()[r.y : r.bottom]]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import os
 import sys
 import time
@@ -19,6 +20,17 @@ from typing import Any
 from cockpit.profiles import BUILTIN_PREFIX, Profile, parse_profile
 from cockpit.record import EventWriter, RunPaths, load_manifest
 from trainer.distributed import rank_identity
+
+
+def setup_words(profile: Profile) -> str:
+    """What the setup phase does, for the viewers: the built-in assets are built on a first run."""
+    from trainer import tiny
+
+    d = profile.data
+    builtin = profile.model.path.startswith(BUILTIN_PREFIX) or d.source.startswith(BUILTIN_PREFIX)
+    if builtin and not tiny.built(d.seed, d.train_examples_per_tenant, d.eval_examples_per_tenant):
+        return "building the built-in model, tokenizer and data (first run; cached after)"
+    return "reading and tokenizing the training data"
 
 
 def resolve_assets(profile: Profile) -> tuple[str, Path]:
@@ -75,6 +87,7 @@ class Recipe:
         self.events.write("rank_start", pid=os.getpid(), **rank_identity().fields())
         self._dump_stacks_on_request()
         self.trainer: Any = None
+        self.prepared: Any = None  # the checked and tokenized data (`trainer.data.PreparedData`)
         self._load_facts: dict[str, Any] = {}
 
     def _dump_stacks_on_request(self) -> None:
@@ -145,12 +158,15 @@ class Recipe:
             return str(Path(self.profile.model.config).parent)
         return model_dir
 
-    def train_rows(self, model_dir: str) -> tuple[list[dict[str, list[int]]], Any]:
+    def train_rows(self, model_dir: str, args: Any) -> tuple[list[dict[str, list[int]]], Any]:
         """The training rows (packed when the profile says so) and the tokenizer, if there is one.
 
-        A rehearsal uses the real examples when the data file and tokenizer are here, else random-token
-        examples of `data.mean_tokens` (else `seq_len`) tokens: enough for its steps, and packed, as many
-        as `data.examples` says the real data holds, so its rows are as full as the real run's.
+        Real data is read, checked and tokenized once, by the main process of each host (`Dataset.map`'s
+        cache file), while the other ranks wait; they then read the same cache. A rehearsal uses the real
+        examples when the data file and tokenizer are here, else random-token examples of
+        `data.mean_tokens` (else `seq_len`) tokens: enough for its steps, and packed, as many as
+        `data.examples` says the real data holds, so its rows are as full as the real run's. That path
+        never imports `datasets`.
         """
         from transformers import AutoConfig, AutoTokenizer
 
@@ -165,9 +181,15 @@ class Recipe:
             if self.rehearsal is None:
                 raise
             tokenizer = None
-        if tokenizer is not None and data_file.is_file():
-            rows = data_mod.train_dataset(tokenizer, data_mod.load_examples(data_file), t.seq_len)
+        facts: dict[str, Any] = {}
+        # A rehearsal where `datasets` is not installed (a GPU machine set up for benchmarks) rehearses on
+        # random tokens rather than fail.
+        readable = self.rehearsal is None or importlib.util.find_spec("datasets") is not None
+        if tokenizer is not None and data_file.exists() and readable:
+            prepared = self.prepare_data(tokenizer, data_file, args)
+            rows = prepared.train.rows
             source = str(data_file)
+            facts = self.data_facts(prepared)
         elif self.rehearsal is not None:
             vocab = AutoConfig.from_pretrained(model_dir).get_text_config().vocab_size
             mean = d.mean_tokens or t.seq_len
@@ -198,8 +220,53 @@ class Recipe:
             rows=len(rows),
             packing=t.packing,
             fill=round(packing_efficiency(rows, t.seq_len), 4) if t.packing else None,
+            rows_sha256=data_mod.rows_fingerprint(rows) if facts else None,
+            **facts,
         )
         return rows, tokenizer
+
+    def prepare_data(self, tokenizer: Any, data_file: Path, args: Any) -> Any:
+        """Read, check and tokenize the data on each host's main process first; say what it found."""
+        from cockpit.cache import cache_root
+        from trainer import data as data_mod
+
+        t, v = self.profile.training, self.profile.validation
+        val_per_tenant = v.examples_per_tenant if v.eval_steps and self.rehearsal is None else 0
+        with args.main_process_first(local=True, desc="read and tokenize the data"):
+            prepared = data_mod.prepare_data(
+                tokenizer, data_file, self.profile.data, t.seq_len, val_per_tenant, cache_root() / "datasets"
+            )
+        self.prepared = prepared
+        train = prepared.train
+        if self.rank == 0:
+            how = "read from the cache" if train.reused else "tokenized"
+            print(
+                f"[cockpit] data: {len(train.rows):,} training examples of {data_file} "
+                f"({prepared.dataset.format}), {how} in {train.seconds:.1f} s",
+                flush=True,
+            )
+            if train.over_seq_len:
+                lost = sum(1 for a in train.answer_cut if a)
+                words = over_seq_len_words(train.over_seq_len, len(train.rows), lost, t.seq_len)
+                print(f"[cockpit] DATA WARNING: {words}", flush=True)
+        return prepared
+
+    @staticmethod
+    def data_facts(prepared: Any) -> dict[str, Any]:
+        """The data event's fields about the user's data: format, splits, cuts, tokenization."""
+        train, ds = prepared.train, prepared.dataset
+        return {
+            "format": ds.format,
+            "split_from": ds.split_from,
+            "eval_examples": len(ds.split("eval")),
+            "val_examples": len(prepared.val_tenants),
+            "val_split": prepared.val_source or None,
+            "over_seq_len": train.over_seq_len,
+            "answer_cut": sum(1 for a in train.answer_cut if a),
+            "tokenize_s": round(train.seconds, 3),
+            "tokenize_cache": "reused" if train.reused else "built",
+            "data_sha256": ds.fingerprint(),
+        }
 
     def collator(self, tokenizer: Any) -> Any:
         from transformers import DataCollatorForSeq2Seq
@@ -230,16 +297,21 @@ class Recipe:
             memory_fields,
         )
 
-        self.phase("setup")
+        self.phase("setup", message=setup_words(self.profile))
         model_dir = self.model_dir()
-        train_set, tokenizer = self.train_rows(model_dir)
-        # TrainingArguments first: it registers the DeepSpeed config that from_pretrained consults.
+        # TrainingArguments first: it registers the DeepSpeed config that from_pretrained consults, and
+        # sets up the ranks, so that the main process can tokenize the data before the others read it.
         args = self.training_args()
+        train_set, tokenizer = self.train_rows(model_dir, args)
 
-        self.phase("load", model=model_dir, train_examples=len(train_set))
+        self.phase("load", model=model_dir, train_examples=len(train_set), message="loading the model")
         t0 = time.time()
         layers = self.rehearsal.layers if self.rehearsal is not None else None
-        base = model_mod.load_base(self.profile, model_dir, random_layers=layers)
+
+        def layer_loaded(done: int, total: int) -> None:
+            self.events.write("load_progress", layer=done, layers=total)
+
+        base = model_mod.load_base(self.profile, model_dir, random_layers=layers, progress=layer_loaded)
         partitioned_at_load = any(hasattr(p, "ds_id") for p in base.parameters())
         training_facts = model_mod.configure_training(self.profile, base)
         model = model_mod.attach_lora(self.profile, base)
@@ -254,20 +326,20 @@ class Recipe:
 
         self.stop_callback = StopRequestCallback(self.paths.stop_request, self.events)
         self.clock = StepClock()  # the same clock with and without the cockpit: the overhead benchmark's
-        callbacks: list[Any] = [
-            self.clock,
-            RecordCallback(
-                self.events,
-                self.audit,
-                self.samples_per_step(args),
-                step_offset=self.rehearsal.step_offset if self.rehearsal else 0,
-            ),
-            self.stop_callback,
-        ]
+        record = RecordCallback(
+            self.events,
+            self.audit,
+            self.samples_per_step(args),
+            step_offset=self.rehearsal.step_offset if self.rehearsal else 0,
+        )
+        callbacks: list[Any] = [self.clock, record, self.stop_callback]
         if BARE:  # the speed benchmark's control: what the trainer costs without the cockpit's callbacks
             callbacks = [self.clock]
         elif AB_BLOCK:  # its in-process control: the callbacks on and off in alternating blocks of steps
             callbacks = [self.clock, AlternatingCallbacks(callbacks[1:], AB_BLOCK)]
+        self.validation = self.validation_callback(tokenizer, record)
+        if self.validation is not None:  # never in BARE runs (no data there: random tokens)
+            callbacks.append(self.validation)
         fault = FaultInjectionCallback.from_env()
         if fault is not None:
             callbacks.append(fault)
@@ -284,6 +356,45 @@ class Recipe:
         )
         # Our step line says the same in one readable line; HF's printed dict would double the log.
         self.trainer.remove_callback(PrinterCallback)
+
+    def validation_callback(self, tokenizer: Any, record: Any) -> Any:
+        """Validation loss on the held-out sample every `validation.eval_steps`, if there is a sample."""
+        from trainer.validation import EarlyStopping, ValidationCallback, validation_batches
+
+        prepared = self.prepared
+        v, t = self.profile.validation, self.profile.training
+        if prepared is None or prepared.val is None or not v.eval_steps or BARE:
+            return None
+        tenants = list(dict.fromkeys(prepared.val_tenants))
+        groups = [tenants.index(name) for name in prepared.val_tenants]
+        batches = validation_batches(
+            prepared.val.rows, groups, t.seq_len, t.micro_batch_size, self.validation_collator(tokenizer)
+        )
+        facts = {
+            "examples": len(groups),
+            "target_tokens": sum(sum(1 for x in r["labels"][1:] if x >= 0) for r in prepared.val.rows),
+            "split": prepared.val_source,
+        }
+        return ValidationCallback(
+            self.events,
+            batches,
+            tenants,
+            v.eval_steps,
+            model=lambda: self.trainer.model_wrapped,
+            chunked=bool(self._load_facts.get("chunked_loss")),
+            early=EarlyStopping(v.early_stopping_patience, v.early_stopping_min_delta),
+            facts=facts,
+            pause_clock=record.exclude,
+        )
+
+    def validation_collator(self, tokenizer: Any) -> Any:
+        """Validation rows are always packed (the loss of each example is the same either way)."""
+        from trainer.packing import PackedCollator
+
+        pad = getattr(tokenizer, "pad_token_id", None)
+        return PackedCollator(
+            pad if pad is not None else 0, doc_lens=self.profile.training.attention == "varlen"
+        )
 
     def samples_per_step(self, args: Any) -> int:
         return args.per_device_train_batch_size * args.gradient_accumulation_steps * args.world_size
@@ -334,7 +445,8 @@ class Recipe:
                 "resume", checkpoint=checkpoint, skipped_incomplete=[str(p) for p in incomplete]
             )
         self.build_ops()
-        self.phase("train")
+        # Until `train_begin` the Trainer builds the DeepSpeed engine (partitioning, the optimizer).
+        self.phase("train", message="building the DeepSpeed engine")
         result = self.trainer.train(resume_from_checkpoint=checkpoint)
         self.events.write(
             "train_end",
@@ -393,6 +505,15 @@ class Recipe:
         )
         self.events.sync()
         self.events.close()
+
+
+def over_seq_len_words(count: int, total: int, answer_cut: int, seq_len: int) -> str:
+    """What happens to examples longer than `seq_len`, in one sentence."""
+    lost = f"; {answer_cut:,} of them lose answer tokens, their label among them" if answer_cut else ""
+    return (
+        f"{count:,} of {total:,} training examples are longer than training.seq_len {seq_len}: the start "
+        f"of their prompt is cut to fit{lost} (`cockpit data` shows the lengths)"
+    )
 
 
 def build_ops(profile: Profile, phase: Callable[..., None]) -> str | None:

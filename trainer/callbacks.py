@@ -82,6 +82,11 @@ class RecordCallback(TrainerCallback):
         )
         self.writer.sync()
 
+    def exclude(self, seconds: float) -> None:
+        """Leave out of the next step's time what ran between steps (a validation)."""
+        if self._step_start:
+            self._step_start += seconds
+
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if not self._step_start:
             self._step_start = time.perf_counter()

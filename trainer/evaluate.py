@@ -218,11 +218,13 @@ class Evaluation:
         self.events = EventWriter(self.paths.events("eval"))
 
     def examples(self) -> tuple[str, list[dict[str, Any]]]:
+        from cockpit.cache import cache_root
         from trainer.__main__ import resolve_assets
         from trainer.data import load_examples
 
         model_dir, data_file = resolve_assets(self.profile)
-        return model_dir, [e for e in load_examples(data_file) if e["split"] == "eval"]
+        data = load_examples(data_file, self.profile.data, cache_dir=cache_root() / "datasets")
+        return model_dir, data.split("eval")
 
     def score(
         self, name: str, model: Any, tokenizer: Any, examples: list[dict[str, Any]], meta: dict

@@ -298,6 +298,7 @@ def load_layerwise(
     spread_over: list[torch.device] | None = None,
     *,
     random_layers: int | None = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> tuple[nn.Module, dict[str, Any]]:
     """The frozen base model, quantized as the profile says, loaded one decoder layer at a time.
 
@@ -305,6 +306,7 @@ def load_layerwise(
     devices and everything else on `device`, each layer moving its inputs to its own device.
     `random_layers` (a rehearsal): the architecture of `model_dir/config.json` sliced to that many
     decoder layers, with random weights drawn on `device` instead of a checkpoint read.
+    `progress(done, total)` is called after each decoder layer.
     """
     from transformers import AutoConfig, BitsAndBytesConfig
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
@@ -347,6 +349,8 @@ def load_layerwise(
             follow_inputs(layer, here)
         if here.type == "cuda":
             peaks.append(torch.cuda.max_memory_allocated(here))
+        if progress is not None:
+            progress(i + 1, len(layers))
     # The rest (embeddings, final norm, head) in full precision, as bitsandbytes leaves them.
     loader.device = device
     saved_quantizer, loader.quantize_linear = factories[device], None

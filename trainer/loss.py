@@ -91,24 +91,89 @@ def linear_cross_entropy(
     return total / num_items_in_batch
 
 
+def _group_targets(
+    labels: torch.Tensor, groups: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Flat indices of the positions that predict a target of a group, their targets and groups.
+
+    Position t predicts label t + 1, which belongs to group `groups[:, t + 1]` (-1: none).
+    """
+    targets, owner = labels[:, 1:].reshape(-1), groups[:, 1:].reshape(-1)
+    keep = ((targets != IGNORE) & (owner >= 0)).nonzero()[:, 0]
+    return keep, targets.index_select(0, keep), owner.index_select(0, keep)
+
+
+def _add_by_group(losses: torch.Tensor, owner: torch.Tensor, out: torch.Tensor) -> None:
+    out[0].index_add_(0, owner, losses)
+    out[1].index_add_(0, owner, torch.ones_like(losses))
+
+
+@torch.no_grad()
+def grouped_cross_entropy(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    labels: torch.Tensor,
+    groups: torch.Tensor,
+    n_groups: int,
+    chunk: int | None = None,
+) -> torch.Tensor:
+    """Summed cross-entropy and target count per group, [2, n_groups], through the head in chunks.
+
+    Validation packs the examples of several tenants into one batch; `groups` [B, T] says whose each token
+    is, so one forward gives every tenant's loss, the logits never whole in memory.
+    """
+    keep, targets, owner = _group_targets(labels, groups)
+    rows = hidden[:, :-1].reshape(-1, hidden.shape[-1]).index_select(0, keep)
+    out = torch.zeros(2, n_groups, dtype=torch.float32, device=hidden.device)
+    w = weight.to(rows.dtype)
+    size = chunk or loss_chunk_rows(weight.shape[0])
+    for s in range(0, rows.shape[0], size):
+        logits = (rows[s : s + size] @ w.t()).float()
+        tc = targets[s : s + size]
+        losses = torch.logsumexp(logits, dim=-1) - logits.gather(1, tc[:, None])[:, 0]
+        _add_by_group(losses, owner[s : s + size], out)
+    return out
+
+
+@torch.no_grad()
+def grouped_cross_entropy_from_logits(
+    logits: torch.Tensor, labels: torch.Tensor, groups: torch.Tensor, n_groups: int
+) -> torch.Tensor:
+    """The same sums from whole logits [B, T, V] (a model without the chunked head)."""
+    keep, targets, owner = _group_targets(labels, groups)
+    picked = logits[:, :-1].reshape(-1, logits.shape[-1]).index_select(0, keep).float()
+    losses = torch.logsumexp(picked, dim=-1) - picked.gather(1, targets[:, None])[:, 0]
+    out = torch.zeros(2, n_groups, dtype=torch.float32, device=logits.device)
+    _add_by_group(losses, owner, out)
+    return out
+
+
 class ChunkedLossHead(nn.Linear):
-    """An `nn.Linear` head that, given labels, returns the chunked loss instead of the logits."""
+    """An `nn.Linear` head that, given labels, returns the chunked loss instead of the logits (and, given
+    `groups`, the summed loss and target count of each group)."""
 
     def forward(  # type: ignore[override]
         self,
         hidden: torch.Tensor,
         labels: torch.Tensor | None = None,
         num_items_in_batch: torch.Tensor | int | None = None,
+        groups: torch.Tensor | None = None,
+        n_groups: int = 0,
     ) -> torch.Tensor:
         if labels is None:
             return super().forward(hidden)
+        if groups is not None:
+            return grouped_cross_entropy(hidden, self.weight, labels, groups, n_groups)
         return linear_cross_entropy(hidden, self.weight, labels, num_items_in_batch)
 
 
 def _forward_with_chunked_loss(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
-    """The causal LM's forward, with the loss through `ChunkedLossHead` when labels come in training."""
+    """The causal LM's forward, with the loss through `ChunkedLossHead` when labels come in training, or
+    with `loss_groups` (validation: the `loss` is then the per-group sums of `grouped_cross_entropy`)."""
     labels = kwargs.get("labels")
-    if labels is None or not torch.is_grad_enabled() or args:
+    groups = kwargs.pop("loss_groups", None)
+    n_groups = kwargs.pop("n_groups", 0)
+    if labels is None or (not torch.is_grad_enabled() and groups is None) or args:
         return self._cockpit_full_forward(*args, **kwargs)
     from transformers.modeling_outputs import CausalLMOutputWithPast
 
@@ -117,7 +182,13 @@ def _forward_with_chunked_loss(self: nn.Module, *args: Any, **kwargs: Any) -> An
     kwargs.pop("logits_to_keep", None)
     outputs = self.model(**{k: v for k, v in kwargs.items() if v is not None})
     with torch.profiler.record_function("cockpit:head_loss"):
-        loss = self.lm_head(outputs.last_hidden_state, labels=labels, num_items_in_batch=num_items)
+        loss = self.lm_head(
+            outputs.last_hidden_state,
+            labels=labels,
+            num_items_in_batch=num_items,
+            groups=groups,
+            n_groups=n_groups,
+        )
     return CausalLMOutputWithPast(loss=loss, logits=None)
 
 

@@ -6,6 +6,7 @@ The model knows nothing of training or logging: this module builds it and descri
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -29,7 +30,11 @@ def _zero3_init_config(profile: Profile, model_dir: str) -> dict[str, Any] | Non
 
 
 def load_base(
-    profile: Profile, model_dir: str, spread: bool = False, random_layers: int | None = None
+    profile: Profile,
+    model_dir: str,
+    spread: bool = False,
+    random_layers: int | None = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> Any:
     """The frozen base model, quantized as the profile says, on this rank's device.
 
@@ -43,7 +48,8 @@ def load_base(
     `quantization.quantize_experts` packs the fused MoE experts in NF4 (`trainer.experts4bit`), and the
     MoE blocks become ZeRO-3 leaf modules. What the loader did is left in `model.cockpit_load_facts`.
     `random_layers` (a rehearsal): the architecture sliced to that many decoder layers, random weights
-    (the layer-by-layer loader only).
+    (the layer-by-layer loader only). `progress(done, total)` is called after each decoder layer the
+    layer-by-layer loader has loaded.
     """
     from trainer import experts4bit
     from trainer.loader import load_device, load_layerwise
@@ -55,10 +61,14 @@ def load_base(
         raise ValueError('random weights need the layer-by-layer loader (model.loader = "layerwise")')
     if layerwise and spread:
         gpus = [torch.device("cuda", i) for i in range(torch.cuda.device_count())]
-        model, facts = load_layerwise(profile, model_dir, device, None, spread_over=gpus or None)
+        model, facts = load_layerwise(
+            profile, model_dir, device, None, spread_over=gpus or None, progress=progress
+        )
     elif layerwise:
         zero_init = _zero3_init_config(profile, model_dir)
-        model, facts = load_layerwise(profile, model_dir, device, zero_init, random_layers=random_layers)
+        model, facts = load_layerwise(
+            profile, model_dir, device, zero_init, random_layers=random_layers, progress=progress
+        )
     else:
         from transformers import AutoModelForCausalLM
 

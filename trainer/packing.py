@@ -17,12 +17,15 @@ from cockpit.contract import best_fit_decreasing
 from trainer.data import IGNORE
 
 
-def pack_rows(rows: list[dict[str, list[int]]], seq_len: int, seed: int = 0) -> list[dict[str, list[int]]]:
+def pack_rows(
+    rows: list[dict[str, list[int]]], seq_len: int, seed: int = 0, token_keys: tuple[str, ...] = ()
+) -> list[dict[str, list[int]]]:
     """Examples (`input_ids`, `labels`) packed into rows of `seq_len` (`best_fit_decreasing`: longest
     first, rows in a seeded random order).
 
     Every example is kept whole (tokenization already cut it to `seq_len`). Returns rows with
-    `input_ids`, `labels`, `position_ids` and `lengths` (the examples' lengths, in order).
+    `input_ids`, `labels`, `position_ids` and `lengths` (the examples' lengths, in order), and the
+    examples' other per-token lists named in `token_keys`, joined the same way.
     """
     bins = best_fit_decreasing([len(r["input_ids"]) for r in rows], seq_len, seed)
     packed = []
@@ -30,18 +33,22 @@ def pack_rows(rows: list[dict[str, list[int]]], seq_len: int, seed: int = 0) -> 
         ids: list[int] = []
         labels: list[int] = []
         positions: list[int] = []
+        extra: dict[str, list[int]] = {k: [] for k in token_keys}
         for i in members:
             example = rows[i]
             n = len(example["input_ids"])
             ids += example["input_ids"]
             labels += [IGNORE, *example["labels"][1:n]]
             positions += range(n)
+            for k in token_keys:
+                extra[k] += example[k]
         packed.append(
             {
                 "input_ids": ids,
                 "labels": labels,
                 "position_ids": positions,
                 "lengths": [len(rows[i]["input_ids"]) for i in members],
+                **extra,
             }
         )
     return packed

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+from cockpit.cache import cache_root
 from cockpit.contract import TINY_MODEL
 from trainer.tenants import generate
 
@@ -31,11 +31,6 @@ CHAT_TEMPLATE = (
 
 EMBED_STD = 0.1
 HEAD_STD = 0.3
-
-
-def cache_root() -> Path:
-    """Where built-in assets are cached."""
-    return Path(os.environ.get("COCKPIT_CACHE", Path.home() / ".cache" / "cockpit")).expanduser()
 
 
 def _key(**settings: object) -> str:
@@ -62,16 +57,31 @@ def _build_once(target: Path, build: Callable[[Path], None]) -> Path:
     return target
 
 
+def _data_dir(seed: int, train_per_tenant: int, eval_per_tenant: int) -> Path:
+    return (
+        cache_root() / f"tenants-{_key(kind='data', seed=seed, train=train_per_tenant, eval=eval_per_tenant)}"
+    )
+
+
+def _model_dir(seed: int) -> Path:
+    key = _key(kind="model", seed=seed, config=TINY_MODEL, embed_std=EMBED_STD, head_std=HEAD_STD)
+    return cache_root() / f"tiny-qwen3-moe-{key}"
+
+
+def built(seed: int, train_per_tenant: int, eval_per_tenant: int) -> bool:
+    """Whether the tiny model (with `seed` 0, as the trainer uses it) and this data set are cached."""
+    return _model_dir(0).is_dir() and _data_dir(seed, train_per_tenant, eval_per_tenant).is_dir()
+
+
 def data_path(seed: int, train_per_tenant: int, eval_per_tenant: int) -> Path:
     """The generated tenants data set as JSONL, built if missing."""
-    key = _key(kind="data", seed=seed, train=train_per_tenant, eval=eval_per_tenant)
 
     def build(tmp: Path) -> None:
         with open(tmp / "examples.jsonl", "w", encoding="utf-8") as f:
             for example in generate(seed, train_per_tenant, eval_per_tenant):
                 f.write(json.dumps(example) + "\n")
 
-    return _build_once(cache_root() / f"tenants-{key}", build) / "examples.jsonl"
+    return _build_once(_data_dir(seed, train_per_tenant, eval_per_tenant), build) / "examples.jsonl"
 
 
 def _tokenizer_corpus(seed: int) -> list[str]:
@@ -139,5 +149,4 @@ def build_model(out_dir: Path, seed: int) -> None:
 
 def model_path(seed: int = 0) -> Path:
     """The tiny model directory (config, weights, tokenizer), built if missing."""
-    key = _key(kind="model", seed=seed, config=TINY_MODEL, embed_std=EMBED_STD, head_std=HEAD_STD)
-    return _build_once(cache_root() / f"tiny-qwen3-moe-{key}", lambda tmp: build_model(tmp, seed))
+    return _build_once(_model_dir(seed), lambda tmp: build_model(tmp, seed))

@@ -22,23 +22,68 @@ from typing import Any, ClassVar
 from textual import work
 from textual.app import App
 from textual.binding import Binding, BindingType
+from textual.screen import ModalScreen
 from textual.worker import get_current_worker
 
 from cockpit.app.messages import PredictionLoaded, ReportLoaded, SnapshotReady, StopSent
-from cockpit.app.model import Snapshot, build_snapshot
+from cockpit.app.model import GPU_AXES, Snapshot, build_snapshot
 from cockpit.app.screens.confirm import ConfirmStop
 from cockpit.app.screens.prediction import PredictionScreen
 from cockpit.app.screens.report import ReportScreen
 from cockpit.app.screens.run import RunScreen
 from cockpit.plan.store import load_plan
 from cockpit.record.format import TERMINAL_STATUSES
-from cockpit.record.playback import Playback
+from cockpit.record.playback import SPEEDS, Playback
 from cockpit.report import Report, load_report
 
 LIVE_REFRESH_S = 0.5
 REPLAY_REFRESH_S = 0.25
 OWNER_CHECK_S = 5.0  # how often a live view checks that the run's supervisor is still there
 LOAD_SLICE_S = 0.2  # while reading a long history: show progress this often
+TICK_BUDGET_S = 0.03  # a tick folds at most this long before the state is shown (a jump to the end)
+CATCH_UP_FRAME_S = 0.25  # while a jump folds on, a frame of its progress this often
+
+
+# Each key: (keys, action, footer label, key shown). The footer shows a key only while it acts
+# (`check_action`); pressed when it cannot, a hidden twin (`why_not`) says why.
+KEYS: tuple[tuple[str, str, str, str | None], ...] = (
+    ("s", "stop", "Stop", None),
+    ("d", "detach", "Detach", None),
+    ("q", "quit", "Quit", None),
+    ("l", "toggle_log", "Log", None),
+    ("r", "report", "Report", None),
+    ("p", "prediction", "Prediction", None),
+    ("g", "gpu_axis", "GPU axis", None),
+    ("space", "pause", "Pause", None),
+    ("space", "play", "Play", None),
+    ("plus,equals_sign,right_square_bracket", "faster", "Faster", "+"),
+    ("minus,left_square_bracket", "slower", "Slower", "-"),
+    ("e,end", "jump_end", "End", None),
+)
+EXPLAINED = (
+    "stop",
+    "detach",
+    "toggle_log",
+    "report",
+    "prediction",
+    "gpu_axis",
+    "faster",
+    "slower",
+    "jump_end",
+)
+
+
+def _bindings() -> list[BindingType]:
+    shown = [Binding(keys, action, label, key_display=display) for keys, action, label, display in KEYS]
+    explain = [
+        Binding(keys, f"why_not('{action}')", show=False)
+        for keys, action, _, _ in KEYS
+        if action in EXPLAINED
+    ]
+    explain.append(Binding("space", "why_not('pause')", show=False))
+    # Not in the footer: the loss chart says "v: validation loss per tenant" once the run has one.
+    hidden = [Binding("v", "toggle_val_tenants", "Val/tenant", show=False)]
+    return [*shown, *explain, *hidden]
 
 
 class CockpitApp(App[str]):
@@ -46,18 +91,8 @@ class CockpitApp(App[str]):
 
     CSS_PATH = "cockpit.tcss"
     TITLE = "cockpit"
-    BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("s", "stop", "Stop run"),
-        Binding("d", "detach", "Detach"),
-        Binding("q", "quit", "Quit"),
-        Binding("l", "toggle_log", "Log"),
-        Binding("r", "report", "Report"),
-        Binding("p", "prediction", "Prediction"),
-        Binding("space", "toggle_pause", "Pause"),
-        Binding("plus,equals_sign,right_square_bracket", "faster", "Faster", key_display="+"),
-        Binding("minus,left_square_bracket", "slower", "Slower", key_display="-"),
-        Binding("e,end", "jump_end", "End"),
-    ]
+    ENABLE_COMMAND_PALETTE = False  # its footer entry took the room of the cockpit's own keys at 80 columns
+    BINDINGS: ClassVar[list[BindingType]] = _bindings()
 
     def __init__(
         self,
@@ -92,6 +127,15 @@ class CockpitApp(App[str]):
         self._report_state: str | None = None  # None, "reading", "read", "failed"
         self.prediction: dict[str, Any] | None = None  # a rehearsal's rehearsal.json, once due and read
         self._prediction_state: str | None = None
+        self.val_tenants = False  # the loss chart shows each tenant's validation loss too (`v`)
+        self.gpu_axis = "total"  # the GPU chart's axis: the GPU's total or the run's range (`g`)
+        # Keys that changed what is shown count up `_asks` (UI thread); the worker notes what it has seen, and
+        # `_owed` when a snapshot it owes could not be posted yet: the UI wakes it once the screen is free.
+        self._asks = 0
+        self._asks_seen = 0
+        self._owed = False
+        self._posted_t = -math.inf  # when the last snapshot was built (perf_counter)
+        self._key_state: tuple[object, ...] | None = None  # what the footer's keys depend on, last seen
 
     # --- start -----------------------------------------------------------------------------------
     def on_mount(self) -> None:
@@ -117,7 +161,7 @@ class CockpitApp(App[str]):
         if not pb.loaded and pb.live and pb.needs_preview():
             # A big record, live: a sampled first frame now, the exact one once every line is read.
             pb.preview()
-            preview = build_snapshot(pb, dict(self._dots), plan=self.plan)
+            preview = build_snapshot(pb, dict(self._dots), plan=self.plan, gpu_axis=self.gpu_axis)
             self._in_flight.set()
             self.post_message(SnapshotReady(preview))
         while not worker.is_cancelled:
@@ -139,10 +183,19 @@ class CockpitApp(App[str]):
                         self.post_message(SnapshotReady(dataclasses.replace(preview, header=header)))
                     continue
             t0 = time.perf_counter()
-            pb.tick()
+            was_catching_up = pb.catching_up
+            # Read before the tick: a key pressed from here on is seen on the next round, never lost.
+            asks = self._asks
+            asked = asks != self._asks_seen or self._owed
+            self._asks_seen = asks
+            pb.tick(budget_s=TICK_BUDGET_S if pb.loaded else None)
             self._check_owner()
-            self._post(tick_ms=(time.perf_counter() - t0) * 1000)
-            if pb.loaded:
+            if was_catching_up and pb.catching_up and not asked and t0 - self._posted_t < CATCH_UP_FRAME_S:
+                continue  # folding on: a frame of the way now and then, not one a slice
+            # What a key asked for, a catch-up's first frame or its last: shown as soon as the screen is free.
+            urgent = asked or was_catching_up or pb.catching_up
+            self._post(tick_ms=(time.perf_counter() - t0) * 1000, urgent=urgent)
+            if pb.loaded and not pb.catching_up:  # catching up (a jump to the end): the next slice now
                 self._wake.wait(self.refresh_s)
                 self._wake.clear()
 
@@ -158,12 +211,22 @@ class CockpitApp(App[str]):
         alive = supervisor_alive(pb.manifest, pb.paths.root) or not pb.manifest.get("supervisor_pid")
         self._lost = None if alive else "supervisor lost: nothing will diagnose this run (see `cockpit ls`)"
 
-    def _post(self, force: bool = False, tick_ms: float = 0.0) -> None:
-        # Hold back while the previous snapshot is still waiting to be shown: the UI thread is busy.
+    def _post(self, force: bool = False, tick_ms: float = 0.0, urgent: bool = False) -> None:
+        # Hold back while the previous snapshot is still waiting to be shown: the UI thread is busy. An
+        # `urgent` one (a key's) is owed, set before looking: the UI wakes the worker once it is shown.
+        self._owed = urgent
         if self._in_flight.is_set() and not force:
             return
+        self._owed = False
+        self._posted_t = time.perf_counter()
         snapshot = build_snapshot(
-            self.playback, dict(self._dots), tick_ms=tick_ms, lost=self._lost, plan=self.plan
+            self.playback,
+            dict(self._dots),
+            tick_ms=tick_ms,
+            lost=self._lost,
+            plan=self.plan,
+            gpu_axis=self.gpu_axis,
+            val_tenants=self.val_tenants,
         )
         self._in_flight.set()
         self.post_message(SnapshotReady(snapshot))
@@ -172,13 +235,20 @@ class CockpitApp(App[str]):
         t0 = time.perf_counter()
         snapshot = message.snapshot
         self.last_snapshot = snapshot
-        if self.run_screen.ready:
-            self.run_screen.show(snapshot)  # also while a dialog is over it; else shown once mounted
+        # Shown while the run screen is on screen, under a dialog too; under the report or the prediction
+        # it is not drawn: it shows the last snapshot when it comes back (`RunScreen.on_screen_resume`).
+        if self.run_screen.ready and not isinstance(self.screen, ReportScreen | PredictionScreen):
+            self.run_screen.show(snapshot)
         self.shown += 1
         self.timings.append((snapshot.tick_ms, snapshot.built_ms, (time.perf_counter() - t0) * 1000))
         self._in_flight.clear()
-        if snapshot.header.status != self._status:
-            self._status = snapshot.header.status
+        if self._owed or self._asks != self._asks_seen:
+            self._wake.set()
+        h = snapshot.header
+        self._status = h.status
+        key_state = (h.status, h.stop_requested, h.following, h.paused, h.speed, snapshot.has_gpus)
+        if key_state != self._key_state:
+            self._key_state = key_state
             self.refresh_bindings()
         if snapshot.report_due and self._report_state is None:
             self._report_state = "reading"
@@ -242,20 +312,92 @@ class CockpitApp(App[str]):
     def _run_is_active(self) -> bool:
         return self.playback.live and (self._status or "running") not in TERMINAL_STATUSES
 
-    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
-        if action == "stop":
-            if not self.playback.live:
-                return False  # a replay cannot stop anything
-            return True if self._run_is_active() else None
-        if action == "detach":
-            return self.playback.live
-        if action == "report":
-            return self.report is not None
-        if action == "prediction":
-            return self.prediction is not None
-        if action == "toggle_log":
-            return not isinstance(self.screen, ReportScreen | PredictionScreen)
+    def _on_run_screen(self) -> bool:
+        return self.screen is self.run_screen
+
+    def _view(self) -> tuple[bool, bool, float]:
+        """(following, paused, speed) as last shown (the Playback's own belong to the worker)."""
+        h = self.last_snapshot.header if self.last_snapshot else None
+        pb = self.playback
+        return (h.following, h.paused, h.speed) if h else (pb.follow, pb.paused, pb.speed)
+
+    def can(self, action: str) -> bool:
+        """Whether the key for `action` acts now (the footer shows it only then)."""
+        following, paused, speed = self._view()
+        on_run = self._on_run_screen()
+        snapshot = self.last_snapshot
+        match action:
+            case "stop":
+                stop_requested = snapshot is not None and snapshot.header.stop_requested
+                return self._run_is_active() and on_run and not stop_requested
+            case "detach":  # an ended run has nothing to go on without the viewer: q quits
+                return self.playback.live and (self._status or "running") not in TERMINAL_STATUSES
+            case "toggle_log":
+                return on_run
+            case "report":
+                return self.report is not None and on_run
+            case "prediction":
+                return self.prediction is not None and on_run
+            case "gpu_axis":
+                return on_run and snapshot is not None and snapshot.has_gpus
+            case "pause":  # a live view of an ended run has nothing moving to pause
+                ended = self.playback.live and following and (self._status or "") in TERMINAL_STATUSES
+                return on_run and not paused and not ended
+            case "play":
+                return on_run and paused
+            case "faster":
+                return on_run and not self.playback.live and speed < SPEEDS[-1]
+            case "slower":
+                return on_run and not self.playback.live and speed > SPEEDS[0]
+            case "jump_end":
+                return on_run and not following
         return True
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        return self.can(action)
+
+    def reason(self, action: str) -> str:
+        """Why the key for `action` does nothing now (said when it is pressed)."""
+        if not self._on_run_screen():
+            return "back to the run screen first (escape)"
+        status = self._status or "running"
+        match action:
+            case "stop" if not self.playback.live:
+                return "a replay cannot stop a run: `cockpit stop RUN` does"
+            case "stop" if status in TERMINAL_STATUSES:
+                return f"the run has {'ended' if status == 'stalled' else status}: there is nothing to stop"
+            case "stop":
+                return "a stop is already requested: a checkpoint, then exit (`cockpit stop` again kills)"
+            case "detach" if not self.playback.live:
+                return "a replay is not attached to a run: q quits"
+            case "detach":
+                return "the run has ended: there is nothing to detach from, q quits"
+            case "pause":
+                return "the run has ended: nothing moves (cockpit replay RUN plays it back)"
+            case "report":
+                if self._report_state == "reading":
+                    return "the report is being read"
+                if self._report_state == "failed":
+                    return "the run's report could not be read (`cockpit report RUN` rebuilds it)"
+                return "no evaluation report yet: it comes after the evaluation"
+            case "prediction":
+                return "no rehearsal prediction in this record (`cockpit rehearse` makes one)"
+            case "gpu_axis":
+                return "no GPU telemetry in this record: the chart shows each rank's RSS on its own range"
+            case "faster" | "slower" if self.playback.live:
+                return "a live view runs at the run's own pace: + and - set a replay's speed"
+            case "faster":
+                return f"already at the fastest, {SPEEDS[-1]:g}×"
+            case "slower":
+                return f"already at the slowest, {SPEEDS[0]:g}×"
+            case "jump_end":
+                return "already live" if self.playback.live else "already at the end"
+        return "not available here"
+
+    def action_why_not(self, action: str) -> None:
+        if isinstance(self.screen, ModalScreen):
+            return  # a dialog is asking: its own keys answer
+        self.notify(self.reason(action), title="nothing to do", severity="warning", timeout=4)
 
     def action_stop(self) -> None:
         if not self._run_is_active():
@@ -265,8 +407,9 @@ class CockpitApp(App[str]):
             if yes:
                 self.send_stop()
 
-        run_id = self.last_snapshot.header.run_id if self.last_snapshot else self.run_dir.name
-        self.push_screen(ConfirmStop(run_id), answered)
+        if not self.is_screen_installed("confirm-stop"):  # built once: asking again costs no compose
+            self.install_screen(ConfirmStop(self.run_dir.name), name="confirm-stop")
+        self.push_screen("confirm-stop", answered)
 
     @work(thread=True, exclusive=True, group="control", name="send-stop")
     def send_stop(self) -> None:
@@ -294,8 +437,10 @@ class CockpitApp(App[str]):
         if self.report is None or self.screen is not self.run_screen:
             return
         self.clear_notifications()  # the offer is taken
-        run_id = self.last_snapshot.header.run_id if self.last_snapshot else self.run_dir.name
-        self.push_screen(ReportScreen(self.report, run_id))
+        if not self.is_screen_installed("report"):  # built once, kept: it opens again at once, on its metric
+            run_id = self.last_snapshot.header.run_id if self.last_snapshot else self.run_dir.name
+            self.install_screen(ReportScreen(self.report, run_id), name="report")
+        self.push_screen("report")
 
     def action_detach(self) -> None:
         self.exit("detached")
@@ -306,11 +451,19 @@ class CockpitApp(App[str]):
     def action_toggle_log(self) -> None:
         self.run_screen.query_one("#log").toggle_class("-hidden")
 
-    def _command(self, name: str, *args: Any) -> None:
-        self.playback.command(name, *args)
+    def _ask_snapshot(self) -> None:
+        """A key changed what is shown: a new snapshot now, not at the next refresh."""
+        self._asks += 1
         self._wake.set()
 
-    def action_toggle_pause(self) -> None:
+    def _command(self, name: str, *args: Any) -> None:
+        self.playback.command(name, *args)
+        self._ask_snapshot()
+
+    def action_pause(self) -> None:
+        self._command("toggle_pause")
+
+    def action_play(self) -> None:
         self._command("toggle_pause")
 
     def action_faster(self) -> None:
@@ -321,6 +474,16 @@ class CockpitApp(App[str]):
 
     def action_jump_end(self) -> None:
         self._command("end")
+
+    def action_toggle_val_tenants(self) -> None:
+        """Each tenant's validation loss in the loss chart, or only their mean."""
+        self.val_tenants = not self.val_tenants
+        self._ask_snapshot()
+
+    def action_gpu_axis(self) -> None:
+        """Switch the GPU chart's axis between the GPU's total memory and the run's own range."""
+        self.gpu_axis = GPU_AXES[(GPU_AXES.index(self.gpu_axis) + 1) % len(GPU_AXES)]
+        self._ask_snapshot()
 
     def on_unmount(self) -> None:
         self._wake.set()

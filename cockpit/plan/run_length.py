@@ -1,14 +1,13 @@
 """How long a run is: its training tokens and its optimizer steps, and where the token count came from.
 
 The count comes, in order, from what a trainer measured (a run's `data` event), from the profile's data
-file (examples of the train split; tokens by the model's own `tokenizer.json` when it is at
-`model.path`, else about four characters a token), or from the profile's `data.examples` and
-`data.mean_tokens`. Every answer says which.
+(examples of its train split, in any format `cockpit.data` reads; tokens by the model's own
+`tokenizer.json` when it is at `model.path`, else about four characters a token), or from the profile's
+`data.examples` and `data.mean_tokens`. Every answer says which.
 """
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,17 +47,20 @@ def _text_of(example: dict[str, Any]) -> str:
 
 
 def from_data_file(profile: Any) -> DataSize | None:
-    """Count the train split of the profile's JSONL file, if it is on this machine."""
-    path = Path(profile.data.source).expanduser()
-    if path.suffix != ".jsonl" or not path.is_file():
+    """Count the train split of the profile's data file (any format `cockpit.data` reads), if it is on
+    this machine and readable (None otherwise, or where `datasets` is not installed)."""
+    source = str(profile.data.source)
+    path = Path(source).expanduser()
+    if source.startswith("builtin:") or not path.exists():
         return None
-    texts = []
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            if line.strip():
-                example = json.loads(line)
-                if example.get("split", "train") == "train":
-                    texts.append(_text_of(example))
+    try:
+        from cockpit.cache import cache_root
+        from cockpit.data import DataError, load_examples
+
+        data = load_examples(path, profile.data, strict=False, cache_dir=cache_root() / "datasets")
+    except (ImportError, DataError):
+        return None
+    texts = [_text_of(e) for e in data.split("train")]
     tokenizer_file = Path(profile.model.path).expanduser() / "tokenizer.json"
     if tokenizer_file.is_file():
         from tokenizers import Tokenizer

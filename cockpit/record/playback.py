@@ -34,6 +34,7 @@ PREVIEW_MIN_BYTES = 8 * 2**20  # records smaller than this are read whole before
 PREVIEW_SAMPLES = 400  # lines sampled across each big file for the first frame
 PREVIEW_EDGE_BYTES = 32 * 1024  # read whole at each end of each file for the first frame
 OUTPUT_TAIL_BYTES = 64 * 1024
+SLICE_ROWS = 4096  # rows of one block folded at a time when a fold has a deadline (see `Playback.tick`)
 _STEP_LINE = re.compile(rb"^step \d+/[^\n]*\n", re.MULTILINE)
 
 
@@ -60,6 +61,7 @@ class Playback:
         self.speed = float(speed)
         self.now = now
         self.paused = False
+        self.catching_up = False  # the last tick ran out of its budget with more due (see `tick`)
         self.follow = live  # the clock is pinned to the newest event
         self.view = RunView()
         self.series = RunSeries() if capacity is None else RunSeries(capacity)
@@ -247,8 +249,12 @@ class Playback:
                 self.follow = False
                 self.clock = max(float(arg), self.clock if self.clock is not None else -math.inf)
 
-    def tick(self) -> bool:
-        """Read new lines, move the clock, fold what is due. True when the state changed."""
+    def tick(self, budget_s: float | None = None) -> bool:
+        """Read new lines, move the clock, fold what is due. True when the state changed.
+
+        With `budget_s`, stop folding after about that long: the state stands at an earlier time, and
+        `catching_up` says that more is due (a jump to the end of a long replay folds in slices, each
+        shown, instead of going quiet for a second)."""
         self._run_commands()
         if self.loaded:  # until then the bulk reader owns the files
             self.poll()
@@ -266,27 +272,46 @@ class Playback:
                 # Caught up with the record: from here on follow it (for a live run, that is live).
                 self.clock, self.follow = self._last_t, True
         self._wall = wall
+        deadline = None if budget_s is None else time.perf_counter() + budget_s
         return self._advance(
-            math.inf if self.follow else (self.clock if self.clock is not None else -math.inf)
+            math.inf if self.follow else (self.clock if self.clock is not None else -math.inf), deadline
         )
 
-    def _advance(self, until: float) -> bool:
-        """Fold every pending event and block row with t <= until, in time order."""
+    def _due(self, until: float) -> bool:
+        """Whether any pending row or event has t <= until."""
+        if self._events and self._events[0]["t"] <= until:
+            return True
+        return any(p.pos < len(p.block) and p.block.t[p.pos] <= until for p in self._pending)
+
+    def _advance(self, until: float, deadline: float | None = None) -> bool:
+        """Fold every pending event and block row with t <= until, in time order; with a `deadline`
+        (`time.perf_counter()`), in slices of at most SLICE_ROWS rows a block until it has passed."""
         until = min(until, self.horizon)
         changed = False
         events = self._events
+        self.catching_up = False
+        first = True
         while True:
+            if deadline is not None and not first and time.perf_counter() > deadline:
+                self.catching_up = self._due(until)  # each call folds one round at least: it ends
+                break
+            first = False
             t_next = events[0]["t"] if events and events[0]["t"] <= until else None
             limit = until if t_next is None else t_next
             side = "right" if t_next is None else "left"
+            capped = False  # a block was folded only part of the way to `limit`
             for p in self._pending:
                 if p.pos >= len(p.block):
                     continue
                 j = int(np.searchsorted(p.block.t, limit, side=side))
+                if deadline is not None and j - p.pos > SLICE_ROWS:
+                    j, capped = p.pos + SLICE_ROWS, True
                 if j > p.pos:
                     self._fold_block(p.block, p.pos, j)
                     p.pos = j
                     changed = True
+            if capped:
+                continue
             if t_next is None:
                 break
             # Every due event up to the next unfolded block row (rows at an event's time come after it)

@@ -1,4 +1,5 @@
-"""The plotted side of a run, folded from its events: loss, throughput, GPU memory, host RAM.
+"""The plotted side of a run, folded from its events: loss (training, and validation overall and per
+tenant), throughput, GPU memory, host RAM.
 
 `RunView` holds what a header shows; `RunSeries` holds the curves, each a bounded `Series`, so a
 viewer's memory does not grow with the length of the run. Both are fed the same events, as events
@@ -52,6 +53,8 @@ class RunSeries(Fold):
         self.loss = Series(capacity)
         self.loss_smooth = Series(capacity, mode="mean")
         self._ema: tuple[float, int] = (0.0, 0)
+        self.val_loss = Series(capacity)  # the trainer's validation loss (mean over tenants): val_loss events
+        self.val_tenant_loss: dict[str, Series] = {}  # each tenant's validation loss
         self.tokens_per_s = Series(capacity)
         self.rank_peak: dict[int, Series] = {}  # trainer's CUDA peak allocation per rank (step events)
         self.rank_rss: dict[int, Series] = {}  # each rank's process RSS (step events)
@@ -126,6 +129,15 @@ class RunSeries(Fold):
             if name in cols:
                 series.extend(t, cols[name][lo:hi])
 
+    def _on_val_loss(self, e: Event) -> None:
+        if e.get("rank", 0) != 0:
+            return
+        self.val_loss.append(e["t"], _value(e.get("loss")))
+        for tenant, loss in (e.get("tenant_loss") or {}).items():
+            if tenant not in self.val_tenant_loss:
+                self.val_tenant_loss[tenant] = Series(self.capacity)
+            self.val_tenant_loss[tenant].append(e["t"], _value(loss))
+
     def _on_telemetry_start(self, e: Event) -> None:
         self.telemetry_info = e
 
@@ -146,10 +158,11 @@ class RunSeries(Fold):
 
     def nbytes(self) -> int:
         """Memory held by the curves."""
-        tables = [self.rank_peak, self.rank_rss, self.gpu_used, self.gpu_total]
+        tables = [self.rank_peak, self.rank_rss, self.gpu_used, self.gpu_total, self.val_tenant_loss]
         singles = [
             self.loss,
             self.loss_smooth,
+            self.val_loss,
             self.tokens_per_s,
             self.ram_used,
             self.ram_total,

@@ -11,9 +11,13 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from cockpit.record.bulk import Block
 from cockpit.record.fold import Fold
 from cockpit.record.reader import Event
+
+TOKENS_WINDOW = 20  # steps the tokens/s figure is the median of (the headless line, the app's header)
 
 
 def _num(value: Any) -> Any:
@@ -69,9 +73,24 @@ class RunView(Fold):
     eval_done: int = 0
     eval_total: int = 0
     eval_system: str | None = None
+    eval_systems: list[str] = field(default_factory=list)  # from `eval_begin`, in the order they are scored
     report: dict[str, Any] | None = None  # the supervisor's `report` event: report.json is written
     rehearsal: dict[str, Any] | None = None  # the supervisor's `rehearsal` event: rehearsal.json is written
+    val_loss: float | None = None  # the last validation loss (mean over tenants) and its step
+    val_step: int | None = None
+    early_stop: str | None = None  # why early stopping ended training (the trainer's `early_stop` event)
     events_seen: int = 0
+    attempt_from: int = (
+        0  # index in `steps` of this attempt's first step: the figures of a resume are its own
+    )
+    load_layer: int = 0  # rank 0's `load_progress`: decoder layers loaded so far, of `load_layers`
+    load_layers: int = 0
+    resumed: bool = False  # the supervisor of this attempt was started to resume from a checkpoint
+    _tps_sum: float = 0.0  # tokens/s summed over `steps` (for the mean), and how many had one
+    _tps_n: int = 0
+    _eval_first: tuple[float, int] | None = None  # (t, done) of the current system's first progress event
+    _eval_last_t: float | None = None
+    _eval_per_example_s: float | None = None  # the last finished system's pace
 
     def apply_event(self, e: Event) -> None:
         self._seen(1, e["t"], e["t"])
@@ -103,10 +122,21 @@ class RunView(Fold):
 
         def col(name: str) -> list[Any]:
             values = columns.get(name)
-            return [None] * (hi - lo) if values is None else [_num(v) for v in values[lo:hi].tolist()]
+            if values is None:
+                return [None] * (hi - lo)
+            part = values[lo:hi]
+            out = part.tolist()
+            if part.dtype.kind == "f" and np.isnan(part).any():  # nulls back to None (rare: one pass)
+                out = [None if v != v else v for v in out]
+            return out
 
-        steps = [int(s) for s in columns["step"][lo:hi].tolist()]
+        steps = columns["step"][lo:hi].astype(np.int64).tolist()
         self.step_events += len(steps)
+        if "tokens_per_s" in columns:
+            tps = columns["tokens_per_s"][lo:hi]
+            ok = tps[tps == tps]  # NaN (a null) is no reading
+            self._tps_sum += float(ok.sum())
+            self._tps_n += len(ok)
         self.steps.extend(
             map(
                 StepPoint,
@@ -124,12 +154,18 @@ class RunView(Fold):
     def _on_phase(self, e: Event) -> None:
         if e.get("rank", 0) == 0:
             self.phase, self.phase_t, self.phase_message = e["phase"], e["t"], e.get("message")
+            self.load_layer = self.load_layers = 0
+
+    def _on_load_progress(self, e: Event) -> None:
+        if e.get("rank", 0) == 0:
+            self.load_layer, self.load_layers = int(e.get("layer", 0)), int(e.get("layers", 0))
 
     def _on_launch(self, e: Event) -> None:
-        """A new training attempt (a resume): the last attempt's phase and outcome no longer hold."""
+        """A new training attempt (a resume): the last attempt's phase, outcome and figures no longer hold."""
         if e.get("stage") == "train":
             self.phase, self.phase_t, self.trainer_outcome = "starting", e["t"], None
-            self.phase_message = None
+            self.phase_message = self.early_stop = None
+            self.attempt_from = len(self.steps)
             self.ranks, self.rank_exits, self.rank_errors = {}, {}, {}
             self.nodes_joined, self.nodes_ended = {}, {}
 
@@ -163,14 +199,23 @@ class RunView(Fold):
         shared = sum(1 for r in self.ranks.values() if r.get("host") == host and r.get("node_rank") != node)
         return f"{host}/n{node}:{local}" if shared else f"{host}:{local}"
 
+    def _on_supervisor_start(self, e: Event) -> None:
+        self.resumed = bool(e.get("resume"))
+
     def _on_train_begin(self, e: Event) -> None:
         if e.get("rank", 0) != 0:
             return
         self.max_steps = e.get("max_steps")
         self.start_step = e.get("start_step", 0)
         self.train_started_t = e["t"]
+        if self.phase == "train":
+            self.phase_message = None  # the engine is built: what the phase said of it is done
         # A resumed run repeats the steps after its checkpoint: the new ones replace the old.
-        self.steps = [s for s in self.steps if s.step <= self.start_step]
+        if self.steps and self.steps[-1].step > self.start_step:
+            self.steps = [s for s in self.steps if s.step <= self.start_step]
+            kept = [s.tokens_per_s for s in self.steps if s.tokens_per_s is not None]
+            self._tps_sum, self._tps_n = float(sum(kept)), len(kept)
+        self.attempt_from = min(self.attempt_from, len(self.steps))
 
     def _on_audit(self, e: Event) -> None:
         if e.get("rank", 0) == 0:
@@ -188,13 +233,31 @@ class RunView(Fold):
             self.trainer_outcome = e.get("outcome")
             self.phase = "done" if self.trainer_outcome == "finished" else self.trainer_outcome or "done"
 
+    def _on_val_loss(self, e: Event) -> None:
+        if e.get("rank", 0) == 0:
+            self.val_loss, self.val_step = e.get("loss"), e.get("step")
+
+    def _on_early_stop(self, e: Event) -> None:
+        if e.get("rank", 0) == 0:
+            self.early_stop = e.get("reason")
+
     def _on_eval_begin(self, e: Event) -> None:
         self.phase = "eval"
+        self.eval_systems = list(e.get("systems") or [])
+        self.eval_system, self.eval_done, self.eval_total = None, 0, 0
+        self._eval_first = self._eval_last_t = self._eval_per_example_s = None
 
     def _on_eval_progress(self, e: Event) -> None:
         self.phase = "eval"
-        self.eval_system = e.get("system")
-        self.eval_done, self.eval_total = e.get("done", 0), e.get("total", 0)
+        system, done = e.get("system"), int(e.get("done", 0))
+        if system != self.eval_system or self._eval_first is None:
+            pace = self.eval_pace_s()
+            if pace is not None:
+                self._eval_per_example_s = pace  # the system before: its pace estimates the next one's
+            self._eval_first = (e["t"], done)
+        self.eval_system = system
+        self.eval_done, self.eval_total = done, int(e.get("total", 0))
+        self._eval_last_t = e["t"]
 
     def _on_eval_end(self, e: Event) -> None:
         self.phase = "report"
@@ -213,26 +276,67 @@ class RunView(Fold):
     def step(self) -> int:
         return self.steps[-1].step if self.steps else self.start_step
 
+    def recent_steps(self, window: int) -> list[StepPoint]:
+        """This attempt's last `window` steps (none yet while a resumed run reloads its model)."""
+        return self.steps[max(self.attempt_from, len(self.steps) - window) :]
+
     @property
     def last_loss(self) -> float | None:
-        return self.steps[-1].loss if self.steps else None
+        """This attempt's last loss."""
+        recent = self.recent_steps(1)
+        return recent[-1].loss if recent else None
 
     @property
     def tokens_per_s(self) -> float | None:
-        recent = [s.tokens_per_s for s in self.steps[-20:] if s.tokens_per_s]
+        """Median tokens/s over this attempt's last `TOKENS_WINDOW` steps."""
+        recent = [s.tokens_per_s for s in self.recent_steps(TOKENS_WINDOW) if s.tokens_per_s]
         return statistics.median(recent) if recent else None
 
+    @property
+    def mean_tokens_per_s(self) -> float | None:
+        """Mean tokens/s over every step recorded (the whole curve, every attempt)."""
+        return self._tps_sum / self._tps_n if self._tps_n else None
+
     def median_step_time(self, window: int = 50) -> float | None:
-        """Median seconds per step over the last `window` steps."""
-        times = [s.step_time_s for s in self.steps[-window:] if s.step_time_s]
+        """Median seconds per step over this attempt's last `window` steps."""
+        times = [s.step_time_s for s in self.recent_steps(window) if s.step_time_s]
         return statistics.median(times) if times else None
 
-    def eta_s(self) -> float | None:
+    def train_eta_s(self) -> float | None:
         """Seconds to the last step at the recent median pace."""
         median = self.median_step_time()
         if median is None or not self.max_steps:
             return None
         return max(0, self.max_steps - self.step) * median
+
+    def eval_pace_s(self) -> float | None:
+        """Seconds per example of the system being scored, from its progress so far."""
+        if self._eval_first is None or self._eval_last_t is None:
+            return None
+        t0, done0 = self._eval_first
+        if self.eval_done <= done0 or self._eval_last_t <= t0:
+            return None
+        return (self._eval_last_t - t0) / (self.eval_done - done0)
+
+    def eval_eta_s(self) -> float | None:
+        """Seconds to the end of the evaluation: this system's examples left at its pace, and every system
+        after it at the same pace (model loads not counted); None until a pace is known."""
+        pace = self.eval_pace_s() or self._eval_per_example_s
+        if pace is None or not self.eval_total:
+            return None
+        left = max(0, self.eval_total - self.eval_done) * pace
+        if self.eval_system in self.eval_systems:
+            later = len(self.eval_systems) - 1 - self.eval_systems.index(self.eval_system)
+            left += later * self.eval_total * pace
+        return left
+
+    def eta_s(self) -> float | None:
+        """Seconds to the end of the stage under way: training's last step, or the evaluation's end."""
+        if self.phase == "eval":
+            return self.eval_eta_s()
+        if self.phase == "report":
+            return 0.0
+        return self.train_eta_s()
 
     def elapsed_s(self, now: float) -> float:
         return 0.0 if self.first_t is None else max(0.0, now - self.first_t)

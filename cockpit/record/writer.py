@@ -6,6 +6,7 @@ import json
 import math
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -51,19 +52,21 @@ class EventWriter:
     Every line is flushed as it is written, so a reader (or a crash) sees whole lines only, except
     possibly a torn last line, which readers skip until it is complete. A writer opening a file that
     ends in a torn line (its last owner crashed mid-write) drops that line, so it never ends up
-    in the middle of the file, where it would be damage.
+    in the middle of the file, where it would be damage. `clock` stamps each event (the wall clock;
+    a generator of synthetic records passes its own).
     """
 
-    def __init__(self, path: Path, rank: int | None = None) -> None:
+    def __init__(self, path: Path, rank: int | None = None, clock: Callable[[], float] = time.time) -> None:
         self.path = path
         self.rank = rank
+        self.clock = clock
         path.parent.mkdir(parents=True, exist_ok=True)
         drop_torn_tail(path)
         self._file = open(path, "a", encoding="utf-8")  # noqa: SIM115 - held open for the writer's life
 
     def write(self, kind: str, *, at: float | None = None, **fields: Any) -> dict[str, Any]:
         """Append one event and return it; `at` is its time when it is not now (an imported log's)."""
-        record: dict[str, Any] = {"t": round(time.time() if at is None else at, 4), "kind": kind}
+        record: dict[str, Any] = {"t": round(self.clock() if at is None else at, 4), "kind": kind}
         if self.rank is not None:
             record["rank"] = self.rank
         record.update(_clean(fields))

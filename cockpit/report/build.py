@@ -2,7 +2,7 @@
 intervals, the means over tenants, and the serving cost beside the API it would replace.
 
 scikit-learn computes the metrics (imported where it is used: readers of a report never pay for it);
-the bootstrap recomputes macro F1 from confusion counts with NumPy (the same definition, vectorised
+the bootstrap recomputes every metric from confusion counts with NumPy (the same definitions, vectorised
 over resamples; a test holds the two equal).
 """
 
@@ -16,7 +16,7 @@ import numpy as np
 
 from cockpit.predictions import Predictions, own_predictions, reference_from
 from cockpit.record import load_manifest, read_events
-from cockpit.report.model import TUNED, Delta, Metrics, Report, Row, Serving, mean_metrics
+from cockpit.report.model import METRICS, TUNED, Delta, Metrics, Report, Row, Serving, mean_metrics
 
 
 def tenant_metrics(gold: list[str], pred: list[str], labels: list[str]) -> Metrics:
@@ -30,36 +30,73 @@ def tenant_metrics(gold: list[str], pred: list[str], labels: list[str]) -> Metri
     return Metrics(float(precision), float(recall), float(micro_f1), float(macro_f1), n=len(gold))
 
 
-def macro_f1_batch(gold: np.ndarray, pred: np.ndarray, n_labels: int) -> np.ndarray:
-    """Macro F1 per row of (resamples x examples) label-index arrays; labels absent from both score 0."""
-    f1s = np.zeros(gold.shape[0])
+def metrics_batch(gold: np.ndarray, pred: np.ndarray, n_labels: int) -> dict[str, np.ndarray]:
+    """Every metric of METRICS per row of (resamples x examples) label-index arrays, as `tenant_metrics`
+    defines them: macro precision, recall and F1 over the label set (a label with no prediction, or no
+    gold example, scores 0 there), and micro F1."""
+    rows = gold.shape[0]
+    precision, recall, f1 = np.zeros(rows), np.zeros(rows), np.zeros(rows)
+    tp_all, gold_all, pred_all = np.zeros(rows), np.zeros(rows), np.zeros(rows)
     for k in range(n_labels):
         g, p = gold == k, pred == k
         tp = np.sum(g & p, axis=1)
-        denom = np.sum(g, axis=1) + np.sum(p, axis=1)
-        f1s += np.where(denom > 0, 2 * tp / np.maximum(denom, 1), 0.0)
-    return f1s / n_labels
+        n_gold, n_pred = np.sum(g, axis=1), np.sum(p, axis=1)
+        precision += np.where(n_pred > 0, tp / np.maximum(n_pred, 1), 0.0)
+        recall += np.where(n_gold > 0, tp / np.maximum(n_gold, 1), 0.0)
+        denom = n_gold + n_pred
+        f1 += np.where(denom > 0, 2 * tp / np.maximum(denom, 1), 0.0)
+        tp_all += tp
+        gold_all += n_gold
+        pred_all += n_pred
+    micro_denom = gold_all + pred_all
+    return {
+        "macro_f1": f1 / n_labels,
+        "micro_f1": np.where(micro_denom > 0, 2 * tp_all / np.maximum(micro_denom, 1), 0.0),
+        "precision": precision / n_labels,
+        "recall": recall / n_labels,
+    }
+
+
+def macro_f1_batch(gold: np.ndarray, pred: np.ndarray, n_labels: int) -> np.ndarray:
+    """Macro F1 per row of (resamples x examples) label-index arrays; labels absent from both score 0."""
+    return metrics_batch(gold, pred, n_labels)["macro_f1"]
 
 
 def bootstrap_resamples(n: int, samples: int, seed: int) -> np.ndarray:
     return np.random.default_rng(seed).integers(0, n, size=(samples, n))
 
 
-def paired_delta(
+def paired_deltas(
     gold: list[str], tuned: list[str], other: list[str], labels: list[str], samples: int, seed: int
-) -> tuple[Delta, np.ndarray]:
-    """Macro-F1 delta (tuned - other) with a paired-bootstrap 95% interval, and the resampled deltas."""
+) -> dict[str, tuple[Delta, np.ndarray]]:
+    """Per metric: its delta (tuned - other) with a paired-bootstrap 95% interval, and the resampled
+    deltas. Every metric is drawn from the same resamples."""
     index = {label: i for i, label in enumerate(labels)}
     g = np.array([index[x] for x in gold])
     a = np.array([index[x] for x in tuned])
     b = np.array([index[x] for x in other])
     rows = bootstrap_resamples(len(g), samples, seed)
-    deltas = macro_f1_batch(g[rows], a[rows], len(labels)) - macro_f1_batch(g[rows], b[rows], len(labels))
-    point = (
-        macro_f1_batch(g[None], a[None], len(labels))[0] - macro_f1_batch(g[None], b[None], len(labels))[0]
+    drawn_a, drawn_b = (
+        metrics_batch(g[rows], a[rows], len(labels)),
+        metrics_batch(g[rows], b[rows], len(labels)),
     )
-    low, high = np.percentile(deltas, [2.5, 97.5])
-    return Delta(float(point), float(low), float(high)), deltas
+    point_a, point_b = (
+        metrics_batch(g[None], a[None], len(labels)),
+        metrics_batch(g[None], b[None], len(labels)),
+    )
+    out = {}
+    for metric in METRICS:
+        deltas = drawn_a[metric] - drawn_b[metric]
+        low, high = np.percentile(deltas, [2.5, 97.5])
+        out[metric] = Delta(float(point_a[metric][0] - point_b[metric][0]), float(low), float(high)), deltas
+    return out
+
+
+def paired_delta(
+    gold: list[str], tuned: list[str], other: list[str], labels: list[str], samples: int, seed: int
+) -> tuple[Delta, np.ndarray]:
+    """Macro-F1 delta (tuned - other) with a paired-bootstrap 95% interval, and the resampled deltas."""
+    return paired_deltas(gold, tuned, other, labels, samples, seed)["macro_f1"]
 
 
 def build_report(
@@ -74,13 +111,14 @@ def build_report(
     systems = tuple(p.system for p in predictions)
     others = [s for s in systems if s != TUNED]
     tenants: list[Row] = []
-    mean_draws: dict[str, list[np.ndarray]] = {o: [] for o in others}
+    # metric -> other system -> each tenant's resampled deltas
+    mean_draws: dict[str, dict[str, list[np.ndarray]]] = {m: {o: [] for o in others} for m in METRICS}
     for t_index, tenant in enumerate(sorted(reference.labels)):
         labels = reference.labels[tenant]
         ids = reference.ids_of(tenant)
         gold = [reference.gold[i] for i in ids]
         metrics: dict[str, Metrics] = {}
-        deltas: dict[str, Delta] = {}
+        deltas: dict[str, dict[str, Delta]] = {m: {} for m in METRICS}
         preds = {}
         for system in predictions:
             if not all(i in system.rows for i in ids):
@@ -91,27 +129,40 @@ def build_report(
             for other in others:
                 if other not in preds:
                     continue
-                deltas[other], draws = paired_delta(
-                    gold, preds[TUNED], preds[other], labels, samples, seed + t_index
-                )
-                mean_draws[other].append(draws)
-        tenants.append(Row(tenant, len(ids), metrics, deltas, labels=tuple(labels)))
+                drawn = paired_deltas(gold, preds[TUNED], preds[other], labels, samples, seed + t_index)
+                for metric, (delta, draws) in drawn.items():
+                    deltas[metric][other] = delta
+                    mean_draws[metric][other].append(draws)
+        tenants.append(_row(tenant, len(ids), metrics, deltas, labels))
     means = {s: m for s in systems if (m := mean_metrics(tenants, s)) is not None}
-    mean_deltas = {}
-    for other, draws in mean_draws.items():
-        if draws and len(draws) == len(tenants):  # a mean over fewer tenants would not compare
-            averaged = np.mean(np.stack(draws), axis=0)
-            low, high = np.percentile(averaged, [2.5, 97.5])
-            value = float(np.mean([t.deltas[other].value for t in tenants]))
-            mean_deltas[other] = Delta(value, float(low), float(high))
+    mean_deltas: dict[str, dict[str, Delta]] = {m: {} for m in METRICS}
+    for metric, by_other in mean_draws.items():
+        for other, draws in by_other.items():
+            if draws and len(draws) == len(tenants):  # a mean over fewer tenants would not compare
+                averaged = np.mean(np.stack(draws), axis=0)
+                low, high = np.percentile(averaged, [2.5, 97.5])
+                value = float(np.mean([t.delta(other, metric).value for t in tenants]))  # type: ignore[union-attr]
+                mean_deltas[metric][other] = Delta(value, float(low), float(high))
     return Report(
         systems=systems,
         tuned=TUNED if TUNED in systems else None,
         bootstrap_samples=samples,
         tenants=tuple(tenants),
-        mean=Row("mean", None, means, mean_deltas),
+        mean=_row("mean", None, means, mean_deltas),
         serving=serving_cost(serving, cost) if serving else None,
     )
+
+
+def _row(
+    name: str,
+    n: int | None,
+    metrics: dict[str, Metrics],
+    deltas: dict[str, dict[str, Delta]],
+    labels: list[str] | None = None,
+) -> Row:
+    """A row from its deltas by metric: macro F1's in `deltas`, the others' in `metric_deltas`."""
+    others = {m: by for m, by in deltas.items() if m != "macro_f1" and by}
+    return Row(name, n, metrics, deltas["macro_f1"], labels=tuple(labels or ()), metric_deltas=others)
 
 
 def serving_cost(serving: dict[str, Any], cost: dict[str, Any] | None) -> Serving:

@@ -2,7 +2,8 @@
 
 The producer (`cockpit.report.build`) fills every figure a renderer shows, the means over tenants
 included; readers only render. `from_dict` also reads report.json version 1, whose mean held macro F1
-alone: the other means are filled in by the same rule the producer uses (`mean_metrics`).
+alone: the other means are filled in by the same rule the producer uses (`mean_metrics`); versions 1 and
+2 hold macro F1's deltas only (`Row.delta` is None for the other metrics).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import numpy as np
 from cockpit.record.format import RunPaths
 
 TUNED = "finetuned"
-REPORT_VERSION = 2  # 2: the mean holds precision, recall and micro F1 as well as macro F1
+REPORT_VERSION = 3  # 2: the mean holds every metric, not only macro F1; 3: so do the deltas (`metric_deltas`)
 REPORT_JSON = RunPaths(Path()).report_json.name  # also the `source` of a report read from its file
 METRICS = ("macro_f1", "micro_f1", "precision", "recall")  # the order the app cycles through
 METRIC_NAMES = {"macro_f1": "macro F1", "micro_f1": "micro F1", "precision": "precision", "recall": "recall"}
@@ -58,7 +59,8 @@ class Metrics:
 
 @dataclass(frozen=True)
 class Delta:
-    """The tuned model's macro-F1 delta against another system (0..1 scale), with its 95% interval."""
+    """The tuned model's delta of one metric (macro F1 unless said) against another system (0..1 scale),
+    with its 95% interval."""
 
     value: float
     low: float
@@ -69,12 +71,12 @@ class Delta:
         """`better` when the whole interval is above 0, `worse` when below, else `unclear`."""
         return "better" if self.low > 0 else "worse" if self.high < 0 else "unclear"
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"macro_f1": self.value, "ci95": [self.low, self.high]}
+    def to_dict(self, metric: str = "macro_f1") -> dict[str, Any]:
+        return {metric: self.value, "ci95": [self.low, self.high]}
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> Delta:
-        value = float(data["macro_f1"])
+    def from_dict(cls, data: Mapping[str, Any], metric: str = "macro_f1") -> Delta:
+        value = float(data[metric])
         low, high = data.get("ci95") or (value, value)
         return cls(value, float(low), float(high))
 
@@ -86,13 +88,29 @@ class Row:
     name: str
     n: int | None
     metrics: Mapping[str, Metrics]  # system -> its metrics (absent: the system has no figure here)
-    deltas: Mapping[str, Delta]  # other system -> the tuned model's delta against it
+    deltas: Mapping[str, Delta]  # other system -> the tuned model's macro-F1 delta against it
     labels: tuple[str, ...] = ()
+    # metric (one of METRICS but macro F1) -> other system -> the tuned model's delta of that metric
+    metric_deltas: Mapping[str, Mapping[str, Delta]] = field(default_factory=dict)
 
     def metric(self, system: str, name: str) -> float | None:
         """`system`'s metric `name` (one of METRICS) on this row; None when it has none."""
         m = self.metrics.get(system)
         return None if m is None else getattr(m, name)
+
+    def delta(self, other: str, metric: str = "macro_f1") -> Delta | None:
+        """The tuned model's delta of `metric` against `other`; None when the report has none (a report
+        written before version 3 holds macro F1's only)."""
+        if metric == "macro_f1":
+            return self.deltas.get(other)
+        return self.metric_deltas.get(metric, {}).get(other)
+
+    def metric_deltas_dict(self) -> dict[str, Any]:
+        """`{"metric_deltas": {metric: {other: delta}}}` for report.json; nothing when there are none."""
+        by_metric = {
+            m: {o: d.to_dict(m) for o, d in by.items()} for m, by in self.metric_deltas.items() if by
+        }
+        return {"metric_deltas": by_metric} if by_metric else {}
 
 
 @dataclass(frozen=True)
@@ -214,12 +232,14 @@ class Report:
                     "labels": list(t.labels),
                     "systems": {s: m.to_dict() for s, m in t.metrics.items()},
                     "deltas": {o: d.to_dict() for o, d in t.deltas.items()},
+                    **t.metric_deltas_dict(),
                 }
                 for t in self.tenants
             ],
             "mean": {
                 "systems": {s: m.to_dict() for s, m in self.mean.metrics.items()},
                 "deltas": {o: d.to_dict() for o, d in self.mean.deltas.items()},
+                **self.mean.metric_deltas_dict(),
             },
             "serving": self.serving.to_dict() if self.serving else None,
         }
@@ -230,13 +250,17 @@ class Report:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Report:
-        """A report from its report.json form, version 1 or 2."""
+        """A report from its report.json form, version 1 to 3."""
         try:
             return _from_dict(data)
         except ReportFormatError:
             raise
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ReportFormatError(f"not a readable report: {type(exc).__name__}: {exc}") from exc
+
+
+def _metric_deltas(data: Mapping[str, Any] | None) -> dict[str, dict[str, Delta]]:
+    return {m: {o: Delta.from_dict(d, m) for o, d in by.items()} for m, by in (data or {}).items()}
 
 
 def _from_dict(data: Mapping[str, Any]) -> Report:
@@ -253,6 +277,7 @@ def _from_dict(data: Mapping[str, Any]) -> Report:
             metrics={s: Metrics.from_dict(m) for s, m in (t.get("systems") or {}).items()},
             deltas={o: Delta.from_dict(d) for o, d in (t.get("deltas") or {}).items()},
             labels=tuple(t.get("labels") or ()),
+            metric_deltas=_metric_deltas(t.get("metric_deltas")),
         )
         for t in data.get("tenants") or ()
     )
@@ -274,7 +299,7 @@ def _from_dict(data: Mapping[str, Any]) -> Report:
         tuned=data.get("tuned"),
         bootstrap_samples=data.get("bootstrap_samples"),
         tenants=tenants,
-        mean=Row("mean", None, means, deltas),
+        mean=Row("mean", None, means, deltas, metric_deltas=_metric_deltas(raw_mean.get("metric_deltas"))),
         serving=Serving.from_dict(serving) if serving else None,
         run_id=data.get("run_id"),
         model=data.get("model"),

@@ -33,7 +33,7 @@ class ConfirmStop(ModalScreen[bool]):
             yield Button("Stop (y)", variant="error", id="yes")
             yield Button("Keep running (n)", variant="primary", id="no")
 
-    def on_mount(self) -> None:
+    def on_screen_resume(self) -> None:  # each time it is shown (it is built once and kept)
         self.query_one("#no", Button).focus()
 
     def on_button_pressed(self, event: Button.Pressed) -> None:

@@ -15,7 +15,7 @@ from textual.containers import VerticalScroll
 from textual.screen import Screen
 from textual.widgets import Footer, Static
 
-from cockpit.app.widgets.report import DeltaChart, metric_table, serving_text
+from cockpit.app.widgets.report import DeltaChart, has_metric_deltas, metric_table, serving_text
 from cockpit.report import METRIC_NAMES, METRICS, REPORT_JSON, Report
 
 
@@ -43,7 +43,7 @@ class ReportScreen(Screen[None]):
     """The report of one run, over its run screen (which goes on following the record underneath)."""
 
     BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("r,escape", "back", "Back to the run", key_display="r"),
+        Binding("r,escape", "back", "Back", key_display="r"),
         Binding("m", "metric", "Metric"),
     ]
 
@@ -55,10 +55,10 @@ class ReportScreen(Screen[None]):
 
     def compose(self) -> ComposeResult:
         yield Static(title_text(self.report, self.run_id), id="report-title")
-        with VerticalScroll(id="report-body"):
+        with VerticalScroll(id="report-body"):  # the table and the cost first: they fit 80x24
             yield Static(id="report-table", classes="report-panel")
-            yield DeltaChart(self.report, id="report-deltas", classes="report-panel")
             yield Static(id="report-serving", classes="report-panel")
+            yield DeltaChart(self.report, id="report-deltas", classes="report-panel")
         yield Footer()
 
     def _show_serving(self) -> None:
@@ -67,27 +67,31 @@ class ReportScreen(Screen[None]):
         )
 
     def on_mount(self) -> None:
-        self._show_table()
-        reference = self.report.reference
-        chart = self.query_one("#report-deltas", DeltaChart)
-        tuned = self.report.tuned or "fine-tuned"
-        chart.border_title = f"{tuned} − {reference}: macro F1 per tenant (points)" if reference else "deltas"
-        chart.border_subtitle = "bar: Δ · whisker: 95% CI"
+        self._show_metric()
+        self.query_one("#report-deltas", DeltaChart).border_subtitle = "bar: Δ · whisker: 95% CI"
         self.query_one("#report-serving", Static).border_title = "serving cost"
         self._show_serving()
 
     def on_resize(self) -> None:
         self._show_serving()
 
-    def _show_table(self) -> None:
+    def _show_metric(self) -> None:
+        """The table, the deltas and the bars, all of `self.metric`."""
+        name = METRIC_NAMES[self.metric]
         table = self.query_one("#report-table", Static)
         table.update(metric_table(self.report, self.metric))
-        table.border_title = f"{METRIC_NAMES[self.metric]} per tenant, points (m: next metric)"
-        table.border_subtitle = "Δ green: 95% CI above 0 · red: below 0 · yellow: includes 0"
+        table.border_title = f"{name} per tenant, points (m: next metric)"
+        table.border_subtitle = "Δ green: 95% CI above 0 · red: below · yellow: includes 0"
+        if not has_metric_deltas(self.report, self.metric) and self.report.reference:
+            table.border_subtitle = f"no {name} deltas in this report: `cockpit report RUN` rebuilds it"
+        chart = self.query_one("#report-deltas", DeltaChart)
+        chart.show(self.metric)
+        reference, tuned = self.report.reference, self.report.tuned or "fine-tuned"
+        chart.border_title = f"{tuned} − {reference}: {name} per tenant (points)" if reference else "deltas"
 
     def action_metric(self) -> None:
         self.metric = METRICS[(METRICS.index(self.metric) + 1) % len(METRICS)]
-        self._show_table()
+        self._show_metric()
 
     def action_back(self) -> None:
         self.dismiss()

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 from textual.app import ComposeResult
-from textual.containers import Grid, Horizontal, VerticalScroll
+from textual.containers import Grid, Horizontal
 from textual.css.query import NoMatches
 from textual.screen import Screen
 from textual.widgets import Footer
@@ -21,6 +21,7 @@ class RunScreen(Screen[None]):
     """One run, live or replayed: the same screen, fed the same snapshots."""
 
     VERTICAL_BREAKPOINTS: ClassVar[list[tuple[int, str]] | None] = [(0, "-short"), (32, "-tall")]
+    HORIZONTAL_BREAKPOINTS: ClassVar[list[tuple[int, str]] | None] = [(0, "-narrow"), (110, "-wide")]
 
     def compose(self) -> ComposeResult:
         yield RunHeader(id="header")
@@ -28,8 +29,7 @@ class RunScreen(Screen[None]):
             for name in CHARTS:
                 yield BrailleChart(TITLES[name], id=f"chart-{name}", classes="chart")
         with Horizontal(id="bottom"):
-            with VerticalScroll(id="audit-box"):
-                yield AuditPanel(id="audit")
+            yield AuditPanel(id="audit-box")
             yield LogPane(id="log")
         yield Footer()
 
@@ -44,6 +44,11 @@ class RunScreen(Screen[None]):
         snapshot = getattr(self.app, "last_snapshot", None)
         if snapshot is not None:
             self.show(snapshot)
+
+    def on_screen_resume(self) -> None:
+        """Back from the report or the prediction: the newest snapshot, which was not drawn meanwhile."""
+        if self.ready:
+            self._ready()
 
     def on_unmount(self) -> None:
         self.ready = False

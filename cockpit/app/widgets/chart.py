@@ -8,6 +8,7 @@ built once per snapshot or resize and served from a cache in `render_line`.
 from __future__ import annotations
 
 import math
+import textwrap
 
 import numpy as np
 from rich.segment import Segment
@@ -144,6 +145,13 @@ class BrailleChart(Widget):
         labels = {0: fmt_axis(data.y_hi, data.y_unit, span), rows - 1: fmt_axis(data.y_lo, data.y_unit, span)}
         if rows >= 5:
             labels[(rows - 1) // 2] = fmt_axis((data.y_hi + data.y_lo) / 2, data.y_unit, span)
+        notes: dict[int, str] = {}
+        if empty:  # no scale to read: say why instead, over as many rows as it takes
+            labels = {}
+            wrapped = textwrap.wrap(data.empty, cols) or [""]
+            wrapped = wrapped[:rows]
+            top = max(0, (rows - len(wrapped)) // 2)
+            notes = {top + i: line for i, line in enumerate(wrapped)}
         for r in range(rows):
             label = labels.get(r, "")
             segments = [
@@ -163,8 +171,8 @@ class BrailleChart(Widget):
                 run_chars.append(chr(0x2800 + code) if code else " ")
             if run_chars:
                 segments.append(Segment("".join(run_chars), styles[run_owner] if run_owner >= 0 else None))
-            if empty and r == rows // 2:
-                segments = [segments[0], Segment("no data yet".center(cols)[:cols], _NOTE)]
+            if r in notes:
+                segments = [segments[0], Segment(notes[r].center(cols)[:cols], _NOTE)]
             strips.append(Strip(segments, width))
         strips.append(self._x_axis(data, width))
         self._strips = strips
@@ -173,13 +181,14 @@ class BrailleChart(Widget):
         """One line of `━ label value` entries, or up to `max_lines`; `+N` says how many did not fit."""
         lines: list[list[Segment]] = [[Segment(" ")]]
         used = 1
-        for i, t in enumerate(data.traces):
+        entries = [t for t in data.traces if t.legend]
+        for i, t in enumerate(entries):
             text = f"{t.label} {t.value}".rstrip() + "  "
-            left = len(data.traces) - i - 1  # entries after this one
+            left = len(entries) - i - 1  # entries after this one
             room = width - (len(f"+{left + 1}") + 1 if left and len(lines) == max_lines else 0)
-            if used + len(text) + 2 > room:
+            if used + len(text.rstrip()) + 2 > room:
                 if len(lines) == max_lines:
-                    lines[-1].append(Segment(f"+{len(data.traces) - i}", _NOTE))
+                    lines[-1].append(Segment(f"+{len(entries) - i}", _NOTE))
                     break
                 lines.append([Segment(" ")])
                 used = 1

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from rich.cells import chop_cells
+from rich.console import Group, RenderableType
 from rich.text import Text
 from textual.widget import Widget
 from textual.widgets import Static
@@ -11,11 +13,17 @@ from cockpit.app.widgets.chart import fmt_elapsed
 
 STATUS_STYLE = {
     "running": "bold green",
+    "stopping": "bold yellow",
     "finished": "bold cyan",
     "planned": "bold",
     "failed": "bold red",
     "stopped": "bold yellow",
     "stalled": "bold red",
+}
+MODE_BADGE = {  # what the viewer is doing, and its colour
+    "live": ("LIVE", "bold reverse green"),
+    "paused": ("LIVE · PAUSED", "bold reverse yellow"),
+    "ended": ("ENDED", "bold reverse"),
 }
 
 
@@ -24,14 +32,13 @@ def _duration(seconds: float | None) -> str:
 
 
 def header_text(h: Header) -> Text:
-    """Two lines: which run and how far it is; how it is going and what the viewer is doing."""
+    """Two lines: which run and how far it is; what the viewer shows and what the run is doing."""
     text = Text(no_wrap=True, overflow="ellipsis")
     text.append(" cockpit ", "bold reverse")
     text.append(f" {h.run_id} ", "bold")
     text.append("· ")
-    text.append(h.status.upper(), STATUS_STYLE.get(h.status, "bold"))
-    if h.stop_requested and h.status == "running":
-        text.append(" (stop requested)", "yellow")
+    status = "stopping" if h.stopping else h.status
+    text.append(status.upper(), STATUS_STYLE.get(status, "bold"))
     total = f"/{h.max_steps}" if h.max_steps else ""
     text.append(" · step ")
     text.append(f"{h.step}{total}", "bold")
@@ -40,48 +47,58 @@ def header_text(h: Header) -> Text:
     if h.profile not in h.run_id:  # run ids carry their profile's name: say it only when they do not
         text.append(f" · profile {h.profile}")
     text.append("\n")
-    if h.live and h.following:
-        text.append(" LIVE ", "bold reverse green")
-    elif h.live and h.paused:
-        text.append(" LIVE · PAUSED ", "bold reverse yellow")
-    elif h.live:
-        text.append(f" LIVE · BEHIND, {h.speed:g}× ", "bold reverse yellow")
-    else:
+    mode = h.mode
+    if mode == "replay":
         state = "PAUSED" if h.paused else "END" if h.following else "PLAYING"
-        text.append(f" REPLAY {h.speed:g}× · {state} ", "bold reverse magenta")
+        badge, style = f"REPLAY {h.speed:g}× · {state}", "bold reverse magenta"
+    elif mode == "behind":
+        badge, style = f"LIVE · BEHIND, {h.speed:g}×", "bold reverse yellow"
+    else:
+        badge, style = MODE_BADGE[mode]
+        if mode == "ended":
+            style = f"{style} {STATUS_STYLE.get(h.status, '').replace('bold', '').strip()}".strip()
+    text.append(f" {badge} ", style)
+    if h.catching_up:
+        text.append(" jumping to the end…", "italic yellow")
     text.append(" elapsed ")
     text.append(_duration(h.elapsed_s), "bold")
-    text.append(" · ETA ")
-    text.append(_duration(h.eta_s), "bold")
-    text.append(f" · phase {h.phase}")
-    if h.phase_message:
-        text.append(f" ({h.phase_message})", "italic yellow")
-    if h.eval_progress:
-        text.append(f" ({h.eval_progress})")
+    if not h.ended and (h.eta_s is not None or h.eta_note):  # an unknown ETA leaves room for the rest
+        text.append(" · ETA ")
+        text.append(_duration(h.eta_s), "bold")
+        if h.eta_note:
+            text.append(f" {h.eta_note}")
+    if h.warning:
+        text.append(f" · ⚠ {h.warning}", "bold yellow")
+    if h.activity:
+        text.append(" · ")
+        text.append(h.activity, "" if h.activity == "training" else "italic yellow")
     if h.loss is not None:
         text.append(f" · loss {h.loss:.4f}")
     if h.tokens_per_s is not None:
         text.append(f" · {h.tokens_per_s:,.0f} tok/s")
     if h.loading is not None:
         text.append(f" · reading history {h.loading:.0%}", "italic yellow")
-    if h.diagnosis:
-        text.append(f" · {h.diagnosis}", STATUS_STYLE.get(h.status, ""))
-    if h.warning:
-        text.append(f" · ⚠ {h.warning}", "bold yellow")
     return text
 
 
-def audit_text(a: Audit | None) -> Text:
-    """What was applied next to what was asked, every dropped one in the warning colour."""
-    text = Text()
-    if a is None:
-        text.append("waiting for the trainer's audit (written once the model is loaded)", "italic dim")
-        return text
+def ending_text(h: Header) -> Text:
+    """An ended run's diagnosis, whole (it wraps), and how to go on from it."""
+    text = Text(" ")
+    text.append(h.diagnosis or h.status, STATUS_STYLE.get(h.status, ""))
+    if h.resume_hint:
+        text.append(" · next: ")
+        text.append(h.resume_hint, "bold")
+    return text
+
+
+def header_renderable(h: Header) -> RenderableType:
+    """The header: its two lines (cut at the width, never wrapped), and an ended run's diagnosis under
+    them (wrapped: it is said whole)."""
+    return Group(header_text(h), ending_text(h)) if h.ended else Group(header_text(h))
+
+
+def _rows(a: Audit) -> list[tuple[str, object, object]]:
     req, app = a.requested, a.applied
-    if a.fraction_4bit is not None:
-        text.append(f"{a.fraction_4bit:.1%} in 4 bit", "bold")
-    if a.params_trainable is not None:
-        text.append(f" · {a.params_trainable:,} trainable")
     rows: list[tuple[str, object, object]] = [
         ("ZeRO", req.get("zero_stage"), app.get("zero_stage")),
         ("param offload", req.get("offload_param"), app.get("offload_param")),
@@ -93,11 +110,29 @@ def audit_text(a: Audit | None) -> Text:
     if a.lora_targets:
         matched = sum(1 for n in a.lora_targets.values() if n)
         rows.append(("LoRA targets", len(a.lora_targets), matched))
+    return [(name, asked, got) for name, asked, got in rows if not (asked is None and got is None)]
+
+
+def _ok(asked: object, got: object) -> bool:
+    return got is None or asked == got
+
+
+WAITING_AUDIT = "waiting for the trainer's audit (written once the model is loaded)"
+
+
+def audit_text(a: Audit | None) -> Text:
+    """What was applied next to what was asked, every dropped one in the warning colour."""
+    text = Text()
+    if a is None:
+        text.append(WAITING_AUDIT, "italic dim")
+        return text
+    if a.fraction_4bit is not None:
+        text.append(f"{a.fraction_4bit:.1%} in 4 bit", "bold")
+    if a.params_trainable is not None:
+        text.append(f" · {a.params_trainable:,} trainable")
     text.append("\n")
-    for name, asked, got in rows:
-        if asked is None and got is None:
-            continue
-        ok = got is None or asked == got
+    for name, asked, got in _rows(a):
+        ok = _ok(asked, got)
         nb = "\u00a0"  # an item never breaks across lines
         text.append(f"✓{nb}" if ok else f"✗{nb}", "green" if ok else "bold yellow")
         text.append(f"{name}{nb}".replace(" ", nb), "" if ok else "yellow")
@@ -110,18 +145,125 @@ def audit_text(a: Audit | None) -> Text:
     return text
 
 
+def headline(warning: str) -> str:
+    """A warning's first clause: the text before its first parenthesis (the detail)."""
+    return warning.split(" (", 1)[0].rstrip(":; ")
+
+
+def _word(value: object) -> str:
+    return (
+        {True: "yes", False: "no", None: "none"}.get(value, str(value))
+        if isinstance(value, bool | None)
+        else str(value)
+    )
+
+
+def applied_summary(rows: list[tuple[str, object, object]]) -> str:
+    """The settings applied as asked, in few words: `ZeRO 3, offload cpu, ckpt, LoRA 4/4`."""
+    ok = {name: (asked, got) for name, asked, got in rows if _ok(asked, got)}
+    words = []
+    if "ZeRO" in ok:
+        words.append(f"ZeRO {ok['ZeRO'][0]}")
+    offload = [ok[k][0] for k in ("param offload", "optim offload") if k in ok]
+    if offload:
+        words.append(
+            f"offload {offload[0]}" if len(set(offload)) == 1 else f"offload {'/'.join(map(str, offload))}"
+        )
+    if "grad ckpt" in ok:
+        words.append("ckpt" if ok["grad ckpt"][0] else "no ckpt")
+    if "partitioned at load" in ok:
+        words.append("partitioned")
+    if "LoRA targets" in ok:
+        asked, got = ok["LoRA targets"]
+        words.append(f"LoRA {got}/{asked}")
+    return ", ".join(words)
+
+
+def _pack(words: list[str], width: int, rows: int) -> list[str]:
+    """`words` joined by ", " into at most `rows` lines of `width` (the last one cut if need be)."""
+    lines: list[str] = []
+    for word in words:
+        if lines and len(lines[-1]) + 2 + len(word) <= width:
+            lines[-1] += f", {word}"
+        elif len(lines) < rows:
+            lines[-1:] = [lines[-1] + ","] if lines else []
+            lines.append(word)
+        else:
+            lines[-1] += f", {word}"  # no row left: the pane cuts it with an ellipsis
+    return lines
+
+
+def audit_lines(a: Audit, width: int = 1000, height: int = 1000) -> list[Text]:
+    """The audit in one line an item, for a small pane of `width` × `height`: the settings applied as
+    asked (on the rows the rest leaves), each dropped one on its own line, each warning's headline."""
+    lines = []
+    first = Text()
+    if a.fraction_4bit is not None:
+        first.append(f"{a.fraction_4bit:.1%} in 4 bit", "bold")
+    if a.params_trainable is not None:
+        first.append(f"{' · ' if first else ''}{a.params_trainable:,} trainable")
+    if first:
+        lines.append(first)
+    rows = _rows(a)
+    dropped = sum(1 for _, asked, got in rows if not _ok(asked, got))
+    room = max(1, height - len(lines) - dropped - len(a.warnings))
+    words = applied_summary(rows)
+    for i, part in enumerate(_pack(words.split(", ") if words else [], width - 2, room)):
+        line = Text("✓ " if i == 0 else "  ", "green")
+        line.append(part)
+        lines.append(line)
+    for name, asked, got in rows:
+        if not _ok(asked, got):
+            line = Text("✗ ", "bold yellow")
+            line.append(f"{name}: ", "yellow")
+            line.append(f"{_word(got)} (asked {_word(asked)})", "bold yellow")
+            lines.append(line)
+    for warning in a.warnings:
+        line = Text("⚠ ", "bold yellow")
+        line.append(headline(warning), "yellow")
+        lines.append(line)
+    return lines
+
+
 class RunHeader(Static):
-    """Run id, profile, status, step/total, epoch, elapsed, ETA; and the viewer's mode."""
+    """Run id, profile, status, step/total, epoch, elapsed, ETA; the viewer's mode; an ended run's
+    diagnosis."""
 
     def show(self, header: Header) -> None:
-        self.update(header_text(header))
+        self.update(header_renderable(header))
 
 
-class AuditPanel(Static):
-    """The trainer's audit: applied against asked, dropped settings as warnings."""
+class AuditPanel(Widget):
+    """The trainer's audit: applied against asked, dropped settings as warnings. Where the whole text does
+    not fit, one line an item (`audit_lines`), so nothing needs scrolling."""
+
+    def __init__(self, *, id: str | None = None, classes: str | None = None) -> None:
+        super().__init__(id=id, classes=classes)
+        self.audit: Audit | None = None
+        self.compact = False  # the last render was the one-line-an-item form
 
     def show(self, audit: Audit | None) -> None:
-        self.update(audit_text(audit))
+        if audit != self.audit:
+            self.audit = audit
+            self.refresh()
+
+    def render(self) -> Text:
+        width, height = max(1, self.size.width), max(1, self.size.height)
+        wrapped = list(audit_text(self.audit).wrap(self.app.console, width))
+        self.compact = self.audit is not None and len(wrapped) > height
+        if self.audit is None or not self.compact:
+            lines = wrapped
+        else:
+            lines = audit_lines(self.audit, width, height)
+            if len(lines) > height:
+                more = len(lines) - height + 1
+                lines = [
+                    *lines[: height - 1],
+                    Text(f"+{more} more: a taller terminal shows them", "italic dim"),
+                ]
+        text = Text("\n").join(lines)  # one row a line: the pane does not wrap (`text-wrap: nowrap`)
+        text.no_wrap, text.overflow = True, "ellipsis"
+        return text
 
 
 class LogPane(Widget):
@@ -138,14 +280,20 @@ class LogPane(Widget):
             self.refresh()
 
     def render(self) -> Text:
-        height = max(1, self.size.height)
-        shown = self.lines[-height:]
-        text = Text(no_wrap=True, overflow="ellipsis")
-        for i, line in enumerate(shown):
+        """The last lines that fit, each folded over as many rows as it needs (nothing is cut off)."""
+        width, height = max(1, self.size.width), max(1, self.size.height)
+        rows: list[tuple[str, str]] = []
+        for line in reversed(self.lines):
             style = (
                 "yellow" if "WARNING" in line else "red" if ("Error" in line or "Traceback" in line) else ""
             )
-            text.append(line[: self.size.width + 1], style)
-            if i < len(shown) - 1:
+            parts = chop_cells(line, width) or [""]
+            rows[:0] = [(part, style) for part in parts]
+            if len(rows) >= height:
+                break
+        text = Text(no_wrap=True, overflow="crop")
+        for i, (part, style) in enumerate(rows[-height:]):
+            if i:
                 text.append("\n")
+            text.append(part, style)
         return text

@@ -46,8 +46,8 @@ def delta_text(d: Delta | None) -> Text:
 
 
 def metric_table(report: Report, metric: str = "macro_f1") -> Table:
-    """Per tenant: every system's `metric` (points), the tuned model's macro-F1 delta against each other
-    system with its 95% interval; then the mean over tenants."""
+    """Per tenant: every system's `metric` (points), the tuned model's delta of that metric against each
+    other system with its 95% interval; then the mean over tenants."""
     table = Table(box=box.SIMPLE_HEAD, header_style="bold", pad_edge=False, expand=True, show_edge=False)
     table.add_column("tenant", min_width=10)
     table.add_column("n", justify="right", style=MUTED)
@@ -56,11 +56,11 @@ def metric_table(report: Report, metric: str = "macro_f1") -> Table:
         table.add_column(f"{s}\n{METRIC_NAMES[metric]}", justify="right", style=style, min_width=9)
     deltas = report.compared
     for o in deltas:
-        table.add_column(f"Δ macro F1 vs {o}\n[95% CI]", justify="right", min_width=VALUE_WIDTH)
+        table.add_column(f"Δ {METRIC_NAMES[metric]} vs {o}\n[95% CI]", justify="right", min_width=VALUE_WIDTH)
 
     def cells(row: Row) -> list[RenderableType]:
         out: list[RenderableType] = [points(row.metric(s, metric)) for s in report.systems]
-        out += [delta_text(row.deltas.get(o)) for o in deltas]
+        out += [delta_text(row.delta(o, metric)) for o in deltas]
         return out
 
     for i, t in enumerate(report.tenants):
@@ -69,18 +69,39 @@ def metric_table(report: Report, metric: str = "macro_f1") -> Table:
     return table
 
 
-def delta_chart(report: Report, width: int) -> Text:
-    """One row per tenant and the mean: a bar from 0 to the tuned model's delta against the reference
-    system, its 95% interval drawn over it as a whisker, the value beside it; a scale underneath."""
+def has_metric_deltas(report: Report, metric: str) -> bool:
+    """Whether the report holds the tuned model's deltas of `metric` (before version 3: macro F1's only)."""
+    other = report.reference
+    return other is not None and any(t.delta(other, metric) is not None for t in report.tenants)
+
+
+def delta_rows(report: Report, metric: str) -> list[tuple[str, Delta]]:
+    """(tenant, delta of `metric` against the reference system) for every tenant that has one."""
+    other = report.reference
+    if other is None:
+        return []
+    return [(t.name, d) for t in report.tenants if (d := t.delta(other, metric)) is not None]
+
+
+def delta_chart(report: Report, width: int, metric: str = "macro_f1") -> Text:
+    """One row per tenant and the mean: a bar from 0 to the tuned model's delta of `metric` against the
+    reference system, its 95% interval drawn over it as a whisker, the value beside it; a scale underneath."""
     other = report.reference
     text = Text(no_wrap=True, overflow="crop")
     if other is None:
         text.append("no fine-tuned model to compare (the report has no deltas)", f"italic {MUTED}")
         return text
-    rows = [t for t in report.tenants if other in t.deltas]
-    mean = report.mean.deltas.get(other)
+    rows = delta_rows(report, metric)
+    if not rows:
+        text.append(
+            f"this report has no {METRIC_NAMES[metric]} deltas (written before version 3): "
+            "`cockpit report RUN` rebuilds it",
+            f"italic {MUTED}",
+        )
+        return text
+    mean = report.mean.delta(other, metric)
     field = max(10, width - LABEL_WIDTH - VALUE_WIDTH - 2)
-    scale = delta_scale([t.deltas[other] for t in rows] + ([mean] if mean else []), field)
+    scale = delta_scale([d for _, d in rows] + ([mean] if mean else []), field)
 
     def bar(label: str, d: Delta, label_style: str = "") -> None:
         text.append(f"{label[: LABEL_WIDTH - 1]:<{LABEL_WIDTH}}", label_style)
@@ -93,8 +114,8 @@ def delta_chart(report: Report, width: int) -> Text:
         text.append_text(delta_text(d))
         text.append("\n")
 
-    for t in rows:
-        bar(t.name, t.deltas[other])
+    for name, d in rows:
+        bar(name, d)
     if mean is not None:
         if rows:
             text.append("\n")
@@ -135,14 +156,23 @@ def serving_text(s: Serving | None, width: int = 100) -> Text:
         text.append(value, "bold")
         text.append(f" {unit}   ", MUTED)
 
+    figures = []
     if s.ttft_ms is not None:
-        figure("first token", f"{s.ttft_ms:,.1f}", "ms")
+        figures.append(("first token", f"{s.ttft_ms:,.1f}", "ms"))
     if s.per_token_ms is not None:
-        figure("per token", f"{s.per_token_ms:,.2f}", "ms")
+        figures.append(("per token", f"{s.per_token_ms:,.2f}", "ms"))
     if s.stream_tokens_per_s is not None:
-        figure("one stream", f"{s.stream_tokens_per_s:,.1f}", "tok/s")
+        figures.append(("one stream", f"{s.stream_tokens_per_s:,.1f}", "tok/s"))
     if s.batch_tokens_per_s is not None:
-        figure(f"batch of {s.batch_size or '?'}", f"{s.batch_tokens_per_s:,.1f}", "tok/s")
+        figures.append((f"batch of {s.batch_size or '?'}", f"{s.batch_tokens_per_s:,.1f}", "tok/s"))
+    used = 0
+    for label, value, unit in figures:  # as many a line as fit: a figure never breaks
+        size = len(f"{label} {value} {unit}   ")
+        if used and used + size - 3 > width:
+            text.append("\n")
+            used = 0
+        figure(label, value, unit)
+        used += size
     text.append("\n")
     ours, api = s.usd_per_mtok, s.api_usd_per_mtok
     bar_width = max(10, width - 52)
@@ -171,24 +201,37 @@ def serving_text(s: Serving | None, width: int = 100) -> Text:
             f"self-hosted is {ratio:,.0f}× cheaper" if ratio >= 1 else f"the API is {1 / ratio:,.1f}× cheaper"
         )
         text.append(verdict, "bold green" if ratio >= 1 else "bold yellow")
-        text.append(" per generated token, at the measured batch throughput", MUTED)
+        text.append(" per generated token, at the measured batch speed", MUTED)
     text.rstrip()
     return text
 
 
 class DeltaChart(Widget):
-    """The delta bars: drawn to the widget's width, one line per tenant, the mean, and a scale."""
+    """The delta bars of the metric shown: drawn to the widget's width, one line per tenant, the mean,
+    and a scale."""
 
     def __init__(self, report: Report, *, id: str | None = None, classes: str | None = None) -> None:
         super().__init__(id=id, classes=classes)
         self.report = report
+        self.metric = "macro_f1"
+        self._drawn: dict[tuple[str, int], Text] = {}  # (metric, width) -> the bars: `m` cycles back at once
+
+    def show(self, metric: str) -> None:
+        """Draw `metric`'s bars; the layout is redone only when the number of rows changes."""
+        rows = len(delta_rows(self.report, self.metric))
+        self.metric = metric
+        self.refresh(layout=len(delta_rows(self.report, metric)) != rows)
 
     def get_content_height(self, container: Size, viewport: Size, width: int) -> int:
-        if self.report.reference is None:
+        other = self.report.reference
+        rows = len(delta_rows(self.report, self.metric))
+        if other is None or not rows:
             return 1
-        rows = sum(1 for t in self.report.tenants if self.report.reference in t.deltas)
-        mean = 2 if self.report.reference in self.report.mean.deltas else 0
+        mean = 2 if self.report.mean.delta(other, self.metric) is not None else 0
         return rows + mean + 2
 
     def render(self) -> Text:
-        return delta_chart(self.report, self.size.width)
+        key = (self.metric, self.size.width)
+        if key not in self._drawn:
+            self._drawn[key] = delta_chart(self.report, self.size.width, self.metric)
+        return self._drawn[key]

@@ -32,6 +32,7 @@ from typing import Any
 from cockpit.diagnosis import describe_exit
 from cockpit.record import EventWriter, RunPaths, RunReader, load_manifest
 from cockpit.record.format import TERMINAL_STATUSES
+from cockpit.shm import remove_allreduce_buffers
 from cockpit.supervisor import KILL_GRACE_S, POLL_S, child_env, read_tail
 
 # How long a node waits for node 0's training launch before it gives up.
@@ -154,8 +155,10 @@ class NodeSupervisor:
             self.events.write(
                 "node_start", node_rank=self.node_rank, host=self.host, pid=os.getpid(), launch_t=launch["t"]
             )
-            self._start(launch)
+            argv = self._start(launch)
             rc = self._watch()
+            if "--master_port" in argv:  # DeepSpeed leaves its CPU all-reduce buffers in /dev/shm
+                remove_allreduce_buffers(int(argv[argv.index("--master_port") + 1]))
             tail = read_tail(self.paths.node_output_log(self.node_rank))
             self.events.write(
                 "node_end",

@@ -37,6 +37,7 @@ from cockpit.profiles import Profile, parse_profile
 from cockpit.ramguard import ram_limit_mib, ram_verdict
 from cockpit.record import EventWriter, RunPaths, RunReader, load_manifest, write_manifest
 from cockpit.record.view import RunView
+from cockpit.shm import remove_allreduce_buffers
 from cockpit.stall import StallDetector
 from cockpit.telemetry import ProcessTree
 
@@ -450,6 +451,7 @@ class Supervisor:
                 f"`cockpit join {self.paths.run_id} --node-rank N` (the run waits for them)"
             )
         returncode = self.watch()
+        remove_allreduce_buffers(port)  # DeepSpeed leaves its CPU all-reduce buffers in /dev/shm
         self._durable(lambda: self.events.write("launch_end", stage="train", exit_code=returncode))
         self._wait_for_nodes()
         facts = EndFacts(

@@ -113,6 +113,11 @@ def test_sigkill_of_one_of_two_ranks_names_that_rank(tmp_path: Path, asset_cache
     exits = {e["rank"]: e["signal"] for e in read_events(run_dir, "rank_exit")}
     assert exits == {0: "SIGTERM", 1: "SIGKILL"}, "rank 0 was ended by the launcher, after rank 1"
     assert_record_readable(run_dir)
+    # DeepSpeed's CPU all-reduce buffers (66 MiB of RAM each in /dev/shm) are gone with the launch.
+    from cockpit.shm import allreduce_buffers
+
+    launch = next(e for e in read_events(run_dir, "launch") if e.get("stage") == "train")["argv"]
+    assert allreduce_buffers(int(launch[launch.index("--master_port") + 1])) == []
 
 
 def test_a_rank_that_hangs_is_named_in_the_stall(tmp_path: Path, asset_cache: Path) -> None:

@@ -33,7 +33,7 @@ from cockpit.diagnosis import describe_exit
 from cockpit.record import EventWriter, RunPaths, RunReader, load_manifest
 from cockpit.record.format import TERMINAL_STATUSES
 from cockpit.shm import remove_allreduce_buffers
-from cockpit.supervisor import KILL_GRACE_S, POLL_S, child_env, read_tail
+from cockpit.supervisor import KILL_GRACE_S, POLL_S, GroupEnd, child_env, read_tail
 
 # How long a node waits for node 0's training launch before it gives up.
 JOIN_WAIT_S = 600.0
@@ -61,8 +61,7 @@ class NodeSupervisor:
         self.host = socket.gethostname()
         self._launch: dict[str, Any] | None = None  # node 0's latest training launch
         self._launch_ended_t: float | None = None
-        self._terminated_at: float | None = None
-        self._killed = False
+        self._ending = GroupEnd()
 
     # --- node 0's state, from the record ------------------------------------------------------------
     def _follow(self) -> None:
@@ -105,35 +104,26 @@ class NodeSupervisor:
             )
         finally:
             log.close()
-        self._terminated_at, self._killed = None, False
+        self._ending = GroupEnd()
         self.events.write("node_launch", node_rank=self.node_rank, argv=argv, pid=self.proc.pid)
         return argv
 
     def _signal(self, sig: signal.Signals) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        try:
-            os.killpg(self.proc.pid, sig)
-        except ProcessLookupError:
-            return
-        if sig == signal.SIGKILL:
-            self._killed = True
-        elif self._terminated_at is None:
-            self._terminated_at = self.clock()
+        self._ending.signal(self.proc, sig, self.clock())
 
     def _watch(self) -> int:
         assert self.proc is not None
         while (rc := self.proc.poll()) is None:
             self._follow()
             now = self.clock()
-            if self.paths.kill_request.exists() and not self._killed:
+            if self.paths.kill_request.exists() and not self._ending.killed:
                 self._signal(signal.SIGKILL)
             node0_done = self._launch_ended_t is not None or self._run_over()
-            if node0_done and self._terminated_at is None:
+            if node0_done and self._ending.terminated_at is None:
                 ended = self._launch_ended_t or now
                 if now - ended > KILL_GRACE_S:  # node 0's ranks are gone: these would wait for ever
                     self._signal(signal.SIGTERM)
-            elif self._terminated_at is not None and now - self._terminated_at > KILL_GRACE_S:
+            elif self._ending.terminated_at is not None and now - self._ending.terminated_at > KILL_GRACE_S:
                 self._signal(signal.SIGKILL)
             time.sleep(POLL_S)
         return rc

@@ -63,6 +63,28 @@ CHILD_ENV_DEFAULTS = {
 CHILD_ENV_UNLESS_SET = {"OMP_WAIT_POLICY": "PASSIVE"}
 
 
+@dataclass
+class GroupEnd:
+    """A launched process group's end as asked for: when it was first asked to end, and whether killed."""
+
+    terminated_at: float | None = None
+    killed: bool = False
+
+    def signal(self, proc: subprocess.Popen[bytes] | None, sig: signal.Signals, now: float) -> None:
+        """Send `sig` to the group `proc` leads (nothing once it has ended), noting a kill or the first
+        request to end."""
+        if proc is None or proc.poll() is not None:
+            return
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        if sig == signal.SIGKILL:
+            self.killed = True
+        elif self.terminated_at is None:
+            self.terminated_at = now
+
+
 def free_port() -> int:
     """A TCP port free right now on this host, for the launcher's rendezvous."""
     with socket.socket() as s:
@@ -212,8 +234,7 @@ class Supervisor:
         self.view = RunView()
         self.proc: subprocess.Popen[bytes] | None = None
         self.stop_requested_at: float | None = None
-        self.terminated_at: float | None = None
-        self.killed = False
+        self.ending = GroupEnd()  # the stage's process group: asked to end when, killed or not
         self.ram_peak_fraction = 0.0
         self.ram_peak_mib = 0.0
         self.ram_limit_mib = ram_limit_mib(
@@ -277,23 +298,15 @@ class Supervisor:
                 self._signal_group(
                     signal.SIGTERM
                 )  # nothing to checkpoint (yet): evaluation, or before training
-        if self.paths.kill_request.exists() and not self.killed:
+        if self.paths.kill_request.exists() and not self.ending.killed:
             self._note("kill requested: SIGKILL to the training processes")
             self._signal_group(signal.SIGKILL)
-        if self.terminated_at is not None and now - self.terminated_at > KILL_GRACE_S and not self.killed:
+        asked = self.ending.terminated_at
+        if asked is not None and now - asked > KILL_GRACE_S and not self.ending.killed:
             self._signal_group(signal.SIGKILL)
 
     def _signal_group(self, sig: signal.Signals) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        try:
-            os.killpg(self.proc.pid, sig)
-        except ProcessLookupError:
-            return
-        if sig == signal.SIGKILL:
-            self.killed = True
-        elif self.terminated_at is None:
-            self.terminated_at = time.time()
+        self.ending.signal(self.proc, sig, time.time())
 
     def _check_stall(self) -> None:
         """Say when a stall is suspected or cleared; stop a stalled run (see `cockpit.stall`)."""
@@ -398,7 +411,7 @@ class Supervisor:
     # --- the run ---------------------------------------------------------------------------------
     def launch(self, argv: list[str], stage: str) -> None:
         """Start one stage's processes in their own group, output appended to `output.log`."""
-        self.terminated_at = None
+        self.ending.terminated_at = None
         self.stage = stage
         self.stall.begin_stage(stage)
         log = open(self.paths.output_log, "ab")  # noqa: SIM115 - handed to the child

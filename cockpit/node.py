@@ -33,7 +33,7 @@ from cockpit.diagnosis import describe_exit
 from cockpit.record import EventWriter, RunPaths, RunReader, load_manifest
 from cockpit.record.format import TERMINAL_STATUSES
 from cockpit.shm import remove_allreduce_buffers
-from cockpit.supervisor import KILL_GRACE_S, POLL_S, GroupEnd, child_env, read_tail
+from cockpit.supervisor import KILL_GRACE_S, POLL_S, GroupEnd, child_env, popen_detached, read_tail
 
 # How long a node waits for node 0's training launch before it gives up.
 JOIN_WAIT_S = 600.0
@@ -165,18 +165,10 @@ class NodeSupervisor:
 
 def spawn_node(run_dir: Path, node_rank: int) -> subprocess.Popen[bytes]:
     """Start node `node_rank`'s supervisor for `run_dir` in its own session (`supervisor-node<N>.log`)."""
-    log = open(RunPaths(Path(run_dir)).node_supervisor_log(node_rank), "ab")  # noqa: SIM115 - to the child
-    try:
-        return subprocess.Popen(
-            [sys.executable, "-m", "cockpit.node", str(run_dir), "--node-rank", str(node_rank)],
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=child_env(),
-            start_new_session=True,
-        )
-    finally:
-        log.close()
+    return popen_detached(
+        [sys.executable, "-m", "cockpit.node", str(run_dir), "--node-rank", str(node_rank)],
+        RunPaths(Path(run_dir)).node_supervisor_log(node_rank),
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -703,10 +703,17 @@ def spawn_detached(
     run_dir: Path, resume: bool = False, eval_models: Sequence[str] | None = None
 ) -> subprocess.Popen[bytes]:
     """Start a supervisor for `run_dir` in its own session; its own messages go to `supervisor.log`."""
-    log = open(RunPaths(Path(run_dir)).supervisor_log, "ab")  # noqa: SIM115 - handed to the child
+    log_path = RunPaths(Path(run_dir)).supervisor_log
+    return popen_detached(supervisor_argv(run_dir, resume, eval_models), log_path)
+
+
+def popen_detached(argv: list[str], log_path: Path) -> subprocess.Popen[bytes]:
+    """Start `argv` in its own session (a viewer's Ctrl-C never reaches it), its output appended to
+    `log_path`, with the child environment."""
+    log = open(log_path, "ab")  # noqa: SIM115 - handed to the child
     try:
         return subprocess.Popen(
-            supervisor_argv(run_dir, resume, eval_models),
+            argv,
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,

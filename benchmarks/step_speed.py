@@ -266,13 +266,13 @@ def read_row(run_dir: Path, row: Row) -> dict[str, Any]:
     out["losses"] = [s["loss"] for s in steps]
     out["step_times_s"] = [s.get("step_time_s") for s in steps]
     end = kinds.get("train_end", [{}])[0]
-    bare_times = (end.get("step_times_s") or [])[WARMUP_STEPS - 1 :]  # times between step ends: step 2 on
-    if bare_times:  # the one clock of bare and full runs alike: the overhead rows compare these
-        out["clock_step_s"] = statistics.median(bare_times)
+    clock_times = (end.get("step_times_s") or [])[WARMUP_STEPS - 1 :]  # times between step ends: step 2 on
+    if clock_times:  # the one clock of bare and full runs alike: the overhead rows compare these
+        out["clock_step_s"] = statistics.median(clock_times)
     if row.ab_block:
         out["ab"] = ab_split(end.get("step_times_s") or [], row.ab_block)
-    if bare_times and not timed:
-        out["step_s"] = statistics.median(bare_times)
+    if clock_times and not timed:
+        out["step_s"] = out["clock_step_s"]
         tokens = end.get("tokens") or 0
         out["tokens_per_s"] = tokens / end["steps"] / out["step_s"] if end.get("steps") else None
     if end.get("train_runtime_s"):
@@ -525,22 +525,21 @@ def overhead(rows: list[Row]) -> list[str]:
         full = by.get(f"overhead-full-{i}", {}).get("clock_step_s")
         if bare and full:
             pairs.append((bare, full))
-    if not pairs and not lines:
-        return []
     lines += [
         f"- pair {i}: {full:.4f} s a step with the cockpit against {bare:.4f} s bare: {full / bare - 1:+.2%}"
         for i, (bare, full) in enumerate(pairs, 1)
     ]
-    if not pairs:
-        return ["", "The cockpit's own cost (step callbacks, step events and the telemetry sampler):", *lines]
-    bare_all = statistics.mean(b for b, _ in pairs)
-    full_all = statistics.mean(f for _, f in pairs)
-    lines.append(
-        f"- mean of the pairs: {full_all:.4f} s against {bare_all:.4f} s: tokens/s ratio "
-        f"{bare_all / full_all:.4f} ({full_all / bare_all - 1:+.2%} a step)"
-    )
-    spread = max(abs(b / pairs[0][0] - 1) for b, _ in pairs)
-    lines.append(f"- run-to-run spread of the bare runs: {spread:.2%}")
+    if pairs:
+        bare_all = statistics.mean(b for b, _ in pairs)
+        full_all = statistics.mean(f for _, f in pairs)
+        lines.append(
+            f"- mean of the pairs: {full_all:.4f} s against {bare_all:.4f} s: tokens/s ratio "
+            f"{bare_all / full_all:.4f} ({full_all / bare_all - 1:+.2%} a step)"
+        )
+        spread = max(abs(b / pairs[0][0] - 1) for b, _ in pairs)
+        lines.append(f"- run-to-run spread of the bare runs: {spread:.2%}")
+    if not lines:
+        return []
     return ["", "The cockpit's own cost (step callbacks, step events and the telemetry sampler):", *lines]
 
 

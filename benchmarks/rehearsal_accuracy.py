@@ -67,12 +67,12 @@ def gathered(config: str, profile_name: str, gpu: bool) -> Any:
     from cockpit.plan.model import Weights
     from cockpit.plan.planner import inputs_for, resolve_geometry
     from cockpit.profiles import load_profile
-    from cockpit.rehearse.predict import ModelFacts, gathered_for
+    from cockpit.rehearse.predict import gathered_for
 
     profile, _ = load_profile(profile_name, config_overrides(config, gpu))
     inputs = inputs_for(profile, resolve_geometry(profile))
     layer = Weights.of(inputs.geometry, inputs.precision).largest_layer()[1]
-    return gathered_for(profile, ModelFacts(inputs.geometry.layers, layer, 0.0, 0.0, 0.0))
+    return gathered_for(profile, layer)
 
 
 def rehearse(config: str, profile_name: str, gpu: bool, runs: Path, deadline: float) -> dict[str, Any]:

@@ -74,14 +74,14 @@ def fit_all(measures: list[DepthMeasure], gathered: Gathered | None = None) -> d
     return fits
 
 
-def gathered_for(profile: Any, facts: ModelFacts) -> Gathered:
-    """What the profile keeps gathered beyond the computing layer: its prefetched layers, where ZeRO-3
-    gathers (parameter offload, or several ranks)."""
+def gathered_for(profile: Any, layer_bytes: float) -> Gathered:
+    """What the profile keeps gathered beyond the computing layer, of `layer_bytes` each: its prefetched
+    layers, where ZeRO-3 gathers (parameter offload, or several ranks)."""
     ds = profile.deepspeed
     gathers = ds.stage == 3 and (ds.offload_param != "none" or profile.world_size > 1)
     if not gathers or not ds.prefetch_layers:
         return Gathered()
-    return Gathered(facts.layer_bytes / GiB, math.ceil(ds.prefetch_layers))
+    return Gathered(layer_bytes / GiB, math.ceil(ds.prefetch_layers))
 
 
 @dataclass(frozen=True)
@@ -225,7 +225,7 @@ def forecast(
 ) -> Forecast:
     """Fit the depths, read them at full depth, scale to the profile's machine, add the wall clock."""
     facts = model_facts(plan)
-    gathered = gathered_for(profile, facts)
+    gathered = gathered_for(profile, facts.layer_bytes)
     fits = fit_all(measures, gathered)
     full = facts.layers
     # A cost cannot be negative: a fit that extrapolates below zero (a save of ~0 s) reads as zero.

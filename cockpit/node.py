@@ -33,7 +33,7 @@ from cockpit.diagnosis import describe_exit
 from cockpit.record import EventWriter, RunPaths, RunReader, load_manifest
 from cockpit.record.format import TERMINAL_STATUSES
 from cockpit.shm import remove_allreduce_buffers
-from cockpit.supervisor import KILL_GRACE_S, POLL_S, GroupEnd, child_env, popen_detached, read_tail
+from cockpit.supervisor import KILL_GRACE_S, POLL_S, GroupEnd, popen_detached, read_tail
 
 # How long a node waits for node 0's training launch before it gives up.
 JOIN_WAIT_S = 600.0
@@ -91,19 +91,7 @@ class NodeSupervisor:
     # --- this node's ranks ----------------------------------------------------------------------------
     def _start(self, launch: dict[str, Any]) -> list[str]:
         argv = node_argv(list(launch["argv"]), self.node_rank)
-        log = open(self.paths.node_output_log(self.node_rank), "ab")  # noqa: SIM115 - handed to the child
-        try:
-            self.proc = subprocess.Popen(
-                argv,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=child_env(),
-                cwd=str(Path.cwd()),
-                start_new_session=True,
-            )
-        finally:
-            log.close()
+        self.proc = popen_detached(argv, self.paths.node_output_log(self.node_rank))
         self._ending = GroupEnd()
         self.events.write("node_launch", node_rank=self.node_rank, argv=argv, pid=self.proc.pid)
         return argv

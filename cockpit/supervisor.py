@@ -414,19 +414,8 @@ class Supervisor:
         self.ending.terminated_at = None
         self.stage = stage
         self.stall.begin_stage(stage)
-        log = open(self.paths.output_log, "ab")  # noqa: SIM115 - handed to the child
-        try:
-            self.proc = subprocess.Popen(
-                argv,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=child_env(),
-                cwd=str(Path.cwd()),
-                start_new_session=True,  # its own process group: stop and kill reach every rank
-            )
-        finally:
-            log.close()
+        # Its own process group: stop and kill reach every rank.
+        self.proc = popen_detached(argv, self.paths.output_log)
         self.tree = ProcessTree(self.proc.pid)
         self.events.write(
             "launch", stage=stage, argv=argv, pid=self.proc.pid, world_size=self.profile.world_size
@@ -708,8 +697,9 @@ def spawn_detached(
 
 
 def popen_detached(argv: list[str], log_path: Path) -> subprocess.Popen[bytes]:
-    """Start `argv` in its own session (a viewer's Ctrl-C never reaches it), its output appended to
-    `log_path`, with the child environment."""
+    """Start `argv` in this directory, in its own session and process group (a viewer's Ctrl-C never
+    reaches it; a signal to the group reaches all of it), its output appended to `log_path`, with the
+    child environment."""
     log = open(log_path, "ab")  # noqa: SIM115 - handed to the child
     try:
         return subprocess.Popen(

@@ -1,13 +1,15 @@
 """Does a rehearsal predict? Depth 4 predicted from the 1- and 2-layer runs, beside its measurement.
 
 For each configuration (NF4 or 16-bit experts, parameter offload or none) the story's architecture is
-rehearsed at 1, 2 and 4 layers (random weights, the story profile's settings, `cockpit.rehearse`'s
-depth brackets in the record). The fit over depths 1 and 2 (`cockpit.rehearse.predict.fit`) is read at
-depth 4 and set beside what depth 4 measured: GPU peak at load and in training, host RSS at load and in
-training, median step time. The 4-layer figures are out of sample: they took no part in the fit.
+rehearsed at 1, 2 and 4 layers, or the depths `--depths` names (random weights, the story profile's
+settings, `cockpit.rehearse`'s depth brackets in the record). The models fitted over depths 1 and 2
+(`cockpit.rehearse.predict.fit_all`, as the rehearsal's forecast fits them) are read at the deepest
+depth and set beside what it measured: GPU peak at load and in training, host RSS at load and in
+training, median step time. The deepest depth's figures are out of sample: they took no part in the fit.
 
     python benchmarks/rehearsal_accuracy.py                     # on the GPU
     python benchmarks/rehearsal_accuracy.py --configs nf4-none  # one configuration
+    python benchmarks/rehearsal_accuracy.py --configs nf4-offload --depths 1,2,6  # predict depth 6
     python benchmarks/rehearsal_accuracy.py --cpu               # the tiny profile, a smoke test
 
 Settings that would make a benchmark of 12 depth runs too long are changed and stated in the output:
@@ -34,7 +36,7 @@ CONFIGS = {
     "bf16-none": ("false", "none"),
     "bf16-offload": ("false", "cpu"),
 }
-DEPTHS = (1, 2, 4)
+DEPTHS = (1, 2, 4)  # --depths: the last is the one predicted
 FIT_DEPTHS = (1, 2)
 STEPS = 8
 TOLERANCE = 0.15
@@ -62,20 +64,23 @@ def config_overrides(config: str, gpu: bool) -> list[str]:
     return overrides
 
 
-def gathered(config: str, profile_name: str, gpu: bool) -> Any:
-    """The configuration's gathered-layers term (`cockpit.rehearse.predict.gathered_for`), from its plan."""
-    from cockpit.plan.model import Weights
-    from cockpit.plan.planner import inputs_for, resolve_geometry
+def models(config: str, profile_name: str, gpu: bool) -> tuple[Any, Any]:
+    """The configuration's gathered-layers term and offload copies (`cockpit.rehearse.predict.gathered_for`
+    and `copies_for`), from its plan's bytes and the plan's host-to-device bandwidth, exactly as the
+    rehearsal's forecast makes them."""
+    from cockpit.plan import Assumptions, build_plan
     from cockpit.profiles import load_profile
-    from cockpit.rehearse.predict import gathered_for
+    from cockpit.rehearse.predict import copies_for, gathered_for, model_facts
 
     profile, _ = load_profile(profile_name, config_overrides(config, gpu))
-    inputs = inputs_for(profile, resolve_geometry(profile))
-    layer = Weights.of(inputs.geometry, inputs.precision).largest_layer()[1]
-    return gathered_for(profile, layer)
+    facts = model_facts(build_plan(profile).to_dict())
+    copies = copies_for(profile, facts.layer_bytes, facts.other_bytes, 1, Assumptions().h2d_gbps)
+    return gathered_for(profile, facts.layer_bytes), copies
 
 
-def rehearse(config: str, profile_name: str, gpu: bool, runs: Path, deadline: float) -> dict[str, Any]:
+def rehearse(
+    config: str, profile_name: str, gpu: bool, runs: Path, deadline: float, depths: tuple[int, ...] = DEPTHS
+) -> dict[str, Any]:
     """Every depth of one configuration in one record, bracketed as the rehearsal command brackets them."""
     from benchmarks.trainer_runs import log_tail, new_run, run_depth
     from cockpit.record import EventWriter, RunPaths, read_events
@@ -84,7 +89,7 @@ def rehearse(config: str, profile_name: str, gpu: bool, runs: Path, deadline: fl
     run_dir, _ = new_run(profile_name, config_overrides(config, gpu), runs, f"accuracy-{config}")
     marks = EventWriter(RunPaths(run_dir).events("supervisor"))
     offset = 0
-    for layers in DEPTHS:
+    for layers in depths:
         if time.time() > deadline:
             break
         marks.write(BEGIN, layers=layers, steps=STEPS, step_offset=offset)
@@ -101,34 +106,36 @@ def rehearse(config: str, profile_name: str, gpu: bool, runs: Path, deadline: fl
     return {"run_dir": str(run_dir), "measures": [m.to_dict() for m in measures]}
 
 
-def compare(result: dict[str, Any], extra: Any = None) -> list[dict[str, Any]]:
-    """Per figure: the rehearsal's fit over FIT_DEPTHS (`cockpit.rehearse.predict.fit_all`, the GPU peak
-    less the gathered layers `extra`) read at 4 layers, beside the 4-layer measurement."""
+def compare(result: dict[str, Any], terms: tuple[Any, Any] = (None, None)) -> list[dict[str, Any]]:
+    """Per figure: the rehearsal's models over FIT_DEPTHS (`cockpit.rehearse.predict.fit_all` with the
+    configuration's gathered layers and offload copies, `terms`) read at the deepest depth measured
+    beyond them, beside its measurement."""
     from cockpit.rehearse.measure import DepthMeasure
     from cockpit.rehearse.predict import fit_all
 
     measures = [DepthMeasure.from_dict(m) for m in result["measures"]]
     by_depth = {m.layers: m for m in measures if m.complete}
-    fits = fit_all([by_depth[d] for d in FIT_DEPTHS if d in by_depth], extra)
+    fits = fit_all([by_depth[d] for d in FIT_DEPTHS if d in by_depth], *terms)
+    check = max((d for d in by_depth if d not in FIT_DEPTHS), default=0)
     rows = []
     for key, label in FIGURES:
 
         def value(m: DepthMeasure, key: str = key) -> float | None:
             return m.step_s if key == "step_s" else m.peak(key)
 
-        line = fits.get(key)
-        measured = value(by_depth[4]) if 4 in by_depth else None
-        predicted = line.at(4) if line else None
-        if predicted is not None and key == "gpu_train" and extra is not None:
-            predicted += extra.at(4)
+        model = fits.get(key)
+        measured = value(by_depth[check]) if check else None
+        predicted = model.at(check) if model and check else None
         error = (predicted - measured) / measured if predicted is not None and measured else None
-        rows.append({"figure": label, "predicted": predicted, "measured": measured, "error": error})
+        rows.append(
+            {"figure": label, "depth": check, "predicted": predicted, "measured": measured, "error": error}
+        )
     return rows
 
 
-def table(results: dict[str, dict[str, Any]], note: str, extras: dict[str, Any] | None = None) -> str:
+def table(results: dict[str, dict[str, Any]], note: str, terms: dict[str, Any] | None = None) -> str:
     out = [
-        "# Rehearsal accuracy: depth 4 predicted from depths 1 and 2 (out of sample)",
+        "# Rehearsal accuracy: the deepest slice predicted from depths 1 and 2 (out of sample)",
         "",
         note,
         "",
@@ -138,7 +145,8 @@ def table(results: dict[str, dict[str, Any]], note: str, extras: dict[str, Any] 
     total = inside = 0
     for config, result in results.items():
         cells, ok = [], 0
-        for row in compare(result, (extras or {}).get(config)):
+        rows = compare(result, (terms or {}).get(config, (None, None)))
+        for row in rows:
             if row["error"] is None:
                 cells.append("-")
                 continue
@@ -147,7 +155,12 @@ def table(results: dict[str, dict[str, Any]], note: str, extras: dict[str, Any] 
             total += 1
             cells.append(f"{row['predicted']:.3g} / {row['measured']:.3g} ({row['error']:+.0%}){flag}")
         inside += ok
-        out.append(f"| {config} | " + " | ".join(cells) + f" | {ok} of {sum(c != '-' for c in cells)} |")
+        depth = next((r["depth"] for r in rows if r["depth"]), "-")
+        out.append(
+            f"| {config} (depth {depth}) | "
+            + " | ".join(cells)
+            + f" | {ok} of {sum(c != '-' for c in cells)} |"
+        )
     out += ["", f"{inside} of {total} figures within 15% (predicted / measured, error against measured)."]
     return "\n".join(out) + "\n"
 
@@ -159,6 +172,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cpu", action="store_true", help="the tiny profile on the CPU (a smoke test)")
     parser.add_argument("--configs", default=",".join(CONFIGS), help="comma-separated configurations")
     parser.add_argument("--budget-s", type=float, default=480)
+    parser.add_argument("--note", default="", help="a line added under the table (how the runs were made)")
+    parser.add_argument("--name", default="rehearsal_accuracy", help="the results' file name, without suffix")
+    parser.add_argument(
+        "--depths", default=",".join(map(str, DEPTHS)), help="depths run; the last is predicted"
+    )
     parser.add_argument("--runs-dir", type=Path, default=Path("/tmp/rehearsal-accuracy-runs"))
     parser.add_argument(
         "--merge", type=Path, help="an earlier rehearsal_accuracy.json: its configurations are kept"
@@ -170,7 +188,8 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, dict[str, Any]] = json.loads(args.merge.read_text()) if args.merge else {}
     for config in filter(None, args.configs.split(",")):  # --configs "" --merge F: report F again
         t0 = time.time()
-        results[config] = rehearse(config, profile_name, gpu, args.runs_dir, deadline)
+        depths = tuple(int(d) for d in args.depths.split(","))
+        results[config] = rehearse(config, profile_name, gpu, args.runs_dir, deadline, depths)
         done = [m["layers"] for m in results[config]["measures"] if m["status"] == "ok"]
         print(f"{config}: depths {done} in {time.time() - t0:.0f} s", flush=True)
     note = (
@@ -179,14 +198,16 @@ def main(argv: list[str] | None = None) -> int:
         if gpu
         else "The tiny profile on the CPU (a smoke test of the method, not a claim)."
     )
-    extras = {c: gathered(c, profile_name, gpu) for c in CONFIGS if c in results}
-    report = table({c: results[c] for c in CONFIGS if c in results}, note, extras)
+    terms = {c: models(c, profile_name, gpu) for c in CONFIGS if c in results}
+    report = table({c: results[c] for c in CONFIGS if c in results}, note, terms)
+    if args.note:
+        report += "\n" + args.note + "\n"
     print(report)
     out = Path(os.environ.get("OUT") or ROOT / "benchmarks/results")
     out.mkdir(parents=True, exist_ok=True)
     suffix = "" if gpu else "_cpu"
-    (out / f"rehearsal_accuracy{suffix}.md").write_text(report)
-    (out / f"rehearsal_accuracy{suffix}.json").write_text(json.dumps(results, indent=1, default=str))
+    (out / f"{args.name}{suffix}.md").write_text(report)
+    (out / f"{args.name}{suffix}.json").write_text(json.dumps(results, indent=1, default=str))
     return 0
 
 

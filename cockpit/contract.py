@@ -26,6 +26,15 @@ PACKED_STORAGE_DTYPES = ("bfloat16", "float16", "float32")
 # The head's logits are computed this many bytes (fp32) at a time, never whole (trainer/loss.py).
 LOSS_CHUNK_BYTES = 256 * 1024**2
 
+# --- ZeRO-3 gathers --------------------------------------------------------------------------------------
+# ZeRO-3 gathers a decoder layer's weights this many times a micro-batch (with parameter offload, each
+# gather crosses the host-to-device link): once for the forward, once for the recompute and the backward
+# together (the layer is the unit gathered, `deepspeed.zero3_leaf`). The last layer is
+# kept from its forward to its backward, and embeddings and head cross once. Measured on the H200 with
+# torch.profiler: 11.44 GB a micro-batch at 4 layers of 1.283 GB, embeddings and head 1.245 GB each,
+# = (2 x 4 - 1) layers + both (benchmarks/results/step_speed_h200.md, offload-4096).
+ZERO3_LAYER_FETCHES = 2
+
 # --- evaluation ------------------------------------------------------------------------------------------
 # Held-out examples whose thinking is generated together (trainer/evaluate.py; the forecast's estimate).
 # 64 rather than 16: `cockpit eval` of the tiny run took 50 s instead of 78 s on 2 cores, same F1; on the

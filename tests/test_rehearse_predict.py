@@ -8,7 +8,15 @@ import pytest
 
 from cockpit.profiles import load_profile
 from cockpit.rehearse.measure import BEGIN, END, DepthMeasure, depth_measures
-from cockpit.rehearse.predict import Scaling, disagreements, fit, forecast
+from cockpit.rehearse.predict import (
+    CopyBound,
+    Scaling,
+    copies_for,
+    disagreements,
+    fit,
+    fit_all,
+    forecast,
+)
 
 GIB_MIB = 1024.0
 
@@ -136,3 +144,91 @@ def test_disagreements_name_the_figure_and_which_is_measured() -> None:
     flags = disagreements({"step_s": 1.0, "gpu_train": 50.0}, {"step_s": 1.1, "gpu_train": 80.0})
     assert len(flags) == 1
     assert "GPU peak in training" in flags[0] and "+60%" in flags[0] and "measured" in flags[0]
+
+
+def test_a_slope_below_zero_reads_as_flat_at_the_largest_depth_measured() -> None:
+    line = fit([(1, 8.0), (2, 7.5)])
+    assert line is not None
+    assert line.per_layer == 0.0 and line.at(94) == pytest.approx(8.0)
+
+
+def _offload_profile(prefetch: float = 1.0, grad_accum: int = 2):
+    profile, _ = load_profile(
+        "tiny-cpu",
+        [
+            'deepspeed.offload_param="cpu"',
+            'deepspeed.offload_optimizer="cpu"',
+            f"deepspeed.prefetch_layers={prefetch}",
+            f"training.grad_accum={grad_accum}",
+        ],
+    )
+    return profile
+
+
+def _steps(depths: list[int], fixed: float, copy: float, compute: float, window: int) -> list[DepthMeasure]:
+    """Depths whose step is serial inside the window and max(copy, compute) a layer past it."""
+    out = []
+    for d in depths:
+        step = fixed + min(d, window) * (copy + compute) + max(0, d - window) * max(copy, compute)
+        out.append(DepthMeasure(layers=d, status="ok", step_s=step, steps_timed=6, rss_train_gib={0: 1.0}))
+    return out
+
+
+@pytest.mark.parametrize("compute", [0.02, 0.09])  # copy-bound and compute-bound past the window
+def test_offload_steps_are_serial_inside_the_prefetch_window_and_overlap_past_it(compute: float) -> None:
+    profile = _offload_profile(prefetch=1.0, grad_accum=2)
+    copies = copies_for(profile, layer_bytes=1.1e9, other_bytes=2.2e9, ranks=1, h2d_gbps=55.0)
+    assert copies is not None and copies.window == 2
+    assert copies.layer_s == pytest.approx(
+        2 * 2 * 1.1e9 / 55e9
+    )  # two crossings a micro-batch, two micro-batches
+    fits = fit_all(_steps([1, 2], 0.1, copies.layer_s, compute, 2), copies=copies)
+    model = fits["step_s"]
+    assert isinstance(model, CopyBound)
+    assert model.compute_s == pytest.approx(compute)
+    expected = 0.1 + 2 * (copies.layer_s + compute) + 4 * max(copies.layer_s, compute)
+    assert model.at(6) == pytest.approx(expected)
+    # a plain line through depths 1 and 2 would have said more: every layer serial
+    assert (
+        fit([(m.layers, m.step_s) for m in _steps([1, 2], 0.1, copies.layer_s, compute, 2)]).at(6) > expected
+    )
+
+
+def test_offload_depths_past_the_window_are_read_directly_and_still_give_compute() -> None:
+    profile = _offload_profile()
+    copies = copies_for(profile, 1.1e9, 2.2e9, 1, 55.0)
+    measures = _steps([1, 2], 0.1, copies.layer_s, 0.03, 2)
+    two = measures[1].step_s
+    # past the window the deep depths measured 0.15 s a layer, more than the model's max(copy, compute)
+    measures += [replace(measures[1], layers=d, step_s=two + 0.15 * (d - 2)) for d in (4, 6)]
+    model = fit_all(measures, copies=copies)["step_s"]
+    assert model.past is not None and model.at(8) == pytest.approx(two + 0.15 * 6)
+    assert model.compute_s == pytest.approx(0.03)
+
+
+def test_nothing_overlaps_without_offload_or_prefetch() -> None:
+    assert copies_for(_offload_profile(prefetch=0.0), 1e9, 1e9, 1, 55.0) is None
+    none, _ = load_profile("tiny-cpu", ['deepspeed.offload_param="none"'])
+    assert copies_for(none, 1e9, 1e9, 1, 55.0) is None
+
+
+def test_an_offloaded_step_scales_by_its_parts() -> None:
+    """Same machine: the target is the model read at full depth. Four ranks: each copies a quarter of a
+    layer and all-gathers the rest, and compute stays; the serial window and the overlap as measured."""
+    profile = _offload_profile()
+    plan = _plan(10)
+    layer, other = 2 * 1024**3, 2 * 1024**3
+    copies = copies_for(profile, layer, other, 1, 55.0)
+    measures = _steps([1, 2], 0.3, copies.layer_s, 0.05, 2)
+    one = forecast(
+        measures, profile, plan, Scaling(1, "NVIDIA H200", 1, "H200", 141, 960, 1.0, 55, 55, 150, 2)
+    )
+    assert one.target["step_s"] == pytest.approx(one.here["step_s"])
+    assert one.here["step_s"] == pytest.approx(0.3 + 2 * (copies.layer_s + 0.05) + 8 * copies.layer_s)
+    four = forecast(
+        measures, profile, plan, Scaling(1, "NVIDIA H200", 4, "H200", 141, 960, 1.0, 55, 55, 150, 2)
+    )
+    gather = 2 * 2 * layer * 3 / 4 / 150e9
+    move = copies.layer_s / 4 + gather
+    fixed = (0.3 - copies.other_s) + copies.other_s / 4 + 2 * (other - layer) * 3 / 4 / 150e9
+    assert four.target["step_s"] == pytest.approx(fixed + 2 * (move + 0.05) + 8 * max(move, 0.05))

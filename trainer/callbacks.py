@@ -328,7 +328,9 @@ class ProfilerCallback(TrainerCallback):
             if torch.cuda.is_available():
                 activities.append(ProfilerActivity.CUDA)
             self._sync()
-            self._profiler = profile(activities=activities)
+            # COCKPIT_PROFILE_STACK=1: Python frames in the trace too (where the host's time goes; slower)
+            stack = os.environ.get("COCKPIT_PROFILE_STACK") == "1"
+            self._profiler = profile(activities=activities, with_stack=stack)
             self._profiler.__enter__()
             if os.environ.get("COCKPIT_PROFILE_PYTHON") == "1":
                 import cProfile
@@ -346,9 +348,9 @@ class ProfilerCallback(TrainerCallback):
 
         self._sync()
         wall = time.perf_counter() - self._t0
+        self.out_dir.mkdir(parents=True, exist_ok=True)
         python = self._python_summary() if self._python is not None else None
         self._profiler.__exit__(None, None, None)
-        self.out_dir.mkdir(parents=True, exist_ok=True)
         path = self.out_dir / f"trace-rank{self.writer.rank or 0}.json"
         self._profiler.export_chrome_trace(str(path))
         summary = summarize_trace(json.loads(path.read_text()), self.last - self.first + 1, wall)
@@ -365,6 +367,8 @@ class ProfilerCallback(TrainerCallback):
         import pstats
 
         self._python.disable()
+        if os.environ.get("COCKPIT_PROFILE_KEEP") == "1":  # the whole profile, callers included
+            self._python.dump_stats(str(self.out_dir / f"python-rank{self.writer.rank or 0}.pstats"))
         steps = self.last - self.first + 1
         stats = pstats.Stats(self._python).stats  # (file, line, name) -> (cc, nc, tottime, cumtime, callers)
         rows = sorted(stats.items(), key=lambda kv: -kv[1][2])[:count]

@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from cockpit.contract import EVAL_BATCH_SIZE
+from cockpit.contract import EVAL_BATCH_SIZE, ZERO3_LAYER_FETCHES
 from cockpit.plan.model import GiB
 from cockpit.plan.run_length import data_size, run_steps
 from cockpit.rehearse.measure import DepthMeasure
@@ -35,13 +35,20 @@ class Linear:
 
 
 def fit(points: list[tuple[int, float]]) -> Linear | None:
-    """Least squares over at least two distinct depths; None with fewer."""
+    """Least squares over at least two distinct depths; None with fewer.
+
+    Every figure fitted here (memory, seconds) can only grow with depth; a negative slope is two depths'
+    noise, and read 90 layers out it would predict nothing at all. It is read as flat at the largest
+    value measured (per layer 0: the conservative line through no fewer bytes or seconds than any depth).
+    """
     if len({d for d, _ in points}) < 2:
         return None
     n = len(points)
     mx = sum(d for d, _ in points) / n
     my = sum(v for _, v in points) / n
     slope = sum((d - mx) * (v - my) for d, v in points) / sum((d - mx) ** 2 for d, _ in points)
+    if slope < 0:
+        return Linear(max(v for _, v in points), 0.0, tuple(points))
     return Linear(my - slope * mx, slope, tuple(points))
 
 
@@ -58,10 +65,108 @@ class Gathered:
         return min(layers, 1 + self.ahead) * self.layer_gib if self.ahead else 0.0
 
 
-def fit_all(measures: list[DepthMeasure], gathered: Gathered | None = None) -> dict[str, Linear | None]:
-    """A fit per metric over the complete depths (the GPU peak in training less `gathered`)."""
+@dataclass(frozen=True)
+class PlusGathered:
+    """The GPU peak in training: a line fitted without the gathered layers, which are added back at the
+    depth read (they stop growing once the prefetch window is full)."""
+
+    line: Linear
+    gathered: Gathered
+
+    fixed = property(lambda self: self.line.fixed)
+    per_layer = property(lambda self: self.line.per_layer)
+    points = property(lambda self: self.line.points)
+
+    def at(self, layers: float) -> float:
+        return self.line.at(layers) + self.gathered.at(layers)
+
+
+@dataclass(frozen=True)
+class Copies:
+    """Parameter offload's host-to-device traffic, per rank: one decoder layer's copies an optimizer step
+    (`ZERO3_LAYER_FETCHES` a micro-batch, its bytes, this rank's share, over the link's bandwidth), the
+    copies of embeddings and head beyond one layer's, and the layers whose copy cannot run under compute:
+    the computing one and the prefetched ones (`window`)."""
+
+    layer_s: float
+    other_s: float
+    window: int
+
+
+def copies_for(
+    profile: Any, layer_bytes: float, other_bytes: float, ranks: int, h2d_gbps: float
+) -> Copies | None:
+    """The profile's offload copies on a machine of `ranks` ranks and `h2d_gbps` a link; None where
+    parameters are not offloaded or nothing is prefetched (then nothing overlaps: the plain line holds)."""
+    ds = profile.deepspeed
+    if ds.stage != 3 or ds.offload_param == "none" or not ds.prefetch_layers or h2d_gbps <= 0:
+        return None
+    micro = profile.training.grad_accum
+    per_second = max(1, ranks) * h2d_gbps * 1e9
+    return Copies(
+        layer_s=ZERO3_LAYER_FETCHES * micro * layer_bytes / per_second,
+        # embeddings and head cross once a micro-batch; the last layer once instead of twice
+        other_s=micro * (other_bytes - layer_bytes) / per_second,
+        window=1 + math.ceil(ds.prefetch_layers),
+    )
+
+
+@dataclass(frozen=True)
+class CopyBound:
+    """Step time with parameter offload: serial while the prefetch window fills, then copy- or
+    compute-bound.
+
+    Up to `window` layers, a layer's copy and its compute run one after the other (measured: the second
+    layer costs both), so the depths measured there fit `fixed + (copy + compute) x layers`. Past the
+    window the next layer's copy runs under this one's compute, and each further layer costs the longer
+    of the two. The copy is exact (bytes over bandwidth, `Copies`); compute is the serial slope less it.
+    Where two depths past the window were measured too (`past`), their line is read there instead: the
+    serial depths still say what compute is, which scaling to another machine needs.
+    """
+
+    serial: Linear
+    copies: Copies
+    past: Linear | None = None
+
+    fixed = property(lambda self: self.serial.fixed)
+    per_layer = property(lambda self: self.serial.per_layer)
+
+    @property
+    def points(self) -> tuple[tuple[int, float], ...]:
+        return self.serial.points + (self.past.points if self.past else ())
+
+    @property
+    def compute_s(self) -> float:
+        """One layer's compute an optimizer step (the serial slope less its copies)."""
+        return max(0.0, self.serial.per_layer - self.copies.layer_s)
+
+    def at(self, layers: float) -> float:
+        w = self.copies.window
+        if self.past is not None and layers >= w:
+            return self.past.at(layers)
+        past = max(0.0, layers - w)
+        return self.serial.at(min(layers, w)) + past * max(self.copies.layer_s, self.compute_s)
+
+
+def step_fit(points: list[tuple[int, float]], copies: Copies | None) -> Linear | CopyBound | None:
+    """Step time over depth: a line, or with offload `CopyBound` from the depths inside the prefetch
+    window (and the line of those past it, where two were measured)."""
+    if copies is None:
+        return fit(points)
+    serial = fit([(d, v) for d, v in points if d <= copies.window])
+    if serial is None:
+        return fit(points)
+    past = [(d, v) for d, v in points if d >= copies.window]
+    return CopyBound(serial, copies, fit(past) if len({d for d, _ in past}) >= 2 else None)
+
+
+def fit_all(
+    measures: list[DepthMeasure], gathered: Gathered | None = None, copies: Copies | None = None
+) -> dict[str, Any]:
+    """A model per metric over the complete depths, each read at any depth with `.at(layers)`: lines,
+    the GPU peak in training fitted less `gathered` and given it back, the step copy-bound with offload."""
     done = [m for m in measures if m.complete]
-    fits: dict[str, Linear | None] = {}
+    fits: dict[str, Any] = {}
     for metric in METRICS:
         points = []
         for m in done:
@@ -70,7 +175,14 @@ def fit_all(measures: list[DepthMeasure], gathered: Gathered | None = None) -> d
                 if metric == "gpu_train" and gathered is not None:
                     value -= gathered.at(m.layers)
                 points.append((m.layers, float(value)))
-        fits[metric] = fit(points)
+        if metric == "step_s":
+            fits[metric] = step_fit(points, copies)
+            continue
+        line = fit(points)
+        if metric == "gpu_train" and gathered is not None and gathered.ahead and line is not None:
+            fits[metric] = PlusGathered(line, gathered)
+        else:
+            fits[metric] = line
     return fits
 
 
@@ -128,7 +240,9 @@ class Scaling:
             f"{self.target_host_ram_gib or 'unknown'} GiB",
             f"host-to-device: {self.h2d_gbps_measured:g} GB/s here, {self.h2d_gbps_target:g} GB/s "
             "a GPU on the target (pinned copies, each GPU its own link; 55 GB/s measured on the H200 hosts); "
-            "offload copies do not overlap compute (as measured there)",
+            f"a layer crosses {ZERO3_LAYER_FETCHES} times a micro-batch; with offload, the prefetch window's "
+            "layers copy and compute in turn and every further layer's copy runs under compute (as measured "
+            "there)",
             f"GPU-to-GPU: ZeRO-3 gathers {self.gpu2gpu_gbps:g} GB/s a GPU (NVLink all-gather, assumed); "
             "prefetch hides them under compute when shorter",
             f"disk: the 16-bit checkpoint read once at {self.disk_gbps:g} GB/s at load (random weights read "
@@ -225,18 +339,17 @@ def forecast(
 ) -> Forecast:
     """Fit the depths, read them at full depth, scale to the profile's machine, add the wall clock."""
     facts = model_facts(plan)
+    nm, nt = scaling.measured_gpus or 1, scaling.target_gpus or 1
     gathered = gathered_for(profile, facts.layer_bytes)
-    fits = fit_all(measures, gathered)
+    copies = copies_for(profile, facts.layer_bytes, facts.other_bytes, nm, scaling.h2d_gbps_measured)
+    fits = fit_all(measures, gathered, copies)
     full = facts.layers
     # A cost cannot be negative: a fit that extrapolates below zero (a save of ~0 s) reads as zero.
     here: dict[str, float | None] = {k: (max(0.0, v.at(full)) if v else None) for k, v in fits.items()}
-    if here["gpu_train"] is not None:
-        here["gpu_train"] += gathered.at(full)
     notes: list[str] = []
     done = [m for m in measures if m.complete]
     if len(done) < 2:
         notes.append("fewer than two depths measured: nothing can be fitted")
-    nm, nt = scaling.measured_gpus or 1, scaling.target_gpus or 1
     ds = profile.deepspeed
     offload = ds.offload_param != "none"
     weights = facts.layer_bytes * full + facts.other_bytes
@@ -262,16 +375,19 @@ def forecast(
             "(random weights map none; shared page cache, not counted in host RAM)"
         )
     step = here["step_s"]
-    grad_accum = profile.training.grad_accum
-    passes = 3 if profile.training.gradient_checkpointing else 2
-    if step is not None:
-        moved_step = passes * grad_accum * weights  # bytes of weights each rank gathers a step
+    step_model = fits["step_s"]
+    if isinstance(step_model, CopyBound):
+        target["step_s"] = copy_bound_target(step_model, facts, profile, scaling)
+        notes.append(
+            f"step with offload: {step_model.copies.window} layer(s) copied and computed in turn, then "
+            f"{max(step_model.copies.layer_s, step_model.compute_s):.3f} s a further layer here (copy "
+            f"{step_model.copies.layer_s:.3f} s, compute {step_model.compute_s:.3f} s an optimizer step)"
+        )
+    elif step is not None:
+        moved_step = ZERO3_LAYER_FETCHES * profile.training.grad_accum * weights  # a step's gathered bytes
         h2d_here = moved_step / nm / (scaling.h2d_gbps_measured * 1e9) if offload else 0.0
         h2d_target = moved_step / nt / (scaling.h2d_gbps_target * 1e9) if offload else 0.0
-        gather = moved_step * (nt - 1) / nt / (scaling.gpu2gpu_gbps * 1e9)
-        nodes = scaling.target_nodes
-        if nodes > 1 and scaling.internode_gbps:  # the other nodes' partitions come over the network
-            gather += moved_step * (nodes - 1) / nodes / (scaling.internode_gbps * 1e9)
+        gather = gather_s(moved_step, scaling)
         compute = max(0.0, step - h2d_here) * scaling.compute_ratio
         target["step_s"] = max(compute, gather) + h2d_target
         if gather > compute:
@@ -318,6 +434,37 @@ def forecast(
         notes=notes,
         depths=[m.to_dict() for m in measures],
     )
+
+
+def gather_s(moved_bytes: float, scaling: Scaling) -> float:
+    """Seconds the target's ranks spend all-gathering `moved_bytes` of weights (each rank receives the
+    others' partitions over NVLink, and over the network those of other nodes)."""
+    nt, nodes = scaling.target_gpus or 1, scaling.target_nodes
+    seconds = moved_bytes * (nt - 1) / nt / (scaling.gpu2gpu_gbps * 1e9)
+    if nodes > 1 and scaling.internode_gbps:
+        seconds += moved_bytes * (nodes - 1) / nodes / (scaling.internode_gbps * 1e9)
+    return seconds
+
+
+def copy_bound_target(model: CopyBound, facts: ModelFacts, profile: Any, scaling: Scaling) -> float:
+    """The offloaded step on the target, part by part from the measured model: each rank copies its
+    share of a layer over its own link and all-gathers the rest; compute scales by the bf16 rate. The
+    window's layers pay copy, gather and compute in turn; the others the longer of transfer and compute."""
+    nm, nt = scaling.measured_gpus or 1, scaling.target_gpus or 1
+    c = model.copies
+    link = (nm / nt) * (scaling.h2d_gbps_measured / scaling.h2d_gbps_target)
+    micro = profile.training.grad_accum
+    layer_move = link * c.layer_s + gather_s(ZERO3_LAYER_FETCHES * micro * facts.layer_bytes, scaling)
+    compute = model.compute_s * scaling.compute_ratio
+    fixed_compute = max(0.0, model.fixed - c.other_s) * scaling.compute_ratio
+    fixed = (
+        fixed_compute
+        + link * c.other_s
+        + gather_s(micro * max(0.0, facts.other_bytes - facts.layer_bytes), scaling)
+    )
+    inside = min(facts.layers, c.window)
+    past = max(0, facts.layers - c.window)
+    return fixed + inside * (layer_move + compute) + past * max(layer_move, compute)
 
 
 def statistics_tokens(done: list[DepthMeasure]) -> float | None:

@@ -44,6 +44,14 @@ EVAL_BATCH_SIZE = 64
 # --- the loader --------------------------------------------------------------------------------------
 LOADERS = ("layerwise", "transformers")
 
+
+def load_builder(unit: int, ranks: int) -> int:
+    """The rank that reads and quantizes unit `unit` of a layer-by-layer load over `ranks` ranks (decoder
+    layer i is unit i, embeddings, final norm and head together the unit after the last layer); it
+    broadcasts the unit to the others (`trainer/load_share.py`), in rounds of one unit a rank."""
+    return unit % ranks
+
+
 # --- the built-in tiny model (trainer/tiny.py builds it; the planner plans it) --------------------------
 TINY_MODEL: dict[str, Any] = {
     "vocab_size": 1024,

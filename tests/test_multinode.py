@@ -42,6 +42,11 @@ def test_two_nodes_without_ssh_train_as_one_job(tmp_path: Path, asset_cache: Pat
     assert steps == {0: list(range(1, STEPS + 1)), 1: list(range(1, STEPS + 1))}, "one job: the same steps"
     losses = {r: [e["loss"] for e in read_events(run_dir, "step") if e["rank"] == r] for r in (0, 1)}
     assert losses[0] == losses[1], "one model: the loss is reduced over both nodes' ranks"
+    # Each rank read and quantized only its share of the model; the other's came by broadcast.
+    loaded = {e["rank"]: e for e in read_events(run_dir, "loaded")}
+    assert [loaded[r]["load_share"]["layers"] for r in (0, 1)] == [[0, 2], [1, 3]]
+    assert [loaded[r]["load_share"]["linear_4bit"] for r in (0, 1)] == [8, 8]
+    assert loaded[0]["linear_4bit"] == loaded[1]["linear_4bit"] == 16  # both hold the whole model
 
     # Two launchers: node 0's and node 1's, the same arguments but their node rank.
     launch = next(e for e in read_events(run_dir, "launch") if e.get("stage") == "train")["argv"]

@@ -107,6 +107,24 @@ def test_layerwise_host_ram_holds_partitions_not_ranks_times_the_model() -> None
     assert four.train.gpu["quantization state"] < 0.01 * GiB
 
 
+def test_a_shared_load_maps_each_ranks_units_and_holds_two_layers_a_gpu() -> None:
+    """Several ranks: each reads its own units (`contract.load_builder`: layers 0 and 2 and the rest on
+    rank 0, layers 1 and 3 on rank 1) and holds its built layer beside the one it receives."""
+    inputs = slice_inputs(4, True)
+    w = inputs.weights
+    one, two = estimate(inputs, H200), estimate(inputs, replace(H200, gpus=2))
+    reads = w.checkpoint_reads(2)
+    assert sum(reads) == w.checkpoint_bytes == w.checkpoint_reads(1)[0]
+    assert reads[0] - reads[1] == pytest.approx(2 * V * H * 2, rel=0.01)  # the rest: embeddings + head
+    assert one.load.rss["checkpoint pages"] == w.checkpoint_bytes
+    assert two.load.rss["checkpoint pages"] == reads[0] < 0.6 * w.checkpoint_bytes
+    assert two.load.page_cache == w.checkpoint_bytes  # one host: its two ranks read everything once
+    assert two.load.gpu["one layer being loaded"] >= 2 * w.blocks["layer.0"]
+    assert one.load.gpu["one layer being loaded"] < 2 * w.blocks["layer.0"]
+    nodes = estimate(inputs, replace(H200, gpus=1, nodes=2))
+    assert nodes.load.page_cache == reads[0]  # each host caches only its own rank's units
+
+
 def test_partitions_scale_with_gpus_without_offload() -> None:
     inputs = slice_inputs(4, experts_4bit=True)
     one = estimate(inputs, replace(H200, offload_param="none"))

@@ -304,7 +304,13 @@ class Recipe:
         args = self.training_args()
         train_set, tokenizer = self.train_rows(model_dir, args)
 
-        self.phase("load", model=model_dir, train_examples=len(train_set), message="loading the model")
+        self.phase(
+            "load",
+            model=model_dir,
+            train_examples=len(train_set),
+            message="loading the model",
+            **memory_fields(),  # where the load starts from (`loaded` has them where it ends)
+        )
         t0 = time.time()
         layers = self.rehearsal.layers if self.rehearsal is not None else None
 

@@ -10,9 +10,10 @@ a time), and under ZeRO-3 partitioned at once with `deepspeed.zero.Init(module=u
 rank's slice (in pinned host memory with parameter offload) and frees the rest. The load-phase GPU peak
 is about one layer; host memory holds each rank's partition, not the model once per rank.
 
-Every rank reads and quantizes every unit (the bitsandbytes quantization state of `Linear4bit` is not a
-parameter, so each rank computes its own; the result is deterministic, and ZeRO broadcasts rank 0's
-packed bytes anyway).
+With several ranks each unit is read and quantized by one rank only and broadcast to the others,
+quantized bytes, scales and bitsandbytes' quantization state included (`trainer.load_share`), before
+ZeRO-3 partitions it: the same partitioned model as when every rank builds every unit, for a share of
+the reading and quantizing. One rank alone loads everything itself.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import torch
 from torch import nn
 
 from trainer.experts4bit import NF4Experts, is_fused_experts
+from trainer.load_share import Share, job_share, receive_unit, send_unit
 from trainer.quant import DTYPES, bnb_config, experts_storage_dtype
 from trainer.random_weights import RandomWeights, sliced_config
 
@@ -129,7 +131,8 @@ class LayerwiseLoader:
         self.quantize_linear = quantize_linear
         self.experts_storage_dtype = experts_storage_dtype
         self.zero_init = zero_init
-        self.counts = {"linear_4bit": 0, "experts_nf4": 0, "experts_16bit": 0}
+        self.counts = {"linear_4bit": 0, "experts_nf4": 0, "experts_16bit": 0}  # built by this rank
+        self.received = dict.fromkeys(self.counts, 0)  # built by another rank (a shared load)
 
     def _tensor(self, key: str, like: torch.Tensor) -> torch.Tensor:
         t = self.ckpt.get(key)
@@ -183,6 +186,15 @@ class LayerwiseLoader:
                 key = f"{full + '.' if full else ''}{bname}"
                 if bname not in module._non_persistent_buffers_set and key in self.ckpt:
                     _set(module, bname, self._tensor(key, tensor))
+
+    def exchange(self, unit: nn.Module, share: Share, index: int, skip: tuple[nn.Module, ...] = ()) -> None:
+        """Unit `index` of a shared load: broadcast it if this rank built it, else receive it."""
+        if share.mine(index):
+            send_unit(unit, self.device, skip)
+            return
+        manifest = receive_unit(unit, share.owner(index), self.device)
+        for key, n in manifest.counts().items():
+            self.received[key] += n
 
     def partition(self, unit: nn.Module) -> None:
         """Under ZeRO-3, keep this rank's slice of every loaded parameter of `unit` and free the rest."""
@@ -335,27 +347,42 @@ def load_layerwise(
     )
     layers = decoder_layers(model)
     layers_prefix = next(name for name, m in model.named_modules() if m is layers)
-    placement = spread_devices(len(layers), spread_over) if spread_over else [device] * len(layers)
+    n = len(layers)
+    placement = spread_devices(n, spread_over) if spread_over else [device] * n
     factories: dict[torch.device, Any] = {device: loader.quantize_linear}
     peaks = []
-    for i, layer in enumerate(layers):
-        here = placement[i]
-        if here not in factories:
-            factories[here] = _bnb_linear_factory(q, here) if q.load_in_4bit else None
-        loader.device, loader.quantize_linear = here, factories[here]
-        loader.fill(layer, f"{layers_prefix}.{i}")
-        loader.partition(layer)
-        if here != device:
-            follow_inputs(layer, here)
-        if here.type == "cuda":
-            peaks.append(torch.cuda.max_memory_allocated(here))
-        if progress is not None:
-            progress(i + 1, len(layers))
+    # Several ranks: unit u (a decoder layer, or the rest as unit n) is built by one rank, in rounds.
+    share = job_share() if spread_over is None else None
+    built: list[int] = []
+    for units in share.rounds(n) if share is not None else ([i] for i in range(n)):
+        for i in units:
+            if share is None or share.mine(i):
+                here = placement[i]
+                if here not in factories:
+                    factories[here] = _bnb_linear_factory(q, here) if q.load_in_4bit else None
+                loader.device, loader.quantize_linear = here, factories[here]
+                loader.fill(layers[i], f"{layers_prefix}.{i}")
+                built.append(i)
+        for i in units:
+            here = placement[i]
+            if share is not None:
+                loader.exchange(layers[i], share, i)
+            loader.partition(layers[i])
+            if here != device:
+                follow_inputs(layers[i], here)
+            if here.type == "cuda":
+                peaks.append(torch.cuda.max_memory_allocated(here))
+            if progress is not None:
+                progress(i + 1, n)
     # The rest (embeddings, final norm, head) in full precision, as bitsandbytes leaves them.
     loader.device = device
     saved_quantizer, loader.quantize_linear = factories[device], None
     tied = bool(getattr(config, "tie_word_embeddings", False)) and model.get_output_embeddings() is not None
-    loader.fill(model, "", skip=(layers,) + ((model.get_output_embeddings(),) if tied else ()))
+    rest_skip = (layers,) + ((model.get_output_embeddings(),) if tied else ())
+    if share is None or share.mine(n):
+        loader.fill(model, "", skip=rest_skip)
+    if share is not None:
+        loader.exchange(model, share, n, skip=rest_skip)
     if tied:
         model.get_output_embeddings().weight = model.get_input_embeddings().weight
     loader.quantize_linear = saved_quantizer
@@ -374,16 +401,26 @@ def load_layerwise(
         model.quantization_method = QuantizationMethod.BITS_AND_BYTES
         bnb: BitsAndBytesConfig = bnb_config(profile)
         model.config.quantization_config = bnb.to_dict()
-    unused = [k for k in ckpt.unused() if not _beyond_depth(k, len(layers))]
+    unused = [k for k in ckpt.unused() if not _beyond_depth(k, n)]
+    if share is not None:  # each rank answers for the tensors of its own units
+        unused = share.union([k for k in unused if share.mine(_unit_of(k, layers_prefix, n))])
     facts = {
         "loader": "layerwise",
         "weights": "checkpoint" if random_layers is None else "random",
         "load_device": str(device),
-        "layers": len(layers),
-        **loader.counts,
+        "layers": n,
+        **{key: count + loader.received[key] for key, count in loader.counts.items()},
+        "checkpoint_tensors_read": len(ckpt.used),
         "unused_checkpoint_tensors": len(unused),
         "load_quantize_s": round(time.time() - t0, 2),
     }
+    if share is not None:
+        facts["load_share"] = {
+            "ranks": share.world,
+            "layers": built,
+            "rest": share.mine(n),
+            **loader.counts,
+        }
     if unused:
         facts["unused_examples"] = unused[:5]
     if peaks:
@@ -396,6 +433,16 @@ def load_layerwise(
                 follow_inputs(module, device)
         facts["layer_devices"] = [str(d) for d in placement]
     return model, facts
+
+
+def _unit_of(key: str, layers_prefix: str, layers: int) -> int:
+    """The unit a checkpoint tensor belongs to: its decoder layer's index, or `layers` for the rest."""
+    head = f"{layers_prefix}."
+    if key.startswith(head):
+        index = key[len(head) :].split(".", 1)[0]
+        if index.isdigit():
+            return int(index)
+    return layers
 
 
 def _beyond_depth(key: str, depth: int) -> bool:

@@ -20,6 +20,10 @@ Load (from process start to the end of `deepspeed.initialize`), by `model.loader
   `initialize`.
 - Every rank maps the safetensors files: its RSS counts every page it reads (physically one shared,
   reclaimable page cache); the layerwise loader keeps them mapped until the whole model is loaded.
+- With several ranks the layerwise loader reads and quantizes each unit (a decoder layer, or the rest)
+  on one rank only (`cockpit.contract.load_builder`) and broadcasts it (`trainer/load_share.py`): a
+  rank maps only the checkpoint pages of its own units, a host's page cache holds its ranks' units, and
+  a GPU holds the unit its rank built, whole, while it receives another before ZeRO-3 partitions both.
 - With parameter offload, DeepSpeed copies each rank's partitions into pinned host memory, and PyTorch's
   pinned allocator rounds every block up to a power of two (each of the three packed-expert parameters
   on its own).
@@ -45,7 +49,7 @@ import math
 from dataclasses import dataclass, field, replace
 from functools import cache, cached_property
 
-from cockpit.contract import dequant_chunk_experts
+from cockpit.contract import dequant_chunk_experts, load_builder
 from cockpit.plan.formats import DTYPE_BYTES, Stored, four_bit, packed_experts, plain, pow2_ceil
 from cockpit.plan.geometry import ModelGeometry, TensorSpec
 from cockpit.plan.speed import H200_STORY_SLICE, MeasuredSpeed
@@ -236,6 +240,16 @@ class Weights:
         for t, s in self.items:
             blocks[t.block] = blocks.get(t.block, 0) + s.data_bytes
         return blocks
+
+    def checkpoint_reads(self, ranks: int) -> list[int]:
+        """Checkpoint bytes each rank of a layer-by-layer load reads: the units `load_builder` gives it."""
+        size = DTYPE_BYTES[self.geometry.checkpoint_dtype]
+        layers = sum(1 for b in self.blocks if b.startswith("layer."))
+        reads = [0] * ranks
+        for t, _ in self.items:
+            unit = int(t.block.split(".")[1]) if t.block.startswith("layer.") else layers
+            reads[load_builder(unit, ranks)] += t.numel * size
+        return reads
 
     def largest_layer(self) -> tuple[str, int]:
         layers = {k: v for k, v in self.blocks.items() if k.startswith("layer.")}
@@ -532,7 +546,7 @@ def _partitions(w: Weights, setup: Setup) -> tuple[int, int, int]:
 
 
 def _layerwise_load(
-    w: Weights, setup: Setup, load: Phase, baseline: int, host_params: int, host_opt: int, ckpt_file: int
+    w: Weights, setup: Setup, load: Phase, baseline: int, host_params: int, host_opt: int
 ) -> None:
     """The load phase of `trainer/loader.py` on GPUs (see the module docstring)."""
     n = setup.ranks if setup.stage == 3 else 1
@@ -542,9 +556,12 @@ def _layerwise_load(
     layers = [b for b in w.by_block if b.startswith("layer.")]
     kept = 0  # partitions (and persistent params) of the layers loaded so far, on this GPU
     worst_layer, kept_before = 0, 0
+    shared = setup.ranks > 1  # each unit built by one rank and broadcast (contract.load_builder)
     for b in layers:
         copy = w.partition_copy(b, n) if partitioned and on_gpu else 0
         unit = max(w.layerwise_unit_peak(b), w.blocks[b] + copy)
+        if shared:  # the unit this rank built, whole, beside the one it receives
+            unit = max(unit, 2 * w.blocks[b] + copy)
         if kept + unit > kept_before + worst_layer:
             worst_layer, kept_before = unit, kept
         if partitioned:
@@ -570,12 +587,14 @@ def _layerwise_load(
         }
     # Host: each rank pins its partitions as each layer is partitioned, while the checkpoint pages it
     # read stay mapped; the optimizer's pinned buffers come at deepspeed.initialize, once they are unmapped.
+    reads = w.checkpoint_reads(setup.ranks)
+    ranks = setup.ranks_per_node  # host RAM is each host's: its own ranks
+    load.page_cache = max(sum(reads[i : i + ranks]) for i in range(0, setup.ranks, ranks))
     load.rss = {"process": baseline, "offload buffers (pinned)": host_params}
-    if ckpt_file >= host_opt:
-        load.rss["checkpoint pages"] = ckpt_file
+    if max(reads) >= host_opt:
+        load.rss["checkpoint pages"] = max(reads)
     else:
         load.rss["optimizer state (pinned)"] = host_opt
-    ranks = setup.ranks_per_node  # host RAM is each host's: its own ranks
     load.host = {"ranks x process": ranks * baseline, "offload buffers": ranks * (host_params + host_opt)}
 
 
@@ -626,7 +645,7 @@ def estimate(inputs: Inputs, setup: Setup) -> Estimate:
         gathering = setup.stage == 3 and (setup.offload_param != "none" or n > 1)
         # --- load ---
         if setup.loader == "layerwise":
-            _layerwise_load(w, setup, load, baseline, host_params, host_opt, ckpt_file)
+            _layerwise_load(w, setup, load, baseline, host_params, host_opt)
         else:
             # from_pretrained holds the experts as the checkpoint has them; the trainer packs them after.
             whole = w if not prec.experts_4bit else Weights.of(g, replace(prec, experts_4bit=False))

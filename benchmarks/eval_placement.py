@@ -48,6 +48,10 @@ def _gib(n: float) -> str:
     return f"{n / GiB:.1f}"
 
 
+def _size(n: float, unit: str) -> str:
+    return f"{n / GiB:.1f}" if unit == "GiB" else f"{n / 2**20:.1f}"
+
+
 def layer_ranges(layer_devices: list[int]) -> dict[int, str]:
     """Each GPU's decoder layers as `first-last`."""
     seen: dict[int, list[int]] = {}
@@ -150,9 +154,12 @@ def render_comparison(result: dict[str, Any], console: Any) -> None:
         f"{_gib(wm['logits_bytes'])} GiB on the head's GPU, KV cache {wm['kv_bytes_per_layer'] / 2**20:.0f} "
         "MiB a layer"
     )
+    largest = max((c["max_total_bytes"] for c in result["cases"] if "error" not in c), default=GiB)
+    unit = "GiB" if largest >= 10 * GiB else "MiB"
     for n in sorted({c["gpus"] for c in result["cases"]}):
         table = Table(title=f"{n} GPUs")
-        for col in ("way", "GPU", "layers", "which", "weights GiB", "working GiB", "total GiB", "budget GiB"):
+        for col in ("way", "GPU", "layers", "which", f"weights {unit}", f"working {unit}",
+                    f"total {unit}", "budget GiB"):  # fmt: skip
             table.add_column(col, justify="left" if col in ("way", "which") else "right")
         for case in (c for c in result["cases"] if c["gpus"] == n):
             if "error" in case:
@@ -165,17 +172,17 @@ def render_comparison(result: dict[str, Any], console: Any) -> None:
                     f"cuda:{r['gpu']}",
                     str(r["layers"]),
                     r["layer_range"] + (" + embed, norm, head" if r["home"] else ""),
-                    _gib(r["weights_bytes"]),
-                    _gib(r["working_bytes"]),
-                    _gib(r["total_bytes"]) + over,
+                    _size(r["weights_bytes"], unit),
+                    _size(r["working_bytes"], unit),
+                    _size(r["total_bytes"], unit) + over,
                     _gib(r["budget_bytes"]),
                 )
             table.add_section()
         console.print(table)
         for case in (c for c in result["cases"] if c["gpus"] == n and "error" not in c):
             console.print(
-                f"  {case['way']}: fullest GPU {_gib(case['max_total_bytes'])} GiB, emptiest "
-                f"{_gib(case['min_total_bytes'])} GiB"
+                f"  {case['way']}: fullest GPU {_size(case['max_total_bytes'], unit)} {unit}, emptiest "
+                f"{_size(case['min_total_bytes'], unit)} {unit}"
                 + (f"; over budget: {case['over_budget']}" if case["over_budget"] else "")
                 + (f"; {'; '.join(case['notes'])}" if case["notes"] else "")
             )

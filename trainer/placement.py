@@ -136,15 +136,16 @@ def _meta_bytes(n: int) -> torch.Tensor:
 def _layers_last(model: nn.Module, layers: nn.ModuleList) -> None:
     """Reorder children so that, on the way down to the decoder layers, they come after everything else:
     accelerate places modules in that order, so the rest goes on the first GPU, as the loader puts it."""
-    path = layers_name(model, layers).split(".")
+    path = module_name(model, layers).split(".")
     module = model
     for part in path:
         module._modules[part] = module._modules.pop(part)  # a dict: put back, it comes last
         module = module._modules[part]
 
 
-def layers_name(model: nn.Module, layers: nn.ModuleList) -> str:
-    return next(name for name, m in model.named_modules() if m is layers)
+def module_name(model: nn.Module, module: nn.Module) -> str:
+    """The name of `module` inside `model`."""
+    return next(name for name, m in model.named_modules() if m is module)
 
 
 @dataclass
@@ -251,10 +252,10 @@ def _finish(
     from trainer.loader import decoder_layers
 
     layers = decoder_layers(model)
-    prefix = layers_name(model, layers)
+    prefix = module_name(model, layers)
     sizes = module_sizes(model)
     layer_devices = [_owner(f"{prefix}.{i}", device_map) for i in range(len(layers))]
-    home = _owner(layers_name(model, model.get_input_embeddings()), device_map)
+    home = _owner(module_name(model, model.get_input_embeddings()), device_map)
     total = _bytes_on(device_map, sizes)
     working = _bytes_on(device_map, sizes, (KV_BUFFER, LOGITS_BUFFER))
     return Placement(
@@ -283,7 +284,7 @@ def place(model: nn.Module, budgets: dict[int, int]) -> Placement:
     gpus = sorted(budgets)
     no_split = [_layer_class(model)]
     layers = decoder_layers(model)
-    prefix = layers_name(model, layers)
+    prefix = module_name(model, layers)
     sizes = module_sizes(model)
     with _quiet_accelerate():
         balanced = get_balanced_memory(model, max_memory=dict(budgets), no_split_module_classes=no_split)
@@ -331,7 +332,7 @@ def place_by_hand(model: nn.Module, budgets: dict[int, int]) -> Placement:
     from trainer.loader import decoder_layers, spread_devices
 
     layers = decoder_layers(model)
-    prefix = layers_name(model, layers)
+    prefix = module_name(model, layers)
     gpus = sorted(budgets)
     blocks = spread_devices(len(layers), [torch.device("cuda", g) for g in gpus])
     device_map: dict[str, int] = {}

@@ -205,7 +205,12 @@ def run_on_gpus(profile_name: str, layers: int | None, prompt_tokens: int) -> di
         raise SystemExit(f"{profile_name}: model.path is not here; give --layers for random weights")
     gpus = torch.cuda.device_count()
     t0 = time.perf_counter()
-    model = load_base(profile, str(model_dir), spread=True, random_layers=random_layers)
+
+    def progress(done: int, total: int) -> None:
+        if done == total or done % 10 == 0:
+            print(f"loaded {done}/{total} decoder layers, {time.perf_counter() - t0:.0f} s", flush=True)
+
+    model = load_base(profile, str(model_dir), spread=True, random_layers=random_layers, progress=progress)
     load_s = time.perf_counter() - t0
     facts = model.cockpit_load_facts
     loaded = [torch.cuda.max_memory_allocated(i) for i in range(gpus)]
@@ -279,7 +284,7 @@ def render_run(result: dict[str, Any], console: Any) -> None:
         f" tokens in {result['think']['seconds']} s ({result['think']['tokens_per_s']:,} new tokens/s)"
     )
     table = Table(title="planned against measured, GiB a GPU")
-    for col in ("GPU", "layers", "planned weights", "planned total", "after load", "scoring peak",
+    for col in ("GPU", "layers", "planned weights", "planned total", "load peak", "scoring peak",
                 "thinking peak"):  # fmt: skip
         table.add_column(col, justify="right")
     for i in range(result["gpus"]):

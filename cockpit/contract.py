@@ -40,6 +40,9 @@ ZERO3_LAYER_FETCHES = 2
 # 64 rather than 16: `cockpit eval` of the tiny run took 50 s instead of 78 s on 2 cores, same F1; on the
 # story's GPUs the KV cache of 64 sequences of ~2,000 tokens is about 25 GB spread over the layer blocks.
 EVAL_BATCH_SIZE = 64
+# Label scoring runs rows of (prefix, label) for several examples at once, at most this many tokens a
+# forward (trainer/evaluate.py); their logits are evaluation's largest working memory (trainer/placement.py).
+SCORE_TOKENS = 32_768
 
 # --- the loader --------------------------------------------------------------------------------------
 LOADERS = ("layerwise", "transformers")

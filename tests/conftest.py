@@ -21,6 +21,21 @@ def asset_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return Path(shared) if shared else tmp_path_factory.mktemp("cockpit-cache")
 
 
+@pytest.fixture(scope="session")
+def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The built-in tiny model's directory (built once a session, in $COCKPIT_CACHE if set)."""
+    from trainer import tiny
+
+    cache = os.environ.get("COCKPIT_CACHE") or str(tmp_path_factory.mktemp("cockpit-cache"))
+    old = os.environ.get("COCKPIT_CACHE")
+    os.environ["COCKPIT_CACHE"] = cache
+    try:
+        return str(tiny.model_path(seed=0))
+    finally:
+        if old is None:
+            del os.environ["COCKPIT_CACHE"]
+
+
 def run_cockpit(
     args: list[str], cache: Path, timeout: float = 900, **extra: str
 ) -> subprocess.CompletedProcess[str]:

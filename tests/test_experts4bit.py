@@ -22,7 +22,7 @@ if not torch.cuda.is_available():  # the Triton kernels run on the CPU only in T
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from cockpit.profiles import ProfileError, load_profile, parse_profile, profile_to_dict
-from trainer import experts4bit, tiny
+from trainer import experts4bit
 from trainer.audit import EngineFacts, build_audit
 from trainer.experts4bit import (
     NF4Experts,
@@ -40,18 +40,6 @@ REPO = Path(__file__).resolve().parent.parent
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.float() - b.float()).norm() / b.float().norm())
-
-
-@pytest.fixture(scope="session")
-def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
-    cache = os.environ.get("COCKPIT_CACHE") or str(tmp_path_factory.mktemp("cockpit-cache"))
-    old = os.environ.get("COCKPIT_CACHE")
-    os.environ["COCKPIT_CACHE"] = cache
-    try:
-        return str(tiny.model_path(seed=0))
-    finally:
-        if old is None:
-            del os.environ["COCKPIT_CACHE"]
 
 
 @pytest.fixture(scope="session")

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from cockpit.contract import EVAL_BATCH_SIZE
+from cockpit.contract import EVAL_BATCH_SIZE, SCORE_TOKENS
 from trainer.data import THINK_CLOSE, THINK_OPEN, prompt_text
 
 THINK_END = "</think>"
@@ -98,10 +98,6 @@ def think(model: Any, tokenizer: Any, prompts: list[str], max_new_tokens: int) -
     # goes on): what follows depends on the other prompts of the batch, not on this one.
     ends = set(stop) | ({tokenizer.pad_token_id} - {None})
     return tokenizer.batch_decode(cut_at_end(new, ends), skip_special_tokens=False)
-
-
-# Label scoring runs rows of (prefix, label) for several examples at once, at most this many tokens a forward.
-SCORE_TOKENS = 32_768
 
 
 @torch.no_grad()
@@ -244,20 +240,28 @@ class Evaluation:
         self.events.write("eval_system", system=name, path=str(path), examples=len(predictions),
                           accuracy=round(accuracy, 4), seconds=round(seconds, 2))  # fmt: skip
 
+    def load(self, model_dir: str) -> Any:
+        """A base model spread over the GPUs here (`trainer.placement`), saying where its layers went."""
+        from trainer.model import load_base
+
+        model = load_base(self.profile, model_dir, spread=True)
+        placement = model.cockpit_load_facts.get("placement")
+        if placement:
+            print(f"[cockpit] eval placement of {model_dir}: {placement['summary']}", flush=True)
+        return model
+
     def run(self, base: bool, adapter: Path | None, others: list[tuple[str, str]], serving: bool) -> None:
         from transformers import AutoTokenizer
-
-        from trainer.model import load_base
 
         model_dir, examples = self.examples()
         systems = (["base"] if base else []) + [n for n, _ in others] + (["finetuned"] if adapter else [])
         self.events.write("eval_begin", systems=systems, examples=len(examples))
         for name, path in others:
-            other = load_base(self.profile, path, spread=True)
+            other = self.load(path)
             self.score(name, other, AutoTokenizer.from_pretrained(path), examples, {"model": path})
             del other
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
-        model = load_base(self.profile, model_dir, spread=True)
+        model = self.load(model_dir)
         if base:
             self.score("base", model, tokenizer, examples, {"model": model_dir})
         if adapter is not None:

@@ -274,7 +274,11 @@ def _bnb_linear_factory(
 
 
 def spread_devices(n_layers: int, devices: list[torch.device]) -> list[torch.device]:
-    """Decoder layer i's device: contiguous, nearly equal blocks of layers, one block a device."""
+    """Decoder layer i's device: contiguous, nearly equal blocks of layers, one block a device.
+
+    A list of one device a layer (a placement made elsewhere: evaluation's, `trainer.placement`) comes
+    back as it is.
+    """
     return [devices[i * len(devices) // n_layers] for i in range(n_layers)]
 
 

@@ -38,18 +38,19 @@ def load_base(
 ) -> Any:
     """The frozen base model, quantized as the profile says, on this rank's device.
 
-    With `spread` (evaluation: one process, no DeepSpeed) it is spread over every visible GPU: the
-    layer-by-layer loader places blocks of decoder layers on each (`"transformers"`:
-    `from_pretrained(device_map="auto")`).
+    With `spread` (evaluation: one process, no DeepSpeed) it is spread over the visible GPUs as
+    accelerate places it (`trainer.placement`: whole decoder layers, everything else on the first GPU);
+    the layer-by-layer loader loads each layer onto its GPU, `"transformers"` takes the same map as
+    `from_pretrained(device_map=...)`. One GPU or none: nothing to place.
 
     `model.loader = "layerwise"` (default) loads and quantizes one decoder layer at a time and, under
     ZeRO-3, partitions each as soon as it is built (`trainer.loader`); `"transformers"` is
     `from_pretrained`, which puts the whole model on each rank's GPU before ZeRO-3 sees it. Either way,
     `quantization.quantize_experts` packs the fused MoE experts in NF4 (`trainer.experts4bit`), and the
     MoE blocks become ZeRO-3 leaf modules. What the loader did is left in `model.cockpit_load_facts`.
-    `random_layers` (a rehearsal): the architecture sliced to that many decoder layers, random weights
-    (the layer-by-layer loader only). `progress(done, total)` is called after each decoder layer the
-    layer-by-layer loader has loaded.
+    `random_layers` (a rehearsal; with `spread`, a placement measured on GPUs): the architecture sliced
+    to that many decoder layers, random weights (the layer-by-layer loader only). `progress(done, total)`
+    is called after each decoder layer the layer-by-layer loader has loaded.
     """
     from trainer import experts4bit
     from trainer.loader import load_device, load_layerwise
@@ -59,10 +60,25 @@ def load_base(
     layerwise = uses_layerwise_loader(profile)
     if random_layers is not None and not layerwise:
         raise ValueError('random weights need the layer-by-layer loader (model.loader = "layerwise")')
+    placement = None
+    if spread and device.type == "cuda":
+        from trainer.placement import plan_evaluation
+
+        placement = plan_evaluation(profile, model_dir, random_layers=random_layers)
     if layerwise and spread:
-        gpus = [torch.device("cuda", i) for i in range(torch.cuda.device_count())]
+        # The loader keeps everything outside the layers on the device it is given and hooks each layer
+        # to move its inputs (`follow_inputs`): it quantizes each layer on its GPU as it loads it, so the
+        # weights are in place before accelerate's `dispatch_model` could move them.
+        home = torch.device("cuda", placement.home) if placement else device
+        layer_devices = placement.torch_layer_devices() if placement else None
         model, facts = load_layerwise(
-            profile, model_dir, device, None, spread_over=gpus or None, progress=progress
+            profile,
+            model_dir,
+            home,
+            None,
+            spread_over=layer_devices,
+            random_layers=random_layers,
+            progress=progress,
         )
     elif layerwise:
         zero_init = _zero3_init_config(profile, model_dir)
@@ -78,14 +94,16 @@ def load_base(
         }
         if q.load_in_4bit:
             kwargs["quantization_config"] = bnb_config(profile)
-        if device.type == "cuda" and spread:
-            kwargs["device_map"] = "auto"
+        if placement is not None:
+            kwargs["device_map"] = placement.device_map
         # Otherwise no device_map: under ZeRO-3 Transformers refuses one, and bitsandbytes quantizes on
         # the current device, which load_device() set to this rank's GPU.
         model = AutoModelForCausalLM.from_pretrained(model_dir, **kwargs)
         facts = {"loader": "transformers", "load_device": str(device)}
         if q.quantize_experts:
             facts["experts_nf4"] = experts4bit.quantize_model_experts(model, experts_storage_dtype(profile))
+    if placement is not None:
+        facts["placement"] = placement.to_dict()
     model.config.use_cache = False
     for param in model.parameters():
         param.requires_grad_(False)

@@ -502,6 +502,13 @@ DROPPED = (
         "next: no effect beyond the run-to-run spread",
         ("after-4096-mb2", "control-stage2-4096", "after-4096-stack", "lever-blas-lt-4096", "after-8192"),
     ),
+    (
+        "torch's F.linear under ZeRO-3 instead of DeepSpeed's Python wrapper (`memory_efficient_linear` off)",
+        "after-4096 0.150 s with it against 0.142 s without, the story's 4096x1x8 1.024 s against 1.042 s, "
+        "one run, interleaved: no effect beyond the run-to-run spread "
+        "(benchmarks/results/earlier/step_speed_h200_session4_run5.json)",
+        ("story-offload-4096-ga8",),
+    ),
 )
 
 

@@ -1,0 +1,148 @@
+"""Where the host's time goes in a kept trace: Python frames, per step, and while the GPU waits.
+
+Reads a chrome trace that `benchmarks/step_speed.py --keep-traces` brought back from a row profiled with
+Python stacks (`COCKPIT_PROFILE_STACK=1`, the row `after-4096-stack`). For each frame named on the
+command line (a substring of the trace's frame names), the outermost calls a step and their inclusive
+milliseconds a step; and the GPU's idle time (gaps of more than 20 us between kernels, copies and fills)
+with the share of it spent inside each frame. The profiler slows the host: the figures are relative.
+
+    python benchmarks/trace_frames.py trace-after-4096-stack-trace-rank0.json.gz [--steps 2]
+
+Writes trace_frames.md and .json under $OUT (else benchmarks/results/).
+"""
+
+from __future__ import annotations
+
+import argparse
+import bisect
+import gzip
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# (label, substring of the frame name): the step's host work, outermost first
+FRAMES = (
+    ("training step (HF)", "trainer.py(", "training_step"),
+    ("DeepSpeed engine step", "engine.py(", ": step"),
+    ("  ZeRO-3: release every parameter", "release_and_reset_all", ""),
+    ("backward", "engine.py(", ": backward"),
+    ("forward with chunked loss", "trainer/loss.py(", "_forward_with_chunked_loss"),
+    ("PEFT LoRA on 4-bit linears", "peft/tuners/lora/bnb.py(", "forward"),
+    ("  bitsandbytes Linear4bit", "bitsandbytes/nn/modules.py(", "forward"),
+    ("DeepSpeed F.linear wrapper", "deepspeed/runtime/zero/linear.py(", "forward"),
+    ("ZeRO-3 pre-forward hooks", "_pre_forward_module_hook", ""),
+    ("ZeRO-3 post-forward hooks", "_post_forward_module_hook", ""),
+    ("routing (trainer/routing.py)", "trainer/routing.py(", ""),
+    ("experts (trainer/experts4bit.py)", "trainer/experts4bit.py(", ""),
+    ("HF FLOP count (num_parameters)", "floating_point_ops", ""),
+    ("module.train()", "module.py(", ": train"),
+    ("step callbacks", "callback", "on_step_end"),
+)
+
+
+def outermost(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Calls not nested in another call of the same frame set."""
+    out, end = [], -1.0
+    for e in sorted(events, key=lambda e: e["ts"]):
+        if e["ts"] >= end:
+            out.append(e)
+            end = e["ts"] + e["dur"]
+    return out
+
+
+def gaps(device: list[dict[str, Any]], min_us: float = 20.0) -> list[tuple[float, float]]:
+    """Intervals where nothing ran on the GPU."""
+    device = sorted(device, key=lambda e: e["ts"])
+    out, end = [], device[0]["ts"] + device[0]["dur"]
+    for e in device[1:]:
+        if e["ts"] - end > min_us:
+            out.append((end, e["ts"]))
+        end = max(end, e["ts"] + e["dur"])
+    return out
+
+
+def overlap(calls: list[dict[str, Any]], idle: list[tuple[float, float]]) -> float:
+    """Microseconds of GPU idle time inside these calls."""
+    starts = [a for a, _ in idle]
+    total = 0.0
+    for c in calls:
+        lo, hi = c["ts"], c["ts"] + c["dur"]
+        for a, b in idle[max(0, bisect.bisect_left(starts, lo) - 1) : bisect.bisect_right(starts, hi)]:
+            total += max(0.0, min(b, hi) - max(a, lo))
+    return total
+
+
+def analyse(trace: dict[str, Any], steps: int) -> dict[str, Any]:
+    events = trace["traceEvents"]
+    python = [e for e in events if e.get("ph") == "X" and e.get("cat") == "python_function"]
+    device = [
+        e for e in events if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")
+    ]
+    if not python:
+        raise SystemExit("no Python frames in this trace: profile the row with COCKPIT_PROFILE_STACK=1")
+    idle = gaps(device)
+    rows = []
+    for label, where, what in FRAMES:
+        calls = outermost([e for e in python if where in e["name"] and what in e["name"]])
+        rows.append(
+            {
+                "frame": label,
+                "calls_per_step": len(calls) / steps,
+                "ms_per_step": sum(c["dur"] for c in calls) / steps / 1e3,
+                "gpu_idle_ms_per_step": overlap(calls, idle) / steps / 1e3,
+            }
+        )
+    return {
+        "steps": steps,
+        "gpu_busy_ms_per_step": sum(e["dur"] for e in device) / steps / 1e3,
+        "gpu_idle_ms_per_step": sum(b - a for a, b in idle) / steps / 1e3,
+        "frames": rows,
+    }
+
+
+def table(result: dict[str, Any], source: str) -> str:
+    out = [
+        "# Host frames in a profiled step (torch.profiler with Python stacks)",
+        "",
+        f"Trace: `{source}`, {result['steps']} steps. GPU busy {result['gpu_busy_ms_per_step']:.1f} ms a "
+        f"step, idle {result['gpu_idle_ms_per_step']:.1f} ms a step (the profiler slows the host: relative "
+        "figures).",
+        "",
+        "| frame | calls a step | ms a step (inclusive) | GPU idle inside, ms a step |",
+        "|---|---|---|---|",
+    ]
+    for r in result["frames"]:
+        cells = (f"{r['calls_per_step']:.0f}", f"{r['ms_per_step']:.2f}", f"{r['gpu_idle_ms_per_step']:.2f}")
+        out.append(f"| {r['frame']} | " + " | ".join(cells) + " |")
+    return "\n".join(out) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("trace", type=Path, help="a chrome trace, .json or .json.gz")
+    parser.add_argument("--steps", type=int, default=2, help="optimizer steps the trace covers")
+    args = parser.parse_args(argv)
+    if not args.trace.is_file():
+        print(f"trace_frames: no such file: {args.trace}", file=sys.stderr)
+        return 2
+    opener = gzip.open if args.trace.suffix == ".gz" else open
+    with opener(args.trace, "rt") as f:
+        trace = json.load(f)
+    result = analyse(trace, args.steps)
+    report = table(result, args.trace.name)
+    print(report)
+    out = Path(os.environ.get("OUT") or ROOT / "benchmarks/results")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "trace_frames.md").write_text(report)
+    (out / "trace_frames.json").write_text(json.dumps({"trace": args.trace.name, **result}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

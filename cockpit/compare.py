@@ -19,6 +19,7 @@ import numpy as np
 
 from cockpit.record import load_manifest
 from cockpit.record.scalars import RunScalars, load_scalars
+from cockpit.record.units import clock
 
 TAGS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
 MAX_RUNS = len(TAGS)
@@ -259,15 +260,6 @@ def fmt_mib(mib: float | None) -> str:
     return f"{mib / 1024:.2f} GiB" if mib >= 1024 else f"{mib:.0f} MiB"
 
 
-def fmt_duration(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    s = round(seconds)
-    h, rem = divmod(s, 3600)
-    m, sec = divmod(rem, 60)
-    return f"{h}:{m:02d}:{sec:02d}" if h else f"{m}:{sec:02d}"
-
-
 SUMMARY_HEADER = (
     "run", "label", "steps", "final loss", "final val loss", "median tok/s", "CUDA peak", "GPU used",
     "RSS peak", "elapsed",
@@ -287,7 +279,7 @@ def summary_rows(comparison: Comparison) -> list[list[str]]:
             fmt_mib(s.cuda_peak_mib),
             fmt_mib(s.gpu_used_mib),
             fmt_mib(s.rss_peak_mib),
-            fmt_duration(s.elapsed_s),
+            clock(s.elapsed_s, unknown="-"),
         ]
         for s in comparison.summaries
     ]

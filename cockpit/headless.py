@@ -19,20 +19,11 @@ from cockpit.plan.audit import plan_warnings
 from cockpit.plan.store import load_plan
 from cockpit.record import RunPaths, RunReader, load_manifest
 from cockpit.record.format import TERMINAL_STATUSES
+from cockpit.record.units import clock
 from cockpit.record.view import RunView
 from cockpit.report import macro_f1_table, read_report_json
 
 REFRESH_S = 0.5
-
-
-def format_duration(seconds: float | None) -> str:
-    """`1:02:03` style, or `--:--` when unknown."""
-    if seconds is None:
-        return "--:--"
-    seconds = int(seconds)
-    h, rem = divmod(seconds, 3600)
-    m, s = divmod(rem, 60)
-    return f"{h}:{m:02d}:{s:02d}" if h else f"{m:02d}:{s:02d}"
 
 
 def _fmt(value: float | None, spec: str) -> str:
@@ -73,7 +64,7 @@ def step_line(view: RunView) -> str:
     val = f"  val {view.val_loss:.4f}" if view.val_loss is not None else ""
     return (
         f"step {view.step}/{view.max_steps or '?'}  loss {_fmt(view.last_loss, '.4f')}{val}  "
-        f"{_fmt(view.tokens_per_s, ',.0f')} tok/s  ETA {format_duration(view.eta_s())}  "
+        f"{_fmt(view.tokens_per_s, ',.0f')} tok/s  ETA {clock(view.eta_s(), padded=True)}  "
         f"peak {peak_memory(view)}"
     )
 
@@ -104,7 +95,7 @@ class PlainLog:
 
     def update(self, view: RunView, now: float) -> list[str]:
         """The lines that `view` at `now` calls for, beyond those already given."""
-        stamp = f"[{format_duration(view.elapsed_s(now))}] "
+        stamp = f"[{clock(view.elapsed_s(now), padded=True)}] "
         lines: list[str] = []
         if view.train_started_t != self._train_t:  # a new attempt (a resume): its first step again
             self._train_t, self._step = view.train_started_t, None
@@ -233,7 +224,7 @@ class HeadlessViewer:
                     phase=f"eval {v.eval_system}" if evaluating else v.phase,
                     loss=_fmt(v.last_loss, ".4f"),
                     tps=_fmt(v.tokens_per_s, ",.0f"),
-                    eta=format_duration(v.eta_s()),
+                    eta=clock(v.eta_s(), padded=True),
                 )
 
             return self._loop(show)

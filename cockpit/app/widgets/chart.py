@@ -18,6 +18,7 @@ from textual.strip import Strip
 from textual.widget import Widget
 
 from cockpit.app.model import ChartData
+from cockpit.record.units import clock
 
 GUTTER = 8  # y-axis labels
 # Braille dot bits, [row][column] within a cell.
@@ -42,13 +43,6 @@ def fmt_axis(value: float, unit: str, span: float = 0.0) -> str:
         k_decimals = min(3, max(0, math.ceil(-math.log10(span / 1e3)) + 1)) if span > 0 else 1
         return f"{value / 1e3:.{k_decimals}f}k"
     return f"{value:.{decimals}f}"
-
-
-def fmt_elapsed(seconds: float) -> str:
-    seconds = int(max(0, seconds))
-    h, rem = divmod(seconds, 3600)
-    m, s = divmod(rem, 60)
-    return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
 
 
 def _fit(values: np.ndarray, width: int) -> np.ndarray:
@@ -198,8 +192,8 @@ class BrailleChart(Widget):
 
     def _x_axis(self, data: ChartData, width: int) -> Strip:
         cols = width - GUTTER
-        left, right = fmt_elapsed(data.x_lo), fmt_elapsed(data.x_hi)
-        mid = fmt_elapsed((data.x_lo + data.x_hi) / 2)
+        left, right = clock(data.x_lo), clock(data.x_hi)
+        mid = clock((data.x_lo + data.x_hi) / 2)
         line = [" "] * cols
         for pos, text in ((0, left), ((cols - len(mid)) // 2, mid), (cols - len(right), right)):
             for i, ch in enumerate(text):

@@ -9,7 +9,7 @@ from textual.widget import Widget
 from textual.widgets import Static
 
 from cockpit.app.model import Audit, Header
-from cockpit.app.widgets.chart import fmt_elapsed
+from cockpit.record.units import clock
 
 STATUS_STYLE = {
     "running": "bold green",
@@ -25,10 +25,6 @@ MODE_BADGE = {  # what the viewer is doing, and its colour
     "paused": ("LIVE · PAUSED", "bold reverse yellow"),
     "ended": ("ENDED", "bold reverse"),
 }
-
-
-def _duration(seconds: float | None) -> str:
-    return "--:--" if seconds is None else fmt_elapsed(seconds)
 
 
 def header_text(h: Header) -> Text:
@@ -61,10 +57,10 @@ def header_text(h: Header) -> Text:
     if h.catching_up:
         text.append(" jumping to the end…", "italic yellow")
     text.append(" elapsed ")
-    text.append(_duration(h.elapsed_s), "bold")
+    text.append(clock(h.elapsed_s), "bold")
     if not h.ended and (h.eta_s is not None or h.eta_note):  # an unknown ETA leaves room for the rest
         text.append(" · ETA ")
-        text.append(_duration(h.eta_s), "bold")
+        text.append(clock(h.eta_s), "bold")
         if h.eta_note:
             text.append(f" {h.eta_note}")
     if h.warning:

@@ -124,6 +124,7 @@ def gpu_rows() -> list[Row]:
         Row("after-4096-mb2", 4, 4096, mb=2, steps=12),
         Row("control-stage2-4096", 4, 4096, steps=20, extra=STAGE2),
         Row("after-4096-stack", 4, 4096, profile=True, steps=8, env_extra=STACK),
+        Row("offload-4096-stack", 4, 4096, offload=True, profile=True, steps=8, env_extra=STACK),
         Row("lever-blas-lt-4096", 4, 4096, steps=20, env_extra=BLAS_LT),
         # The story's own accumulation: 8 micro-batches an optimizer step, so the step's fixed host work
         # (DeepSpeed's step and its release of every parameter, HF's per-step bookkeeping) is paid once.

@@ -76,6 +76,85 @@ def overlap(calls: list[dict[str, Any]], idle: list[tuple[float, float]]) -> flo
     return total
 
 
+def busy(events: list[dict[str, Any]], lo: float, hi: float) -> float:
+    """Microseconds in [lo, hi) covered by at least one of the events."""
+    spans = sorted((max(lo, e["ts"]), min(hi, e["ts"] + e["dur"])) for e in events)
+    spans = [(a, b) for a, b in spans if b > a]
+    total, end = 0.0, lo
+    for a, b in spans:
+        if b <= end:
+            continue
+        total += b - max(a, end)
+        end = b
+    return total
+
+
+def copy_timeline(events: list[dict[str, Any]], steps: int) -> list[dict[str, Any]]:
+    """With parameter offload: per phase of a step (forward, head and loss, backward, and the optimizer
+    step with the next step's data), milliseconds a step of host-to-device copies, of kernels, of both at
+    once, and of the copy engine idle. Phases are cut at the trace's own marks: the trainer's
+    `cockpit:head_loss`, the optimizer's `Optimizer.step` and the data loader's `__next__`."""
+    xs = [e for e in events if e.get("ph") == "X"]
+    copies = [e for e in xs if e.get("cat") == "gpu_memcpy" and "HtoD" in e["name"]]
+    kernels = [e for e in xs if e.get("cat") == "kernel"]
+    if not copies:
+        return []
+    marks = sorted(
+        (e["ts"], e["ts"] + e["dur"], kind)
+        for e in xs
+        if e.get("cat") == "user_annotation"
+        for kind in [
+            "head" if e["name"] == "cockpit:head_loss"
+            else "optimizer" if e["name"].startswith("Optimizer.step")
+            else "data" if "DataLoader" in e["name"]
+            else ""
+        ]
+        if kind
+    )  # fmt: skip
+    start = min(e["ts"] for e in copies + kernels)
+    end = max(e["ts"] + e["dur"] for e in copies + kernels)
+    cuts: list[tuple[str, float, float]] = []
+    edge, phase = start, "forward"
+    for lo, hi, kind in marks:
+        if kind == "head":
+            cuts += [("forward", edge, lo), ("head and loss", lo, hi)]
+            edge, phase = hi, "backward"
+        elif kind == "optimizer" and phase == "backward":
+            cuts.append(("backward", edge, lo))
+            edge, phase = lo, "optimizer"
+        elif kind == "data" and phase == "optimizer":
+            cuts.append(("optimizer step and the next batch", edge, hi))
+            edge, phase = hi, "forward"
+    cuts.append(
+        (
+            {"forward": "forward", "backward": "backward"}.get(phase, "optimizer step and the next batch"),
+            edge,
+            end,
+        )
+    )
+    rows: dict[str, dict[str, float]] = {}
+    for name, lo, hi in cuts:
+        if hi <= lo:
+            continue
+        r = rows.setdefault(name, {"wall": 0.0, "copy": 0.0, "kernel": 0.0, "both": 0.0})
+        c, k, either = busy(copies, lo, hi), busy(kernels, lo, hi), busy(copies + kernels, lo, hi)
+        r["wall"] += hi - lo
+        r["copy"] += c
+        r["kernel"] += k
+        r["both"] += c + k - either
+    return [
+        {
+            "phase": name,
+            "wall_ms": v["wall"] / steps / 1e3,
+            "copy_ms": v["copy"] / steps / 1e3,
+            "kernel_ms": v["kernel"] / steps / 1e3,
+            "overlap_ms": v["both"] / steps / 1e3,
+            "copy_idle_ms": (v["wall"] - v["copy"]) / steps / 1e3,
+        }
+        for name, v in rows.items()
+    ]
+
+
 def analyse(trace: dict[str, Any], steps: int) -> dict[str, Any]:
     events = trace["traceEvents"]
     python = [e for e in events if e.get("ph") == "X" and e.get("cat") == "python_function"]
@@ -97,6 +176,7 @@ def analyse(trace: dict[str, Any], steps: int) -> dict[str, Any]:
             }
         )
     return {
+        "copies": copy_timeline(events, steps),
         "steps": steps,
         "gpu_busy_ms_per_step": sum(e["dur"] for e in device) / steps / 1e3,
         "gpu_idle_ms_per_step": sum(b - a for a, b in idle) / steps / 1e3,
@@ -118,6 +198,17 @@ def table(result: dict[str, Any], source: str) -> str:
     for r in result["frames"]:
         cells = (f"{r['calls_per_step']:.0f}", f"{r['ms_per_step']:.2f}", f"{r['gpu_idle_ms_per_step']:.2f}")
         out.append(f"| {r['frame']} | " + " | ".join(cells) + " |")
+    if result.get("copies"):
+        out += [
+            "",
+            "Host-to-device copies by phase of the step (parameter offload; ms a step):",
+            "",
+            "| phase | wall | copies | kernels | both at once | copy engine idle |",
+            "|---|---|---|---|---|---|",
+        ]
+        for r in result["copies"]:
+            cells = [f"{r[k]:.1f}" for k in ("wall_ms", "copy_ms", "kernel_ms", "overlap_ms", "copy_idle_ms")]
+            out.append(f"| {r['phase']} | " + " | ".join(cells) + " |")
     return "\n".join(out) + "\n"
 
 

@@ -137,15 +137,16 @@ class CopyBound:
 
     @property
     def compute_s(self) -> float:
-        """One layer's compute an optimizer step (the serial slope less its copies)."""
+        """One layer's compute an optimizer step (the serial slope less its copies; measured on several
+        ranks, their all-gather of the layer is in it too)."""
         return max(0.0, self.serial.per_layer - self.copies.layer_s)
 
     def at(self, layers: float) -> float:
         w = self.copies.window
         if self.past is not None and layers >= w:
             return self.past.at(layers)
-        past = max(0.0, layers - w)
-        return self.serial.at(min(layers, w)) + past * max(self.copies.layer_s, self.compute_s)
+        beyond = max(0.0, layers - w)
+        return self.serial.at(min(layers, w)) + beyond * max(self.copies.layer_s, self.compute_s)
 
 
 def step_fit(points: list[tuple[int, float]], copies: Copies | None) -> Linear | CopyBound | None:

@@ -231,3 +231,19 @@ def test_step_time_comes_from_the_measured_costs() -> None:
     assert step(0.5) - hidden == pytest.approx((plan.configured.step_s - hidden) / 2, rel=1e-9)
     tiny, _ = load_profile("tiny-cpu")
     assert build_plan(tiny, Hardware(0, "", 0, 24)).configured.compute_s is None  # no GPU: no speed
+
+
+def test_fuller_micro_batches_are_an_option_when_accumulation_halves(plan) -> None:
+    """The story accumulates 8 micro-batches of one row: 2 rows and 4 micro-batches are the same optimizer
+    step, faster (fixed costs a micro-batch paid half as often) and needing more activation memory."""
+    wider = {o.label: o.estimate for o in plan.options}["2 rows a micro-batch, accumulation 4"]
+    one = {o.label: o.estimate for o in plan.options}["no offload"]
+    assert wider.setup.micro_batch == 2 and wider.setup.offload == one.setup.offload
+    assert wider.tokens_per_s > one.tokens_per_s
+    assert wider.train.gpu_peak > one.train.gpu_peak
+    assert plan.best.setup.micro_batch == 2  # the fastest that fits on the profile's GPUs
+
+
+def test_no_fuller_micro_batch_without_an_even_accumulation() -> None:
+    profile, _ = load_profile(STORY, ["training.grad_accum=3"])
+    assert not any("rows a micro-batch" in o.label for o in build_plan(profile).options)

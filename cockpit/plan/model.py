@@ -200,7 +200,8 @@ class Setup:
         hw = f"{self.gpus} GPU" + ("s" if self.gpus != 1 else "") if self.gpus else "CPU"
         if self.nodes > 1:
             hw = f"{self.nodes} nodes x {hw}"
-        return f"{mode}, {where}, {hw}, seq {self.seq_len}"
+        rows = f" x {self.micro_batch}" if self.micro_batch > 1 else ""
+        return f"{mode}, {where}, {hw}, seq {self.seq_len}{rows}"
 
 
 @dataclass(frozen=True)

@@ -6,12 +6,13 @@ status and one-line diagnosis the supervisor wrote, and the seconds from the fau
 
     python benchmarks/faults.py [--only NAME ...]
 
-Writes faults.md under $OUT when set. About 5 minutes on 2 CPU cores.
+Writes faults.md and faults.json under $OUT when set. About 5 minutes on 2 CPU cores.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import sys
@@ -19,6 +20,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT)]
@@ -91,31 +93,51 @@ FAULTS: dict[str, tuple[str, Fault]] = {
 }
 
 
+def run_faults(names: list[str], tmp: Path, cache: Path) -> list[dict[str, Any]]:
+    """Each fault done to a fresh run under `tmp`: its status, diagnosis and time to diagnosis."""
+    rows = []
+    for name in names:
+        what, fault = FAULTS[name]
+        runs = tmp / name
+        runs.mkdir()
+        run, at = fault(runs, cache)
+        manifest = wait_end(run)
+        seconds = manifest["ended_at"] - at
+        rows.append(
+            {
+                "fault": name,
+                "what": what,
+                "status": manifest["status"],
+                "diagnosis": manifest["diagnosis"],
+                "seconds": round(seconds, 1),
+            }
+        )
+        print(f"{name}: {manifest['status']} in {seconds:.1f} s", flush=True)
+        if name == "disk-full":
+            unmount(runs / "small-fs")
+    return rows
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    lines = ["| fault | status | diagnosis | time to diagnosis |", "|---|---|---|---|"]
+    lines += [f"| {r['what']} | {r['status']} | {r['diagnosis']} | {r['seconds']:.1f} s |" for r in rows]
+    return "\n".join(lines)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--only", nargs="*", choices=sorted(FAULTS), help="run only these faults")
     args = parser.parse_args()
-    rows = []
     with tempfile.TemporaryDirectory() as tmp:
         cache = Path(os.environ.get("COCKPIT_CACHE", Path(tmp) / "cache"))
-        for name in args.only or list(FAULTS):
-            what, fault = FAULTS[name]
-            runs = Path(tmp) / name
-            runs.mkdir()
-            run, at = fault(runs, cache)
-            manifest = wait_end(run)
-            rows.append((what, manifest["status"], manifest["diagnosis"], manifest["ended_at"] - at))
-            print(f"{name}: {manifest['status']} in {manifest['ended_at'] - at:.1f} s", flush=True)
-            if name == "disk-full":
-                unmount(runs / "small-fs")
-    lines = ["| fault | status | diagnosis | time to diagnosis |", "|---|---|---|---|"]
-    lines += [f"| {w} | {s} | {d} | {t:.1f} s |" for w, s, d, t in rows]
-    table = "\n".join(lines)
-    print(table)
+        rows = run_faults(args.only or list(FAULTS), Path(tmp), cache)
+    text = table(rows)
+    print(text)
     if os.environ.get("OUT"):
-        Path(os.environ["OUT"], "faults.md").write_text(table + "\n")
+        Path(os.environ["OUT"], "faults.md").write_text(text + "\n")
+        Path(os.environ["OUT"], "faults.json").write_text(json.dumps(rows, indent=1))
     return 0
 
 

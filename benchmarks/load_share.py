@@ -24,7 +24,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -34,7 +33,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT)]
 
-from benchmarks.trainer_runs import free_port, log_tail, new_run  # noqa: E402
+from benchmarks.trainer_runs import log_tail, new_run, run_ranks  # noqa: E402
 from cockpit.record import read_events  # noqa: E402
 
 WAYS = {"every rank loads all": "0", "each rank its share": "1"}
@@ -42,7 +41,7 @@ WAYS = {"every rank loads all": "0", "each rank its share": "1"}
 
 def run_job(args: argparse.Namespace, runs: Path, way: str, repeat: int) -> Path:
     """One job of N ranks, the load done `way`; returns its run directory."""
-    from cockpit.supervisor import child_env, rehearsal_args, trainer_argv
+    from cockpit.supervisor import rehearsal_args
 
     overrides = [
         f"hardware.gpus={args.ranks}",
@@ -54,16 +53,7 @@ def run_job(args: argparse.Namespace, runs: Path, way: str, repeat: int) -> Path
     name = f"load-share-{WAYS[way]}-{repeat}"
     run_dir, profile = new_run(args.profile, overrides, runs, name)
     extra = rehearsal_args(args.layers, 1, 0) if args.layers else []
-    argv = trainer_argv(profile, run_dir, False, free_port(), extra)
-    env = {**child_env(), "COCKPIT_LOAD_SHARE": WAYS[way], "PYTHONUNBUFFERED": "1"}
-    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-    with open(run_dir / "output.log", "ab") as log:
-        proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
-        try:
-            code = proc.wait(timeout=args.timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            code = proc.wait()
+    code = run_ranks(run_dir, profile, extra, {"COCKPIT_LOAD_SHARE": WAYS[way]}, args.timeout)
     if code != 0:
         print(f"{name}: exit {code}: {log_tail(run_dir)}", file=sys.stderr)
     return run_dir

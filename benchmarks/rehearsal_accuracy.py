@@ -49,51 +49,71 @@ FIGURES = (
 )
 
 
-def config_overrides(config: str, gpu: bool) -> list[str]:
-    """The profile overrides of one configuration."""
+def config_overrides(config: str, gpu: bool, ranks: int | None = None) -> list[str]:
+    """The profile overrides of one configuration; `ranks` ranks (GPUs, or CPU ranks) where given, else
+    one rank."""
     experts, offload = CONFIGS[config]
     overrides = [
         f"quantization.quantize_experts={experts}",
         f'deepspeed.offload_param="{offload}"',
         f'deepspeed.offload_optimizer="{offload}"',
         "training.grad_accum=2",
-        f"hardware.gpus={1 if gpu else 0}",
+        f"hardware.gpus={ranks if ranks else 1 if gpu else 0}",
     ]
     if not gpu:
         overrides += ["training.bf16=false", "training.micro_batch_size=4", "data.mean_tokens=100"]
     return overrides
 
 
-def models(config: str, profile_name: str, gpu: bool) -> tuple[Any, Any]:
+def models(config: str, profile_name: str, gpu: bool, ranks: int | None = None) -> tuple[Any, Any]:
     """The configuration's gathered-layers term and offload copies (`cockpit.rehearse.predict.gathered_for`
-    and `copies_for`), from its plan's bytes and the plan's host-to-device bandwidth, exactly as the
-    rehearsal's forecast makes them."""
+    and `copies_for`) on `ranks` ranks (else one), from its plan's bytes and the plan's host-to-device
+    bandwidth, exactly as the rehearsal's forecast makes them."""
     from cockpit.plan import Assumptions, build_plan
     from cockpit.profiles import load_profile
     from cockpit.rehearse.predict import copies_for, gathered_for, model_facts
 
-    profile, _ = load_profile(profile_name, config_overrides(config, gpu))
+    profile, _ = load_profile(profile_name, config_overrides(config, gpu, ranks))
     facts = model_facts(build_plan(profile).to_dict())
-    copies = copies_for(profile, facts.layer_bytes, facts.other_bytes, 1, Assumptions().h2d_gbps)
+    copies = copies_for(profile, facts.layer_bytes, facts.other_bytes, ranks or 1, Assumptions().h2d_gbps)
     return gathered_for(profile, facts.layer_bytes), copies
 
 
 def rehearse(
-    config: str, profile_name: str, gpu: bool, runs: Path, deadline: float, depths: tuple[int, ...] = DEPTHS
+    config: str,
+    profile_name: str,
+    gpu: bool,
+    runs: Path,
+    deadline: float,
+    depths: tuple[int, ...] = DEPTHS,
+    ranks: int | None = None,
+    env: dict[str, str] | None = None,
+    sampler: bool = False,
 ) -> dict[str, Any]:
-    """Every depth of one configuration in one record, bracketed as the rehearsal command brackets them."""
-    from benchmarks.trainer_runs import log_tail, new_run, run_depth
+    """Every depth of one configuration in one record, bracketed as the rehearsal command brackets them.
+
+    One rank by default (`run_depth`); with `ranks`, that many through DeepSpeed's runner as `cockpit run`
+    launches them (`run_ranks`), the telemetry sampler beside them if `sampler`. `env` goes to the ranks.
+    """
+    from benchmarks.trainer_runs import log_tail, new_run, run_depth, run_ranks
     from cockpit.record import EventWriter, RunPaths, read_events
     from cockpit.rehearse.measure import BEGIN, END, depth_measures
+    from cockpit.supervisor import rehearsal_args
 
-    run_dir, _ = new_run(profile_name, config_overrides(config, gpu), runs, f"accuracy-{config}")
+    name = f"accuracy-{config}" + (f"-{ranks}r" if ranks else "")
+    run_dir, profile = new_run(profile_name, config_overrides(config, gpu, ranks), runs, name)
     marks = EventWriter(RunPaths(run_dir).events("supervisor"))
     offset = 0
     for layers in depths:
         if time.time() > deadline:
             break
         marks.write(BEGIN, layers=layers, steps=STEPS, step_offset=offset)
-        code = run_depth(run_dir, layers, STEPS, step_offset=offset, timeout=max(60, deadline - time.time()))
+        timeout = max(60, deadline - time.time())
+        if ranks:
+            extra = rehearsal_args(layers, STEPS, offset)
+            code = run_ranks(run_dir, profile, extra, env, timeout=timeout, sampler=sampler)
+        else:
+            code = run_depth(run_dir, layers, STEPS, env, offset, timeout, sampler)
         ok = code == 0
         marks.write(
             END, layers=layers, status="ok" if ok else "failed", message="" if ok else log_tail(run_dir)

@@ -1,12 +1,16 @@
-"""Launching the cockpit's own trainer for benchmarks: one rank, one run record, a rehearsal depth.
+"""Launching the cockpit's own trainer for benchmarks: a run record, a rehearsal depth, one rank or N.
 
 The benchmarks measure the product's code path: a run directory made by `cockpit.runs.create_run` from
 a profile with overrides, and `python -m trainer --rehearse-layers N` (the architecture sliced to N
-layers, random weights) with the environment of a single DeepSpeed rank.
+layers, random weights) with the environment of a single DeepSpeed rank (`run_depth`), or the trainer
+as `cockpit run` launches it, through DeepSpeed's runner, `hardware.gpus` ranks (`run_ranks`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import socket
 import subprocess
 import sys
@@ -67,21 +71,51 @@ def run_depth(
         str(run_dir),
         *rehearsal_args(layers, steps, step_offset),
     ]
+    return run_logged(argv, run_dir, full_env, timeout, sampler)
+
+
+def run_ranks(
+    run_dir: Path,
+    profile: Any,
+    extra: list[str] | None = None,
+    env: dict[str, str] | None = None,
+    timeout: float = 600,
+    sampler: bool = False,
+) -> int | str:
+    """The trainer in `run_dir` as `cockpit run` launches it (`cockpit.supervisor.trainer_argv`: DeepSpeed's
+    runner with the profile's launcher options, `hardware.gpus` ranks, each under `trainer.guard`), with
+    `extra` trainer arguments (a rehearsal depth: `rehearsal_args`); no supervisor. Exit code or "timeout"."""
+    from cockpit.supervisor import child_env, trainer_argv
+
+    argv = trainer_argv(profile, run_dir, False, free_port(), extra or [])
+    full_env = {**child_env(), "PYTHONUNBUFFERED": "1", **(env or {})}
+    full_env["PYTHONPATH"] = str(ROOT) + os.pathsep + full_env.get("PYTHONPATH", "")
+    return run_logged(argv, run_dir, full_env, timeout, sampler)
+
+
+def run_logged(
+    argv: list[str], run_dir: Path, env: dict[str, str], timeout: float, sampler: bool = False
+) -> int | str:
+    """Run `argv` from the repository with its output appended to the run's log, and with the telemetry
+    sampler over its process tree if `sampler`; kill its process group past `timeout` ("timeout")."""
     with open(run_dir / "output.log", "ab") as log:
-        proc = subprocess.Popen(argv, cwd=ROOT, env=full_env, stdout=log, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
         telemetry = None
         if sampler:
             telemetry = subprocess.Popen(
                 [sys.executable, "-m", "cockpit.telemetry", str(run_dir), "--root-pid", str(proc.pid)],
                 cwd=ROOT,
-                env=full_env,
+                env=env,
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
             )
         try:
             return proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
-            proc.kill()
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)  # the runner and every rank it started
             proc.wait()
             return "timeout"
         finally:

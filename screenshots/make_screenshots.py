@@ -5,7 +5,9 @@
 - `run-80x24.svg`: the same moment in an 80x24 terminal;
 - `replay.svg`: `cockpit replay` of the same record at 8×, paused at the same moment;
 - `run-4gpu-26h.svg`: the run screen over a generated 26-hour, 4-GPU record (the benchmark's);
-- `run-2xh200.svg`: the run screen over a tiny run recorded on two H200s (two ranks, real NVML telemetry);
+- `run-2xh200.svg`: the run screen over a tiny run recorded on two H200s (two ranks, real NVML telemetry),
+  two thirds into its steps, the GPU chart on the run's range (`g`); `--record RUN` takes any record
+  of several ranks instead (`benchmarks/two_gpus.py` shoots its runs so), `--out FILE` writes elsewhere;
 - `prediction.svg`: the prediction screen (`p`) of a recorded tiny rehearsal (`cockpit rehearse`);
 - `report.svg`: the report screen (`r`) of the finished tiny run, with the report.json of an evaluated
   tiny-cpu run (`tests/fixtures/reports/`: the recorded run predates the evaluation stage);
@@ -20,10 +22,12 @@
     python screenshots/make_screenshots.py                         # all of them
     python screenshots/make_screenshots.py compare                 # compare.svg only
     python screenshots/make_screenshots.py data.svg run-val.svg    # only these two
+    python screenshots/make_screenshots.py run-2xh200.svg --record runs/RUN --out /tmp/two-gpus.svg
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import shutil
@@ -89,7 +93,27 @@ async def shoot(
             await pilot.pause(0.2)
         await pilot.pause()
         app.save_screenshot(path.name, str(path.parent))
-    print(f"wrote {path.relative_to(ROOT)}")
+    print(f"wrote {shown(path)}")
+
+
+def shown(path: Path) -> Path:
+    """`path` as printed: relative to the repository when inside it."""
+    return path.relative_to(ROOT) if path.resolve().is_relative_to(ROOT) else path
+
+
+async def shoot_gpus(record: Path, path: Path, tmp: Path) -> None:
+    """The run screen over `record` as it stood two thirds into its rank-0 steps, the GPU chart on the
+    run's range (`g`)."""
+    steps = [
+        json.loads(line)["t"]
+        for line in (record / "events" / "trainer-rank0.jsonl").open()
+        if '"kind":"step"' in line
+    ]
+    if not steps:
+        raise ValueError(f"{record}: no step events of rank 0 to show")
+    mid = steps[len(steps) * 2 // 3]
+    run = copy_until(tmp / "gpu", mid, src=record)
+    await shoot(make_app(run, live=True, now=lambda: mid + 1.0), path, ("g",), opens=None)
 
 
 def shoot_data(path: Path) -> None:
@@ -117,7 +141,7 @@ def shoot_data(path: Path) -> None:
         console.print("$ cockpit data", style="bold")
         console.print(render(found))
         console.save_svg(str(path), title="cockpit data")
-    print(f"wrote {path.relative_to(ROOT)}")
+    print(f"wrote {shown(path)}")
 
 
 async def main(only: set[str]) -> None:
@@ -125,6 +149,8 @@ async def main(only: set[str]) -> None:
         shoot_data(OUT / "data.svg")
     if "run-val.svg" in only or not only:
         await shoot(make_app(VAL_FIXTURE, live=True), OUT / "run-val.svg", ("v",), opens=None)
+    if "run-2xh200.svg" in only:
+        await shoot_record(GPU_FIXTURE, OUT / "run-2xh200.svg")
     if not only:
         await app_pictures()
 
@@ -149,19 +175,7 @@ async def app_pictures() -> None:
         pb.command("pause")
         await shoot(CockpitApp(playback=pb), OUT / "replay.svg")
 
-        steps = [
-            json.loads(line)["t"]
-            for line in (GPU_FIXTURE / "events" / "trainer-rank0.jsonl").open()
-            if '"kind":"step"' in line
-        ]
-        gpu_mid = steps[len(steps) * 2 // 3]
-        gpu_run = copy_until(Path(tmp) / "gpu", gpu_mid, src=GPU_FIXTURE)
-        await shoot(
-            make_app(gpu_run, live=True, now=lambda: gpu_mid + 1.0),
-            OUT / "run-2xh200.svg",
-            ("g",),
-            opens=None,
-        )
+        await shoot_gpus(GPU_FIXTURE, OUT / "run-2xh200.svg", Path(tmp))
 
         small = (80, 24)
         for moment, name in (("load", "run-load"), ("eval", "run-eval"), ("stopped", "run-stopped")):
@@ -188,12 +202,30 @@ async def shoot_compare() -> None:
             await pilot.pause(0.05)
         await pilot.pause()
         app.save_screenshot("compare.svg", str(OUT))
-    print(f"wrote {(OUT / 'compare.svg').relative_to(ROOT)}")
+    print(f"wrote {shown(OUT / 'compare.svg')}")
+
+
+async def shoot_record(record: Path, out: Path) -> None:
+    """`run-2xh200.svg`'s picture of `record`, written to `out`."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        await shoot_gpus(record, out, Path(tmp))
 
 
 if __name__ == "__main__":
-    names = set(sys.argv[1:])
-    if names == {"compare"}:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("names", nargs="*", help="pictures to write (default: all; `compare`: compare.svg)")
+    parser.add_argument("--record", type=Path, help="run-2xh200.svg: from this run record, not the fixture")
+    parser.add_argument("--out", type=Path, help="with --record: write the picture here")
+    args = parser.parse_args()
+    names = set(args.names)
+    if args.record is not None:
+        if names - {"run-2xh200.svg"}:
+            parser.error("--record makes run-2xh200.svg only")
+        asyncio.run(shoot_record(args.record, args.out or OUT / "run-2xh200.svg"))
+    elif names == {"compare"}:
         asyncio.run(shoot_compare())
     elif names:
         asyncio.run(main(names))

@@ -135,43 +135,40 @@ def test_other_ranks_follow_rank_0_and_write_nothing(run: Path) -> None:
 
 
 def test_the_validation_callback_offers_each_validation_with_the_last_one_marked(run: Path) -> None:
-    """The real callback over a small model: validations at 0, 2, 4 (the last) reach the keeper, and the
-    copy's save time is left out of the step clock like the validation's own."""
+    """The real callback over a small model whose head changes between validations (as training would
+    change it): at 2 the first trained step (a copy), at 4 a worse head (none), at 6, the last, the best
+    (no copy: the final save is it). The copy's save is left out of the step clock like a validation."""
     from types import SimpleNamespace
 
     from tests.test_loss import _model
     from tests.test_validation import _examples
-    from trainer.loss import use_chunked_loss
     from trainer.packing import PackedCollator
     from trainer.validation import EarlyStopping, ValidationCallback, validation_batches
 
     net = _model()
-    use_chunked_loss(net)
     rows, groups = _examples(6)
     batches = validation_batches(rows, groups, seq_len=64, micro_batch=2, collator=PackedCollator(0))
+    head = net.lm_head.weight.detach().clone()
+    heads = {2: head, 4: head * 50, 6: torch.zeros_like(head)}  # random, confidently wrong, uniform
     model, paused = Model(), []
     with EventWriter(run / "events" / "trainer-rank0.jsonl", rank=0) as writer:
         keeper = keeper_for(run, model, writer)
         callback = ValidationCallback(
-            writer, batches, ["a", "b", "c"], eval_steps=2, model=lambda: net, chunked=True,
+            writer, batches, ["a", "b", "c"], eval_steps=2, model=lambda: net, chunked=False,
             early=EarlyStopping(0, 0.0), facts={}, pause_clock=paused.append, keeper=keeper,
         )  # fmt: skip
         args = SimpleNamespace(device=torch.device("cpu"), process_index=0, world_size=1)
-        state = SimpleNamespace(global_step=0, max_steps=4, epoch=0.0, is_world_process_zero=True)
+        state = SimpleNamespace(global_step=0, max_steps=6, epoch=0.0, is_world_process_zero=True)
         control = SimpleNamespace(should_training_stop=False)
         callback.on_train_begin(args, state, control)
-        sgd = torch.optim.SGD(net.parameters(), lr=0.05)
-        for step in range(1, 5):
+        for step in range(1, 7):
             state.global_step = model.step = step
-            for row in rows:  # a step of training on the validation rows themselves: their loss falls
-                ids = torch.tensor([row["input_ids"]])
-                net(input_ids=ids, labels=torch.tensor([row["labels"]])).loss.backward()
-            sgd.step()
-            sgd.zero_grad()
+            if step in heads:
+                net.lm_head.weight.data.copy_(heads[step])
             callback.on_step_end(args, state, control)
     vals = {e["step"]: e["loss"] for e in read_events(run, "val_loss")}
-    assert list(vals) == [0, 2, 4] and vals[4] < vals[2] < vals[0]
+    assert list(vals) == [0, 2, 4, 6] and vals[4] > vals[2] > vals[6], vals
     best = read_events(run, "best_adapter")
-    assert [(e["step"], e["val_loss"]) for e in best] == [(2, vals[2]), (4, vals[4])]
+    assert [(e["step"], e["val_loss"]) for e in best] == [(2, vals[2]), (6, vals[6])]
     assert best[-1]["path"] is None, "the last step's adapter is the final save's"
-    assert [p.name for p in model.saves] == ["step-000002"] and len(paused) == 3 + 1
+    assert [p.name for p in model.saves] == ["step-000002"] and len(paused) == 4 + 1

@@ -60,8 +60,11 @@ def peak_memory(view: RunView) -> str:
 
 def step_line(view: RunView) -> str:
     """`step 100/400  loss 2.3456  4,427 tok/s  ETA 02:05  peak GPU 76 MiB, RSS 754 MiB` (with
-    `val 2.4567` after the loss once the run has a validation loss)."""
+    `val 2.4567` after the loss once the run has a validation loss, and `(best 2.3012 at 60)` when the
+    best adapter so far is an earlier validation's)."""
     val = f"  val {view.val_loss:.4f}" if view.val_loss is not None else ""
+    if val and view.best_step is not None and view.best_step != view.val_step and view.best_val_loss:
+        val += f" (best {view.best_val_loss:.4f} at {view.best_step})"
     return (
         f"step {view.step}/{view.max_steps or '?'}  loss {_fmt(view.last_loss, '.4f')}{val}  "
         f"{_fmt(view.tokens_per_s, ',.0f')} tok/s  ETA {clock(view.eta_s(), padded=True)}  "
@@ -89,6 +92,7 @@ class PlainLog:
     _step: int | None = None  # the step of the last step line; None before this attempt's first
     _step_t: float = 0.0
     _checkpoints: int = 0
+    _adapter: dict | None = None  # the adapter event last said
     _eval: tuple[str | None, int] = (None, 0)
     _eval_t: float = 0.0
     _placed: dict[int, dict] | None = None  # the ranks last said to span several nodes
@@ -124,6 +128,11 @@ class PlainLog:
         for step in view.checkpoints[self._checkpoints :]:
             lines.append(f"checkpoint at step {step}")
         self._checkpoints = len(view.checkpoints)
+        if view.adapter is not None and view.adapter is not self._adapter:
+            self._adapter = view.adapter
+            words = view.adapter_words()
+            if words:
+                lines.append(f"adapter: {words}")
         if view.phase == "eval" and view.eval_total:
             system, done = view.eval_system, view.eval_done
             due = done == view.eval_total or now - self._eval_t >= self.every_s
@@ -263,6 +272,9 @@ class HeadlessViewer:
             lines.append(f"loss: first 10% of steps {trend[0]:.4f} -> last 10% {trend[1]:.4f}")
         if self.view.val_loss is not None:
             lines.append(f"validation loss at step {self.view.val_step}: {self.view.val_loss:.4f}")
+        words = self.view.adapter_words()
+        if words:
+            lines.append(f"adapter: {words}")
         lines.append(f"record: {self.paths.root}")
         return lines
 

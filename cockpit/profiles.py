@@ -249,6 +249,11 @@ class DataSpec(_Section):
         default=0,
         description="Mean tokens an example, for plans and rehearsals made where the data file is not.",
     )
+    tenants: NonNegInt = Field(
+        default=0,
+        description="Tenants in the data, for plans and rehearsals made where the data file is not: the "
+        "validation sample is `validation.examples_per_tenant` of each (0: unknown, every held-out example).",
+    )
 
 
 class ValidationSpec(_Section):

@@ -180,9 +180,13 @@ def test_evaluating_the_ended_run_again_goes_through_a_supervisor(
     assert [e["stage"] for e in read_events(run_dir, "launch")] == ["train", "eval", "eval"]
 
 
-def test_validation_loss_is_in_the_record_and_falls(tiny_run: tuple[Path, str]) -> None:
+def test_validation_loss_is_in_the_record_and_falls(
+    tiny_run: tuple[Path, str], asset_cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Every `validation.eval_steps` (40 on the tiny profile), from step 0 to the last: each tenant's loss
-    on its held-out sample, folded into the loss chart's curve."""
+    on its held-out sample, folded into the loss chart's curve. The run's adapter is the one of lowest
+    validation loss: the record says which step, and scoring the saved adapter on the same sample again
+    gives that loss."""
     from cockpit.record.playback import Playback
 
     run_dir, _ = tiny_run
@@ -199,6 +203,57 @@ def test_validation_loss_is_in_the_record_and_falls(tiny_run: tuple[Path, str]) 
     pb.command("end")
     pb.tick()
     assert len(pb.series.val_loss) == len(vals) and len(pb.series.val_tenant_loss) == 5
+
+    # The best adapter: every new lowest loss after step 0 was kept, the lowest is the run's adapter.
+    trained = [e for e in vals if e["step"] > 0]
+    lowest = [e for i, e in enumerate(trained) if all(e["loss"] < d["loss"] for d in trained[:i])]
+    kept = [e for e in read_events(run_dir, "best_adapter") if e["rank"] == 0]
+    assert [(e["step"], e["val_loss"]) for e in kept] == [(e["step"], e["loss"]) for e in lowest]
+    assert all((e["path"] is None) == (e["step"] == max_steps) for e in kept), "the last step's: no copy"
+    (adapter,) = [e for e in read_events(run_dir, "adapter") if e["rank"] == 0]
+    best = min(trained, key=lambda e: e["loss"])  # the first of equals
+    assert (adapter["step"], adapter["val_loss"], adapter["last_step"]) == (
+        best["step"],
+        best["loss"],
+        max_steps,
+    )
+    assert not (run_dir / "adapter-best").exists()
+    assert (run_dir / "adapter-last").exists() == (best["step"] != max_steps)
+    assert pb.view.adapter_words().startswith(f"step {best['step']}'s (validation loss {best['loss']:.4f}")
+    monkeypatch.setenv("COCKPIT_CACHE", str(asset_cache))
+    assert adapter_val_loss(run_dir, run_dir / "adapter") == pytest.approx(best["loss"], rel=1e-3)
+
+
+def adapter_val_loss(run_dir: Path, adapter: Path) -> float:
+    """The validation loss of `adapter` on the run's validation sample, as the trainer computes it, here
+    in one process with no DeepSpeed (the evaluation's way of loading the base model)."""
+    import torch
+    from transformers import AutoTokenizer
+
+    from cockpit.cache import cache_root
+    from cockpit.profiles import parse_profile
+    from trainer import model as model_mod
+    from trainer.__main__ import resolve_assets
+    from trainer.data import prepare_data
+    from trainer.evaluate import load_finetuned
+    from trainer.packing import PackedCollator
+    from trainer.validation import group_sums, tenant_losses, validation_batches
+
+    profile = parse_profile(load_manifest(run_dir)["profile"], "run.json")
+    t, per_tenant = profile.training, profile.validation.examples_per_tenant
+    model_dir, data_file = resolve_assets(profile)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    prepared = prepare_data(
+        tokenizer, data_file, profile.data, t.seq_len, per_tenant, cache_root() / "datasets"
+    )
+    tenants = list(dict.fromkeys(prepared.val_tenants))
+    collator = PackedCollator(tokenizer.pad_token_id, doc_lens=t.attention == "varlen")
+    groups = [tenants.index(name) for name in prepared.val_tenants]
+    batches = validation_batches(prepared.val.rows, groups, t.seq_len, t.micro_batch_size, collator)
+    base = model_mod.load_base(profile, model_dir, spread=True)
+    chunked = bool(model_mod.configure_training(profile, base).get("chunked_loss"))
+    totals = group_sums(load_finetuned(base, adapter), batches, len(tenants), torch.device("cpu"), chunked)
+    return statistics.fmean(tenant_losses(totals, tenants).values())
 
 
 def test_every_format_trains_on_the_run_s_very_rows(

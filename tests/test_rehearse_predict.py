@@ -232,3 +232,36 @@ def test_an_offloaded_step_scales_by_its_parts() -> None:
     move = copies.layer_s / 4 + gather
     fixed = (0.3 - copies.other_s) + copies.other_s / 4 + 2 * (other - layer) * 3 / 4 / 150e9
     assert four.target["step_s"] == pytest.approx(fixed + 2 * (move + 0.05) + 8 * max(move, 0.05))
+
+
+def test_the_wall_clock_counts_the_validation_passes() -> None:
+    """Forward-only passes over the validation sample at the first step, every `eval_steps` and the
+    last, each micro-batch a share of the target's micro-batch step: in the wall clock and its total."""
+    from cockpit.plan.run_length import data_size, run_steps
+    from cockpit.plan.validation_time import validation_passes, validation_time
+    from cockpit.rehearse.render import wall_lines
+
+    assumed = ["data.examples=2000", "data.mean_tokens=150", "validation.eval_steps=20"]
+    profile, _ = load_profile("tiny-cpu", ['deepspeed.offload_param="none"', *assumed])
+    measures = depth_measures(_depth_events(0, 1, 6, 0) + _depth_events(100, 2, 6, 6))
+    f = forecast(measures, profile, _plan(10), _scaling(4))
+    w = f.wall
+    steps, _ = run_steps(profile, data_size(profile), 4)
+    assert w["validations"] == validation_passes(steps, 20) > 2
+    expected = validation_time(profile, steps, 4, f.target["step_s"] / profile.training.grad_accum)
+    assert w["validation_s"] == pytest.approx(expected.total_s) and w["validation_s"] > 0
+    parts = ("load_s", "train_s", "save_s", "validation_s", "eval_s")
+    assert w["total_s"] == pytest.approx(sum(w[k] for k in parts))
+    assert any(
+        n.startswith("validation loss (not rehearsed): ") and "of a micro-batch step" in n for n in f.notes
+    )
+    assert (
+        f"{w['validations']:.0f} validations {w['validation_s'] / 3600:.2f} h + evaluation"
+        in wall_lines(f.to_dict())[0]
+    )
+    off, _ = load_profile(
+        "tiny-cpu", ['deepspeed.offload_param="none"', *assumed[:2], "validation.eval_steps=0"]
+    )
+    none = forecast(measures, off, _plan(10), _scaling(4)).wall
+    assert (none["validations"], none["validation_s"]) == (0.0, 0.0)
+    assert none["total_s"] == pytest.approx(w["total_s"] - w["validation_s"])

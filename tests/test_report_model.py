@@ -68,6 +68,19 @@ def report(tmp_path_factory: pytest.TempPathFactory) -> Report:
     (run / "predictions" / "partial.jsonl").write_text("\n".join(partial) + "\n")
     (run / "events").mkdir(exist_ok=True)
     (run / "events" / "eval.jsonl").write_text(json.dumps(SERVING) + "\n")
+    adapters = [  # rank 1's says the same as rank 0's in a real run; here it differs, and is not read
+        {"t": 0.5, "kind": "adapter", "rank": 1, "path": "a", "step": 120},
+        {
+            "t": 0.5,
+            "kind": "adapter",
+            "rank": 0,
+            "path": "a",
+            "step": 80,
+            "val_loss": 0.8123,
+            "last_step": 120,
+        },
+    ]
+    (run / "events" / "trainer-rank0.jsonl").write_text("".join(json.dumps(e) + "\n" for e in adapters))
     return run_report(run, samples=200)
 
 
@@ -80,6 +93,23 @@ def test_to_dict_from_dict_round_trip(report: Report) -> None:
     assert data["report_version"] == REPORT_VERSION
     assert set(data["mean"]["systems"]["base"]) == set(METRICS)  # every mean is written
     assert data["serving"]["gpus"] == 0 and data["serving"]["usd_per_mtok"] == report.serving.usd_per_mtok
+
+
+def test_the_report_says_which_adapter_validation_chose(report: Report, tmp_path: Path) -> None:
+    assert report.adapter == {"step": 80, "val_loss": 0.8123, "last_step": 120}
+    assert (
+        "The tuned model's adapter is step 80's, the lowest validation loss of the run (0.8123) "
+        "(training ran to step 120)." in render_markdown(report).splitlines()
+    )
+    write_manifest(tmp_path, {"run_id": "r2", "profile": {}})  # no validation: no word of it
+    write_own(tmp_path, "finetuned", 0.8, seed=2)
+    (tmp_path / "events").mkdir(exist_ok=True)
+    (tmp_path / "events" / "trainer-rank0.jsonl").write_text(
+        json.dumps({"t": 0.5, "kind": "adapter", "rank": 0, "path": "a", "step": 120}) + "\n"
+    )
+    plain = run_report(tmp_path, samples=50)
+    assert plain.adapter is None and "adapter" not in plain.to_dict()
+    assert "validation loss" not in render_markdown(plain)
 
 
 def test_write_then_read_back(report: Report, tmp_path: Path) -> None:

@@ -153,3 +153,82 @@ async def test_v_shows_each_tenants_validation_loss(record: Path) -> None:
         await wait_for(pilot, lambda: len(app.last_snapshot.charts["loss"].traces) == 3 + len(TENANTS))
         await pilot.press("v")
         await wait_for(pilot, lambda: len(app.last_snapshot.charts["loss"].traces) == 3)
+
+
+BEST_LOSSES = {0: 3.0, 40: 1.0, 80: 0.8, 120: 0.9}  # lowest at 80; training ends at 120
+
+
+def write_best_record(run: Path, until: int = 120) -> Path:
+    """A run whose validation loss is lowest before its last step: the trainer's `best_adapter` events at
+    40 and 80, then its `adapter` event (step 80's, the last step's kept beside it) a second after 120;
+    or the same run still training at step `until`."""
+    run.mkdir(parents=True)
+    write_manifest(run, {"run_id": run.name, "status": "finished", "profile_name": "tiny-cpu", "profile": {}})
+    with EventWriter(RunPaths(run).events("trainer-rank0"), rank=0) as w:
+        w.write("phase", t=T0, phase="train")
+        w.write("train_begin", t=T0, max_steps=120, start_step=0)
+        best = math.inf
+        for step in range(0, until + 1):
+            if step:
+                w.write("step", t=T0 + step, step=step, max_steps=120, loss=round(train_loss(step), 4),
+                        tokens_per_s=2800.0, step_time_s=0.9)  # fmt: skip
+            if step in BEST_LOSSES:
+                loss = BEST_LOSSES[step]
+                w.write("val_loss", t=T0 + step + 0.5, step=step, loss=loss, tenant_loss={"a": loss})
+                if step and loss < best:
+                    best = loss
+                    w.write("best_adapter", t=T0 + step + 0.6, step=step, val_loss=loss,
+                            path=str(run / "adapter-best" / f"step-{step:06d}"), save_s=0.1)  # fmt: skip
+        if until < 120:
+            return run
+        w.write("phase", t=T0 + 121, phase="save")
+        w.write("adapter", t=T0 + 122, path=str(run / "adapter"), step=80, val_loss=0.8, last_step=120,
+                last_path=str(run / "adapter-last"))  # fmt: skip
+        w.write("trainer_end", t=T0 + 123, outcome="finished", step=120)
+    return run
+
+
+def _at(run: Path, now: float) -> Playback:
+    pb = Playback(run, live=True, now=lambda: now)
+    pb.load()
+    pb.tick()
+    return pb
+
+
+def test_the_best_adapter_is_folded_and_shown_while_training_and_at_the_end(tmp_path: Path) -> None:
+    """Mid-run (step 100): the best so far is step 80's, beside the last validation; once saved, the
+    run's adapter is step 80's and the last step's is said to be beside it: in the step line, the plain
+    log, the closing summary and the loss chart's note."""
+    from cockpit.headless import HeadlessViewer, PlainLog
+
+    mid = _at(write_best_record(tmp_path / "mid", until=100), T0 + 100.9)
+    assert (mid.view.best_step, mid.view.best_val_loss, mid.view.adapter) == (80, 0.8, None)
+    assert mid.view.adapter_words() == "best so far: step 80's (validation loss 0.8000, the lowest)"
+    note = build_charts(mid, {"loss": 100})["loss"].note
+    assert note == "best val 0.8000 at 80 · v: validation loss per tenant"
+
+    run = write_best_record(tmp_path / "r")
+    end = _at(run, T0 + 200)
+    view = end.view
+    assert view.adapter is not None and (view.best_step, view.val_step) == (80, 120)
+    assert "  val 0.9000 (best 0.8000 at 80)  " in step_line(view)
+    words = (
+        f"step 80's (validation loss 0.8000, the lowest; the last step's, 120, is in {run / 'adapter-last'})"
+    )
+    assert view.adapter_words() == words
+    lines = PlainLog().update(view, now=T0 + 200)
+    assert any(line.endswith(f"adapter: {words}") for line in lines), lines
+    assert not any("adapter:" in line for line in PlainLog().update(mid.view, now=T0 + 100.9))
+    assert build_charts(end, {"loss": 100})["loss"].note.startswith("adapter: val 0.8000 at 80 of 120 · v:")
+    with_tenants = build_charts(end, {"loss": 100}, val_tenants=True)["loss"]
+    assert with_tenants.note == "adapter: val 0.8000 at 80 of 120", "shown with each tenant's curve (`v`) too"
+    viewer = HeadlessViewer(run, alive=lambda: False)
+    viewer.view = view
+    assert f"adapter: {words}" in viewer.summary()
+
+
+def test_without_a_best_adapter_nothing_is_said(record: Path) -> None:
+    """A record with validation but no `best_adapter` or validated `adapter` (an older run): as before."""
+    view = _playback(record).view
+    assert view.best_step is None and view.adapter_words() is None
+    assert "best" not in step_line(view)

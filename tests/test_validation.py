@@ -172,13 +172,16 @@ use_chunked_loss(model)
 rows, groups = _examples(9)
 batches = validation_batches(rows, groups, seq_len=40, micro_batch=1, collator=PackedCollator(0))
 totals = group_sums(model, batches, 3, torch.device("cpu"), True, rank=rank, world=world)
+from trainer.distributed import rank0_says
+print("rank 0 says", rank0_says(7 if rank == 0 else 3))  # every rank hears rank 0's answer
 print(json.dumps(totals.tolist()))
 torch.distributed.destroy_process_group()
 """
 
 
 def test_two_ranks_all_reduce_to_one_ranks_sums(tmp_path) -> None:
-    """Two real processes (gloo): each runs its share, one all-reduce, both hold the whole sums."""
+    """Two real processes (gloo): each runs its share, one all-reduce, both hold the whole sums; and both
+    hear rank 0's answer to a question (`rank0_says`, how the best adapter's saves are decided)."""
     import json
     import os
     import socket
@@ -212,3 +215,4 @@ def test_two_ranks_all_reduce_to_one_ranks_sums(tmp_path) -> None:
     whole = group_sums(model, batches, 3, torch.device("cpu"), True)
     for out, _ in outs:
         torch.testing.assert_close(torch.tensor(json.loads(out.strip().splitlines()[-1])), whole)
+        assert "rank 0 says 7" in out.splitlines(), "a decision every rank joins is rank 0's"

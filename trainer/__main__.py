@@ -87,6 +87,7 @@ class Recipe:
         self.events.write("rank_start", pid=os.getpid(), **rank_identity().fields())
         self._dump_stacks_on_request()
         self.trainer: Any = None
+        self.validation: Any = None  # the validation callback, when the run has a validation sample
         self.prepared: Any = None  # the checked and tokenized data (`trainer.data.PreparedData`)
         self._load_facts: dict[str, Any] = {}
 
@@ -365,6 +366,8 @@ class Recipe:
 
     def validation_callback(self, tokenizer: Any, record: Any) -> Any:
         """Validation loss on the held-out sample every `validation.eval_steps`, if there is a sample."""
+        from trainer.best_adapter import AdapterKeeper
+        from trainer.distributed import rank0_says
         from trainer.validation import EarlyStopping, ValidationCallback, validation_batches
 
         prepared = self.prepared
@@ -391,6 +394,9 @@ class Recipe:
             early=EarlyStopping(v.early_stopping_patience, v.early_stopping_min_delta),
             facts=facts,
             pause_clock=record.exclude,
+            keeper=AdapterKeeper(
+                self.paths.best_adapter, self.save_adapter, self.events, self.rank, agree=rank0_says
+            ),
         )
 
     def validation_collator(self, tokenizer: Any) -> Any:
@@ -465,13 +471,26 @@ class Recipe:
         return "stopped" if self.stop_callback.stopped_at is not None else "finished"
 
     def save(self) -> None:
+        """The run's adapter: the best one (lowest validation loss) when validation ran, else the last
+        (`trainer.best_adapter`)."""
         self.phase("save")
-        self.trainer.save_model(str(self.paths.adapter))
-        if self.profile.lora.target_experts:
-            self.save_expert_lora()
-        self.events.write("adapter", path=str(self.paths.adapter), step=self.trainer.state.global_step)
+        keeper = getattr(self.validation, "keeper", None)
+        last = self.trainer.state.global_step
+        if keeper is None:
+            self.save_adapter(self.paths.adapter)
+            fields: dict[str, Any] = {"step": last}
+        else:
+            fields = keeper.finish(last, self.paths.adapter, self.paths.last_adapter)
+        self.events.write("adapter", path=str(self.paths.adapter), **fields)
 
-    def save_expert_lora(self) -> None:
+    def save_adapter(self, folder: Path) -> None:
+        """Save the adapter into `folder`: every rank calls it (ZeRO-3 gathers the LoRA weights), rank 0
+        writes. The experts' LoRA goes beside PEFT's."""
+        self.trainer.save_model(str(folder))
+        if self.profile.lora.target_experts:
+            self.save_expert_lora(folder)
+
+    def save_expert_lora(self, folder: Path) -> None:
         """PEFT saves only its own layers: the expert LoRA goes beside them, gathered from ZeRO-3."""
         import contextlib
 
@@ -488,7 +507,7 @@ class Recipe:
         with gather:
             state = expert_lora_state_dict(self.model) if self.rank == 0 else {}
         if self.rank == 0:
-            path = self.paths.adapter / "expert_lora.safetensors"
+            path = Path(folder) / "expert_lora.safetensors"
             lora = self.profile.lora
             save_file(state, str(path), metadata={"r": str(lora.r), "alpha": str(lora.alpha)})
             self.events.write("expert_adapter", path=str(path), tensors=len(state))

@@ -21,6 +21,7 @@ import torch
 from transformers import TrainerCallback
 
 from cockpit.record import EventWriter
+from trainer.best_adapter import AdapterKeeper
 from trainer.data import IGNORE
 from trainer.packing import pack_rows
 
@@ -134,7 +135,9 @@ def tenant_losses(totals: torch.Tensor, tenants: Sequence[str]) -> dict[str, flo
 
 class ValidationCallback(TrainerCallback):
     """Validation loss at the start, every `eval_steps` and at the last step; `val_loss` events (rank 0
-    writes them), and an `early_stop` event when early stopping ends the run."""
+    writes them), and an `early_stop` event when early stopping ends the run. With a `keeper`
+    (`trainer.best_adapter`), each validation is offered to it: the best adapter is kept as training
+    goes on."""
 
     def __init__(
         self,
@@ -148,6 +151,7 @@ class ValidationCallback(TrainerCallback):
         facts: dict[str, Any],
         pause_clock: Callable[[float], None] | None = None,
         step_offset: int = 0,
+        keeper: AdapterKeeper | None = None,
     ) -> None:
         self.writer = writer
         self.batches = batches
@@ -159,6 +163,7 @@ class ValidationCallback(TrainerCallback):
         self.facts = facts  # examples, tokens, the split drawn from: written with every event
         self.pause_clock = pause_clock
         self.step_offset = step_offset
+        self.keeper = keeper
         self.stopped: str | None = None
         self._last_step = -1
 
@@ -195,13 +200,25 @@ class ValidationCallback(TrainerCallback):
         event = self.validate(args, state)
         if event is not None:
             self.early.observe(event["step"], event["loss"])
+            self.keep(event, last=False)  # a resumed run's first validation is of a trained adapter
+
+    def keep(self, event: dict[str, Any], last: bool) -> None:
+        """Offer a validation to the keeper (every rank: keeping a copy is a collective save)."""
+        if self.keeper is None:
+            return
+        kept = self.keeper.offer(event["step"], event["loss"], last)
+        if kept is not None and kept["path"] is not None and self.pause_clock is not None:
+            self.pause_clock(kept["save_s"])  # the copy's save is no training step's time either
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         last = state.global_step >= state.max_steps
         if not self.eval_steps or not (state.global_step % self.eval_steps == 0 or last):
             return
         event = self.validate(args, state)
-        if event is None or last:
+        if event is None:
+            return
+        self.keep(event, last)
+        if last:
             return
         reason = self.early.observe(event["step"], event["loss"])
         if reason is None:

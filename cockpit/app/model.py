@@ -196,10 +196,17 @@ def _range(traces: list[Trace], floor_zero: bool, pad: float = 0.05) -> tuple[fl
 
 
 def loss_chart(
-    s: Any, lo: float, hi: float, k: int, x_hi: float, val_tenants: bool = False, empty: str = "no data yet"
+    s: Any,
+    lo: float,
+    hi: float,
+    k: int,
+    x_hi: float,
+    val_tenants: bool = False,
+    empty: str = "no data yet",
+    best: str = "",
 ) -> ChartData:
     """Training loss (raw and smoothed) beside the validation loss (mean over tenants), and each tenant's
-    validation loss when `val_tenants` is on."""
+    validation loss when `val_tenants` is on; `best` (the best adapter's words) goes in the note."""
     raw = Trace("loss", LOSS_RAW, *_envelope(s.loss, lo, hi, k), value=_fmt(s.loss.last, ".4f"))
     smooth = Trace(
         "smoothed", LOSS_SMOOTH, *_line(s.loss_smooth, lo, hi, k), value=_fmt(s.loss_smooth.last, ".4f")
@@ -219,8 +226,21 @@ def loss_chart(
     ranges = [r for r in (s.loss.y_range(lo, hi), s.val_loss.y_range(lo, hi)) if r is not None]
     if ranges and min(r[0] for r in ranges) >= 0:
         y_lo = max(y_lo, 0.0)  # a loss is not negative: do not pad below zero
-    note = "" if val_tenants or not s.val_tenant_loss else "v: validation loss per tenant"
+    hint = "" if val_tenants or not s.val_tenant_loss else "v: validation loss per tenant"
+    note = " · ".join(part for part in (best, hint) if part)
     return ChartData("loss", 0.0, x_hi, y_lo, y_hi, "", tuple(traces), note=note, empty=empty)
+
+
+def best_note(v: Any) -> str:
+    """The loss chart's word on the adapter validation picks: `best val 0.3980 at 120` while training;
+    `adapter: val 0.3980 at 120 of 160` once saved (the run's adapter is the best one, of step 120)."""
+    if v.best_step is None or v.best_val_loss is None:
+        return ""
+    if v.adapter is None:
+        return f"best val {v.best_val_loss:.4f} at {v.best_step}"
+    last = v.adapter.get("last_step")
+    of = f" of {last}" if last is not None and last != v.best_step else ""
+    return f"adapter: val {v.best_val_loss:.4f} at {v.best_step}{of}"
 
 
 def build_charts(
@@ -247,7 +267,7 @@ def build_charts(
     charts: dict[str, ChartData] = {}
 
     # loss: raw (min..max per column), smoothed (EMA, averaged per column), validation
-    charts["loss"] = loss_chart(s, lo, hi, n("loss"), x_hi, val_tenants, empty=no_steps)
+    charts["loss"] = loss_chart(s, lo, hi, n("loss"), x_hi, val_tenants, empty=no_steps, best=best_note(v))
 
     # throughput: the legend gives the header's figure (the median of the last steps) and the run's mean
     k = n("throughput")

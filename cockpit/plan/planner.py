@@ -27,6 +27,7 @@ from cockpit.plan.model import (
     lora_params,
 )
 from cockpit.plan.units import size
+from cockpit.plan.validation_time import ValidationTime
 from cockpit.profiles import BUILTIN_PREFIX, Profile
 
 
@@ -452,19 +453,26 @@ class RunLength:
     micro_batches: int  # a rank's micro-batches an optimizer step (gradient accumulation)
     optimizer_step_s: float | None
     train_s: float | None
+    validation: ValidationTime | None = None  # the validation loss's passes, on top of `train_s`
 
     def to_dict(self) -> dict[str, Any]:
-        return dict(vars(self))
+        out = dict(vars(self))
+        out["validation"] = self.validation.to_dict() if self.validation else None
+        return out
 
 
 def run_length(profile: Profile, hw: Hardware, configured: Estimate) -> RunLength:
-    """Steps from the data (`cockpit.plan.run_length`) times the configured micro-batch's step time."""
+    """Steps from the data (`cockpit.plan.run_length`) times the configured micro-batch's step time, and
+    the validation passes (`cockpit.plan.validation_time`)."""
     from cockpit.plan.run_length import data_size, run_steps
+    from cockpit.plan.validation_time import validation_time
 
-    steps, how = run_steps(profile, data_size(profile), hw.ranks)
+    size = data_size(profile)
+    steps, how = run_steps(profile, size, hw.ranks)
     accum = profile.training.grad_accum
     step = configured.step_s * accum if configured.step_s else None
-    return RunLength(steps, how, accum, step, steps * step if step and steps else None)
+    validation = validation_time(profile, steps, hw.ranks, configured.step_s, size)
+    return RunLength(steps, how, accum, step, steps * step if step and steps else None, validation)
 
 
 def build_plan(

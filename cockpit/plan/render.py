@@ -318,6 +318,9 @@ def verdict_text(plan: Plan) -> Text:
         )
     elif run is not None and e.setup.gpus:
         lines.append(f"Training time for the data: unknown ({escape(run.how)})")
+    if run is not None and run.validation is not None and (run.train_s or e.setup.gpus):
+        v = run.validation
+        lines.append(f"[bold]Validation loss, on top:[/] {escape(v.words())}")
     return Text.from_markup("\n".join(lines))
 
 

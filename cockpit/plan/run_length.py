@@ -9,6 +9,7 @@ The count comes, in order, from what a trainer measured (a run's `data` event), 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,7 @@ class DataSize:
     tokens: float
     how: str
     fill: float | None = None  # measured packing fill (a trainer's data event)
+    validation: DataSize | None = None  # the validation sample, counted the same way (a data file's)
 
 
 def from_data_event(data: dict[str, Any]) -> DataSize | None:
@@ -48,7 +50,9 @@ def _text_of(example: dict[str, Any]) -> str:
 
 def from_data_file(profile: Any) -> DataSize | None:
     """Count the train split of the profile's data file (any format `cockpit.data` reads), if it is on
-    this machine and readable (None otherwise, or where `datasets` is not installed)."""
+    this machine and readable (None otherwise, or where `datasets` is not installed); and its validation
+    sample, as the trainer draws it (`cockpit.data.examples.validation_sample`), when the profile
+    validates."""
     source = str(profile.data.source)
     path = Path(source).expanduser()
     if source.startswith("builtin:") or not path.exists():
@@ -56,22 +60,48 @@ def from_data_file(profile: Any) -> DataSize | None:
     try:
         from cockpit.cache import cache_root
         from cockpit.data import DataError, load_examples
+        from cockpit.data.examples import validation_sample
 
         data = load_examples(path, profile.data, strict=False, cache_dir=cache_root() / "datasets")
     except (ImportError, DataError):
         return None
-    texts = [_text_of(e) for e in data.split("train")]
+    count = _counter(profile)
+    train = data.split("train")
+    tokens, by = count(train)
+    validation = None
+    v = getattr(profile, "validation", None)
+    if v is not None and v.eval_steps:
+        sample, split = validation_sample(data, v.examples_per_tenant)
+        if sample:
+            val_tokens, _ = count(sample)
+            first = f"its {split} split's first {v.examples_per_tenant} a tenant"
+            how = f"{len(sample)} examples of {path} ({first})"
+            validation = DataSize(float(len(sample)), float(val_tokens), f"{how}, {by}")
+    return DataSize(
+        float(len(train)), float(tokens), f"{len(train)} examples of {path}, {by}", validation=validation
+    )
+
+
+def _counter(profile: Any) -> Callable[[list[dict[str, Any]]], tuple[int, str]]:
+    """Tokens of some examples, and how they were counted: by the model's own `tokenizer.json` when it
+    is at `model.path`, else about four characters a token."""
     tokenizer_file = Path(profile.model.path).expanduser() / "tokenizer.json"
     if tokenizer_file.is_file():
         from tokenizers import Tokenizer
 
         tok = Tokenizer.from_file(str(tokenizer_file))
-        tokens = sum(len(e.ids) for e in tok.encode_batch(texts))
-        how = f"{len(texts)} examples of {path}, counted with {tokenizer_file.name} (chat template left out)"
-    else:
-        tokens = round(sum(len(t) for t in texts) / CHARS_PER_TOKEN)
-        how = f"{len(texts)} examples of {path}, about {CHARS_PER_TOKEN:g} characters a token (no tokenizer)"
-    return DataSize(float(len(texts)), float(tokens), how)
+
+        def by_tokenizer(examples: list[dict[str, Any]]) -> tuple[int, str]:
+            tokens = sum(len(e.ids) for e in tok.encode_batch([_text_of(e) for e in examples]))
+            return tokens, f"counted with {tokenizer_file.name} (chat template left out)"
+
+        return by_tokenizer
+
+    def by_characters(examples: list[dict[str, Any]]) -> tuple[int, str]:
+        tokens = round(sum(len(_text_of(e)) for e in examples) / CHARS_PER_TOKEN)
+        return tokens, f"about {CHARS_PER_TOKEN:g} characters a token (no tokenizer)"
+
+    return by_characters
 
 
 def from_profile(profile: Any) -> DataSize | None:

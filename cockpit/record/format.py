@@ -13,7 +13,9 @@ runs/<run-id>/
   control/{stop,kill}      requests to the running trainer
   stacks/rank<N>.txt       rank N's Python stacks, dumped when the supervisor asks (a stall)
   checkpoints/             trainer checkpoints
-  adapter/                 the final LoRA adapter
+  adapter/                 the run's LoRA adapter: the best (lowest validation loss) when validation ran
+  adapter-last/            the last step's adapter, when the best one is of an earlier step
+  adapter-best/            while training: a copy of the best adapter so far (step-<N>/, best.json)
   predictions/<system>.jsonl  per-system predictions on the held-out split
   report.json, report.md   the evaluation report
   .reserve                 disk space the supervisor holds back for its last words
@@ -114,6 +116,16 @@ class RunPaths:
     @property
     def adapter(self) -> Path:
         return self.root / "adapter"
+
+    @property
+    def last_adapter(self) -> Path:
+        """The last step's adapter, kept beside `adapter` when that one is an earlier step's (the best)."""
+        return self.root / "adapter-last"
+
+    @property
+    def best_adapter(self) -> Path:
+        """While training: the best adapter so far (`trainer.best_adapter`); `adapter` at the end."""
+        return self.root / "adapter-best"
 
     @property
     def predictions(self) -> Path:

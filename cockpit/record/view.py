@@ -79,6 +79,11 @@ class RunView(Fold):
     val_loss: float | None = None  # the last validation loss (mean over tenants) and its step
     val_step: int | None = None
     early_stop: str | None = None  # why early stopping ended training (the trainer's `early_stop` event)
+    # The best adapter so far (lowest validation loss at a trained step: `best_adapter` events), and the
+    # run's adapter once saved (`adapter`: its `step`, `val_loss` and the `last_step` training ended at).
+    best_step: int | None = None
+    best_val_loss: float | None = None
+    adapter: dict[str, Any] | None = None
     events_seen: int = 0
     attempt_from: int = (
         0  # index in `steps` of this attempt's first step: the figures of a resume are its own
@@ -240,6 +245,28 @@ class RunView(Fold):
     def _on_early_stop(self, e: Event) -> None:
         if e.get("rank", 0) == 0:
             self.early_stop = e.get("reason")
+
+    def _on_best_adapter(self, e: Event) -> None:
+        if e.get("rank", 0) == 0:
+            self.best_step, self.best_val_loss = e.get("step"), e.get("val_loss")
+
+    def _on_adapter(self, e: Event) -> None:
+        if e.get("rank", 0) == 0:
+            self.adapter = e
+            if e.get("val_loss") is not None:
+                self.best_step, self.best_val_loss = e.get("step"), e.get("val_loss")
+
+    def adapter_words(self) -> str | None:
+        """Which adapter is the run's, once validation has picked one: `step 120's (validation loss
+        0.3980, the lowest; training ended at step 160)`; while training, the best so far."""
+        if self.best_step is None or self.best_val_loss is None:
+            return None
+        best = f"step {self.best_step}'s (validation loss {self.best_val_loss:.4f}, the lowest"
+        if self.adapter is None:
+            return f"best so far: {best})"
+        last, where = self.adapter.get("last_step"), self.adapter.get("last_path")
+        ended = f"; the last step's, {last}, is in {where}" if where and last != self.best_step else ""
+        return f"{best}{ended})"
 
     def _on_eval_begin(self, e: Event) -> None:
         self.phase = "eval"

@@ -16,6 +16,7 @@ from typing import Any
 from cockpit.contract import EVAL_BATCH_SIZE, ZERO3_LAYER_FETCHES
 from cockpit.plan.model import GiB
 from cockpit.plan.run_length import data_size, run_steps
+from cockpit.plan.validation_time import validation_time
 from cockpit.rehearse.measure import DepthMeasure
 
 TOLERANCE = 0.15
@@ -399,22 +400,32 @@ def forecast(
     target_step = target.get("step_s")
     target["tokens_per_s"] = tokens_step / nm * nt / target_step if tokens_step and target_step else None
     data = next((m.data for m in reversed(done) if m.data), {})
-    steps, how = run_steps(profile, data_size(profile, data), nt)
+    size = data_size(profile, data)
+    steps, how = run_steps(profile, size, nt)
     notes.append(f"training tokens: {how}")
     load = (target["load_s"] or 0.0) + facts.checkpoint_bytes / (scaling.disk_gbps * 1e9)
     train = steps * target["step_s"] if target.get("step_s") and steps else None
     saves = steps // profile.training.save_steps if profile.training.save_steps else 0
     save = (saves + 1) * (target["save_s"] or 0.0)
     eval_s = eval_estimate(profile, facts, eval_examples, scaling)
+    micro_step = target["step_s"] / profile.training.grad_accum if target.get("step_s") else None
+    validation = validation_time(profile, steps, nt, micro_step, size)
+    validation_s = validation.total_s if validation is not None and validation.total_s is not None else 0.0
     wall = {
         "load_s": load,
         "steps": float(steps),
         "train_s": train,
         "saves": float(saves + 1),
         "save_s": save,
+        "validations": float(validation.passes) if validation is not None else 0.0,
+        "validation_s": validation_s,
         "eval_s": eval_s,
-        "total_s": None if train is None else load + train + save + eval_s,
+        "total_s": None if train is None else load + train + save + validation_s + eval_s,
     }
+    if validation is not None:
+        notes.append(f"validation loss (not rehearsed): {validation.words()}")
+    elif profile.validation.eval_steps:
+        notes.append("validation loss not counted: the validation sample's size is unknown here")
     if not eval_examples:
         notes.append("evaluation not counted: the held-out split is not on this machine")
     else:

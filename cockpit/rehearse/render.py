@@ -61,10 +61,16 @@ def wall_lines(data: dict[str, Any]) -> list[str]:
     def hours(seconds: Any) -> str:
         return "-" if seconds is None else f"{seconds / 3600:.2f} h"
 
+    # A rehearsal from before the validation term has none: say nothing of it rather than a blank.
+    validation = (
+        f"{_num(w.get('validations'), '.0f')} validations {hours(w.get('validation_s'))} + "
+        if "validation_s" in w
+        else ""
+    )
     return [
         f"wall clock on the profile's machine: {hours(w.get('total_s'))} = load {hours(w.get('load_s'))} + "
         f"{_num(w.get('steps'), '.0f')} steps {hours(w.get('train_s'))} + {_num(w.get('saves'), '.0f')} "
-        f"checkpoint saves {hours(w.get('save_s'))} + evaluation {hours(w.get('eval_s'))}",
+        f"checkpoint saves {hours(w.get('save_s'))} + {validation}evaluation {hours(w.get('eval_s'))}",
     ]
 
 

@@ -198,5 +198,18 @@ def run_report(run_dir: Path, samples: int | None = None) -> Report:
     )
     model = profile.get("model", {})
     return replace(
-        report, run_id=manifest.get("run_id", run_dir.name), model=model.get("name") or model.get("path")
+        report,
+        run_id=manifest.get("run_id", run_dir.name),
+        model=model.get("name") or model.get("path"),
+        adapter=chosen_adapter(run_dir),
     )
+
+
+def chosen_adapter(run_dir: Path) -> dict[str, Any] | None:
+    """The adapter validation chose (rank 0's last `adapter` event with a validation loss): its `step`,
+    `val_loss` and the `last_step` training ended at; None when validation did not choose."""
+    saved = [e for e in read_events(run_dir, "adapter") if e.get("rank", 0) == 0]
+    if not saved or saved[-1].get("val_loss") is None:
+        return None
+    e = saved[-1]
+    return {"step": e.get("step"), "val_loss": e.get("val_loss"), "last_step": e.get("last_step")}

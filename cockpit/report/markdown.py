@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from cockpit.report.format import delta_cell, points
 from cockpit.report.model import Report, Row, Serving
 
@@ -16,6 +19,8 @@ def render_markdown(report: Report) -> str:
     lines = [f"# Evaluation report: {report.run_id or ''}", ""]
     if report.model:
         lines += [f"Model: {report.model}. Held-out split, macro F1 in points (0-100).", ""]
+    if report.adapter:
+        lines += [adapter_line(report.adapter), ""]
     header = ["tenant", "n", *[f"{s} macro F1" for s in report.systems]]
     header += [f"Δ vs {o} [95% CI]" for o in report.compared]
     lines += [_table_row(header), "|" + "---|" * len(header)]
@@ -37,6 +42,16 @@ def render_markdown(report: Report) -> str:
         lines += ["", "## Serving cost", ""]
         lines += serving_lines(report.serving)
     return "\n".join(lines) + "\n"
+
+
+def adapter_line(adapter: Mapping[str, Any]) -> str:
+    """Which adapter the tuned model is: the one of lowest validation loss, and of which step."""
+    step, last = adapter.get("step"), adapter.get("last_step")
+    of = f" (training ran to step {last})" if last is not None and last != step else ""
+    return (
+        f"The tuned model's adapter is step {step}'s, the lowest validation loss of the run "
+        f"({adapter.get('val_loss'):.4f}){of}."
+    )
 
 
 def serving_lines(serving: Serving) -> list[str]:

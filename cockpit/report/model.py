@@ -196,6 +196,9 @@ class Report:
     serving: Serving | None = None
     run_id: str | None = None  # set, with `model`, on the report of a run
     model: str | None = None
+    # The tuned adapter's step, its validation loss and the step training ended at, when validation
+    # chose it (the run's `adapter` event); None otherwise.
+    adapter: Mapping[str, Any] | None = None
     source: str = field(default=REPORT_JSON, compare=False)  # or "built from predictions" (not written)
 
     @property
@@ -246,6 +249,8 @@ class Report:
         if self.run_id is not None:
             out["run_id"] = self.run_id
             out["model"] = self.model
+        if self.adapter is not None:
+            out["adapter"] = dict(self.adapter)
         return out
 
     @classmethod
@@ -303,4 +308,5 @@ def _from_dict(data: Mapping[str, Any]) -> Report:
         serving=Serving.from_dict(serving) if serving else None,
         run_id=data.get("run_id"),
         model=data.get("model"),
+        adapter=data.get("adapter"),
     )

@@ -1,0 +1,118 @@
+"""The validation passes' wall time, in `cockpit plan` and the rehearsal's forecast."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from cockpit.contract import ZERO3_LAYER_FETCHES
+from cockpit.plan.validation_time import (
+    FORWARD_SHARE_CHECKPOINTED,
+    FORWARD_SHARE_PLAIN,
+    forward_share,
+    validation_passes,
+    validation_size,
+    validation_time,
+)
+from cockpit.profiles import load_profile
+
+STORY = "qwen3-235b-a22b-thinking-4xh100"
+
+
+def test_a_validation_at_the_start_every_eval_steps_and_at_the_last() -> None:
+    """As `trainer.validation` does: the tiny run's 320 steps at 40 give 0, 40, ..., 320."""
+    assert validation_passes(320, 40) == len(range(0, 321, 40)) == 9
+    assert validation_passes(112, 50) == len([0, 50, 100, 112])
+    assert validation_passes(0, 50) == 0 and validation_passes(100, 0) == 0
+
+
+@pytest.mark.parametrize(
+    ("settings", "share"),
+    [
+        (['deepspeed.offload_param="none"'], FORWARD_SHARE_CHECKPOINTED),
+        (['deepspeed.offload_param="none"', "training.gradient_checkpointing=false"], FORWARD_SHARE_PLAIN),
+        ([], 1 / ZERO3_LAYER_FETCHES),  # the tiny profile offloads: a forward copies each layer once of 2
+    ],
+)
+def test_a_forward_is_a_third_of_a_checkpointed_step_or_its_copies_share(settings, share) -> None:
+    profile, _ = load_profile("tiny-cpu", settings)
+    assert forward_share(profile)[0] == pytest.approx(max(share, FORWARD_SHARE_CHECKPOINTED))
+
+
+def _write_data(path, per_tenant: dict[str, int], split: str) -> list[str]:
+    """Examples of a few tenants, `per_tenant` of each in `split`; returns the users' texts in order."""
+    rows, texts = [], []
+    for tenant, n in per_tenant.items():
+        for i in range(n):
+            user = f"{tenant} example {i} " + "x" * (10 * i)
+            rows.append(
+                {"tenant": tenant, "split": split, "system": "", "user": user, "reasoning": "", "gold": "g"}
+            )
+            texts.append(user)
+        rows.append(
+            {"tenant": tenant, "split": "train", "system": "", "user": "t", "reasoning": "", "gold": "g"}
+        )
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return texts
+
+
+def test_the_sample_is_the_trainers_own_from_the_data_file(tmp_path) -> None:
+    """The first `examples_per_tenant` of each tenant's validation split (else eval split), counted as the
+    training tokens are (here four characters a token: no tokenizer at model.path)."""
+    data = tmp_path / "d.jsonl"
+    texts = _write_data(data, {"a": 5, "b": 2}, "validation")
+    profile, _ = load_profile(
+        "tiny-cpu",
+        [f'data.source="{data}"', f'model.path="{tmp_path / "none"}"', "validation.examples_per_tenant=3"],
+    )
+    size = validation_size(profile)
+    kept = texts[:3] + texts[5:7]  # a's first three, b's two
+    assert size.examples == 5
+    assert size.tokens == round(sum(len("\n".join(["", t, "", "g"])) for t in kept) / 4)
+    assert "validation split" in size.how
+
+
+def test_without_the_file_the_held_out_share_of_the_assumed_data(tmp_path) -> None:
+    profile, _ = load_profile(STORY)  # 3,600 examples of 2,000 tokens assumed, 10% held out, no tenants
+    size = validation_size(profile)
+    held = math.floor(3600 * 0.1 / 0.9)
+    assert (size.examples, size.tokens) == (held, held * 2000) and "data.tenants" in size.how
+    five, _ = load_profile(STORY, ["data.tenants=5"])
+    assert validation_size(five).examples == 5 * profile.validation.examples_per_tenant
+
+
+def test_a_pass_is_its_rank_s_forwards_times_a_share_of_the_micro_step() -> None:
+    profile, _ = load_profile(STORY)
+    one = validation_time(profile, steps=112, ranks=1, micro_step_s=4.0)
+    four = validation_time(profile, steps=112, ranks=4, micro_step_s=4.0)
+    assert one.passes == four.passes == 4
+    assert one.micro_batches == four.micro_batches >= math.ceil(one.tokens / profile.training.seq_len)
+    assert (one.rounds, four.rounds) == (one.micro_batches, math.ceil(one.micro_batches / 4))
+    assert four.pass_s == pytest.approx(four.rounds * 4.0 * four.forward_share)
+    assert four.total_s == pytest.approx(4 * four.pass_s)
+    assert validation_time(profile, 112, 4, None).total_s is None, "no step time: no seconds"
+    off, _ = load_profile(STORY, ["validation.eval_steps=0"])
+    assert validation_time(off, 112, 4, 4.0) is None
+
+
+def test_plan_counts_and_shows_the_validation_passes() -> None:
+    from rich.console import Console
+
+    from cockpit.plan import build_plan
+    from cockpit.plan.render import verdict_text
+
+    profile, _ = load_profile(STORY)
+    plan = build_plan(profile)
+    run = plan.run
+    assert run.validation is not None and run.validation.passes == validation_passes(run.steps, 50)
+    micro = run.optimizer_step_s / profile.training.grad_accum
+    assert run.validation.pass_s == pytest.approx(
+        run.validation.rounds * micro * run.validation.forward_share
+    )
+    assert plan.to_dict()["run"]["validation"]["total_s"] == pytest.approx(run.validation.total_s)
+    console = Console(width=400, record=True)
+    console.print(verdict_text(plan))
+    text = console.export_text()
+    assert f"Validation loss, on top: {run.validation.passes} passes x 400 examples" in text

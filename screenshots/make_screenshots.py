@@ -51,7 +51,7 @@ SIZE = (120, 40)
 # A tiny-cpu run recorded on two H200s (hardware.gpus=2, bf16, 80 steps): real NVML telemetry of both GPUs.
 GPU_FIXTURE = ROOT / "tests" / "fixtures" / "records" / "20261130-074646-tiny-cpu-5bc8"
 # A tiny-cpu run with validation loss every 40 steps, evaluated.
-VAL_FIXTURE = ROOT / "tests" / "fixtures" / "records" / "20261201-073045-tiny-cpu-c04c"
+VAL_FIXTURE = ROOT / "tests" / "fixtures" / "records" / "20261201-115430-tiny-cpu-d226"
 REHEARSAL = ROOT / "tests" / "fixtures" / "records" / "20261201-023803-tiny-cpu-729e"
 OUT = ROOT / "screenshots"
 # Two tiny-cpu runs, 150 steps, learning rates 5e-3 and 1e-3, each evaluated (`cockpit run --no-ui`).

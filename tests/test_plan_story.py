@@ -247,3 +247,15 @@ def test_fuller_micro_batches_are_an_option_when_accumulation_halves(plan) -> No
 def test_no_fuller_micro_batch_without_an_even_accumulation() -> None:
     profile, _ = load_profile(STORY, ["training.grad_accum=3"])
     assert not any("rows a micro-batch" in o.label for o in build_plan(profile).options)
+
+
+def test_the_fastest_configuration_is_taken_by_the_overrides_the_plan_prints(plan) -> None:
+    """The `--set` overrides printed beside the fastest that fits give a profile whose configured setup is
+    that one, planned at the same speed."""
+    sets = plan.best_overrides()
+    assert "training.micro_batch_size=2" in sets and "training.grad_accum=4" in sets
+    taken, _ = load_profile(STORY, sets)
+    again = build_plan(taken)
+    assert again.configured.setup == plan.best.setup
+    assert again.configured.tokens_per_s == pytest.approx(plan.best.tokens_per_s)
+    assert plan.to_dict()["best_overrides"] == sets

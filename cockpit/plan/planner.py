@@ -140,6 +140,13 @@ class Plan:
     def requirements(self) -> list[str]:
         return self.found.requirements
 
+    def best_overrides(self) -> list[str]:
+        """The `--set` overrides that take the fastest configuration that fits (none: it is the profile's)."""
+        if self.best is None:
+            return []
+        accum = self.run.micro_batches if self.run else 1
+        return overrides_for(self.configured.setup, self.best.setup, accum)
+
     # --- figures ---------------------------------------------------------------------------
     def kind_table(self) -> list[dict[str, Any]]:
         """Per kind: parameters, bytes in bf16 / NF4 / NF4 with double quant, and as planned."""
@@ -286,6 +293,7 @@ class Plan:
             "verdict": self.verdict(),
             "requirements": self.requirements,
             "best": estimate_dict(self.best) if self.best else None,
+            "best_overrides": self.best_overrides(),
             "options": [{"label": o.label, **estimate_dict(o.estimate)} for o in self.options],
             "alt_experts": estimate_dict(self.alt_experts) if self.alt_experts else None,
             "alt_best": estimate_dict(self.alt_found.best)
@@ -385,6 +393,29 @@ def shorter(seq_len: int) -> list[int]:
 
 def other_gpus(gpus: int) -> list[int]:
     return [n for n in (gpus // 2, gpus * 2) if 1 <= n <= 16 and n != gpus]
+
+
+def overrides_for(configured: Setup, other: Setup, grad_accum: int) -> list[str]:
+    """The `--set` overrides that turn the configured setup into `other` (what a user types to take an
+    option); more rows a micro-batch divide the accumulation so the optimizer step keeps its rows."""
+    sets = []
+    for field_name, key in (
+        ("offload_param", "deepspeed.offload_param"),
+        ("offload_optimizer", "deepspeed.offload_optimizer"),
+        ("loader", "model.loader"),
+    ):
+        if getattr(other, field_name) != getattr(configured, field_name):
+            sets.append(f'{key}="{getattr(other, field_name)}"')
+    if other.gpus != configured.gpus:
+        sets.append(f"hardware.gpus={other.gpus}")
+    if other.seq_len != configured.seq_len:
+        sets.append(f"training.seq_len={other.seq_len}")
+    if other.micro_batch != configured.micro_batch:
+        sets.append(f"training.micro_batch_size={other.micro_batch}")
+        accum = grad_accum * configured.micro_batch // other.micro_batch
+        if accum != grad_accum and accum >= 1:
+            sets.append(f"training.grad_accum={accum}")
+    return sets
 
 
 @dataclass

@@ -307,6 +307,9 @@ def verdict_text(plan: Plan) -> Text:
             f"{size(bs.train.host_peak)} in training; ~{bs.tokens_per_s:,.0f} tokens/s"
         )
         lines.extend(f"  note: {n}" for n in bs.notes)
+        sets = plan.best_overrides()
+        if sets:
+            lines.append("  take it: " + escape(" ".join(f"--set '{x}'" for x in sets)))
     elif e.setup.gpus and not e.fits:
         lines.append("[bold red]No option fits on this hardware.[/]")
     run = plan.run

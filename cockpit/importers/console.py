@@ -33,6 +33,7 @@ from cockpit.importers.model import (
     MIB_PER_GB,
     ForeignLogError,
     Imported,
+    hf_log_fields,
     number,
     rates_from_tokens,
     read_text,
@@ -184,7 +185,7 @@ def read_console(path: Path) -> Imported:
     numbers = _number_steps(imported, entries, bar_total)
     for entry, step in zip(entries, numbers, strict=True):
         fields = imported.step(step)
-        fields.update(_train_fields(entry.fields))
+        fields.update(hf_log_fields(entry.fields, t="train_runtime"))
     for e in imported.evals:
         after = e.pop("after")
         e["step"] = numbers[after - 1] if after else 0
@@ -231,18 +232,6 @@ def _number_steps(imported: Imported, entries: list[_Entry], bar_total: int | No
 def _increasing(values: list[int | None]) -> bool:
     nums = [v for v in values if v is not None]
     return all(b > a for a, b in itertools.pairwise(nums)) and all(v >= 1 for v in nums)
-
-
-def _train_fields(d: dict[str, Any]) -> dict[str, Any]:
-    fields = {
-        "loss": number(d.get("loss")),
-        "learning_rate": number(d.get("learning_rate")),
-        "grad_norm": number(d.get("grad_norm")),
-        "epoch": number(d.get("epoch")),
-        "tokens_seen": number(d.get("num_input_tokens_seen")),
-        "t": number(d.get("train_runtime")),
-    }
-    return {k: v for k, v in fields.items() if v is not None}
 
 
 def _merge_deepspeed(imported: Imported, ds_steps: dict[int, dict[str, Any]], have_dicts: bool) -> None:

@@ -16,7 +16,14 @@ import re
 from pathlib import Path
 from typing import Any
 
-from cockpit.importers.model import ForeignLogError, Imported, number, rates_from_tokens, read_text
+from cockpit.importers.model import (
+    ForeignLogError,
+    Imported,
+    hf_log_fields,
+    number,
+    rates_from_tokens,
+    read_text,
+)
 
 STATE = "trainer_state.json"
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
@@ -84,7 +91,7 @@ def read_states(source: Path, paths: list[Path]) -> Imported:
                     imported.evals.append({"step": step, "loss": loss})
             elif "loss" in entry:
                 fields = imported.step(step)
-                fields.update(_train_fields(entry))
+                fields.update(hf_log_fields(entry))
                 runtime = number(entry.get("train_runtime"))
                 if runtime is not None:
                     runtimes.append((step, runtime))
@@ -98,19 +105,6 @@ def read_states(source: Path, paths: list[Path]) -> Imported:
             f"merged {len(paths)} trainer states ({', '.join(p.parent.name for p in paths)})"
         )
     return imported
-
-
-def _train_fields(entry: dict[str, Any]) -> dict[str, Any]:
-    fields = {
-        "loss": number(entry.get("loss")),
-        "learning_rate": number(entry.get("learning_rate")),
-        "grad_norm": number(entry.get("grad_norm")),
-        "epoch": number(entry.get("epoch")),
-    }
-    tokens = number(entry.get("num_input_tokens_seen"))
-    if tokens is not None:
-        fields["tokens_seen"] = tokens
-    return {k: v for k, v in fields.items() if v is not None}
 
 
 def _set_clock(imported: Imported, runtimes: list[tuple[int, float]]) -> None:

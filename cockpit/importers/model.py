@@ -95,6 +95,22 @@ def number(value: Any) -> float | None:
     return f if math.isfinite(f) else None
 
 
+def hf_log_fields(entry: dict[str, Any], **extra: str) -> dict[str, Any]:
+    """The step figures of one HF Trainer log dict (what it prints and what `trainer_state.json`'s
+    `log_history` keeps), under the record's names; `extra` maps further record names to log keys.
+    Absent or non-finite values are left out."""
+    keys = {
+        "loss": "loss",
+        "learning_rate": "learning_rate",
+        "grad_norm": "grad_norm",
+        "epoch": "epoch",
+        "tokens_seen": "num_input_tokens_seen",
+        **extra,
+    }
+    fields = {name: number(entry.get(key)) for name, key in keys.items()}
+    return {k: v for k, v in fields.items() if v is not None}
+
+
 def read_text(path: Path) -> str:
     """A log file's text; `ForeignLogError` for an empty, unreadable or binary file."""
     try:

@@ -24,7 +24,8 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 
-# (label, substring of the frame name): the step's host work, outermost first
+# (label, where, what): a frame is counted when its name holds both substrings; the step's host work,
+# outermost first
 FRAMES = (
     ("training step (HF)", "trainer.py(", "training_step"),
     ("DeepSpeed engine step", "engine.py(", ": step"),
@@ -89,6 +90,9 @@ def busy(events: list[dict[str, Any]], lo: float, hi: float) -> float:
     return total
 
 
+OPTIMIZER = "optimizer step and the next batch"  # a phase of `copy_timeline`
+
+
 def copy_timeline(events: list[dict[str, Any]], steps: int) -> list[dict[str, Any]]:
     """With parameter offload: per phase of a step (forward, head and loss, backward, and the optimizer
     step with the next step's data), milliseconds a step of host-to-device copies, of kernels, of both at
@@ -121,17 +125,11 @@ def copy_timeline(events: list[dict[str, Any]], steps: int) -> list[dict[str, An
             edge, phase = hi, "backward"
         elif kind == "optimizer" and phase == "backward":
             cuts.append(("backward", edge, lo))
-            edge, phase = lo, "optimizer"
-        elif kind == "data" and phase == "optimizer":
-            cuts.append(("optimizer step and the next batch", edge, hi))
+            edge, phase = lo, OPTIMIZER
+        elif kind == "data" and phase == OPTIMIZER:
+            cuts.append((OPTIMIZER, edge, hi))
             edge, phase = hi, "forward"
-    cuts.append(
-        (
-            {"forward": "forward", "backward": "backward"}.get(phase, "optimizer step and the next batch"),
-            edge,
-            end,
-        )
-    )
+    cuts.append((phase, edge, end))
     rows: dict[str, dict[str, float]] = {}
     for name, lo, hi in cuts:
         if hi <= lo:

@@ -50,6 +50,8 @@ NO_FAST_ROUTING = (("COCKPIT_FAST_ROUTING", "0"),)
 PREFETCH2 = ("deepspeed.prefetch_layers=2",)
 STAGE2 = ("deepspeed.stage=2",)  # ZeRO-2 at one rank: no parameter hooks (what ZeRO-3's cost)
 STACK = (("COCKPIT_PROFILE_STACK", "1"),)  # Python frames in the kept trace
+SYNC_FETCH = (("COCKPIT_ASYNC_FETCH", "0"),)  # DeepSpeed's own fetch: whole-stream and host waits
+EMB_HOST = ("deepspeed.embeddings_on_gpu=false",)  # the embedding and lm_head offloaded like the layers
 BLAS_LT = (("TORCH_BLAS_PREFER_CUBLASLT", "1"),)
 PACK = ("training.packing=true",)  # the earlier paths on the present packed data: the loss comparison
 LR = ("training.learning_rate=1e-4",)  # the story's rate; the tiny profile's 5e-3 amplifies rounding
@@ -125,6 +127,21 @@ def gpu_rows() -> list[Row]:
         Row("control-stage2-4096", 4, 4096, steps=20, extra=STAGE2),
         Row("after-4096-stack", 4, 4096, profile=True, steps=8, env_extra=STACK),
         Row("offload-4096-stack", 4, 4096, offload=True, profile=True, steps=8, env_extra=STACK),
+        # ZeRO-3's fetch with the host waiting on every copy (DeepSpeed's own) against device-side waits
+        # (trainer/zero3_fetch.py): same data and seed, so the losses compare too.
+        Row(
+            "offload-sync-4096-stack",
+            4,
+            4096,
+            offload=True,
+            profile=True,
+            steps=8,
+            env_extra=STACK + SYNC_FETCH,
+        ),
+        Row("offload-sync-4096-steady", 4, 4096, offload=True, steps=14, env_extra=SYNC_FETCH),
+        Row("offload-host-emb-4096-steady", 4, 4096, offload=True, steps=14, extra=EMB_HOST),
+        Row("offload-4096-8L", 8, 4096, offload=True, steps=10),
+        Row("offload-sync-4096-8L", 8, 4096, offload=True, steps=10, env_extra=SYNC_FETCH),
         Row("lever-blas-lt-4096", 4, 4096, steps=20, env_extra=BLAS_LT),
         # The story's own accumulation: 8 micro-batches an optimizer step, so the step's fixed host work
         # (DeepSpeed's step and its release of every parameter, HF's per-step bookkeeping) is paid once.
@@ -531,6 +548,7 @@ LOSS_PAIRS = (
     ("before-packed-192", "after-192-20"),
     ("before-packed-192-lr1e-4", "after-192-20-lr1e-4"),
     ("after-192-20", "after-192-20-again"),  # the same path twice: the run-to-run floor
+    ("offload-sync-4096-steady", "offload-4096-steady"),  # the host's wait on each copy, and without
 )
 
 

@@ -36,6 +36,7 @@ FRAMES = (
     ("  bitsandbytes Linear4bit", "bitsandbytes/nn/modules.py(", "forward"),
     ("DeepSpeed F.linear wrapper", "deepspeed/runtime/zero/linear.py(", "forward"),
     ("ZeRO-3 pre-forward hooks", "_pre_forward_module_hook", ""),
+    ("  ZeRO-3 fetch wait", "partition_parameters.py(", ": wait"),
     ("ZeRO-3 post-forward hooks", "_post_forward_module_hook", ""),
     ("routing (trainer/routing.py)", "trainer/routing.py(", ""),
     ("experts (trainer/experts4bit.py)", "trainer/experts4bit.py(", ""),

@@ -132,6 +132,13 @@ class DeepSpeedSpec(_Section):
         "at once: a hook a layer, measured 25% faster a step on the story's slice), or every MoE block (its "
         "experts at once; attention's parameters one module at a time).",
     )
+    embeddings_on_gpu: bool = Field(
+        default=True,
+        description="With parameter offload, the input embedding and the lm_head stay on the GPUs (each "
+        "rank's ZeRO-3 partition there, whole once gathered) instead of the host: otherwise every "
+        "micro-batch copies them from the host three times (the embedding's lookup and its backward hook, "
+        "the lm_head), for a lookup of a few thousand rows. Costs their bytes on each GPU.",
+    )
     persistence_threshold: NonNegInt = Field(
         default=0,
         description="Parameters with at most this many elements stay whole on every GPU (never gathered); "

@@ -75,15 +75,14 @@ def varlen_attention_forward(
     return out.transpose(1, 2).contiguous(), None
 
 
-def _no_mask(*args: Any, **kwargs: Any) -> None:
-    return None
-
-
 def register() -> str:
-    """Make `"varlen"` a Transformers attention implementation (idempotent); returns its name."""
+    """Make `"varlen"` a Transformers attention implementation (idempotent); returns its name.
+
+    No mask function is registered with it: Transformers then builds no mask for it at all. With one
+    registered (even one returning None) it first looks for packed rows in the position ids, and that
+    check reads a GPU value on the host: a device synchronization at every forward, which with parameter
+    offload made the host wait for the first layers' copies before it queued any kernel."""
     from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface
 
     AttentionInterface.register(NAME, varlen_attention_forward)
-    AttentionMaskInterface.register(NAME, _no_mask)
     return NAME

@@ -51,6 +51,10 @@ PREFETCH2 = ("deepspeed.prefetch_layers=2",)
 STAGE2 = ("deepspeed.stage=2",)  # ZeRO-2 at one rank: no parameter hooks (what ZeRO-3's cost)
 STACK = (("COCKPIT_PROFILE_STACK", "1"),)  # Python frames in the kept trace
 SYNC_FETCH = (("COCKPIT_ASYNC_FETCH", "0"),)  # DeepSpeed's own fetch: whole-stream and host waits
+# The trainer's paths before this session's fetch changes: DeepSpeed's own fetch, the no-op mask function
+# registered with varlen attention (Transformers then syncs the host on the position ids every forward).
+EARLIER_FETCH = (*SYNC_FETCH, ("COCKPIT_VARLEN_MASK", "1"))
+PREFETCH3 = ("deepspeed.prefetch_layers=3",)
 EMB_HOST = ("deepspeed.embeddings_on_gpu=false",)  # the embedding and lm_head offloaded like the layers
 BLAS_LT = (("TORCH_BLAS_PREFER_CUBLASLT", "1"),)
 PACK = ("training.packing=true",)  # the earlier paths on the present packed data: the loss comparison
@@ -140,6 +144,32 @@ def gpu_rows() -> list[Row]:
         ),
         Row("offload-sync-4096-steady", 4, 4096, offload=True, steps=14, env_extra=SYNC_FETCH),
         Row("offload-host-emb-4096-steady", 4, 4096, offload=True, steps=14, extra=EMB_HOST),
+        Row(
+            "offload-prefetch2-4096-stack",
+            4,
+            4096,
+            offload=True,
+            profile=True,
+            steps=8,
+            extra=PREFETCH2,
+            env_extra=STACK,
+        ),
+        Row("offload-prefetch3-4096", 4, 4096, offload=True, steps=14, extra=PREFETCH3),
+        Row("story-offload-prefetch2-4096-ga8", 4, 4096, ga=8, offload=True, steps=7, extra=PREFETCH2),
+        Row("story-offload-prefetch3-4096-ga8", 4, 4096, ga=8, offload=True, steps=7, extra=PREFETCH3),
+        Row("offload-prefetch3-4096-8L", 8, 4096, offload=True, steps=10, extra=PREFETCH3),
+        # No offload, this session's paths against the earlier ones, interleaved (run-to-run spread ~8%).
+        *(
+            Row(
+                f"after-4096-{kind}-{i}",
+                4,
+                4096,
+                steps=20,
+                env_extra=EARLIER_FETCH if kind == "earlier" else (),
+            )
+            for i in (1, 2)
+            for kind in ("now", "earlier")
+        ),
         Row("offload-4096-8L", 8, 4096, offload=True, steps=10),
         Row("offload-sync-4096-8L", 8, 4096, offload=True, steps=10, env_extra=SYNC_FETCH),
         Row("lever-blas-lt-4096", 4, 4096, steps=20, env_extra=BLAS_LT),

@@ -158,6 +158,7 @@ def gpu_rows() -> list[Row]:
         Row("story-offload-prefetch2-4096-ga8", 4, 4096, ga=8, offload=True, steps=7, extra=PREFETCH2),
         Row("story-offload-prefetch3-4096-ga8", 4, 4096, ga=8, offload=True, steps=7, extra=PREFETCH3),
         Row("offload-prefetch3-4096-8L", 8, 4096, offload=True, steps=10, extra=PREFETCH3),
+        Row("offload-prefetch3-4096-16L", 16, 4096, offload=True, steps=8, extra=PREFETCH3),
         # No offload, this session's paths against the earlier ones, interleaved (run-to-run spread ~8%).
         *(
             Row(

@@ -29,10 +29,13 @@ LOSS_CHUNK_BYTES = 256 * 1024**2
 # --- ZeRO-3 gathers --------------------------------------------------------------------------------------
 # ZeRO-3 gathers a decoder layer's weights this many times a micro-batch (with parameter offload, each
 # gather crosses the host-to-device link): once for the forward, once for the recompute and the backward
-# together (the layer is the unit gathered, `deepspeed.zero3_leaf`). The last layer is
-# kept from its forward to its backward, and embeddings and head cross once. Measured on the H200 with
-# torch.profiler: 11.44 GB a micro-batch at 4 layers of 1.283 GB, embeddings and head 1.245 GB each,
-# = (2 x 4 - 1) layers + both (benchmarks/results/step_speed_h200.md, offload-4096).
+# together (the layer is the unit gathered, `deepspeed.zero3_leaf`). Measured on the H200 with
+# torch.profiler (benchmarks/results/step_speed_h200.md), 4 layers of 1.21 GB of experts each:
+# - embeddings on the host, prefetch 1 layer: 12.73 GB a micro-batch = 7 layers (the last kept from its
+#   forward to its backward) + the embedding twice (forward lookup, backward hook) + the lm_head once;
+# - embeddings on the GPU (`deepspeed.embeddings_on_gpu`): 8.99 GB = 7 layers; with prefetch 2, 7.71 GB
+#   = 6 layers (a larger live budget keeps one more across the turn). At the story's 94 layers the turn
+#   is noise: two fetches a layer.
 ZERO3_LAYER_FETCHES = 2
 
 # --- evaluation ------------------------------------------------------------------------------------------

@@ -49,7 +49,7 @@ import math
 from dataclasses import dataclass, field, replace
 from functools import cache, cached_property
 
-from cockpit.contract import dequant_chunk_experts, load_builder
+from cockpit.contract import ZERO3_LAYER_FETCHES, dequant_chunk_experts, load_builder
 from cockpit.plan.formats import DTYPE_BYTES, Stored, four_bit, packed_experts, plain, pow2_ceil
 from cockpit.plan.geometry import ModelGeometry, TensorSpec
 from cockpit.plan.speed import H200_STORY_SLICE, MeasuredSpeed
@@ -173,6 +173,8 @@ class Setup:
     packing: bool = False
     doc_tokens: int = 0  # mean tokens an example (data.mean_tokens); 0: every example fills its sequence
     prefetch_layers: float = 0.0  # deepspeed.prefetch_layers: layers gathered ahead of the one computing
+    # deepspeed.embeddings_on_gpu under parameter offload: the embedding and lm_head live on the GPUs
+    embeddings_on_gpu: bool = False
     nodes: int = 1  # hosts, each with `gpus` GPUs (hardware.nodes)
 
     @property
@@ -262,6 +264,22 @@ class Weights:
     def head_bytes(self) -> int:
         """The weight the loss multiplies by: lm_head, or the embedding when they are tied."""
         return self.blocks.get("lm_head", self.blocks.get("embed", 0))
+
+    def embeddings_bytes(self) -> int:
+        """The input embedding and the lm_head (once when tied): what `deepspeed.embeddings_on_gpu` keeps."""
+        return self.blocks.get("embed", 0) + self.blocks.get("lm_head", 0)
+
+    def moved_bytes(self, setup: Setup) -> int:
+        """Bytes ZeRO-3 brings to a rank's GPU in one micro-batch, all ranks' partitions together: every
+        layer twice (forward, and recompute with backward), the final norm, and the embeddings unless they
+        are kept on the GPU (`contract.ZERO3_LAYER_FETCHES`)."""
+        layers = sum(v for k, v in self.blocks.items() if k.startswith("layer."))
+        kept = setup.embeddings_on_gpu and setup.stage == 3 and setup.offload_param != "none"
+        return (
+            ZERO3_LAYER_FETCHES * layers
+            + self.blocks.get("norm", 0)
+            + (0 if kept else self.embeddings_bytes())
+        )
 
     def persistent(self, numel: int) -> bool:
         """ZeRO-3 keeps parameters this small whole on every GPU (never partitioned nor offloaded)."""
@@ -534,8 +552,11 @@ def _partitions(w: Weights, setup: Setup) -> tuple[int, int, int]:
     """Per rank: partition bytes of non-persistent params, their pinned (power-of-two) bytes, and the
     persistent params' bytes (whole on every GPU)."""
     n = setup.ranks if setup.stage == 3 else 1
+    kept = setup.embeddings_on_gpu and setup.stage == 3 and setup.offload_param != "none"
     part = pinned = persistent = 0
-    for _, s in w.items:
+    for t, s in w.items:
+        if kept and t.block in ("embed", "lm_head"):
+            continue  # on the GPU: counted there
         for numel, size in s.pieces():
             if setup.stage == 3 and w.persistent(numel):
                 persistent += numel * size
@@ -674,11 +695,15 @@ def estimate(inputs: Inputs, setup: Setup) -> Estimate:
         resident = 0
         if setup.offload_param == "none":
             resident = part if setup.stage == 3 else w.data_bytes
-        gathered = 0
+        gathered = kept_embeddings = 0
+        if gathering and setup.embeddings_on_gpu and setup.offload_param != "none":
+            # each rank's partition on its GPU, and the whole once gathered (one and the same at one rank)
+            whole = w.embeddings_bytes()
+            kept_embeddings = whole + (math.ceil(whole / n) if n > 1 else 0)
         if gathering:
             if setup.grad_ckpt:  # this layer, the layers prefetched behind it, and the lm_head
                 ahead = math.ceil(setup.prefetch_layers)
-                gathered = (1 + ahead) * w.largest_layer()[1] + w.head_bytes()
+                gathered = (1 + ahead) * w.largest_layer()[1] + (0 if kept_embeddings else w.head_bytes())
             else:
                 gathered = sum(v for k, v in w.blocks.items() if k != "embed")
                 notes.append(
@@ -689,6 +714,7 @@ def estimate(inputs: Inputs, setup: Setup) -> Estimate:
             "persistent small params": persistent if setup.stage == 3 else 0,
             "quantization state": w.state_bytes,
             "gathered layers + lm_head": gathered,
+            "embeddings kept on the GPU": kept_embeddings,
             "checkpointed activations" if setup.grad_ckpt else "activations": acts.stack(setup.grad_ckpt),
             # NF4 experts dequantize a chunk at a time within the layer's recompute and backward; measured,
             # it never adds to the activation transients at seq 1024 (adding it over-predicts all four
@@ -718,9 +744,7 @@ def estimate(inputs: Inputs, setup: Setup) -> Estimate:
             speed.measured_tflops * a.tflops(setup.gpu_name) / (datasheet_tflops(speed.gpu) or a.tflops(""))
         )
         compute_s = speed.compute_s(g.layers, flops, rate)
-        blocks = w.blocks
-        layers = sum(v for k, v in blocks.items() if k.startswith("layer."))
-        moved = 2 * layers + blocks.get("embed", 0) + blocks.get("lm_head", 0) + blocks.get("norm", 0)
+        moved = w.moved_bytes(setup)
         offload_s = gather_s = 0.0
         if setup.stage == 3 and setup.offload_param == "cpu":
             offload_s = speed.offload_exposed * moved / n / (a.h2d_gbps * GB)

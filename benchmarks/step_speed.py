@@ -55,6 +55,19 @@ SYNC_FETCH = (("COCKPIT_ASYNC_FETCH", "0"),)  # DeepSpeed's own fetch: whole-str
 # registered with varlen attention (Transformers then syncs the host on the position ids every forward).
 EARLIER_FETCH = (*SYNC_FETCH, ("COCKPIT_VARLEN_MASK", "1"))
 PREFETCH3 = ("deepspeed.prefetch_layers=3",)
+# Offload rows measured before trainer/zero3_fetch.py and deepspeed.embeddings_on_gpu, kept as they ran:
+# DeepSpeed's own fetch (whole-stream and host waits), the embedding and lm_head copied from the host.
+EARLIER_OFFLOAD = frozenset(
+    (
+        "offload-4096",
+        "offload-4096-1L",
+        "offload-4096-2L",
+        "offload-moe-leaf-4096",
+        "offload-prefetch2-4096",
+        "offload-sync-4096-stack",
+        "offload-sync-4096-8L",
+    )
+)
 EMB_HOST = ("deepspeed.embeddings_on_gpu=false",)  # the embedding and lm_head offloaded like the layers
 BLAS_LT = (("TORCH_BLAS_PREFER_CUBLASLT", "1"),)
 PACK = ("training.packing=true",)  # the earlier paths on the present packed data: the loss comparison
@@ -103,6 +116,20 @@ class Row:
         if not gpu:
             sets += ["training.bf16=false"]
         return [*sets, *self.extra]
+
+    def copy_class(self) -> tuple[str, ...]:
+        """What decides the bytes an offload step copies: prefetch depth, where the embeddings live, the
+        fetch path, and whether it ran before this session's fetch changes."""
+        sets = self.overrides(gpu=True)
+        prefetch = [v.split("=", 1)[1] for v in sets if v.startswith("deepspeed.prefetch_layers=")][-1]
+        earlier = self.name in EARLIER_OFFLOAD
+        return (
+            prefetch,
+            "host embeddings" if earlier or EMB_HOST[0] in sets else "gpu embeddings",
+            "0" if earlier else dict(self.env_extra).get("COCKPIT_ASYNC_FETCH", "1"),
+            "moe-block leaves" if MOE_LEAF[0] in sets else "layer leaves",
+            "earlier" if earlier else "now",
+        )
 
     def env(self) -> dict[str, str]:
         env = {"COCKPIT_NF4_EXPERTS": "grouped" if self.paths == "before" else "auto"}
@@ -414,15 +441,67 @@ def share_floors(rows: list[Row]) -> None:
     sequence and batch: its bytes a micro-batch, times the row's micro-batches a step (the optimizer
     step's own copies are left out: small with LoRA). Every offload row gets its step over that floor."""
     floors = {
-        (r.layers, r.seq, r.mb): r.result["h2d_floor_s"] / r.ga
+        (r.layers, r.seq, r.mb, r.copy_class()): r.result["h2d_floor_s"] / r.ga
         for r in rows
         if r.offload and r.result.get("h2d_floor_s")
     }
     for r in rows:
-        floor = floors.get((r.layers, r.seq, r.mb))
+        floor = floors.get((r.layers, r.seq, r.mb, r.copy_class()))
         if r.offload and floor and r.result.get("step_s"):
             r.result.setdefault("h2d_floor_s", floor * r.ga)
             r.result["floor_ratio"] = r.result["step_s"] / r.result["h2d_floor_s"]
+
+
+def layer_copy_s(ceilings: dict[str, float]) -> float | None:
+    """Seconds a decoder layer's two fetches a micro-batch take at the measured pinned bandwidth (the
+    planner's bytes: `Weights.moved_bytes`, the story's layer)."""
+    from cockpit.contract import ZERO3_LAYER_FETCHES
+    from cockpit.plan.model import Weights
+    from cockpit.plan.planner import inputs_for, resolve_geometry
+    from cockpit.profiles import load_profile
+
+    if not ceilings.get("h2d_gbps"):
+        return None
+    profile, _ = load_profile(STORY_PROFILE)
+    inputs = inputs_for(profile, resolve_geometry(profile).with_layers(1))
+    w = Weights.of(inputs.geometry, inputs.precision)
+    layer = sum(v for k, v in w.blocks.items() if k.startswith("layer."))
+    return ZERO3_LAYER_FETCHES * layer / (ceilings["h2d_gbps"] * 1e9)
+
+
+def offload_slopes(rows: list[Row]) -> list[str]:
+    """Offload rows of one copy class at two depths or more: what a further layer adds to a micro-batch,
+    against the time its two fetches take on the link. Deep models are that slope times their depth; a
+    slice's fixed costs (the first layer's copy before any compute, the turn to the backward) fall away."""
+    groups: dict[tuple[Any, ...], list[Row]] = {}
+    for r in rows:
+        if r.offload and r.result.get("step_s") and r.seq == 4096 and r.mb == 1 and not r.profile:
+            groups.setdefault((r.copy_class(), r.ga), []).append(r)
+    from cockpit.rehearse.predict import fit
+
+    lines = []
+    for (cls, ga), members in groups.items():
+        depths = {r.layers: r.result["step_s"] / ga for r in members}
+        line = fit(sorted(depths.items()))
+        copy = layer_copy_s(members[0].result.get("ceilings") or {})
+        if line is None or not copy:
+            continue
+        prefetch, where, fetch, leaves, when = cls
+        fetch_words = "overlapped fetch" if fetch != "0" else "DeepSpeed fetch"
+        what = f"prefetch {prefetch}, {where}, {fetch_words}, {leaves}" + (
+            ", before this session's fetch changes" if when != "now" else ""
+        )
+        names = ", ".join(
+            f"{r.name} ({r.result['step_s'] / ga:.3f} s)" for r in sorted(members, key=lambda r: r.layers)
+        )
+        lines.append(
+            f"- offload, {what}: a further layer adds {line.per_layer:.4f} s a micro-batch against "
+            f"{copy:.4f} s for its two fetches at the link's measured rate: {line.per_layer / copy:.2f}x "
+            f"(depths {', '.join(map(str, sorted(depths)))}: {names})"
+        )
+    if not lines:
+        return []
+    return ["", "Parameter offload, per layer (the floor a deep model approaches):", "", *lines]
 
 
 def per_layer(rows: list[Row], offload: bool) -> float | None:
@@ -442,6 +521,7 @@ def per_layer(rows: list[Row], offload: bool) -> float | None:
         and not r.env_extra
         and not r.profile
         and r.mean_tokens == STORY_MEAN_TOKENS
+        and r.name not in EARLIER_OFFLOAD
     ]
     from cockpit.rehearse.predict import fit
 
@@ -472,7 +552,7 @@ def table(rows: list[Row], ceilings: dict[str, float]) -> str:
             str(r.layers),
             f"{r.seq}x{r.mb}" + (f"x{r.ga}" if r.ga > 1 else ""),
             "param+opt" if r.offload else "none",
-            r.paths,
+            "earlier fetch" if r.name in EARLIER_OFFLOAD else r.paths,
             _f(x.get("fill"), ".2f"),
             _f(x.get("step_s"), ".3f") + (f" ({x['timed_steps']})" if x.get("timed_steps") else ""),
             _f(x.get("tokens_per_s"), ",.0f"),
@@ -504,6 +584,7 @@ def table(rows: list[Row], ceilings: dict[str, float]) -> str:
         if slope is not None:
             how = "offload" if offload else "no offload"
             out.append(f"- seconds per decoder layer, seq 4096, {how}: {slope:.4f}")
+    out += offload_levers(rows) + offload_slopes(rows)
     prof_rows = [r for r in rows if r.result.get("profile")]
     if prof_rows:
         out += ["", "## Where the time goes (seconds a step, torch.profiler over two steps)", ""]
@@ -556,9 +637,52 @@ DROPPED = (
         "after-4096 0.150 s with it against 0.142 s without, the story's 4096x1x8 1.024 s against 1.042 s, "
         "one run, interleaved: no effect beyond the run-to-run spread "
         "(benchmarks/results/earlier/step_speed_h200_session4_run5.json)",
-        ("story-offload-4096-ga8",),
+        (),
     ),
 )
+
+
+# Offload levers kept, each measured against the row without it: (what, without, with).
+OFFLOAD_LEVERS = (
+    (
+        "ZeRO-3's fetch overlapped with compute (trainer/zero3_fetch.py) against DeepSpeed's own",
+        "offload-sync-4096-steady",
+        "offload-4096-steady",
+    ),
+    (
+        "the embedding and lm_head kept on the GPU against copied",
+        "offload-host-emb-4096-steady",
+        "offload-4096-steady",
+    ),
+    ("3 layers prefetched against 1", "offload-4096-steady", "offload-prefetch3-4096"),
+    ("3 layers prefetched against 1, at 8 layers", "offload-4096-8L", "offload-prefetch3-4096-8L"),
+    (
+        "3 layers prefetched against 1, the story's accumulation",
+        "story-offload-4096-ga8",
+        "story-offload-prefetch3-4096-ga8",
+    ),
+    (
+        "all of them, at 8 layers, against the earlier paths",
+        "offload-sync-4096-8L",
+        "offload-prefetch3-4096-8L",
+    ),
+)
+
+
+def offload_levers(rows: list[Row]) -> list[str]:
+    """Each kept offload lever: the step without it against with it (one run each; spread up to 8%)."""
+    by = {r.name: r.result.get("step_s") for r in rows if r.result.get("exit") == 0}
+    lines = [
+        f"- {what}: {by[old]:.3f} s a step against {by[new]:.3f} s ({by[new] / by[old] - 1:+.1%}; "
+        f"{old} against {new})"
+        for what, old, new in OFFLOAD_LEVERS
+        if by.get(old) and by.get(new)
+    ]
+    return (
+        ["", "Parameter offload levers kept (each a step without it against with it):", "", *lines]
+        if lines
+        else []
+    )
 
 
 def dropped_levers(rows: list[Row]) -> list[str]:

@@ -8,7 +8,10 @@ with the share of it spent inside each frame. The profiler slows the host: the f
 
     python benchmarks/trace_frames.py trace-after-4096-stack-trace-rank0.json.gz [--steps 2]
 
-Writes trace_frames.md and .json under $OUT (else benchmarks/results/).
+Writes trace_frames.md and .json (or --name's) under $OUT (else benchmarks/results/). The offload
+traces of benchmarks/results/trace_frames_offload_*.md: DeepSpeed's own fetch with the embeddings on the
+host (`earlier`, row offload-sync-4096-stack), the overlapped fetch with the embeddings on the GPU
+(`now`, offload-4096-stack), and the same with 2 layers prefetched (`prefetch2`).
 """
 
 from __future__ import annotations
@@ -217,6 +220,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("trace", type=Path, help="a chrome trace, .json or .json.gz")
     parser.add_argument("--steps", type=int, default=2, help="optimizer steps the trace covers")
+    parser.add_argument("--name", default="trace_frames", help="results file name, without suffix")
     args = parser.parse_args(argv)
     if not args.trace.is_file():
         print(f"trace_frames: no such file: {args.trace}", file=sys.stderr)
@@ -229,8 +233,8 @@ def main(argv: list[str] | None = None) -> int:
     print(report)
     out = Path(os.environ.get("OUT") or ROOT / "benchmarks/results")
     out.mkdir(parents=True, exist_ok=True)
-    (out / "trace_frames.md").write_text(report)
-    (out / "trace_frames.json").write_text(json.dumps({"trace": args.trace.name, **result}, indent=1))
+    (out / f"{args.name}.md").write_text(report)
+    (out / f"{args.name}.json").write_text(json.dumps({"trace": args.trace.name, **result}, indent=1))
     return 0
 
 

@@ -3,9 +3,11 @@
 Reads `benchmarks/results/step_speed_h200.json` (`benchmarks/step_speed.py` on one H200) and fits
 `cockpit.plan.speed.MeasuredSpeed`: step = fixed + layers x per-layer + model FLOPs / (rate x
 efficiency), on the IN_SAMPLE rows (depths 1 and 2 at 4096 tokens, depth 4 at 1024 and 8192). The
-offload share of copy time not hidden is fitted on the 1- and 2-layer offload rows, its copy bytes from
-the planner's ZeRO-3 blocks (each layer fetched twice a step, embeddings and head once). Every other row
-of the present paths is predicted from the fit and set beside its measurement: those are out of sample.
+offload share of copy time not hidden is fitted on the offload rows of the story profile's own settings
+(3 layers prefetched, the embeddings on the GPU, the overlapped fetch) at 4 and 8 layers, its copy bytes
+the planner's (`Weights.moved_bytes`: each layer twice a micro-batch). Every other row of the present
+paths is predicted from the fit and set beside its measurement: those are out of sample. A row with
+gradient accumulation is predicted a micro-batch at a time, times its micro-batches.
 
     python benchmarks/fit_speed.py            # prints the table and the constants for cockpit/plan/speed.py
 
@@ -27,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 RESULTS = ROOT / "benchmarks/results/step_speed_h200.json"
 STORY = "qwen3-235b-a22b-thinking-4xh100"
 IN_SAMPLE = ("after-4096-1L", "after-4096-2L", "after-1024", "after-full-8192")
-OFFLOAD_IN_SAMPLE = ("offload-4096-1L", "offload-4096-2L")
+OFFLOAD_IN_SAMPLE = ("offload-prefetch3-4096", "offload-prefetch3-4096-8L")
 OUT_OF_SAMPLE = (
     "after-4096",
     "after-4096-callbacks",
@@ -35,22 +37,23 @@ OUT_OF_SAMPLE = (
     "after-8192",
     "after-full-4096",
     "after-4096-mb2",
-    "offload-4096-steady",
-    "offload-prefetch2-4096",
+    "story-4096-ga8",
+    "story-offload-prefetch3-4096-ga8",
 )
 
 
 def copy_bytes(layers: int) -> float:
-    """Host-to-device bytes of a step with parameter offload, as the planner counts them."""
+    """Host-to-device bytes of a micro-batch with parameter offload, as the planner counts them for the
+    story profile on one GPU."""
+    from cockpit.plan.hardware import Hardware
     from cockpit.plan.model import Weights
-    from cockpit.plan.planner import inputs_for, resolve_geometry
+    from cockpit.plan.planner import inputs_for, resolve_geometry, setup_for
     from cockpit.profiles import load_profile
 
     profile, _ = load_profile(STORY)
     inputs = inputs_for(profile, resolve_geometry(profile).with_layers(layers))
-    blocks = Weights.of(inputs.geometry, inputs.precision).blocks
-    layer = sum(v for k, v in blocks.items() if k.startswith("layer."))
-    return 2 * layer + sum(v for k, v in blocks.items() if not k.startswith("layer."))
+    setup = setup_for(profile, Hardware(gpus=1, gpu_mem_gib=141, host_ram_gib=128, gpu_name="H200"))
+    return Weights.of(inputs.geometry, inputs.precision).moved_bytes(setup)
 
 
 def rows_by_name(data: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -66,6 +69,7 @@ def rows_by_name(data: dict[str, Any]) -> dict[str, dict[str, Any]]:
                 "tflops": (x.get("ceilings") or data["ceilings"])["bf16_tflops"],
                 "h2d_gbps": (x.get("ceilings") or data["ceilings"])["h2d_gbps"],
                 "timed_steps": x.get("timed_steps"),
+                "ga": r.get("ga", 1),
             }
     return out
 
@@ -89,7 +93,10 @@ def fit(data: dict[str, Any]) -> tuple[Any, list[dict[str, Any]]]:
         f"benchmarks/results/step_speed_h200.json rows {', '.join(IN_SAMPLE + OFFLOAD_IN_SAMPLE)}",
     )
     exposed = [
-        (rows[n]["step_s"] - speed.compute_s(rows[n]["layers"], rows[n]["flops"], tflops))
+        (
+            rows[n]["step_s"] / rows[n]["ga"]
+            - speed.compute_s(rows[n]["layers"], rows[n]["flops"] / rows[n]["ga"], tflops)
+        )
         / (copy_bytes(rows[n]["layers"]) / (h2d * 1e9))
         for n in OFFLOAD_IN_SAMPLE
     ]
@@ -99,9 +106,10 @@ def fit(data: dict[str, Any]) -> tuple[Any, list[dict[str, Any]]]:
         r = rows.get(name)
         if r is None:
             continue
-        predicted = speed.compute_s(r["layers"], r["flops"], tflops)
+        predicted = speed.compute_s(r["layers"], r["flops"] / r["ga"], tflops)
         if r["offload"]:
             predicted += speed.offload_exposed * copy_bytes(r["layers"]) / (h2d * 1e9)
+        predicted *= r["ga"]
         table.append(
             {
                 "row": name,

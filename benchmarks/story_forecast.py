@@ -50,6 +50,10 @@ def main(argv: list[str] | None = None) -> int:
             f'deepspeed.offload_param="{offload}"',
             f'deepspeed.offload_optimizer="{offload}"',
             "training.grad_accum=2",  # as the depths were measured
+            # ... and with the trainer's fetch of then: 1 layer prefetched, the embeddings on the host
+            # (benchmarks/rehearsal_accuracy.py ran before trainer/zero3_fetch.py; 30% slower offload steps)
+            "deepspeed.prefetch_layers=1",
+            "deepspeed.embeddings_on_gpu=false",
         ]
         profile, _ = load_profile(STORY, overrides)
         plan = build_plan(profile).to_dict()

@@ -152,7 +152,8 @@ def test_without_checkpointing_offload_keeps_every_gathered_layer() -> None:
 
 def test_prefetched_layers_are_gathered_beside_the_computing_one() -> None:
     """deepspeed.prefetch_layers = 1 keeps the next layer gathered too: one more layer on the GPU; and the
-    DeepSpeed config lets that many elements be live, or the prefetch would wait for this layer's release."""
+    DeepSpeed config lets that many elements be live (the story's 3 prefetched: 4 layers and the head), or
+    the prefetch would wait for this layer's release."""
     from cockpit.profiles import load_profile
     from trainer.ds_config import deepspeed_config, layer_elements
 
@@ -162,11 +163,35 @@ def test_prefetched_layers_are_gathered_beside_the_computing_one() -> None:
     layer = inputs.weights.largest_layer()[1]
     assert ahead.train.gpu["gathered layers + lm_head"] - now.train.gpu["gathered layers + lm_head"] == layer
     profile, _ = load_profile("qwen3-235b-a22b-thinking-4xh100")
-    assert profile.deepspeed.prefetch_layers == 1
+    assert profile.deepspeed.prefetch_layers == 3
     zero = deepspeed_config(profile)["zero_optimization"]
     head = inputs.weights.head_bytes() // 2  # elements of the 16-bit storage
-    assert zero["stage3_max_live_parameters"] >= 2 * layer_elements(profile) + head
-    assert zero["stage3_prefetch_bucket_size"] == layer_elements(profile)
+    assert zero["stage3_max_live_parameters"] >= 4 * layer_elements(profile) + head
+    assert zero["stage3_prefetch_bucket_size"] == 3 * layer_elements(profile)
+
+
+def test_embeddings_kept_on_the_gpu_move_from_host_to_gpu_and_off_the_link() -> None:
+    """deepspeed.embeddings_on_gpu under offload: the embedding and lm_head leave the pinned host buffers
+    and the bytes a micro-batch copies, and sit on the GPU (whole at one rank; at four, each rank's
+    partition besides the gathered whole); the lm_head is no longer counted among the gathered."""
+    inputs = slice_inputs(4, experts_4bit=True)
+    w = inputs.weights
+    emb = w.embeddings_bytes()
+    assert emb == w.blocks["embed"] + w.blocks["lm_head"] > 0
+    host, kept = estimate(inputs, H200), estimate(inputs, replace(H200, embeddings_on_gpu=True))
+    assert kept.train.gpu["embeddings kept on the GPU"] == emb
+    assert host.train.gpu["embeddings kept on the GPU"] == 0
+    assert (
+        host.train.gpu["gathered layers + lm_head"] - kept.train.gpu["gathered layers + lm_head"]
+        == w.head_bytes()
+    )
+    assert kept.pinned_exact == host.pinned_exact - emb  # one rank: the whole tensors leave the host
+    assert w.moved_bytes(replace(H200, embeddings_on_gpu=True)) == w.moved_bytes(H200) - emb
+    four = replace(H200, gpus=4, embeddings_on_gpu=True)
+    assert estimate(inputs, four).train.gpu["embeddings kept on the GPU"] == emb + -(-emb // 4)
+    # Without offload there is nothing to keep: every weight is on the GPU already.
+    none = replace(H200, offload_param="none", offload_optimizer="none", embeddings_on_gpu=True)
+    assert w.moved_bytes(none) == w.moved_bytes(replace(none, embeddings_on_gpu=False))
 
 
 def test_cpu_profile_fits_and_has_no_gpu_checks() -> None:

@@ -88,7 +88,7 @@ def setup_for(profile: Profile, hw: Hardware) -> Setup:
         packing=t.packing,
         doc_tokens=profile.data.mean_tokens,
         prefetch_layers=ds.prefetch_layers if ds.stage == 3 else 0.0,
-        embeddings_on_gpu=ds.embeddings_on_gpu and ds.stage == 3 and ds.offload_param != "none",
+        embeddings_on_gpu=ds.embeddings_on_gpu,
     )
 
 

@@ -278,8 +278,9 @@ def options_table(plan: Plan) -> Table:
         f"{network}) + {sp.offload_exposed:.2f} x host-to-device copies at {a.h2d_gbps:g} GB/s per GPU; "
         f"compute = {sp.fixed_s * 1000:.0f} ms + {sp.layer_s * 1000:.1f} ms a layer + model FLOPs at "
         f"{sp.efficiency:.0%} of the bf16 rate, all measured on {sp.gpu} (benchmarks/fit_speed.py); each "
-        "layer moves twice a step, embeddings and lm_head once. "
-        "tokens/s relative to the configuration as written."
+        "layer moves twice a step, the embeddings and lm_head "
+        + ("not at all (kept on the GPU). " if ref.setup.keeps_embeddings else "once. ")
+        + "tokens/s relative to the configuration as written."
     )
     table.caption_justify = "left"
     return table

@@ -188,11 +188,13 @@ def fit_all(
     return fits
 
 
-def gathered_for(profile: Any, layer_bytes: float) -> Gathered:
-    """What the profile keeps gathered beyond the computing layer, of `layer_bytes` each: its prefetched
-    layers, where ZeRO-3 gathers (parameter offload, or several ranks)."""
+def gathered_for(profile: Any, layer_bytes: float, ranks: int | None = None) -> Gathered:
+    """What the profile keeps gathered beyond the computing layer, of `layer_bytes` each, on `ranks`
+    ranks (default: the profile's): its prefetched layers, where ZeRO-3 gathers (parameter offload, or
+    several ranks; one rank without offload holds every layer whole and gathers none)."""
     ds = profile.deepspeed
-    gathers = ds.stage == 3 and (ds.offload_param != "none" or profile.world_size > 1)
+    world = profile.world_size if ranks is None else ranks
+    gathers = ds.stage == 3 and (ds.offload_param != "none" or world > 1)
     if not gathers or not ds.prefetch_layers:
         return Gathered()
     return Gathered(layer_bytes / GiB, math.ceil(ds.prefetch_layers))
@@ -342,7 +344,9 @@ def forecast(
     """Fit the depths, read them at full depth, scale to the profile's machine, add the wall clock."""
     facts = model_facts(plan)
     nm, nt = scaling.measured_gpus or 1, scaling.target_gpus or 1
-    gathered = gathered_for(profile, facts.layer_bytes)
+    # The depths ran on nm ranks: what they kept gathered is fitted out; the target keeps its own.
+    gathered = gathered_for(profile, facts.layer_bytes, nm)
+    gathered_target = gathered_for(profile, facts.layer_bytes, nt)
     copies = copies_for(profile, facts.layer_bytes, facts.other_bytes, nm, scaling.h2d_gbps_measured)
     fits = fit_all(measures, gathered, copies)
     full = facts.layers
@@ -360,6 +364,8 @@ def forecast(
     if not offload and ds.stage == 3:
         for key in ("gpu_load", "gpu_train"):
             target[key] = None if here[key] is None else here[key] - moved
+        if target["gpu_train"] is not None:  # e.g. one rank holds every layer; four gather them
+            target["gpu_train"] += gathered_target.at(full) - gathered.at(full)
     if offload and ds.stage == 3:
         for key in ("rss_load", "rss_train"):
             target[key] = None if here[key] is None else here[key] - moved

@@ -168,3 +168,29 @@ def test_varlen_gradients_match_the_masked_sdpa() -> None:
     assert grads[0].keys() == grads[1].keys()
     for name in grads[0]:
         torch.testing.assert_close(grads[1][name], grads[0][name], rtol=1e-4, atol=1e-5, msg=name)
+
+
+def test_varlen_builds_no_mask_and_reads_no_position_on_the_host(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Transformers builds no mask for the varlen attention: with a mask function registered it first
+    looks for packed rows in the position ids, a read of a GPU value on the host (a device
+    synchronization) at every forward, which with parameter offload held the host until the first
+    layers' copies had landed."""
+    from transformers import masking_utils
+
+    from trainer.attention import register
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the position ids were searched for packed rows: a host sync on a GPU")
+
+    monkeypatch.setattr(masking_utils, "find_packed_sequence_indices", refuse)
+    model = _tiny_model("sdpa")
+    model.set_attn_implementation(register())
+    packed = pack_rows(_rows([7, 11, 5], seed=3), seq_len=32)
+    batch = PackedCollator(pad_token_id=0, doc_lens=True)(packed)
+    with torch.no_grad():
+        logits = model(**{k: v for k, v in batch.items() if k != "labels"}).logits
+    assert logits.shape[:2] == batch["input_ids"].shape
+    with pytest.raises(AssertionError, match="host sync"):  # the check this test guards is live
+        model.set_attn_implementation("sdpa")
+        with torch.no_grad():
+            model(input_ids=batch["input_ids"], position_ids=batch["position_ids"])

@@ -265,3 +265,26 @@ def test_the_wall_clock_counts_the_validation_passes() -> None:
     none = forecast(measures, off, _plan(10), _scaling(4)).wall
     assert (none["validations"], none["validation_s"]) == (0.0, 0.0)
     assert none["total_s"] == pytest.approx(w["total_s"] - w["validation_s"])
+
+
+def test_what_the_measured_ranks_gathered_is_fitted_out_and_the_targets_added() -> None:
+    """One rank without offload holds every layer whole and gathers none; four ranks gather the computing
+    layer and the one prefetched behind it. The fit takes the depths as measured; the target gives back
+    the partitions it no longer holds and adds the layers it gathers."""
+    profile, _ = load_profile(
+        "tiny-cpu",
+        [
+            'deepspeed.offload_param="none"',
+            'deepspeed.offload_optimizer="none"',
+            "deepspeed.prefetch_layers=1",
+        ],
+    )
+    measures = depth_measures(_depth_events(0, 1, 6, 0) + _depth_events(100, 2, 6, 6))
+    one = Scaling(1, "NVIDIA H200", 4, "H100-80GB", 80, 960, 1.0, 55, 55, 150, 2.0)
+    result = forecast(measures, profile, _plan(10), one)
+    assert result.here["gpu_train"] == pytest.approx(2.01 + 1.5 * 10)  # the depths' own line
+    weights_gib, layer_gib = 2 * 10 + 2, 2
+    gathered = 2 * layer_gib  # the computing layer and one prefetched, whole on each of the four
+    assert result.target["gpu_train"] == pytest.approx(
+        result.here["gpu_train"] - weights_gib * (1 - 1 / 4) + gathered
+    )

@@ -46,6 +46,24 @@ _ORDER = itertools.count()  # copies are queued in this order on one stream: the
 _STREAMS: dict[int, Any] = {}  # CUDA stream handle -> FetchStream
 
 
+class LatestCopy:
+    """The latest copy event a module waited for since the stream last answered: copies are queued in
+    order on one stream, so waiting for the latest covers every earlier one and none queued after it."""
+
+    def __init__(self) -> None:
+        self._noted: tuple[int, Any] | None = None
+
+    def note(self, order: int, event: Any) -> None:
+        """A parameter's copy, `order`-th queued, was waited for."""
+        if self._noted is None or order > self._noted[0]:
+            self._noted = (order, event)
+
+    def take(self) -> Any | None:
+        """The latest event noted since the last take, or None when nothing was waited for."""
+        noted, self._noted = self._noted, None
+        return None if noted is None else noted[1]
+
+
 def wanted() -> bool:
     """On unless `COCKPIT_ASYNC_FETCH=0`."""
     return os.environ.get(ENV, "1") != "0"
@@ -73,18 +91,14 @@ def install() -> bool:
 
         def __new__(cls, *args: Any, **kwargs: Any) -> FetchStream:
             stream = super().__new__(cls, *args, **kwargs)
-            stream.cockpit_noted = None
+            stream.cockpit_latest = LatestCopy()
             _STREAMS[stream.cuda_stream] = stream
             return stream
 
-        def note(self, order: int, event: Any) -> None:
-            if self.cockpit_noted is None or order > self.cockpit_noted[0]:
-                self.cockpit_noted = (order, event)
-
         def record_event(self, event: Any = None) -> Any:
-            noted, self.cockpit_noted = self.cockpit_noted, None
-            if noted is not None:
-                return noted[1]
+            latest = self.cockpit_latest.take()
+            if latest is not None:
+                return latest
             # Nothing waited on since the last call: every parameter the module uses was ordered before.
             return torch.cuda.Event()  # never recorded: waiting on it waits for nothing
 
@@ -105,7 +119,7 @@ def install() -> bool:
             if self._cockpit_done:
                 return
             if self._cockpit_stream is not None:
-                self._cockpit_stream.note(self._cockpit_order, self._cockpit_event)
+                self._cockpit_stream.cockpit_latest.note(self._cockpit_order, self._cockpit_event)
             # Outside the coordinator (a GatheredParameters block, a checkpoint save) the caller's stream
             # reads the parameter next: order it after the copies here.
             torch.cuda.current_stream().wait_event(self._cockpit_event)

@@ -189,7 +189,8 @@ def test_embeddings_kept_on_the_gpu_move_from_host_to_gpu_and_off_the_link() -> 
     assert w.moved_bytes(replace(H200, embeddings_on_gpu=True)) == w.moved_bytes(H200) - emb
     four = replace(H200, gpus=4, embeddings_on_gpu=True)
     assert estimate(inputs, four).train.gpu["embeddings kept on the GPU"] == emb + -(-emb // 4)
-    # Without offload there is nothing to keep: every weight is on the GPU already.
+    # On the CPU there is no GPU to keep them on; without offload every weight is on the GPU already.
+    assert not replace(H200, gpus=0, embeddings_on_gpu=True).keeps_embeddings
     none = replace(H200, offload_param="none", offload_optimizer="none", embeddings_on_gpu=True)
     assert w.moved_bytes(none) == w.moved_bytes(replace(none, embeddings_on_gpu=False))
 

@@ -145,7 +145,8 @@ def configure_training(profile: Profile, model: Any) -> dict[str, Any]:
         "attention": model.config._attn_implementation,
         "chunked_loss": chunked,
         "fused_rms_norms": fuse_rms_norms(model),
-        "async_fetch": profile.deepspeed.stage == 3 and zero3_fetch.install(),
+        # One rank only: several ranks gather through collectives this ordering does not cover.
+        "async_fetch": profile.deepspeed.stage == 3 and profile.world_size == 1 and zero3_fetch.install(),
         "embeddings_on_gpu": zero3_fetch.keep_embeddings_on_gpu(model) if embeddings_on_gpu(profile) else 0,
     }
 

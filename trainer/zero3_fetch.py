@@ -16,7 +16,10 @@ took turns instead of overlapping:
   the link three times a micro-batch: the embedding for a lookup of a few thousand rows, again for its
   backward hook, and the head.
 
-`install()` changes the first two, without changing what is fetched or when it is released:
+`install()` changes the first two for a run of one rank, without changing what is fetched or when it
+is released. Several ranks gather through collectives (`AllGatherCoalescedHandle`) whose completion only
+the whole-stream wait orders, so there DeepSpeed's fetch stays as it is (`configure_training` installs
+this for one rank only):
 
 - each single-rank handle records a CUDA event after its copies, and `wait()` only notes it;
 - the coordinator's all-gather stream is a `FetchStream`, whose `record_event()` (what `wait_stream`

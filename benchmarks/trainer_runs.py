@@ -131,3 +131,19 @@ def log_tail(run_dir: Path, lines: int = 6) -> str:
 
 def elapsed(t0: float) -> float:
     return round(time.time() - t0, 1)
+
+
+def prepare_ops() -> float:
+    """Build DeepSpeed's CPU Adam (what optimizer offload runs) before any run is timed; returns the
+    seconds it took (0 where it is built or cannot be). On a fresh GPU machine the JIT build takes about
+    two minutes, inside the first offload run's time limit otherwise; the runs then load it from the
+    extensions cache."""
+    from cockpit import dsops
+
+    state = dsops.cpu_adam_state()
+    if state.built or not state.compatible:
+        return 0.0
+    t0 = time.time()
+    print(f"building {state.name} before the timed runs ({dsops.BUILD_NOTE})", flush=True)
+    dsops.build_cpu_adam()
+    return elapsed(t0)

@@ -410,7 +410,12 @@ def ab_split(times: list[float], block: int) -> dict[str, Any]:
 
 # --- derived figures ----------------------------------------------------------------------------------
 def derive(row: Row, result: dict[str, Any], profile_name: str, ceilings: dict[str, float]) -> None:
-    """FLOPs per token, MFU and the offload floor, added to the row's result."""
+    """FLOPs per token, MFU and the offload floor, added to the row's result. A floor is the row's own
+    profile's, or shared afterwards within its copy class (`share_floors`): one kept from an earlier
+    report is dropped here."""
+    result.pop("floor_ratio", None)
+    if not (result.get("profile") or {}).get("h2d_bytes_per_step"):
+        result.pop("h2d_floor_s", None)
     if result.get("step_s") and not row.bare and result.get("losses"):  # run before the count was kept:
         ran = len(result["losses"])  # read_row's rule over the steps the run recorded
         result.setdefault("timed_steps", ran - WARMUP_STEPS - (3 if row.profile else 0))

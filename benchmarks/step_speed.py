@@ -19,6 +19,11 @@ a step (from the profile) over the pinned bandwidth this script measures.
     python benchmarks/step_speed.py --rows after-4096,before-4096
     python benchmarks/step_speed.py --cpu              # the tiny profile on the CPU: a smoke test
 
+Left to run (issue 11): `--rows offload-prefetch3-4096-16L --budget-s 300`, the per-layer offload cost
+at 16 layers against the line of depths 4 and 8 (out of sample), and a profiled prefetch-3 row for its
+own floor. DeepSpeed's CPU Adam is built before the first timed offload row (about 2 minutes on a fresh
+machine).
+
 Writes step_speed.md and step_speed.json under $OUT (else benchmarks/results/).
 """
 

@@ -134,8 +134,8 @@ class DeepSpeedSpec(_Section):
     )
     embeddings_on_gpu: bool = Field(
         default=True,
-        description="With parameter offload, the input embedding and the lm_head stay on the GPUs (each "
-        "rank's ZeRO-3 partition there, whole once gathered) instead of the host: otherwise every "
+        description="With parameter offload to the CPU, the input embedding and the lm_head stay on the "
+        "GPUs (each rank's ZeRO-3 partition there, whole once gathered) instead of the host: otherwise every "
         "micro-batch copies them from the host three times (the embedding's lookup and its backward hook, "
         "the lm_head), for a lookup of a few thousand rows. Costs their bytes on each GPU.",
     )

@@ -42,10 +42,22 @@ def test_the_switch_and_no_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
         (["deepspeed.embeddings_on_gpu=false"], False),
         (['deepspeed.offload_param="none"', 'deepspeed.offload_optimizer="none"'], False),
         (["hardware.gpus=0"], False),
+        (['deepspeed.offload_param="nvme"', 'deepspeed.nvme_path="/nvme"'], False),  # placeholders there
     ],
 )
 def test_embeddings_stay_on_the_gpu_only_under_parameter_offload_on_gpus(sets: list[str], kept: bool) -> None:
-    from trainer.model import embeddings_on_gpu
+    from trainer.ds_config import embeddings_kept
 
     profile, _ = load_profile("qwen3-235b-a22b-thinking-4xh100", sets)
-    assert embeddings_on_gpu(profile) is kept
+    assert embeddings_kept(profile) is kept
+
+
+def test_the_live_budget_counts_the_kept_embeddings() -> None:
+    """Kept on the GPU, the embedding stays counted among DeepSpeed's live parameters: the budget grows by
+    it, or it would take the place of part of the prefetched layers."""
+    from trainer.ds_config import _gathered_elements, deepspeed_config
+
+    kept, _ = load_profile("qwen3-235b-a22b-thinking-4xh100")
+    host, _ = load_profile("qwen3-235b-a22b-thinking-4xh100", ["deepspeed.embeddings_on_gpu=false"])
+    live = [deepspeed_config(p)["zero_optimization"]["stage3_max_live_parameters"] for p in (kept, host)]
+    assert live[0] - live[1] == _gathered_elements(kept)[1] > 0

@@ -45,6 +45,12 @@ def single_rank_on_device(profile: Profile) -> bool:
     return profile.world_size == 1 and profile.hardware.gpus > 0 and profile.deepspeed.offload_param == "none"
 
 
+def embeddings_kept(profile: Profile) -> bool:
+    """The embedding and lm_head kept on the GPUs (`deepspeed.embeddings_on_gpu` under CPU offload)."""
+    ds = profile.deepspeed
+    return ds.embeddings_on_gpu and ds.stage == 3 and ds.offload_param == "cpu" and profile.hardware.gpus > 0
+
+
 def deepspeed_config(profile: Profile) -> dict[str, Any]:
     """A ZeRO config with the profile's stage and offload (DeepSpeed rejects unknown keys: none added).
 
@@ -82,7 +88,9 @@ def deepspeed_config(profile: Profile) -> dict[str, Any]:
             # below this layer plus the next, the next layer's copy cannot start until this one is freed.
             # Exactly those and the lm_head: what the planner counts as gathered.
             ahead = math.ceil(ds.prefetch_layers)
-            zero["stage3_max_live_parameters"] = max(10**9, (1 + ahead) * layer + head)
+            # Embeddings kept on the GPU stay counted as live once gathered: the input embedding too.
+            kept = head if embeddings_kept(profile) else 0
+            zero["stage3_max_live_parameters"] = max(10**9, (1 + ahead) * layer + head + kept)
     for key, device in (("offload_param", ds.offload_param), ("offload_optimizer", ds.offload_optimizer)):
         section = _offload(device, profile)
         if section is not None:

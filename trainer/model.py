@@ -130,6 +130,7 @@ def configure_training(profile: Profile, model: Any) -> dict[str, Any]:
     """The profile's training-time choices on a loaded base model: attention kernel, chunked loss, fused
     RMSNorm, and ZeRO-3's fetch without host waits (`trainer/zero3_fetch.py`)."""
     from trainer import zero3_fetch
+    from trainer.ds_config import embeddings_kept
     from trainer.fused_norm import fuse_rms_norms
     from trainer.loss import use_chunked_loss
 
@@ -145,16 +146,14 @@ def configure_training(profile: Profile, model: Any) -> dict[str, Any]:
         "attention": model.config._attn_implementation,
         "chunked_loss": chunked,
         "fused_rms_norms": fuse_rms_norms(model),
-        # One rank only: several ranks gather through collectives this ordering does not cover.
-        "async_fetch": profile.deepspeed.stage == 3 and profile.world_size == 1 and zero3_fetch.install(),
-        "embeddings_on_gpu": zero3_fetch.keep_embeddings_on_gpu(model) if embeddings_on_gpu(profile) else 0,
+        # One rank offloading to the CPU only: several ranks gather through collectives this ordering does
+        # not cover, and NVMe swap buffers are reused as soon as released (trainer/zero3_fetch.py).
+        "async_fetch": profile.deepspeed.stage == 3
+        and profile.world_size == 1
+        and profile.deepspeed.offload_param != "nvme"
+        and zero3_fetch.install(),
+        "embeddings_on_gpu": zero3_fetch.keep_embeddings_on_gpu(model) if embeddings_kept(profile) else 0,
     }
-
-
-def embeddings_on_gpu(profile: Profile) -> bool:
-    """Whether the profile keeps the embedding and the lm_head on the GPUs under parameter offload."""
-    ds = profile.deepspeed
-    return ds.embeddings_on_gpu and ds.stage == 3 and ds.offload_param != "none" and profile.hardware.gpus > 0
 
 
 def attach_lora(profile: Profile, model: Any) -> Any:

@@ -25,8 +25,11 @@ this for one rank only):
 - the coordinator's all-gather stream is a `FetchStream`, whose `record_event()` (what `wait_stream`
   waits on) answers the latest event noted since the last call: the copies of the parameters that module
   waited for, not the prefetches queued behind them;
-- the pending-event limit is lifted; the host runs ahead as far as DeepSpeed's live-parameter budget
-  (`stage3_max_live_parameters`) lets it prefetch.
+- the pending-event limit is raised from 2 to `PENDING_FETCH_EVENTS`; the host runs ahead as far as
+  DeepSpeed's live-parameter budget (`stage3_max_live_parameters`) lets it prefetch, and that bound.
+
+Parameter offload to the CPU only: with NVMe, a released partition's pinned swap buffer goes back to the
+pool for the next disk read at once, which only the host wait kept behind its copy.
 
 A released parameter's memory is already held by DeepSpeed's `record_stream` until the kernels that
 read it are done. When DeepSpeed releases every parameter before the optimizer step, the host waits for
@@ -46,7 +49,12 @@ from typing import Any
 
 ENV = "COCKPIT_ASYNC_FETCH"
 _ORDER = itertools.count()  # copies are queued in this order on one stream: the largest is the latest
-_STREAMS: dict[int, Any] = {}  # CUDA stream handle -> FetchStream
+# CUDA stream handle -> the latest copy waited for on it: by handle, not by stream object, since two
+# torch stream objects (two coordinators: training and evaluation) can wrap one pooled CUDA stream.
+_LATEST: dict[int, LatestCopy] = {}
+# Fetch events a coordinator lets stay pending before the host waits on the oldest: DeepSpeed's 2 made the
+# host wait at nearly every layer; this many (about ten a layer) only bounds how far the host runs ahead.
+PENDING_FETCH_EVENTS = 256
 
 
 class LatestCopy:
@@ -94,12 +102,13 @@ def install() -> bool:
 
         def __new__(cls, *args: Any, **kwargs: Any) -> FetchStream:
             stream = super().__new__(cls, *args, **kwargs)
-            stream.cockpit_latest = LatestCopy()
-            _STREAMS[stream.cuda_stream] = stream
+            _LATEST.setdefault(stream.cuda_stream, LatestCopy())
             return stream
 
         def record_event(self, event: Any = None) -> Any:
-            latest = self.cockpit_latest.take()
+            if event is not None:  # a caller's own event: record it, as torch would
+                return super().record_event(event)
+            latest = _LATEST[self.cuda_stream].take()
             if latest is not None:
                 return latest
             # Nothing waited on since the last call: every parameter the module uses was ordered before.
@@ -115,14 +124,14 @@ def install() -> bool:
             self._cockpit_event = torch.cuda.Event()
             self._cockpit_event.record()
             self._cockpit_order = next(_ORDER)
-            self._cockpit_stream = _STREAMS.get(torch.cuda.current_stream().cuda_stream)
+            self._cockpit_latest = _LATEST.get(torch.cuda.current_stream().cuda_stream)
             self._cockpit_done = False
 
         def wait(self, **_: Any) -> None:
             if self._cockpit_done:
                 return
-            if self._cockpit_stream is not None:
-                self._cockpit_stream.cockpit_latest.note(self._cockpit_order, self._cockpit_event)
+            if self._cockpit_latest is not None:
+                self._cockpit_latest.note(self._cockpit_order, self._cockpit_event)
             # Outside the coordinator (a GatheredParameters block, a checkpoint save) the caller's stream
             # reads the parameter next: order it after the copies here.
             torch.cuda.current_stream().wait_event(self._cockpit_event)
@@ -151,7 +160,7 @@ def install() -> bool:
         stream = getattr(self, "_PartitionedParameterCoordinator__allgather_stream", None)
         if isinstance(stream, torch.cuda.Stream) and stream != torch.cuda.default_stream():
             self._PartitionedParameterCoordinator__allgather_stream = FetchStream()
-            self._PartitionedParameterCoordinator__max_ongoing_fetch_events = 1 << 30
+            self._PartitionedParameterCoordinator__max_ongoing_fetch_events = PENDING_FETCH_EVENTS
 
     def release_and_reset_all(self: Any, module: Any) -> None:
         release_all(self, module)

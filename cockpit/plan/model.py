@@ -181,7 +181,7 @@ class Setup:
     @property
     def keeps_embeddings(self) -> bool:
         """The embedding and lm_head on the GPUs while the layers are offloaded (`embeddings_on_gpu`)."""
-        return self.embeddings_on_gpu and self.gpus > 0 and self.stage == 3 and self.offload_param != "none"
+        return self.embeddings_on_gpu and self.gpus > 0 and self.stage == 3 and self.offload_param == "cpu"
 
     @property
     def ranks_per_node(self) -> int:

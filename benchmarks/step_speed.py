@@ -462,23 +462,6 @@ def share_floors(rows: list[Row]) -> None:
             r.result["floor_ratio"] = r.result["step_s"] / r.result["h2d_floor_s"]
 
 
-def layer_copy_s(ceilings: dict[str, float]) -> float | None:
-    """Seconds a decoder layer's two fetches a micro-batch take at the measured pinned bandwidth (the
-    planner's bytes: `Weights.moved_bytes`, the story's layer)."""
-    from cockpit.contract import ZERO3_LAYER_FETCHES
-    from cockpit.plan.model import Weights
-    from cockpit.plan.planner import inputs_for, resolve_geometry
-    from cockpit.profiles import load_profile
-
-    if not ceilings.get("h2d_gbps"):
-        return None
-    profile, _ = load_profile(STORY_PROFILE)
-    inputs = inputs_for(profile, resolve_geometry(profile).with_layers(1))
-    w = Weights.of(inputs.geometry, inputs.precision)
-    layer = sum(v for k, v in w.blocks.items() if k.startswith("layer."))
-    return ZERO3_LAYER_FETCHES * layer / (ceilings["h2d_gbps"] * 1e9)
-
-
 def offload_slopes(rows: list[Row]) -> list[str]:
     """Offload rows of one copy class at two depths or more: what a further layer adds to a micro-batch,
     against the time its two fetches take on the link. Deep models are that slope times their depth; a
@@ -487,15 +470,19 @@ def offload_slopes(rows: list[Row]) -> list[str]:
     for r in rows:
         if r.offload and r.result.get("step_s") and r.seq == 4096 and r.mb == 1 and not r.profile:
             groups.setdefault((r.copy_class(), r.ga), []).append(r)
+    from benchmarks.fit_speed import copy_bytes
     from cockpit.rehearse.predict import fit
 
+    # a further layer's two fetches a micro-batch, as the planner counts them (`Weights.moved_bytes`)
+    layer_bytes = copy_bytes(2) - copy_bytes(1) if groups else 0.0
     lines = []
     for (cls, ga), members in groups.items():
         depths = {r.layers: r.result["step_s"] / ga for r in members}
         line = fit(sorted(depths.items()))
-        copy = layer_copy_s(members[0].result.get("ceilings") or {})
-        if line is None or not copy:
+        gbps = (members[0].result.get("ceilings") or {}).get("h2d_gbps")
+        if line is None or not gbps:
             continue
+        copy = layer_bytes / (gbps * 1e9)
         prefetch, where, fetch, leaves, when = cls
         fetch_words = "overlapped fetch" if fetch != "0" else "DeepSpeed fetch"
         what = f"prefetch {prefetch}, {where}, {fetch_words}, {leaves}" + (

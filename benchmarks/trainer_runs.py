@@ -140,10 +140,8 @@ def prepare_ops() -> float:
     extensions cache."""
     from cockpit import dsops
 
-    state = dsops.cpu_adam_state()
-    if state.built or not state.compatible:
-        return 0.0
     t0 = time.time()
-    print(f"building {state.name} before the timed runs ({dsops.BUILD_NOTE})", flush=True)
-    dsops.build_cpu_adam()
-    return elapsed(t0)
+    built = dsops.ensure_cpu_adam(
+        lambda state: print(f"building {state.name} before the timed runs ({dsops.BUILD_NOTE})", flush=True)
+    )
+    return elapsed(t0) if built else 0.0

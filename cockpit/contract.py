@@ -38,6 +38,14 @@ LOSS_CHUNK_BYTES = 256 * 1024**2
 #   is noise: two fetches a layer.
 ZERO3_LAYER_FETCHES = 2
 
+
+def keeps_embeddings(embeddings_on_gpu: bool, stage: int, offload_param: str, gpus: int) -> bool:
+    """Whether the embedding and lm_head stay on the GPUs (`deepspeed.embeddings_on_gpu`): under ZeRO-3
+    with parameter offload to the CPU, on GPUs (NVMe partitions are swap-buffer placeholders between
+    fetches; without offload every weight is on the GPU already)."""
+    return embeddings_on_gpu and gpus > 0 and stage == 3 and offload_param == "cpu"
+
+
 # --- evaluation ------------------------------------------------------------------------------------------
 # Held-out examples whose thinking is generated together (trainer/evaluate.py; the forecast's estimate).
 # 64 rather than 16: `cockpit eval` of the tiny run took 50 s instead of 78 s on 2 cores, same F1; on the

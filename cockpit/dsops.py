@@ -9,6 +9,7 @@ before training and says so in the record while it builds; `cockpit doctor` repo
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -69,6 +70,19 @@ def cpu_adam_state() -> OpState:
     reason = "; ".join(str(x) for x in getattr(builder, "error_log", None) or []) if not compatible else ""
     built = (folder / f"{name}.so").is_file()
     return OpState(name, built, compatible, str(folder), reason)
+
+
+def ensure_cpu_adam(before: Callable[[OpState], None] | None = None) -> OpState | None:
+    """Build DeepSpeed's CPU Adam unless it is built already or cannot be (an incompatible op fails in
+    DeepSpeed, with its own words); `before` hears of a build about to start. Returns the state of the op
+    it built, else None."""
+    state = cpu_adam_state()
+    if state.built or not state.compatible:
+        return None
+    if before is not None:
+        before(state)
+    build_cpu_adam()
+    return state
 
 
 def build_cpu_adam(verbose: bool = False) -> None:

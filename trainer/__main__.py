@@ -548,12 +548,10 @@ def build_ops(profile: Profile, phase: Callable[..., None]) -> str | None:
 
     if not dsops.needs_cpu_adam(profile):
         return None
-    state = dsops.cpu_adam_state()
-    if state.built or not state.compatible:  # an incompatible op fails in DeepSpeed, with its own words
-        return None
-    phase("build", ops=[state.name], message=dsops.BUILD_NOTE, cache=state.where)
-    dsops.build_cpu_adam()
-    return state.name
+    built = dsops.ensure_cpu_adam(
+        lambda state: phase("build", ops=[state.name], message=dsops.BUILD_NOTE, cache=state.where)
+    )
+    return built.name if built else None
 
 
 def main(argv: list[str] | None = None) -> int:

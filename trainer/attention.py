@@ -86,9 +86,8 @@ def register() -> str:
     from transformers import AttentionInterface
 
     AttentionInterface.register(NAME, varlen_attention_forward)
-    if (
-        os.environ.get("COCKPIT_VARLEN_MASK") == "1"
-    ):  # the earlier registration: the speed benchmark's control
+    # COCKPIT_VARLEN_MASK=1: the earlier registration, the speed benchmark's control
+    if os.environ.get("COCKPIT_VARLEN_MASK") == "1":
         from transformers.masking_utils import AttentionMaskInterface
 
         AttentionMaskInterface.register(NAME, lambda *args, **kwargs: None)

@@ -47,8 +47,10 @@ def single_rank_on_device(profile: Profile) -> bool:
 
 def embeddings_kept(profile: Profile) -> bool:
     """The embedding and lm_head kept on the GPUs (`deepspeed.embeddings_on_gpu` under CPU offload)."""
+    from cockpit.contract import keeps_embeddings
+
     ds = profile.deepspeed
-    return ds.embeddings_on_gpu and ds.stage == 3 and ds.offload_param == "cpu" and profile.hardware.gpus > 0
+    return keeps_embeddings(ds.embeddings_on_gpu, ds.stage, ds.offload_param, profile.hardware.gpus)
 
 
 def deepspeed_config(profile: Profile) -> dict[str, Any]:

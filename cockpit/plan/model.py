@@ -50,7 +50,7 @@ import math
 from dataclasses import dataclass, field, replace
 from functools import cache, cached_property
 
-from cockpit.contract import ZERO3_LAYER_FETCHES, dequant_chunk_experts, load_builder
+from cockpit.contract import ZERO3_LAYER_FETCHES, dequant_chunk_experts, keeps_embeddings, load_builder
 from cockpit.plan.formats import DTYPE_BYTES, Stored, four_bit, packed_experts, plain, pow2_ceil
 from cockpit.plan.geometry import ModelGeometry, TensorSpec
 from cockpit.plan.speed import H200_STORY_SLICE, MeasuredSpeed
@@ -181,7 +181,7 @@ class Setup:
     @property
     def keeps_embeddings(self) -> bool:
         """The embedding and lm_head on the GPUs while the layers are offloaded (`embeddings_on_gpu`)."""
-        return self.embeddings_on_gpu and self.gpus > 0 and self.stage == 3 and self.offload_param == "cpu"
+        return keeps_embeddings(self.embeddings_on_gpu, self.stage, self.offload_param, self.gpus)
 
     @property
     def ranks_per_node(self) -> int:

@@ -17,6 +17,16 @@ from cockpit.telemetry import Nvml, ProcessTree, Sampler
 REPO = Path(__file__).resolve().parents[1]
 
 
+def running_child() -> subprocess.Popen[str]:
+    """A stand-in run process, returned once its interpreter is up (its RSS is then real, not a fork's)."""
+    child = subprocess.Popen(
+        [sys.executable, "-c", "import time; print('up', flush=True); time.sleep(30)"],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert child.stdout is not None and child.stdout.readline().strip() == "up"
+    return child
+
+
 class NVMLError(Exception):
     pass
 
@@ -86,7 +96,7 @@ def test_a_gpu_whose_handle_fails_keeps_its_place(monkeypatch: pytest.MonkeyPatc
 
 def test_no_nvml_means_no_gpu_fields(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml({"init"}))
-    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    child = running_child()
     try:
         sampler = Sampler(tmp_path, root_pid=child.pid, interval_s=0.01)
         assert sampler.run(max_samples=3) == 0
@@ -109,7 +119,7 @@ def test_no_nvml_means_no_gpu_fields(monkeypatch: pytest.MonkeyPatch, tmp_path: 
 
 
 def test_process_tree_counts_children_not_itself() -> None:
-    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    child = running_child()
     try:
         tree = ProcessTree(os.getpid())  # this process is the sampler here: only the child counts
         sample = tree.sample()

@@ -19,10 +19,12 @@ a step (from the profile) over the pinned bandwidth this script measures.
     python benchmarks/step_speed.py --rows after-4096,before-4096
     python benchmarks/step_speed.py --cpu              # the tiny profile on the CPU: a smoke test
 
-Left to run (issue 11): `--rows offload-prefetch3-4096-16L --budget-s 300`, the per-layer offload cost
-at 16 layers against the line of depths 4 and 8 (out of sample), and a profiled prefetch-3 row for its
-own floor. DeepSpeed's CPU Adam is built before the first timed offload row (about 2 minutes on a fresh
-machine).
+Left to run (issue 11), one call of about 8 minutes:
+`--rows offload-prefetch3-4096-16L,offload-prefetch3-4096-prof,offload-prefetch3-4096-16L-prof,
+offload-prefetch3-4096-8L-prof --merge benchmarks/results/step_speed_h200.json`: the per-layer offload
+cost at 16 layers against the line of depths 4 and 8 (out of sample), and the copied bytes (the floor)
+of the story's prefetch-3 settings at 4, 8 and 16 layers. DeepSpeed's CPU Adam is built before the
+first timed offload row (about 2 minutes on a fresh machine).
 
 Writes step_speed.md and step_speed.json under $OUT (else benchmarks/results/).
 """
@@ -190,7 +192,13 @@ def gpu_rows() -> list[Row]:
         Row("story-offload-prefetch2-4096-ga8", 4, 4096, ga=8, offload=True, steps=7, extra=PREFETCH2),
         Row("story-offload-prefetch3-4096-ga8", 4, 4096, ga=8, offload=True, steps=7, extra=PREFETCH3),
         Row("offload-prefetch3-4096-8L", 8, 4096, offload=True, steps=10, extra=PREFETCH3),
-        Row("offload-prefetch3-4096-16L", 16, 4096, offload=True, steps=8, extra=PREFETCH3),
+        # Profiled for their copied bytes (the floor) at 4, 8 and 16 layers; 16 is out of the fit's sample.
+        Row("offload-prefetch3-4096-16L", 16, 4096, offload=True, steps=10, extra=PREFETCH3),
+        Row(
+            "offload-prefetch3-4096-16L-prof", 16, 4096, offload=True, profile=True, steps=8, extra=PREFETCH3
+        ),
+        Row("offload-prefetch3-4096-prof", 4, 4096, offload=True, profile=True, steps=14, extra=PREFETCH3),
+        Row("offload-prefetch3-4096-8L-prof", 8, 4096, offload=True, profile=True, steps=12, extra=PREFETCH3),
         # No offload, this session's paths against the earlier ones, interleaved (run-to-run spread ~8%).
         *(
             Row(
@@ -479,6 +487,9 @@ def offload_slopes(rows: list[Row]) -> list[str]:
     for (cls, ga), members in groups.items():
         depths = {r.layers: r.result["step_s"] / ga for r in members}
         line = fit(sorted(depths.items()))
+        deepest = max(depths)
+        sample = sorted((d, t) for d, t in depths.items() if d < deepest)
+        held_out = fit(sample) if len(sample) >= 2 else None
         gbps = (members[0].result.get("ceilings") or {}).get("h2d_gbps")
         if line is None or not gbps:
             continue
@@ -496,6 +507,13 @@ def offload_slopes(rows: list[Row]) -> list[str]:
             f"{copy:.4f} s for its two fetches at the link's measured rate: {line.per_layer / copy:.2f}x "
             f"(depths {', '.join(map(str, sorted(depths)))}: {names})"
         )
+        if held_out is not None:
+            guess = held_out.at(deepest)
+            lines.append(
+                f"  - out of sample: fitted on depths {', '.join(str(d) for d, _ in sample)} only, "
+                f"the {deepest}-layer step predicted {guess:.3f} s a micro-batch, measured {depths[deepest]:.3f} s "
+                f"({(guess / depths[deepest] - 1) * 100:+.1f}%)"
+            )
     if not lines:
         return []
     return ["", "Parameter offload, per layer (the floor a deep model approaches):", "", *lines]

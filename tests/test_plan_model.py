@@ -219,3 +219,36 @@ def test_the_arithmetic_imports_neither_torch_nor_textual() -> None:
     subprocess.run(
         [sys.executable, "-c", code], check=True, cwd=ROOT, env={"PYTHONPATH": str(ROOT), "PATH": ""}
     )
+
+
+def test_chunked_loss_holds_one_chunk_not_the_logits() -> None:
+    """The trainer's chunked loss holds one chunk's fp32 logits and their 16-bit copy, plus the hidden
+    states' gradient: a few hundred MiB at any length, where whole logits grow with the tokens."""
+    from cockpit.contract import LOSS_CHUNK_BYTES, loss_chunk_rows
+    from cockpit.plan.model import activations
+
+    g = geometry_from_config(CONFIG).with_layers(4)
+    rows = loss_chunk_rows(V)
+    assert rows * V * 4 <= LOSS_CHUNK_BYTES
+    held = {}
+    for seq in (1024, 4096, 8192):
+        whole, chunked = activations(g, seq, 1, 2), activations(g, seq, 1, 2, chunked_loss=True)
+        assert chunked.logits == rows * V * 6 + seq * H * 2
+        assert chunked.layer_saved == whole.layer_saved and chunked.working(True) < whole.working(True)
+        held[seq] = (whole.logits, chunked.logits)
+    assert held[8192][1] - held[1024][1] == (8192 - 1024) * H * 2  # only the hidden states' gradient grows
+    assert held[4096][0] > 5 * held[4096][1] and held[8192][0] > 10 * held[8192][1]
+
+
+def test_memory_constant_is_the_committed_fit_and_bounds_the_fast_rows() -> None:
+    """WORKING_LAYERS_FAST equals benchmarks/fit_memory.py over the committed step_speed results, and
+    with it the plan bounds every no-offload row of the fast paths, in sample or out, within 16%."""
+    from benchmarks import fit_memory as script
+    from cockpit.plan.model import WORKING_LAYERS_FAST
+
+    data = json.loads(script.RESULTS.read_text())
+    assert script.fit(data) == pytest.approx(WORKING_LAYERS_FAST)
+    lines = [x for x in script.table(data) if x["paths"] == "fast" and not x["offload"]]
+    assert len(lines) > 20 and {x["sample"] for x in lines} == {"in", "out"}
+    for x in lines:
+        assert 0 <= x["error"] < 0.16, x

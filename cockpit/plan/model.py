@@ -50,7 +50,13 @@ import math
 from dataclasses import dataclass, field, replace
 from functools import cache, cached_property
 
-from cockpit.contract import ZERO3_LAYER_FETCHES, dequant_chunk_experts, keeps_embeddings, load_builder
+from cockpit.contract import (
+    ZERO3_LAYER_FETCHES,
+    dequant_chunk_experts,
+    keeps_embeddings,
+    load_builder,
+    loss_chunk_rows,
+)
 from cockpit.plan.formats import DTYPE_BYTES, Stored, four_bit, packed_experts, plain, pow2_ceil
 from cockpit.plan.geometry import ModelGeometry, TensorSpec
 from cockpit.plan.speed import H200_STORY_SLICE, MeasuredSpeed
@@ -69,6 +75,15 @@ NVME_MAX_IN_CPU = 1_000_000_000
 # 4 layers) leaves 1.04-1.05 GiB for the logits once the other terms are counted, 7.2 bytes a logit.
 # The earlier derived guess (12 bytes: fp32 copy, log-softmax, gradients) over-predicted by ~1 GiB.
 LOGITS_EXTRA_BYTES = 5.2
+# Measured, not derived: one layer's recompute and backward hold this many times what autograd saves for
+# it (`Activations.layer_saved`) on the trainer's fast paths (chunked loss, fused NF4 expert GEMMs, varlen
+# attention). Fitted by benchmarks/fit_memory.py on the H200 slices of step_speed (no offload, 4 layers,
+# 4,096 and 8,192 tokens) as the larger of the two, a bound rather than a mean: 4,096 tokens needs 1.06,
+# 8,192 needs 1.65 (benchmarks/results/plan_memory_fit.md, with the rows out of sample). The unfused path
+# keeps the derived 2 (recompute, and as much again in gradients), which its own measurements match
+# (experts4bit_h200.md at 1,024 tokens; before-4096 of step_speed: +1%).
+WORKING_LAYERS_FAST = 1.65
+WORKING_LAYERS = 2.0
 
 # The offload modes the planner compares, (offload_param, offload_optimizer) -> name.
 OFFLOAD_MODES = {
@@ -177,6 +192,7 @@ class Setup:
     # deepspeed.embeddings_on_gpu under parameter offload: the embedding and lm_head live on the GPUs
     embeddings_on_gpu: bool = False
     nodes: int = 1  # hosts, each with `gpus` GPUs (hardware.nodes)
+    chunked_loss: bool = False  # training.chunked_loss: the logits a chunk of target rows at a time
 
     @property
     def keeps_embeddings(self) -> bool:
@@ -403,21 +419,36 @@ class Activations:
     checkpoints: int  # the layer inputs kept for recompute (gradient checkpointing)
     all_layers: int  # every layer's saved tensors (no checkpointing)
     logits: int  # logits and what the loss holds of them at the peak (LOGITS_EXTRA_BYTES, measured)
+    working_layers: float = WORKING_LAYERS  # a layer's recompute + backward, in layer_saved
 
     def stack(self, grad_ckpt: bool) -> int:
         return self.checkpoints if grad_ckpt else self.all_layers
 
     def working(self, grad_ckpt: bool) -> int:
         """One layer's recompute plus its backward transients (or just the transients)."""
-        return 2 * self.layer_saved if grad_ckpt else self.layer_saved
+        return int(self.working_layers * self.layer_saved) if grad_ckpt else self.layer_saved
 
     def total(self, grad_ckpt: bool) -> int:
         return self.stack(grad_ckpt) + self.working(grad_ckpt) + self.logits
 
 
+def chunked_loss_bytes(geometry: ModelGeometry, tokens: int, act_bytes: int) -> int:
+    """What the chunked loss holds at once (trainer/loss.py): one chunk's fp32 logits, turned in place
+    into probabilities, their 16-bit copy for the two GEMMs, and the hidden states' gradient it fills."""
+    rows = loss_chunk_rows(geometry.vocab)
+    return rows * geometry.vocab * (4 + act_bytes) + tokens * geometry.hidden * act_bytes
+
+
 def activations(
-    geometry: ModelGeometry, seq_len: int, micro_batch: int, act_bytes: int, lora_r: int = 0
+    geometry: ModelGeometry,
+    seq_len: int,
+    micro_batch: int,
+    act_bytes: int,
+    lora_r: int = 0,
+    chunked_loss: bool = False,
 ) -> Activations:
+    """Activation bytes of one micro-batch; `chunked_loss`: the trainer's fast paths (the loss a chunk of
+    rows at a time, fused expert GEMMs), with their measured working memory."""
     g, tokens = geometry, seq_len * micro_batch
     attention = act_bytes * (3 * g.hidden + 3 * g.q_dim + 4 * g.kv_dim + 4 * lora_r) + 8 * g.hidden
     dense = act_bytes * (g.hidden + 4 * g.intermediate)
@@ -429,7 +460,10 @@ def activations(
         layer_saved=max(per_layer, default=0),
         checkpoints=g.layers * tokens * g.hidden * act_bytes,
         all_layers=sum(per_layer),
-        logits=int(tokens * g.vocab * (act_bytes + LOGITS_EXTRA_BYTES)),
+        logits=chunked_loss_bytes(g, tokens, act_bytes)
+        if chunked_loss
+        else int(tokens * g.vocab * (act_bytes + LOGITS_EXTRA_BYTES)),
+        working_layers=WORKING_LAYERS_FAST if chunked_loss else WORKING_LAYERS,
     )
 
 
@@ -631,7 +665,7 @@ def estimate(inputs: Inputs, setup: Setup) -> Estimate:
     w, a = inputs.weights, inputs.assumptions
     g, prec = inputs.geometry, inputs.precision
     n = setup.ranks
-    acts = activations(g, setup.seq_len, setup.micro_batch, prec.act_bytes, inputs.lora_r)
+    acts = activations(g, setup.seq_len, setup.micro_batch, prec.act_bytes, inputs.lora_r, setup.chunked_loss)
     lora = lora_params(g, inputs.lora_targets, inputs.lora_r)
     part, pinned, persistent = _partitions(w, setup)
     zero_n = n if setup.stage >= 1 else 1
@@ -708,7 +742,7 @@ def estimate(inputs: Inputs, setup: Setup) -> Estimate:
             kept_embeddings = whole + (math.ceil(whole / n) if n > 1 else 0)
         if gathering:
             if setup.grad_ckpt:  # this layer, the layers prefetched behind it, and the lm_head
-                ahead = math.ceil(setup.prefetch_layers)
+                ahead = min(math.ceil(setup.prefetch_layers), g.layers - 1)  # none beyond the last layer
                 gathered = (1 + ahead) * w.largest_layer()[1] + (0 if kept_embeddings else w.head_bytes())
             else:
                 gathered = sum(v for k, v in w.blocks.items() if k != "embed")

@@ -89,6 +89,7 @@ def setup_for(profile: Profile, hw: Hardware) -> Setup:
         doc_tokens=profile.data.mean_tokens,
         prefetch_layers=ds.prefetch_layers if ds.stage == 3 else 0.0,
         embeddings_on_gpu=ds.embeddings_on_gpu,
+        chunked_loss=t.chunked_loss,
     )
 
 
@@ -226,6 +227,7 @@ class Plan:
             self.configured.setup.micro_batch,
             prec.act_bytes,
             self.inputs.lora_r,
+            self.configured.setup.chunked_loss,
         )
         w = self.inputs.weights
         layer_name, layer_bytes = w.largest_layer()

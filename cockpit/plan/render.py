@@ -107,8 +107,9 @@ def weights_table(plan: Plan) -> Table:
 def facts_table(plan: Plan) -> Table:
     e, w = plan.configured, plan.inputs.weights
     s = e.setup
+    prec = plan.inputs.precision
     acts = activations(
-        plan.geometry, s.seq_len, s.micro_batch, plan.inputs.precision.act_bytes, plan.inputs.lora_r
+        plan.geometry, s.seq_len, s.micro_batch, prec.act_bytes, plan.inputs.lora_r, s.chunked_loss
     )
     lora = plan.lora_params
     table = Table(title="Training state", title_justify="left", show_header=False, box=None, padding=(0, 2))

@@ -510,9 +510,9 @@ def offload_slopes(rows: list[Row]) -> list[str]:
         if held_out is not None:
             guess = held_out.at(deepest)
             lines.append(
-                f"  - out of sample: fitted on depths {', '.join(str(d) for d, _ in sample)} only, "
-                f"the {deepest}-layer step predicted {guess:.3f} s a micro-batch, measured {depths[deepest]:.3f} s "
-                f"({(guess / depths[deepest] - 1) * 100:+.1f}%)"
+                f"  - out of sample: fitted on depths {', '.join(str(d) for d, _ in sample)} only, the "
+                f"{deepest}-layer step predicted {guess:.3f} s a micro-batch, measured "
+                f"{depths[deepest]:.3f} s ({(guess / depths[deepest] - 1) * 100:+.1f}%)"
             )
     if not lines:
         return []

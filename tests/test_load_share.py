@@ -68,6 +68,7 @@ def two_ranks(tmp_path_factory: pytest.TempPathFactory) -> dict[int, dict]:
 LOADS = ["plain", "zero3", "random"]  # no ZeRO; ZeRO-3; a rehearsal's 3 random layers under ZeRO-3
 
 
+@pytest.mark.e2e  # two real ranks load the tiny model three ways: a minute on two cores
 @pytest.mark.parametrize("load", LOADS)
 def test_shared_load_equals_every_rank_loading_everything(two_ranks, load):
     layers = 3 if load == "random" else 4
@@ -85,6 +86,7 @@ def test_shared_load_equals_every_rank_loading_everything(two_ranks, load):
         assert "load_share" not in old
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("load", LOADS)
 def test_each_rank_reads_and_quantizes_only_its_share(two_ranks, load):
     facts = {rank: result[load]["new_facts"] for rank, result in two_ranks.items()}

@@ -522,3 +522,21 @@ def test_a_recomputation_stop_is_not_taken_for_a_failed_kernel(monkeypatch: pyte
     out.sum().backward()
     assert x.grad is not None and torch.isfinite(x.grad).all()
     assert not NF4Experts.kernels_failed
+
+
+def test_adapters_start_from_the_profiles_seed(quantized):
+    """The adapters' initial A (attention and experts) comes from `training.seed`, whatever the global
+    generator did before: two runs of one profile start alike, another seed starts elsewhere."""
+    profile = tiny_profile(quantize_experts=True)
+    profile = profile.model_copy(update={"lora": profile.lora.model_copy(update={"target_experts": True})})
+    reseeded = profile.model_copy(update={"training": profile.training.model_copy(update={"seed": 1})})
+
+    def adapters(p) -> dict[str, torch.Tensor]:
+        torch.rand(7)  # the global generator moved on, as the load and anything before it move it
+        model = attach_lora(p, copy.deepcopy(quantized))
+        return {n: t.detach().clone() for n, t in model.named_parameters() if "lora_A" in n}
+
+    first, again, other = adapters(profile), adapters(profile), adapters(reseeded)
+    assert any(".experts.lora_A" in n for n in first) and any("q_proj.lora_A" in n for n in first)
+    assert all(torch.equal(first[n], again[n]) for n in first)
+    assert all(not torch.equal(first[n], other[n]) for n in first)

@@ -159,6 +159,7 @@ def configure_training(profile: Profile, model: Any) -> dict[str, Any]:
 def attach_lora(profile: Profile, model: Any) -> Any:
     """Wrap the model with PEFT LoRA on the profile's target modules (and the experts if asked)."""
     from peft import LoraConfig, get_peft_model
+    from transformers import set_seed
 
     from trainer.experts4bit import add_expert_lora
 
@@ -174,6 +175,9 @@ def attach_lora(profile: Profile, model: Any) -> Any:
         bias="none",
         task_type="CAUSAL_LM",
     )
+    # PEFT draws each adapter's A from torch's global generator: seeded here, a run's adapters start the
+    # same way every time (and its gradients with them; B starts at zero, so the first loss never showed it)
+    set_seed(profile.training.seed)
     peft_model = get_peft_model(model, config)
     if lora.target_experts:
         add_expert_lora(peft_model, lora.r, lora.alpha, lora.dropout)

@@ -9,6 +9,7 @@ before training and says so in the record while it builds; `cockpit doctor` repo
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +38,16 @@ class OpState:
         if not self.compatible:
             return f"{self.name} cannot be built here: {self.reason or 'incompatible'}"
         return f"{self.name} not built yet (it would be compiled into {self.where} on first use)"
+
+
+def interpreter_first(path: str) -> str:
+    """`path` (a PATH) with this interpreter's folder first, so that DeepSpeed's op builds run the ninja
+    installed beside it. Ninja 1.13 (pip's `ninja`, a DeepSpeed dependency) keeps a build log that older
+    system ninjas read as "too old; starting over", and the other way round: a run started from an
+    activated environment and one started by the full path of its `cockpit` would each rebuild every op
+    the other built, about 90 s before the first step on two cores."""
+    here = str(Path(sys.executable).parent)
+    return os.pathsep.join([here, *(p for p in path.split(os.pathsep) if p and p != here)])
 
 
 def needs_cpu_adam(profile: Profile) -> bool:
@@ -88,4 +99,5 @@ def ensure_cpu_adam(before: Callable[[OpState], None] | None = None) -> OpState 
 def build_cpu_adam(verbose: bool = False) -> None:
     """Build (or load, if cached) DeepSpeed's CPU Adam; DeepSpeed reuses the loaded module afterwards."""
     os.environ.setdefault("MAX_JOBS", str(os.cpu_count() or 1))
+    os.environ["PATH"] = interpreter_first(os.environ.get("PATH", ""))
     _builder().load(verbose=verbose)

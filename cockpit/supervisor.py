@@ -32,6 +32,7 @@ import psutil
 
 from cockpit.control import request_stop
 from cockpit.diagnosis import EndFacts, culprit, describe_exit, diagnose, last_error_line, stall_where
+from cockpit.dsops import interpreter_first
 from cockpit.launcher import RUNNER, master_port, runner_options
 from cockpit.profiles import Profile, parse_profile
 from cockpit.ramguard import ram_limit_mib, ram_verdict
@@ -169,10 +170,11 @@ def rehearsal_args(layers: int, steps: int, step_offset: int) -> list[str]:
 
 
 def child_env() -> dict[str, str]:
-    """The parent environment, passed through, with the multicast-off variables forced and passive
-    OpenMP waiting unless the user chose otherwise."""
+    """The parent environment, passed through, with the multicast-off variables forced, passive OpenMP
+    waiting unless the user chose otherwise, and this interpreter's folder first on PATH."""
     env = {**CHILD_ENV_UNLESS_SET, **os.environ}
     env.update(CHILD_ENV_DEFAULTS)
+    env["PATH"] = interpreter_first(env.get("PATH", ""))  # one ninja for every op build (dsops)
     return env
 
 

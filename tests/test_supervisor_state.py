@@ -111,3 +111,24 @@ def test_children_wait_passively_unless_the_user_says_otherwise(monkeypatch) -> 
     assert child_env()["NCCL_NVLS_ENABLE"] == "0"
     monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
     assert child_env()["OMP_WAIT_POLICY"] == "ACTIVE"
+
+
+def test_children_find_the_tools_beside_their_interpreter_first(monkeypatch) -> None:
+    """Whether or not the environment was activated, a run's op builds see the same ninja: the one in the
+    interpreter's folder (two ninja versions make each other rebuild every op, `dsops.interpreter_first`)."""
+    import os
+    import shutil
+    import sys
+    from pathlib import Path
+
+    from cockpit.supervisor import child_env
+
+    here = str(Path(sys.executable).parent)
+    monkeypatch.setenv("PATH", os.pathsep.join(["/usr/local/bin", "/usr/bin", here, "/bin"]))
+    path = child_env()["PATH"].split(os.pathsep)
+    assert path == [here, "/usr/local/bin", "/usr/bin", "/bin"]
+    monkeypatch.setenv("PATH", child_env()["PATH"])
+    assert child_env()["PATH"].split(os.pathsep) == path  # already first: unchanged
+    beside = Path(here) / "ninja"
+    if beside.exists():  # pip's ninja in this environment: the one a child would run
+        assert shutil.which("ninja", path=child_env()["PATH"]) == str(beside)

@@ -207,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
     if gpu and any("offload" in c for c in args.configs.split(",")):  # the op build stays out of the depths
         from benchmarks.trainer_runs import prepare_ops
 
-        print(f"DeepSpeed ops ready ({prepare_ops()} s spent building)", flush=True)
+        print(f"DeepSpeed ops ready ({prepare_ops(profile_name)} s spent building)", flush=True)
     deadline = time.time() + args.budget_s
     results: dict[str, dict[str, Any]] = json.loads(args.merge.read_text()) if args.merge else {}
     for config in filter(None, args.configs.split(",")):  # --configs "" --merge F: report F again

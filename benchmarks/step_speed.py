@@ -822,7 +822,7 @@ def main(argv: list[str] | None = None) -> int:
     if gpu and not args.report_only and any(r.offload and r.name not in earlier for r in rows):
         from benchmarks.trainer_runs import prepare_ops
 
-        print(f"DeepSpeed ops ready ({prepare_ops()} s spent building)", flush=True)
+        print(f"DeepSpeed ops ready ({prepare_ops(profile_name)} s spent building)", flush=True)
     start = time.time()
     for row in rows:
         if row.name in earlier:

@@ -133,15 +133,18 @@ def elapsed(t0: float) -> float:
     return round(time.time() - t0, 1)
 
 
-def prepare_ops() -> float:
-    """Build DeepSpeed's CPU Adam (what optimizer offload runs) before any run is timed; returns the
-    seconds it took (0 where it is built or cannot be). On a fresh GPU machine the JIT build takes about
-    two minutes, inside the first offload run's time limit otherwise; the runs then load it from the
-    extensions cache."""
+def prepare_ops(profile_name: str) -> float:
+    """Build the DeepSpeed ops a run of the profile compiles (CPU Adam with optimizer offload) before any
+    run is timed; returns the seconds it took (0 where they are built or cannot be). On a fresh GPU
+    machine the JIT build takes about two minutes, inside the first offload run's time limit otherwise;
+    the runs then load it from the extensions cache."""
     from cockpit import dsops
+    from cockpit.profiles import load_profile
+
+    def announce(states: list[dsops.OpState]) -> None:
+        names = ", ".join(s.name for s in states)
+        print(f"building {names} before the timed runs ({dsops.BUILD_NOTE})", flush=True)
 
     t0 = time.time()
-    built = dsops.ensure_cpu_adam(
-        lambda state: print(f"building {state.name} before the timed runs ({dsops.BUILD_NOTE})", flush=True)
-    )
+    built = dsops.ensure_ops(load_profile(profile_name)[0], announce)
     return elapsed(t0) if built else 0.0

@@ -704,7 +704,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     checks = []
     if args.prebuild:
         say = (lambda line: console.print(escape(line))) if args.format == "text" else (lambda line: None)
-        checks.append(doctor.prebuild(say))
+        checks.append(doctor.prebuild(profile, say))
     exam = doctor.examine(profile, _runs_dir(args))
     exam = doctor.Examination(exam.profile, checks + exam.checks)
     if args.format == "json":
@@ -962,11 +962,12 @@ def build_parser() -> argparse.ArgumentParser:
         parents=[common],
         help="check the environment for a profile's run: libraries, compiler, DeepSpeed ops, GPUs, RAM, disk",
         description="Each check prints ok, warn or fail with a one-line reason. Exit 0 when nothing fails, "
-        "1 when a check fails, 2 for bad input. --prebuild compiles DeepSpeed's CPU Adam now (about "
-        "2 minutes the first time in an environment) instead of at the first run.",
+        "1 when a check fails, 2 for bad input. --prebuild compiles the DeepSpeed ops the profile's run "
+        "needs now (CPU Adam with optimizer offload, the shared-memory op on a CPU; about 2 minutes the "
+        "first time in an environment) instead of at the first run.",
     )
     doc.add_argument("--profile", default=DEFAULT_PROFILE, help=PROFILE_HELP)
-    doc.add_argument("--prebuild", action="store_true", help="build DeepSpeed's CPU Adam op now")
+    doc.add_argument("--prebuild", action="store_true", help="build the DeepSpeed ops the run needs now")
     doc.add_argument("--format", choices=("text", "json"), default="text", help="lines or JSON")
     doc.set_defaults(func=cmd_doctor)
 

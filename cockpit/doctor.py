@@ -146,9 +146,13 @@ def check_toolchain(op_needed_unbuilt: bool) -> list[Check]:
         checks.append(Check("c++ compiler", "ok", f"{path}: {version}", {"path": path, "version": version}))
     else:
         checks.append(Check("c++ compiler", missing, f"no working '{cxx}' on PATH ({why})"))
-    ninja = _first_line(["ninja", "--version"])
-    if ninja:
-        checks.append(Check("ninja", "ok", f"ninja {ninja}", {"version": ninja}))
+    # the ninja a run's builds find: the interpreter's folder first on PATH (`dsops.interpreter_first`)
+    ninja_path = shutil.which("ninja", path=dsops.interpreter_first(os.environ.get("PATH", "")))
+    ninja = _first_line([ninja_path, "--version"]) if ninja_path else None
+    if ninja_path and ninja:
+        checks.append(
+            Check("ninja", "ok", f"{ninja_path}: ninja {ninja}", {"path": ninja_path, "version": ninja})
+        )
     else:
         checks.append(Check("ninja", missing, f"no working 'ninja' on PATH ({why}; pip install ninja)"))
     return checks
@@ -184,32 +188,48 @@ def cpu_adam_state() -> tuple[dsops.OpState | None, str]:
         return None, f"{type(exc).__name__}: {exc}"
 
 
-def prebuild(progress: Callable[[str], None], every_s: float = 15.0) -> Check:
-    """Build DeepSpeed's CPU Adam now, saying how long it has been building every `every_s` seconds."""
-    name = "prebuild CPU Adam"
-    state, error = cpu_adam_state()
+def check_shm_comm(state: dsops.OpState | None) -> Check | None:
+    """Whether the CPU accelerator's shared-memory communication op is built (None: no such op here)."""
     if state is None:
-        return Check(name, "fail", f"cannot ask DeepSpeed: {error}")
-    if state.built:
-        return Check(name, "ok", f"nothing to do: {state.describe}")
-    progress(f"building DeepSpeed's CPU Adam into {state.where} (about 2 minutes the first time) ...")
+        return None
+    name = "DeepSpeed shm op"
+    if state.built or not state.compatible:
+        return Check(name, "ok" if state.built else "warn", state.describe, asdict(state))
+    return Check(
+        name,
+        "warn",
+        f"not built yet: every run on the CPU compiles it first (~35 s); `cockpit doctor --prebuild` "
+        f"builds it now (into {state.where})",
+        asdict(state),
+    )
+
+
+def prebuild(profile: Profile, progress: Callable[[str], None], every_s: float = 15.0) -> Check:
+    """Build the DeepSpeed ops a run of `profile` compiles, saying how long it has been building every
+    `every_s` seconds."""
+    name = "prebuild DeepSpeed ops"
     done = threading.Event()
     t0 = time.monotonic()
+
+    def announce(states: list[dsops.OpState]) -> None:
+        names = ", ".join(s.name for s in states)
+        progress(f"building {names} into {Path(states[0].where).parent} (about 2 minutes the first time) ...")
+        threading.Thread(target=tick, daemon=True).start()
 
     def tick() -> None:
         while not done.wait(every_s):
             progress(f"  still building ({time.monotonic() - t0:.0f} s)")
 
-    ticker = threading.Thread(target=tick, daemon=True)
-    ticker.start()
     try:
-        dsops.build_cpu_adam()
+        built = dsops.ensure_ops(profile, announce)
     except Exception as exc:
         return Check(name, "fail", f"build failed after {time.monotonic() - t0:.0f} s: {exc}")
     finally:
         done.set()
-        ticker.join()
-    return Check(name, "ok", f"built in {time.monotonic() - t0:.0f} s", {"build_s": time.monotonic() - t0})
+    if not built:
+        return Check(name, "ok", "nothing to do: every op this profile's run compiles is built")
+    took = time.monotonic() - t0
+    return Check(name, "ok", f"built {', '.join(s.name for s in built)} in {took:.0f} s", {"build_s": took})
 
 
 # --- GPUs, RAM, disk ------------------------------------------------------------------------------------
@@ -311,6 +331,12 @@ def examine(profile: Profile, runs_dir: Path) -> Examination:
     state, error = cpu_adam_state()
     unbuilt = dsops.needs_cpu_adam(profile) and not (state is not None and state.built)
     checks.append(check_cpu_adam(profile, state, error))
+    try:
+        shm = check_shm_comm(dsops.shm_comm_state())
+    except Exception as exc:  # DeepSpeed cannot say: the CPU Adam check above says so already
+        shm = Check("DeepSpeed shm op", "warn", f"cannot ask DeepSpeed: {type(exc).__name__}: {exc}")
+    if shm is not None:
+        checks.append(shm)
     checks += check_toolchain(unbuilt)
     configured = (plan or {}).get("configured") or {}
 

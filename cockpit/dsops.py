@@ -1,9 +1,11 @@
-"""DeepSpeed's CPU Adam op: whether a run needs it, whether it is built, and building it.
+"""DeepSpeed's JIT-built ops a run compiles: which, whether they are built, and building them.
 
-DeepSpeed compiles its CPU ops (C++, with ninja) into torch's extensions cache the first time they are
-used, 100 to 180 s on a fresh environment with nothing on screen. The trainer asks `cpu_adam_state`
-before training and says so in the record while it builds; `cockpit doctor` reports it and
-`cockpit doctor --prebuild` builds it ahead. Imports torch and DeepSpeed lazily.
+DeepSpeed compiles its C++ ops (with ninja) into torch's extensions cache the first time they are used:
+CPU Adam whenever the optimizer state is offloaded (100 to 180 s on a fresh environment), and on the CPU
+accelerator its shared-memory communication op (about 35 s) as soon as its communication starts, both
+with nothing on screen. The trainer asks `ensure_ops` before anything loads and says so in the record
+while it builds; `cockpit doctor` reports them and `cockpit doctor --prebuild` builds them ahead.
+Imports torch and DeepSpeed lazily.
 """
 
 from __future__ import annotations
@@ -68,11 +70,28 @@ def _builder() -> Any:  # the accelerator's CPUAdamBuilder
     return CPUAdamBuilder()
 
 
+def _shm_builder() -> Any | None:
+    """The accelerator's shared-memory communication op: the CPU accelerator's; None elsewhere."""
+    from deepspeed.accelerator import get_accelerator
+
+    return get_accelerator().create_op_builder("ShareMemCommBuilder")
+
+
 def cpu_adam_state() -> OpState:
     """Whether DeepSpeed's CPU Adam is prebuilt in its wheel or already in the extensions cache."""
+    return op_state(_builder())
+
+
+def shm_comm_state() -> OpState | None:
+    """The shared-memory communication op's state, where the accelerator has one (the CPU's)."""
+    builder = _shm_builder()
+    return op_state(builder) if builder is not None else None
+
+
+def op_state(builder: Any) -> OpState:
+    """Whether the op `builder` makes is prebuilt in DeepSpeed's wheel or already in the extensions cache."""
     from deepspeed.git_version_info import installed_ops
 
-    builder = _builder()
     name = builder.name
     if installed_ops.get(name, False):
         return OpState(name, True, True, "installed with DeepSpeed")
@@ -83,21 +102,42 @@ def cpu_adam_state() -> OpState:
     return OpState(name, built, compatible, str(folder), reason)
 
 
-def ensure_cpu_adam(before: Callable[[OpState], None] | None = None) -> OpState | None:
-    """Build DeepSpeed's CPU Adam unless it is built already or cannot be (an incompatible op fails in
-    DeepSpeed, with its own words); `before` hears of a build about to start. Returns the state of the op
-    it built, else None."""
-    state = cpu_adam_state()
-    if state.built or not state.compatible:
-        return None
-    if before is not None:
-        before(state)
-    build_cpu_adam()
-    return state
+def run_ops(profile: Profile) -> list[tuple[Callable[[], OpState | None], Callable[[], None]]]:
+    """(state, build) of each op a run of `profile` compiles here: CPU Adam when the optimizer state is
+    offloaded, the shared-memory communication op on the CPU accelerator."""
+    ops: list[tuple[Callable[[], OpState | None], Callable[[], None]]] = []
+    if needs_cpu_adam(profile):
+        ops.append((cpu_adam_state, build_cpu_adam))
+    ops.append((shm_comm_state, build_shm_comm))
+    return ops
+
+
+def ensure_ops(profile: Profile, before: Callable[[list[OpState]], None] | None = None) -> list[OpState]:
+    """Build the ops a run of `profile` compiles that are not built yet and can be (an incompatible op
+    fails in DeepSpeed, with its own words); `before` hears of them once, before the first build.
+    Returns the states of the ops it built."""
+    todo = [(state, build) for get, build in run_ops(profile) if (state := get()) is not None]
+    todo = [(state, build) for state, build in todo if not state.built and state.compatible]
+    if todo and before is not None:
+        before([state for state, _ in todo])
+    for _, build in todo:
+        build()
+    return [state for state, _ in todo]
 
 
 def build_cpu_adam(verbose: bool = False) -> None:
     """Build (or load, if cached) DeepSpeed's CPU Adam; DeepSpeed reuses the loaded module afterwards."""
+    _load(_builder(), verbose)
+
+
+def build_shm_comm(verbose: bool = False) -> None:
+    """Build (or load, if cached) the CPU accelerator's shared-memory communication op, if it has one."""
+    builder = _shm_builder()
+    if builder is not None:
+        _load(builder, verbose)
+
+
+def _load(builder: Any, verbose: bool) -> None:
     os.environ.setdefault("MAX_JOBS", str(os.cpu_count() or 1))
     os.environ["PATH"] = interpreter_first(os.environ.get("PATH", ""))
-    _builder().load(verbose=verbose)
+    builder.load(verbose=verbose)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -33,11 +34,12 @@ def test_each_check_on_this_machine_tells_the_truth(tmp_path: Path) -> None:
     assert set(checks) == {
         "libraries", "experts in 4 bit", "partition at load", "DeepSpeed CPU Adam", "c++ compiler", "ninja",
         "GPUs", "host RAM", "disk", "plan",
-    }  # fmt: skip
+    } | ({"DeepSpeed shm op"} if dsops.shm_comm_state() is not None else set())  # fmt: skip
     assert all(c.status in ("ok", "warn", "fail") and c.reason for c in checks.values())
     # The compiler and ninja are reported as they are on PATH here, present or not.
     assert (checks["c++ compiler"].status == "ok") == (shutil.which("c++") is not None)
-    assert (checks["ninja"].status == "ok") == (shutil.which("ninja") is not None)
+    beside_first = dsops.interpreter_first(os.environ.get("PATH", ""))
+    assert (checks["ninja"].status == "ok") == (shutil.which("ninja", path=beside_first) is not None)
     gpus, why = doctor.nvml_gpus()
     if not gpus:  # this machine: no GPU, NVML says why; the tiny profile needs none
         assert "NVML" in why and why in checks["GPUs"].reason
@@ -140,9 +142,13 @@ def test_the_trainer_says_it_builds_before_it_builds(
     writer = EventWriter(events, rank=0)
     seen_at_build: list[str] = []
     monkeypatch.setattr(dsops, "build_cpu_adam", lambda: seen_at_build.append(events.read_text()))
+    monkeypatch.setattr(dsops, "build_shm_comm", lambda: seen_at_build.append(events.read_text()))
     profile, _ = load_profile("tiny-cpu")
-    assert build_ops(profile, lambda name, **f: writer.write("phase", phase=name, **f)) == "cpu_adam"
-    assert len(seen_at_build) == 1 and dsops.BUILD_NOTE in seen_at_build[0]
+    shm = dsops.shm_comm_state()  # the CPU accelerator's shared-memory op (None on a GPU machine)
+    expected = ["cpu_adam"] + ([shm.name] if shm is not None and shm.compatible else [])
+    assert build_ops(profile, lambda name, **f: writer.write("phase", phase=name, **f)) == expected
+    assert len(seen_at_build) == len(expected) and all(dsops.BUILD_NOTE in s for s in seen_at_build)
+    assert seen_at_build[0].count('"phase":"build"') == 1  # one phase, named before the first build
 
     view = RunView()
     view.apply(RunReader(tmp_path).poll())
@@ -150,12 +156,14 @@ def test_the_trainer_says_it_builds_before_it_builds(
     lines = PlainLog().update(view, now=view.last_t or 0.0)
     assert any(line.endswith(f"phase build: {dsops.BUILD_NOTE}") for line in lines)
 
-    (empty_cache / "cpu_adam" / "cpu_adam.so").write_bytes(b"")  # built: no phase, no build
-    assert build_ops(profile, lambda name, **f: pytest.fail("no build phase expected")) is None
+    for name in expected:  # built: no phase, no build
+        (empty_cache / name).mkdir(parents=True, exist_ok=True)
+        (empty_cache / name / f"{name}.so").write_bytes(b"")
+    assert build_ops(profile, lambda name, **f: pytest.fail("no build phase expected")) == []
     no_offload, _ = load_profile(
         "tiny-cpu", ["deepspeed.offload_optimizer=none", "deepspeed.offload_param=none"]
     )
-    assert build_ops(no_offload, lambda name, **f: pytest.fail("no build phase expected")) is None
+    assert build_ops(no_offload, lambda name, **f: pytest.fail("no build phase expected")) == []
 
 
 def test_prebuild_says_what_it_does_and_reports_a_failed_build(
@@ -167,13 +175,15 @@ def test_prebuild_says_what_it_does_and_reports_a_failed_build(
         pytest.skip("DeepSpeed was installed with its ops prebuilt")
     said: list[str] = []
     monkeypatch.setattr(dsops, "build_cpu_adam", lambda: time.sleep(0.3))
-    check = doctor.prebuild(said.append, every_s=0.05)
-    assert check.status == "ok" and check.reason.startswith("built in")
+    monkeypatch.setattr(dsops, "build_shm_comm", lambda: None)
+    profile, _ = load_profile("tiny-cpu")
+    check = doctor.prebuild(profile, said.append, every_s=0.05)
+    assert check.status == "ok" and check.reason.startswith("built cpu_adam") and " in " in check.reason
     assert str(empty_cache / "cpu_adam") in said[0] and any("still building" in s for s in said[1:])
 
     def broken() -> None:
         raise RuntimeError("Unable to JIT load the cpu_adam op due to ninja not being installed.")
 
     monkeypatch.setattr(dsops, "build_cpu_adam", broken)
-    failed = doctor.prebuild(said.append)
+    failed = doctor.prebuild(profile, said.append)
     assert failed.status == "fail" and "ninja not being installed" in failed.reason

@@ -298,6 +298,7 @@ class Recipe:
             memory_fields,
         )
 
+        self.build_ops()  # before the TrainingArguments start DeepSpeed's communication (its shm op)
         self.phase("setup", message=setup_words(self.profile))
         model_dir = self.model_dir()
         # TrainingArguments first: it registers the DeepSpeed config that from_pretrained consults, and
@@ -440,8 +441,8 @@ class Recipe:
 
     # --- train and save ------------------------------------------------------------------------
     def build_ops(self) -> None:
-        """Build DeepSpeed's CPU Adam before training when the run needs it and it is not built, saying
-        so first (a `build` phase): the compile takes minutes on a fresh environment."""
+        """Build the DeepSpeed ops the run compiles that are not built yet, saying so first (a `build`
+        phase): the compile takes minutes on a fresh environment."""
         build_ops(self.profile, self.phase)
 
     def train(self) -> str:
@@ -456,7 +457,6 @@ class Recipe:
             self.events.write(
                 "resume", checkpoint=checkpoint, skipped_incomplete=[str(p) for p in incomplete]
             )
-        self.build_ops()
         # Until `train_begin` the Trainer builds the DeepSpeed engine (partitioning, the optimizer).
         self.phase("train", message="building the DeepSpeed engine")
         result = self.trainer.train(resume_from_checkpoint=checkpoint)
@@ -541,17 +541,15 @@ def over_seq_len_words(count: int, total: int, answer_cut: int, seq_len: int) ->
     )
 
 
-def build_ops(profile: Profile, phase: Callable[..., None]) -> str | None:
-    """Build the DeepSpeed ops `profile` needs that are not built yet, after a `build` phase that names
-    them; returns the op built, or None. DeepSpeed's engine then reuses the loaded op."""
+def build_ops(profile: Profile, phase: Callable[..., None]) -> list[str]:
+    """Build the DeepSpeed ops `profile`'s run compiles that are not built yet (`dsops.ensure_ops`), after
+    a `build` phase that names them; returns the ops built. DeepSpeed then reuses the loaded ops."""
     from cockpit import dsops
 
-    if not dsops.needs_cpu_adam(profile):
-        return None
-    built = dsops.ensure_cpu_adam(
-        lambda state: phase("build", ops=[state.name], message=dsops.BUILD_NOTE, cache=state.where)
-    )
-    return built.name if built else None
+    def announce(states: list[dsops.OpState]) -> None:
+        phase("build", ops=[s.name for s in states], message=dsops.BUILD_NOTE, cache=states[0].where)
+
+    return [state.name for state in dsops.ensure_ops(profile, announce)]
 
 
 def main(argv: list[str] | None = None) -> int:

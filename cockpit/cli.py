@@ -730,6 +730,18 @@ def _add_overrides(parser: argparse.ArgumentParser) -> None:
     )
 
 
+FIRST_STEPS = """first steps:
+  cockpit run                  train the built-in tiny profile here (CPU, a few minutes), then compare
+                               base and fine-tuned F1 per tenant; --no-ui without the app
+  cockpit profiles             the profiles --profile can name: TOML files of model, data, LoRA,
+                               DeepSpeed and training settings (copy one to make your own)
+  cockpit data --profile P     check P's data before training: tenants, labels, lengths, problems
+  cockpit plan --profile P     whether P fits this machine (or its own), before loading a weight
+  cockpit report latest        the last run's per-tenant F1 again; `cockpit replay latest` its charts
+
+exit codes: 0 finished, 1 failed, 2 bad input, 3 stopped, 4 stalled."""
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(
         prog="cockpit",
@@ -737,14 +749,16 @@ def build_parser() -> argparse.ArgumentParser:
             "Plan, launch, watch and report QLoRA fine-tuning of large Mixture-of-Experts models "
             "under DeepSpeed ZeRO-3 with CPU offload. Every run writes a record under --runs-dir."
         ),
-        epilog="Exit codes: 0 finished, 1 failed, 2 bad input, 3 stopped, 4 stalled.",
+        epilog=FIRST_STEPS,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"cockpit {__version__}")
     common = Parser(add_help=False)
     common.add_argument(
         "--runs-dir",
         default=default_runs_dir(),
-        help="where run records live (default: $COCKPIT_RUNS_DIR or ./runs)",
+        help="where run records live (default: $COCKPIT_RUNS_DIR, else ./runs where that folder exists, "
+        "else ~/.local/share/cockpit/runs)",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 

@@ -82,6 +82,23 @@ def test_problems_are_listed_and_a_blocking_one_exits_2(tmp_path: Path, tokenize
     assert captured.err.strip().splitlines() == [f"error: {kinds['label']['message']} (and 1 more)"]
 
 
+def test_a_split_on_some_rows_says_every_row_or_none(tmp_path: Path, capsys) -> None:
+    """A JSON Lines file with `split` on some rows: those without are problems that say the rule, and the
+    head counts the usable examples against the rows read."""
+    examples = generate(0, 5, 1)[:5]
+    rows = [{k: v for k, v in e.items() if k != "split" or i in (1, 3)} for i, e in enumerate(examples)]
+    path = _write(tmp_path / "d.jsonl", rows)
+    code = main(["data", str(path), "--format", "json", "--no-tokens"])
+    found = json.loads(capsys.readouterr().out)
+    assert code == 2 and found["rows"] == 5 and found["examples"] == 2
+    missing = [p["message"] for p in found["problems"] if p["kind"] == "missing"]
+    assert len(missing) == 3 and all(
+        "field split: missing: give it on every row or on none" in m for m in missing
+    )
+    assert main(["data", str(path), "--no-tokens"]) == 2
+    assert "2 examples (of 5 rows" in capsys.readouterr().out
+
+
 def test_the_text_tables(tmp_path: Path, tokenizer_dir: Path, capsys) -> None:
     path = _write(tmp_path / "d.jsonl", generate(0, 8, 2))
     assert main(["data", str(path), "--set", f"model.path={tokenizer_dir}"]) == 0

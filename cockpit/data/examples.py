@@ -19,6 +19,9 @@ from typing import Any
 
 from cockpit.data.source import DataError, Table, read_table
 
+SPLIT_ON_SOME = (
+    "missing: give it on every row or on none (then data.eval_fraction holds out part of each tenant)"
+)
 FIELDS = ("tenant", "id", "split", "system", "user", "labels", "gold", "reasoning")
 SPLITS = {
     "train": "train",
@@ -53,6 +56,7 @@ class DataSet:
     split_from: str  # "column 'split'", "DatasetDict splits" or the seeded per-tenant split
     problems: list[Problem] = field(default_factory=list)
     columns: tuple[str, ...] = ()
+    rows: int = 0  # rows read, those left out by a problem included
 
     def split(self, name: str) -> list[dict[str, Any]]:
         """The examples of one split (`train`, `eval`, `validation`), in file order."""
@@ -222,7 +226,11 @@ def map_rows(table: Table, columns: Any) -> tuple[list[dict[str, Any]], list[int
         ident = m.text(i, row, "id", required=True) if m.has["id"] else f"{table.where(i).replace(' ', '-')}"
         split = None
         if m.has["split"]:
-            raw = m.text(i, row, "split", required=True)
+            raw = None
+            if row.get(m.names["split"]) is None:  # a JSON Lines column exists once any row has it
+                m.note(i, "split", SPLIT_ON_SOME, "missing")
+            else:
+                raw = m.text(i, row, "split", required=True)
             split = SPLITS.get(raw.strip().lower()) if raw is not None else None
             if raw is not None and split is None:
                 m.note(i, "split", f"{raw!r} is not one of {', '.join(SPLITS)}", "split")
@@ -330,7 +338,7 @@ def load_examples(path: Path, spec: Any, *, strict: bool = True, cache_dir: Path
             f"seeded per-tenant split: data.eval_fraction {spec.eval_fraction:g}, data.seed {spec.seed}"
         )
     _fill_labels(examples)
-    ds = DataSet(Path(path), table.format, examples, split_from, problems, table.columns)
+    ds = DataSet(Path(path), table.format, examples, split_from, problems, table.columns, len(table.rows))
     _dataset_problems(ds, table, kept)
     if strict:
         ds.raise_first()

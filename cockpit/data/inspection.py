@@ -96,6 +96,7 @@ class Inspection:
     lengths: dict[str, list[int]] = field(default_factory=dict)  # part -> tokens, one per example
     truncation: Truncation | None = None
     problems: list[Problem] = field(default_factory=list)
+    rows: int = 0  # rows read; `examples` of them usable
 
     @property
     def blocking(self) -> list[Problem]:
@@ -117,6 +118,7 @@ class Inspection:
             "format": self.format,
             "split_from": self.split_from,
             "examples": self.examples,
+            "rows": self.rows,
             "tenants": {t: dict(s) for t, s in self.splits.items()},
             "labels": {t: dict(c) for t, c in self.labels.items()},
             "tokens": {
@@ -174,6 +176,7 @@ def inspect(
         parts,
         truncation,
         list(ds.problems),
+        ds.rows,
     )
 
 

@@ -141,7 +141,9 @@ def render(insp: Inspection) -> Group:
     head = Text.assemble(
         ("data ", "bold"),
         insp.path,
-        f" ({insp.format}) · {insp.examples:,} examples · {len(insp.splits)} tenants",
+        f" ({insp.format}) · {insp.examples:,} examples"
+        + (f" (of {insp.rows:,} rows; the others below, under problems)" if insp.rows > insp.examples else "")
+        + f" · {len(insp.splits)} tenants",
         f" · splits from {insp.split_from}",
     )
     parts: list[RenderableType] = [head, Text(""), _tenants(insp), Text(""), _labels(insp), Text("")]

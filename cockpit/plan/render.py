@@ -323,6 +323,11 @@ def verdict_text(plan: Plan) -> Text:
         )
     elif run is not None and e.setup.gpus:
         lines.append(f"Training time for the data: unknown ({escape(run.how)})")
+    elif not e.setup.gpus:
+        lines.append(
+            "Training time: not predicted on the CPU (the step-time model is measured on GPUs); "
+            "a run's ETA shows from its first steps"
+        )
     if run is not None and run.validation is not None and (run.train_s or e.setup.gpus):
         v = run.validation
         lines.append(f"[bold]Validation loss, on top:[/] {escape(v.words())}")
@@ -348,27 +353,24 @@ def experts_text(plan: Plan) -> Text | None:
             "[bold yellow]Experts: left in 16 bit[/] (Transformers 5 fuses them into 3-D parameters that "
             "bitsandbytes does not quantize; quantization.quantize_experts = false). In 4 bit instead, "
         )
-    body = (
-        f"weights {_gb(other)} instead of {_gb(mine)}; "
-        + (  # a CPU plan has no GPU to load onto
-            f"GPU at load {size(alt.load.gpu_peak)} instead of {size(e.load.gpu_peak)}; "
-            if alt.load.gpu_peak or e.load.gpu_peak
-            else ""
-        )
-        + f"host in training {size(alt.train.host_peak)} instead of {size(e.train.host_peak)}; "
-    )
+    pairs = [("weights", _gb(other), _gb(mine))]
+    if alt.load.gpu_peak or e.load.gpu_peak:  # a CPU plan has no GPU to load onto
+        pairs.append(("GPU at load", size(alt.load.gpu_peak), size(e.load.gpu_peak)))
+    pairs.append(("host in training", size(alt.train.host_peak), size(e.train.host_peak)))
     if alt.transfer_s is not None and e.transfer_s is not None:
-        body += f"host-to-device {alt.transfer_s:.2f} s/step instead of {e.transfer_s:.2f}; "
+        pairs.append(("host-to-device", f"{alt.transfer_s:.2f} s/step", f"{e.transfer_s:.2f}"))
+    parts = [f"{what} {theirs} instead of {ours}" for what, theirs, ours in pairs if theirs != ours]
     found = plan.alt_found
     if found and found.best is not None:
-        body += f"fastest that fits: {found.best.setup.describe()}."
+        parts.append(f"fastest that fits: {found.best.setup.describe()}")
     elif found and found.closest is not None:
         c = found.closest
         b = c.binding
-        body += f"[bold red]no option fits[/]: the closest ({c.setup.describe()})" + (
-            f" needs {size(b.need)} of {size(b.limit)} for {b.name}." if b else "."
+        parts.append(
+            f"[bold red]no option fits[/]: the closest ({c.setup.describe()})"
+            + (f" needs {size(b.need)} of {size(b.limit)} for {b.name}" if b else "")
         )
-    return Text.from_markup(head + body)
+    return Text.from_markup(head + "; ".join(parts) + ".")
 
 
 def render(plan: Plan) -> Group:

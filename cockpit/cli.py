@@ -700,12 +700,12 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     """Is this environment ready for the profile's run: one ok/warn/fail line a check; exit 1 on a fail."""
     from cockpit import doctor
 
-    profile, _path = load_profile(args.profile)
+    profile, path = load_profile(args.profile, args.overrides)
     checks = []
     if args.prebuild:
         say = (lambda line: console.print(escape(line))) if args.format == "text" else (lambda line: None)
         checks.append(doctor.prebuild(profile, say))
-    exam = doctor.examine(profile, _runs_dir(args))
+    exam = doctor.examine(profile, _runs_dir(args), str(path))
     exam = doctor.Examination(exam.profile, checks + exam.checks)
     if args.format == "json":
         print(json.dumps(exam.to_dict(), indent=2))
@@ -983,6 +983,7 @@ def build_parser() -> argparse.ArgumentParser:
     doc.add_argument("--profile", default=DEFAULT_PROFILE, help=PROFILE_HELP)
     doc.add_argument("--prebuild", action="store_true", help="build the DeepSpeed ops the run needs now")
     doc.add_argument("--format", choices=("text", "json"), default="text", help="lines or JSON")
+    _add_overrides(doc)
     doc.set_defaults(func=cmd_doctor)
 
     attach = sub.add_parser(

@@ -316,15 +316,36 @@ def _plan_figures(profile: Profile) -> tuple[Check, dict[str, Any] | None, bool 
     status: Status = "fail" if verdict.startswith("DOES NOT FIT") else "ok"
     if verdict.startswith("NOT CHECKED"):
         status = "warn"
-    return Check("plan", status, verdict), plan.to_dict(), plan.geometry.is_moe
+    hw = plan.hardware
+    on = f"{hw.gpus} x {hw.gpu_name or 'GPU'}" if hw.gpus else "the CPU"
+    if hw.nodes > 1:
+        on = f"{hw.nodes} nodes of {on}"
+    where = f"on {on}, {hw.host_ram_gib:,.0f} GiB of host RAM (the profile's hardware, completed from here)"
+    return Check("plan", status, f"{verdict}; {where}"), plan.to_dict(), plan.geometry.is_moe
 
 
-def examine(profile: Profile, runs_dir: Path) -> Examination:
-    """Every check for `profile`, with run records going to `runs_dir`."""
+def check_model_and_data(profile: Profile, source: str) -> Check:
+    """What `cockpit run` checks before it starts: the model and the data are on this machine."""
+    from cockpit.profiles import ProfileError, check_runnable
+
+    try:
+        check_runnable(profile, source)
+    except ProfileError as exc:
+        return Check("model and data", "fail", str(exc))
+    return Check(
+        "model and data",
+        "ok",
+        f"model {profile.model.path}, data {profile.data.source}",
+        {"model": profile.model.path, "data": profile.data.source},
+    )
+
+
+def examine(profile: Profile, runs_dir: Path, source: str = "") -> Examination:
+    """Every check for `profile` (read from `source`), with run records going to `runs_dir`."""
     import psutil
 
     versions = library_versions()
-    checks = [check_libraries(versions)]
+    checks = [check_libraries(versions), check_model_and_data(profile, source or profile.name)]
     plan_check, plan, is_moe = _plan_figures(profile)
     checks.append(check_fused_experts(profile, versions.get("transformers"), is_moe))
     checks.append(check_zero_init(profile, versions.get("transformers")))

@@ -32,8 +32,8 @@ def test_each_check_on_this_machine_tells_the_truth(tmp_path: Path) -> None:
     profile, _ = load_profile("tiny-cpu")
     checks = _by_name(doctor.examine(profile, tmp_path / "runs"))
     assert set(checks) == {
-        "libraries", "experts in 4 bit", "partition at load", "DeepSpeed CPU Adam", "c++ compiler", "ninja",
-        "GPUs", "host RAM", "disk", "plan",
+        "libraries", "model and data", "experts in 4 bit", "partition at load", "DeepSpeed CPU Adam",
+        "c++ compiler", "ninja", "GPUs", "host RAM", "disk", "plan",
     } | ({"DeepSpeed shm op"} if dsops.shm_comm_state() is not None else set())  # fmt: skip
     assert all(c.status in ("ok", "warn", "fail") and c.reason for c in checks.values())
     # The compiler and ninja are reported as they are on PATH here, present or not.
@@ -46,6 +46,10 @@ def test_each_check_on_this_machine_tells_the_truth(tmp_path: Path) -> None:
         assert checks["GPUs"].status == "ok"
     assert checks["libraries"].status == "ok" and "deepspeed 0.19" in checks["libraries"].reason
     assert checks["disk"].status == "ok" and checks["plan"].reason.startswith("FITS")
+    assert checks["model and data"].status == "ok" and "on the CPU" in checks["plan"].reason
+    missing, _ = load_profile("tiny-cpu", [f'data.source="{tmp_path / "nope.jsonl"}"'])
+    check = _by_name(doctor.examine(missing, tmp_path / "runs", "mine.toml"))["model and data"]
+    assert check.status == "fail" and check.reason.startswith("mine.toml: data.source: no such file")
 
 
 def test_a_profile_that_wants_gpus_fails_where_nvml_sees_none_and_exits_1(
@@ -179,7 +183,7 @@ def test_prebuild_says_what_it_does_and_reports_a_failed_build(
     profile, _ = load_profile("tiny-cpu")
     check = doctor.prebuild(profile, said.append, every_s=0.05)
     assert check.status == "ok" and check.reason.startswith("built cpu_adam") and " in " in check.reason
-    assert str(empty_cache / "cpu_adam") in said[0] and any("still building" in s for s in said[1:])
+    assert f"into {empty_cache} " in said[0] and any("still building" in s for s in said[1:])
 
     def broken() -> None:
         raise RuntimeError("Unable to JIT load the cpu_adam op due to ninja not being installed.")

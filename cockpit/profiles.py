@@ -8,6 +8,7 @@ name from `./profiles/` or the shipped `cockpit/profiles_data/`) into a `Profile
 
 from __future__ import annotations
 
+import difflib
 import tomllib
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -462,11 +463,23 @@ def profile_names() -> list[tuple[str, str, Path]]:
     return sorted(found.values())
 
 
+def _keys_at(loc: tuple[Any, ...]) -> list[str]:
+    """The field names a profile allows at `loc` (a section, or the top level); none if it is no model."""
+    model: Any = Profile
+    for part in loc:
+        field = getattr(model, "model_fields", {}).get(part)
+        if field is None or not isinstance(field.annotation, type):
+            return []
+        model = field.annotation
+    return list(getattr(model, "model_fields", {}))
+
+
 def _describe(error: dict[str, Any]) -> str:
     loc = ".".join(str(part) for part in error["loc"]) or "(top level)"
     kind = error["type"]
     if kind == "extra_forbidden":
-        return f"{loc}: unknown key"
+        near = difflib.get_close_matches(str(error["loc"][-1]), _keys_at(error["loc"][:-1]), n=1)
+        return f"{loc}: unknown key" + (f" (did you mean {near[0]}?)" if near else "")
     if kind == "missing":
         return f"{loc}: required field is missing"
     given = error.get("input")

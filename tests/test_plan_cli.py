@@ -161,7 +161,12 @@ def test_set_overrides_reach_the_plan(capsys: pytest.CaptureFixture[str]) -> Non
         ("hardware.host_ram_gib=-5", "hardware.host_ram_gib: Input should be greater than or equal to 0"),
         ("hardware.gpus=nan", "hardware.gpus"),
         ("training.learning_rate=inf", "training.learning_rate: Input should be a finite number"),
-        ("training.nope=1", "training.nope: unknown key"),
+        ("training.nope=1", "training.nope: unknown key\n"),
+        ("training.learnig_rate=1e-4", "training.learnig_rate: unknown key (did you mean learning_rate?)"),
+        (
+            "deepspeed.offload_params=cpu",
+            "deepspeed.offload_params: unknown key (did you mean offload_param?)",
+        ),
         ("training.seq_len", "expected section.key=value"),
     ],
 )

@@ -316,11 +316,8 @@ def _exit_code(status: str) -> int:
 
 
 def _stdout_console() -> Console:
-    """Tables for stdout: $COLUMNS, else the terminal's width, else a wide page when redirected (a file, a
-    pipe)."""
-    import shutil
-
-    return Console(highlight=False, width=shutil.get_terminal_size((160, 24)).columns)
+    """Tables for stdout: the terminal's width, or a wide page when redirected (a file, a pipe)."""
+    return Console(highlight=False, width=None if sys.stdout.isatty() else 160)
 
 
 # --- ls, stop, resume ------------------------------------------------------------------------------

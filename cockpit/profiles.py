@@ -527,7 +527,8 @@ def load_profile(
 ) -> tuple[Profile, Path]:
     """Read and validate a profile, with optional `section.key=value` overrides; returns it and its file.
 
-    Relative `model.config` and `data.source` paths are taken relative to the profile's folder.
+    Relative `model.config`, `data.source` and `launcher.hostfile` paths are taken relative to the
+    profile's folder when the file gives them, and to the working directory when `--set` does.
     """
     path = resolve_profile_path(name_or_path)
     try:
@@ -538,11 +539,30 @@ def load_profile(
         raise ProfileError(f"{path}: cannot read: {exc.strerror}") from None
     if overrides:
         data = apply_overrides(data, overrides)
+        _anchor_set_paths(data, overrides, Path.cwd())
     profile = parse_profile(data, str(path) + (" (with --set overrides)" if overrides else ""))
     return _anchor_paths(profile, path.parent), path
 
 
+ANCHORED = (("model", "config"), ("data", "source"), ("launcher", "hostfile"))  # relative paths resolved
+
+
+def _anchor_set_paths(data: dict[str, Any], overrides: list[str], cwd: Path) -> None:
+    """Paths given on the command line are where the user stands: made absolute against `cwd` (the file's
+    own stay relative to the file, `_anchor_paths`)."""
+    given = {tuple(item.partition("=")[0].strip().split(".")) for item in overrides}
+    for section, key in ANCHORED:
+        node = data.get(section)
+        value = node.get(key) if isinstance(node, dict) else None
+        if (section, key) not in given or not isinstance(value, str) or not value:
+            continue
+        if not value.startswith(BUILTIN_PREFIX) and not Path(value).expanduser().is_absolute():
+            node[key] = str((cwd / Path(value).expanduser()).resolve())
+
+
 def _anchor_paths(profile: Profile, base: Path) -> Profile:
+    """The file's relative paths (ANCHORED) made absolute against its folder."""
+
     def anchor(value: str) -> str:
         if not value or value.startswith(BUILTIN_PREFIX) or Path(value).expanduser().is_absolute():
             return value

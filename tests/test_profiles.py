@@ -93,3 +93,26 @@ def test_overrides_reach_nested_fields_and_are_validated() -> None:
 def test_unknown_profile_name_lists_known_ones() -> None:
     with pytest.raises(ProfileError, match="tiny-cpu"):
         load_profile("no-such-profile")
+
+
+def test_relative_paths_are_the_files_own_or_where_the_user_stands(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A path in a profile file is relative to the file; one given with --set, to the working directory
+    (not to the shipped profile's folder inside the package)."""
+    folder = tmp_path / "profiles"
+    folder.mkdir()
+    shipped = (Path(__file__).parent.parent / "cockpit/profiles_data/tiny-cpu.toml").read_text()
+    (folder / "mine.toml").write_text(
+        shipped.replace('source = "builtin:tiny-tenants"', 'source = "data/d.jsonl"')
+    )
+    elsewhere = tmp_path / "work"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    from_file, _ = load_profile(str(folder / "mine.toml"))
+    assert from_file.data.source == str(folder / "data" / "d.jsonl")
+    from_set, _ = load_profile("tiny-cpu", ["data.source=d.jsonl", "model.config=cfg/config.json"])
+    assert from_set.data.source == str(elsewhere / "d.jsonl")
+    assert from_set.model.config == str(elsewhere / "cfg" / "config.json")
+    kept, _ = load_profile("tiny-cpu", ["data.source=builtin:tiny-tenants", "training.max_steps=3"])
+    assert kept.data.source == "builtin:tiny-tenants"

@@ -59,7 +59,13 @@ def needed_working_layers(row: Any, measured_gib: float) -> float:
     e, inputs, _ = planned(row)
     s = e.setup
     acts = activations(
-        inputs.geometry, s.seq_len, s.micro_batch, inputs.precision.act_bytes, inputs.lora_r, s.chunked_loss
+        inputs.geometry,
+        s.seq_len,
+        s.micro_batch,
+        inputs.precision.act_bytes,
+        inputs.lora_r,
+        s.chunked_loss,
+        s.fast_paths,
     )
     rest = sum(e.train.gpu.values()) - e.train.gpu["layer recompute + backward"]
     return (measured_gib * GiB - rest) / acts.layer_saved
@@ -92,7 +98,7 @@ def table(data: dict[str, Any]) -> list[dict[str, Any]]:
                 "offload": row.offload,
                 "prefetch": profile.deepspeed.prefetch_layers if row.offload else 0,
                 "embeddings": "gpu" if e.setup.keeps_embeddings or not row.offload else "host",
-                "paths": "fast" if e.setup.chunked_loss else "unfused",
+                "paths": "fast" if e.setup.fast_paths else "unfused",
                 "sample": "in" if row.name in IN_SAMPLE else "out",
                 "measured_gib": round(measured, 3),
                 "planned_gib": round(plan, 3),

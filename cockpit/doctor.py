@@ -137,7 +137,11 @@ def _first_line(argv: list[str]) -> str | None:
 def check_toolchain(op_needed_unbuilt: bool) -> list[Check]:
     """The C++ compiler and ninja DeepSpeed's JIT ops are built with; a failure only where a build is due."""
     missing: Status = "fail" if op_needed_unbuilt else "warn"
-    why = "needed to build DeepSpeed's CPU Adam" if op_needed_unbuilt else "needed only to build DS ops"
+    why = (
+        "needed to build the DeepSpeed ops this run compiles"
+        if op_needed_unbuilt
+        else "needed only to build DS ops"
+    )
     checks = []
     cxx = os.environ.get("CXX", "c++")
     path = shutil.which(cxx)
@@ -146,8 +150,9 @@ def check_toolchain(op_needed_unbuilt: bool) -> list[Check]:
         checks.append(Check("c++ compiler", "ok", f"{path}: {version}", {"path": path, "version": version}))
     else:
         checks.append(Check("c++ compiler", missing, f"no working '{cxx}' on PATH ({why})"))
-    # the ninja a run's builds find: the interpreter's folder first on PATH (`dsops.interpreter_first`)
-    ninja_path = shutil.which("ninja", path=dsops.interpreter_first(os.environ.get("PATH", "")))
+    # the ninja a run's builds find: the interpreter's folder first on PATH (`dsops.ninja_first`)
+    found = shutil.which("ninja", path=dsops.ninja_first(os.environ.get("PATH", "")))
+    ninja_path = os.path.realpath(found) if found else None
     ninja = _first_line([ninja_path, "--version"]) if ninja_path else None
     if ninja_path and ninja:
         checks.append(
@@ -211,10 +216,12 @@ def prebuild(profile: Profile, progress: Callable[[str], None], every_s: float =
     done = threading.Event()
     t0 = time.monotonic()
 
+    ticker = threading.Thread(target=lambda: tick(), daemon=True)
+
     def announce(states: list[dsops.OpState]) -> None:
         names = ", ".join(s.name for s in states)
         progress(f"building {names} into {Path(states[0].where).parent} (about 2 minutes the first time) ...")
-        threading.Thread(target=tick, daemon=True).start()
+        ticker.start()
 
     def tick() -> None:
         while not done.wait(every_s):
@@ -226,6 +233,8 @@ def prebuild(profile: Profile, progress: Callable[[str], None], every_s: float =
         return Check(name, "fail", f"build failed after {time.monotonic() - t0:.0f} s: {exc}")
     finally:
         done.set()
+        if ticker.is_alive():
+            ticker.join()
     if not built:
         return Check(name, "ok", "nothing to do: every op this profile's run compiles is built")
     took = time.monotonic() - t0
@@ -353,7 +362,9 @@ def examine(profile: Profile, runs_dir: Path, source: str = "") -> Examination:
     unbuilt = dsops.needs_cpu_adam(profile) and not (state is not None and state.built)
     checks.append(check_cpu_adam(profile, state, error))
     try:
-        shm = check_shm_comm(dsops.shm_comm_state())
+        shm_state = dsops.shm_comm_state()
+        shm = check_shm_comm(shm_state)
+        unbuilt = unbuilt or (shm_state is not None and shm_state.compatible and not shm_state.built)
     except Exception as exc:  # DeepSpeed cannot say: the CPU Adam check above says so already
         shm = Check("DeepSpeed shm op", "warn", f"cannot ask DeepSpeed: {type(exc).__name__}: {exc}")
     if shm is not None:

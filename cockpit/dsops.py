@@ -10,6 +10,7 @@ Imports torch and DeepSpeed lazily.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import sys
 from collections.abc import Callable
@@ -42,14 +43,32 @@ class OpState:
         return f"{self.name} not built yet (it would be compiled into {self.where} on first use)"
 
 
-def interpreter_first(path: str) -> str:
-    """`path` (a PATH) with this interpreter's folder first, so that DeepSpeed's op builds run the ninja
-    installed beside it. Ninja 1.13 (pip's `ninja`, a DeepSpeed dependency) keeps a build log that older
-    system ninjas read as "too old; starting over", and the other way round: a run started from an
-    activated environment and one started by the full path of its `cockpit` would each rebuild every op
-    the other built, about 90 s before the first step on two cores."""
-    here = str(Path(sys.executable).parent)
-    return os.pathsep.join([here, *(p for p in path.split(os.pathsep) if p and p != here)])
+def ninja_first(path: str) -> str:
+    """`path` (a PATH) with the ninja installed beside this interpreter found first, through a folder of the
+    cockpit's cache that holds nothing but a link to it (so no compiler or other tool changes); `path`
+    unchanged where no ninja is installed beside the interpreter.
+
+    Ninja 1.13 (pip's `ninja`, a DeepSpeed dependency) keeps a build log that older system ninjas read as
+    "too old; starting over", and the other way round: a run started from an activated environment and
+    one started by the full path of its `cockpit` would each rebuild every op the other built, about 90 s
+    before the first step on two cores."""
+    from cockpit.cache import cache_root
+
+    path = path or os.defpath
+    beside = Path(sys.executable).parent / "ninja" if sys.executable else None
+    if beside is None or not beside.is_file():
+        return path
+    tools = cache_root() / "tools" / hashlib.sha1(str(beside).encode()).hexdigest()[:12]
+    link = tools / "ninja"
+    try:
+        tools.mkdir(parents=True, exist_ok=True)
+        if not link.exists():
+            link.symlink_to(beside)
+    except FileExistsError:  # another rank made it first
+        pass
+    except OSError:  # a read-only cache: the PATH as it was
+        return path
+    return os.pathsep.join([str(tools), *(p for p in path.split(os.pathsep) if p and p != str(tools))])
 
 
 def needs_cpu_adam(profile: Profile) -> bool:
@@ -139,5 +158,5 @@ def build_shm_comm(verbose: bool = False) -> None:
 
 def _load(builder: Any, verbose: bool) -> None:
     os.environ.setdefault("MAX_JOBS", str(os.cpu_count() or 1))
-    os.environ["PATH"] = interpreter_first(os.environ.get("PATH", ""))
+    os.environ["PATH"] = ninja_first(os.environ.get("PATH", ""))
     builder.load(verbose=verbose)

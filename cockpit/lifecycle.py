@@ -22,6 +22,7 @@ from typing import Any
 from cockpit import control, liveness, supervisor
 from cockpit.profiles import (
     Profile,
+    anchor_set_paths,
     apply_overrides,
     check_runnable,
     load_profile,
@@ -295,6 +296,7 @@ def _changed_profile(run_dir: Path, overrides: Sequence[str]) -> tuple[dict[str,
     manifest = load_manifest(run_dir)
     before = manifest["profile"]
     data = apply_overrides(copy.deepcopy(before), list(overrides))
+    anchor_set_paths(data, list(overrides), Path.cwd())  # a path given here is where the user stands
     after = profile_to_dict(parse_profile(data, f"{RunPaths(run_dir).manifest} (with --set overrides)"))
     old, new = _flat(before), _flat(after)
     changes = tuple(f"{k}: {old.get(k)!r} -> {new[k]!r}" for k in new if old.get(k) != new[k])

@@ -539,7 +539,7 @@ def load_profile(
         raise ProfileError(f"{path}: cannot read: {exc.strerror}") from None
     if overrides:
         data = apply_overrides(data, overrides)
-        _anchor_set_paths(data, overrides, Path.cwd())
+        anchor_set_paths(data, overrides, Path.cwd())
     profile = parse_profile(data, str(path) + (" (with --set overrides)" if overrides else ""))
     return _anchor_paths(profile, path.parent), path
 
@@ -547,7 +547,7 @@ def load_profile(
 ANCHORED = (("model", "config"), ("data", "source"), ("launcher", "hostfile"))  # relative paths resolved
 
 
-def _anchor_set_paths(data: dict[str, Any], overrides: list[str], cwd: Path) -> None:
+def anchor_set_paths(data: dict[str, Any], overrides: list[str], cwd: Path) -> None:
     """Paths given on the command line are where the user stands: made absolute against `cwd` (the file's
     own stay relative to the file, `_anchor_paths`)."""
     given = {tuple(item.partition("=")[0].strip().split(".")) for item in overrides}
@@ -556,17 +556,19 @@ def _anchor_set_paths(data: dict[str, Any], overrides: list[str], cwd: Path) -> 
         value = node.get(key) if isinstance(node, dict) else None
         if (section, key) not in given or not isinstance(value, str) or not value:
             continue
-        if not value.startswith(BUILTIN_PREFIX) and not Path(value).expanduser().is_absolute():
-            node[key] = str((cwd / Path(value).expanduser()).resolve())
+        if not value.startswith(BUILTIN_PREFIX):
+            path = Path(value).expanduser()
+            node[key] = str(path if path.is_absolute() else (cwd / path).resolve())
 
 
 def _anchor_paths(profile: Profile, base: Path) -> Profile:
     """The file's relative paths (ANCHORED) made absolute against its folder."""
 
     def anchor(value: str) -> str:
-        if not value or value.startswith(BUILTIN_PREFIX) or Path(value).expanduser().is_absolute():
+        if not value or value.startswith(BUILTIN_PREFIX):
             return value
-        return str((base / value).resolve())
+        path = Path(value).expanduser()
+        return str(path if path.is_absolute() else (base / path).resolve())
 
     model = profile.model.model_copy(update={"config": anchor(profile.model.config)})
     data = profile.data.model_copy(update={"source": anchor(profile.data.source)})

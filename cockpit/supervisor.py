@@ -32,7 +32,7 @@ import psutil
 
 from cockpit.control import request_stop
 from cockpit.diagnosis import EndFacts, culprit, describe_exit, diagnose, last_error_line, stall_where
-from cockpit.dsops import interpreter_first
+from cockpit.dsops import ninja_first
 from cockpit.launcher import RUNNER, master_port, runner_options
 from cockpit.profiles import Profile, parse_profile
 from cockpit.ramguard import ram_limit_mib, ram_verdict
@@ -174,7 +174,7 @@ def child_env() -> dict[str, str]:
     waiting unless the user chose otherwise, and this interpreter's folder first on PATH."""
     env = {**CHILD_ENV_UNLESS_SET, **os.environ}
     env.update(CHILD_ENV_DEFAULTS)
-    env["PATH"] = interpreter_first(env.get("PATH", ""))  # one ninja for every op build (dsops)
+    env["PATH"] = ninja_first(env.get("PATH", ""))  # one ninja for every op build (dsops)
     return env
 
 
@@ -296,7 +296,7 @@ class Supervisor:
             self._durable(
                 lambda: self.events.write("stop_request", phase=self.view.phase, step=self.view.step)
             )
-            if self.stage != "train" or self.view.phase in ("starting", "setup", "load"):
+            if self.stage != "train" or self.view.phase in ("starting", "build", "setup", "load"):
                 self._signal_group(
                     signal.SIGTERM
                 )  # nothing to checkpoint (yet): evaluation, or before training

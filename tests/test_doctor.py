@@ -38,7 +38,7 @@ def test_each_check_on_this_machine_tells_the_truth(tmp_path: Path) -> None:
     assert all(c.status in ("ok", "warn", "fail") and c.reason for c in checks.values())
     # The compiler and ninja are reported as they are on PATH here, present or not.
     assert (checks["c++ compiler"].status == "ok") == (shutil.which("c++") is not None)
-    beside_first = dsops.interpreter_first(os.environ.get("PATH", ""))
+    beside_first = dsops.ninja_first(os.environ.get("PATH", ""))
     assert (checks["ninja"].status == "ok") == (shutil.which("ninja", path=beside_first) is not None)
     gpus, why = doctor.nvml_gpus()
     if not gpus:  # this machine: no GPU, NVML says why; the tiny profile needs none
@@ -191,3 +191,33 @@ def test_prebuild_says_what_it_does_and_reports_a_failed_build(
     monkeypatch.setattr(dsops, "build_cpu_adam", broken)
     failed = doctor.prebuild(profile, said.append)
     assert failed.status == "fail" and "ninja not being installed" in failed.reason
+
+
+def test_a_stop_while_building_unwinds_and_restores_the_handler(
+    empty_cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SIGTERM (a stop before training) during an op build raises SystemExit, so torch's build lock is
+    released on the way out (a stale lock would hang every later run); the handler before is restored."""
+    import os
+    import signal
+
+    from trainer.__main__ import build_ops
+
+    if dsops.cpu_adam_state().where == "installed with DeepSpeed":
+        pytest.skip("DeepSpeed was installed with its ops prebuilt")
+    released: list[bool] = []
+
+    def build_then_stopped() -> None:
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+        finally:
+            released.append(True)  # what torch's `finally: baton.release()` gets to do
+
+    monkeypatch.setattr(dsops, "build_cpu_adam", build_then_stopped)
+    monkeypatch.setattr(dsops, "build_shm_comm", lambda: None)
+    before = signal.getsignal(signal.SIGTERM)
+    profile, _ = load_profile("tiny-cpu")
+    with pytest.raises(SystemExit) as stopped:
+        build_ops(profile, lambda name, **f: None)
+    assert stopped.value.code == 128 + signal.SIGTERM and released == [True]
+    assert signal.getsignal(signal.SIGTERM) == before

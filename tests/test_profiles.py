@@ -116,3 +116,5 @@ def test_relative_paths_are_the_files_own_or_where_the_user_stands(
     assert from_set.model.config == str(elsewhere / "cfg" / "config.json")
     kept, _ = load_profile("tiny-cpu", ["data.source=builtin:tiny-tenants", "training.max_steps=3"])
     assert kept.data.source == "builtin:tiny-tenants"
+    home, _ = load_profile("tiny-cpu", ["data.source=~/d.jsonl"])
+    assert home.data.source == str(Path.home() / "d.jsonl")  # expanded, as the trainer reads it

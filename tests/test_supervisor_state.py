@@ -113,22 +113,30 @@ def test_children_wait_passively_unless_the_user_says_otherwise(monkeypatch) -> 
     assert child_env()["OMP_WAIT_POLICY"] == "ACTIVE"
 
 
-def test_children_find_the_tools_beside_their_interpreter_first(monkeypatch) -> None:
-    """Whether or not the environment was activated, a run's op builds see the same ninja: the one in the
-    interpreter's folder (two ninja versions make each other rebuild every op, `dsops.interpreter_first`)."""
+def test_children_find_the_ninja_beside_their_interpreter_first(monkeypatch, tmp_path) -> None:
+    """Whether or not the environment was activated, a run's op builds run the ninja installed beside the
+    interpreter (two ninja versions make each other rebuild every op, `dsops.ninja_first`), through a
+    folder holding only that ninja: no other tool (compiler, nvcc) changes."""
     import os
     import shutil
     import sys
-    from pathlib import Path
 
     from cockpit.supervisor import child_env
 
-    here = str(Path(sys.executable).parent)
-    monkeypatch.setenv("PATH", os.pathsep.join(["/usr/local/bin", "/usr/bin", here, "/bin"]))
+    monkeypatch.setenv("COCKPIT_CACHE", str(tmp_path / "cache"))
+    venv = tmp_path / "venv" / "bin"
+    venv.mkdir(parents=True)
+    (venv / "ninja").write_text("#!/bin/sh\necho 1.13.2\n")
+    (venv / "ninja").chmod(0o755)
+    monkeypatch.setattr(sys, "executable", str(venv / "python"))
+    monkeypatch.setenv("PATH", os.pathsep.join(["/usr/local/bin", "/usr/bin", "/bin"]))
     path = child_env()["PATH"].split(os.pathsep)
-    assert path == [here, "/usr/local/bin", "/usr/bin", "/bin"]
+    assert path[1:] == ["/usr/local/bin", "/usr/bin", "/bin"]  # nothing else moved
+    assert os.listdir(path[0]) == ["ninja"]
+    found = shutil.which("ninja", path=os.pathsep.join(path))
+    assert found is not None and os.path.realpath(found) == str(venv / "ninja")
     monkeypatch.setenv("PATH", child_env()["PATH"])
     assert child_env()["PATH"].split(os.pathsep) == path  # already first: unchanged
-    beside = Path(here) / "ninja"
-    if beside.exists():  # pip's ninja in this environment: the one a child would run
-        assert shutil.which("ninja", path=child_env()["PATH"]) == str(beside)
+    (venv / "ninja").unlink()  # no ninja beside the interpreter: the PATH as it was
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    assert child_env()["PATH"] == "/usr/bin:/bin"

@@ -10,6 +10,7 @@ import argparse
 import contextlib
 import importlib.util
 import os
+import signal
 import sys
 import time
 from collections.abc import Callable
@@ -549,7 +550,18 @@ def build_ops(profile: Profile, phase: Callable[..., None]) -> list[str]:
     def announce(states: list[dsops.OpState]) -> None:
         phase("build", ops=[s.name for s in states], message=dsops.BUILD_NOTE, cache=states[0].where)
 
-    return [state.name for state in dsops.ensure_ops(profile, announce)]
+    def leave(signum: int, _frame: Any) -> None:  # a stop while building: unwind, so torch drops its lock
+        raise SystemExit(128 + signum)
+
+    try:
+        previous = signal.signal(signal.SIGTERM, leave)
+    except ValueError:  # not the main thread: DeepSpeed's own handling
+        previous = None
+    try:
+        return [state.name for state in dsops.ensure_ops(profile, announce)]
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
 
 
 def main(argv: list[str] | None = None) -> int:

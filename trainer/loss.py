@@ -40,15 +40,17 @@ class _LinearCrossEntropy(torch.autograd.Function):
             logits = (hc @ w.t()).float()
             lse = torch.logsumexp(logits, dim=-1)
             total += (lse - logits.gather(1, tc[:, None])[:, 0]).sum()
-            if grad_h is None and grad_w is None:
-                continue
-            probs = logits.sub_(lse[:, None]).exp_()  # softmax, in place of the logits
-            probs[torch.arange(tc.shape[0], device=tc.device), tc] -= 1.0
-            dlogits = probs.to(h.dtype)
-            if grad_h is not None:
-                grad_h[s : s + chunk] = dlogits @ w
-            if grad_w is not None:
-                grad_w += (dlogits.t() @ hc).float()
+            if grad_h is not None or grad_w is not None:
+                probs = logits.sub_(lse[:, None]).exp_()  # softmax, in place of the logits
+                probs[torch.arange(tc.shape[0], device=tc.device), tc] -= 1.0
+                dlogits = probs.to(h.dtype)
+                if grad_h is not None:
+                    grad_h[s : s + chunk] = dlogits @ w
+                if grad_w is not None:
+                    grad_w += (dlogits.t() @ hc).float()
+                del probs, dlogits
+            # freed before the next chunk's logits exist: one chunk alive at a time, not two
+            del logits, lse
         ctx.save_for_backward(*(g for g in (grad_h, grad_w) if g is not None))
         ctx.has = (grad_h is not None, grad_w is not None)
         ctx.weight_dtype = weight.dtype

@@ -227,7 +227,8 @@ def map_rows(table: Table, columns: Any) -> tuple[list[dict[str, Any]], list[int
         split = None
         if m.has["split"]:
             raw = None
-            if row.get(m.names["split"]) is None:  # a JSON Lines column exists once any row has it
+            given = row.get(m.names["split"])
+            if given is None or given == "":  # a JSONL column exists once a row has it; CSV cells are ""
                 m.note(i, "split", SPLIT_ON_SOME, "missing")
             else:
                 raw = m.text(i, row, "split", required=True)

@@ -83,6 +83,7 @@ LOGITS_EXTRA_BYTES = 5.2
 # keeps the derived 2 (recompute, and as much again in gradients), which its own measurements match
 # (experts4bit_h200.md at 1,024 tokens; before-4096 of step_speed: +1%).
 WORKING_LAYERS_FAST = 1.65
+MEASURED_TOKENS = 8192  # the most tokens a micro-batch WORKING_LAYERS_FAST was measured at
 WORKING_LAYERS = 2.0
 
 # The offload modes the planner compares, (offload_param, offload_optimizer) -> name.
@@ -193,6 +194,12 @@ class Setup:
     embeddings_on_gpu: bool = False
     nodes: int = 1  # hosts, each with `gpus` GPUs (hardware.nodes)
     chunked_loss: bool = False  # training.chunked_loss: the logits a chunk of target rows at a time
+    attention: str = ""  # training.attention: "varlen" is the fast path WORKING_LAYERS_FAST was fitted on
+
+    @property
+    def fast_paths(self) -> bool:
+        """The trainer's fast paths, those the working memory was measured on: chunked loss, varlen."""
+        return self.chunked_loss and self.attention == "varlen"
 
     @property
     def keeps_embeddings(self) -> bool:
@@ -446,9 +453,12 @@ def activations(
     act_bytes: int,
     lora_r: int = 0,
     chunked_loss: bool = False,
+    fast_paths: bool | None = None,
 ) -> Activations:
-    """Activation bytes of one micro-batch; `chunked_loss`: the trainer's fast paths (the loss a chunk of
-    rows at a time, fused expert GEMMs), with their measured working memory."""
+    """Activation bytes of one micro-batch; `chunked_loss`: the loss a chunk of rows at a time;
+    `fast_paths` (by default `chunked_loss`): with varlen attention and fused expert GEMMs too, a layer's
+    recompute and backward hold their measured WORKING_LAYERS_FAST, else the derived WORKING_LAYERS."""
+    fast = chunked_loss if fast_paths is None else fast_paths
     g, tokens = geometry, seq_len * micro_batch
     attention = act_bytes * (3 * g.hidden + 3 * g.q_dim + 4 * g.kv_dim + 4 * lora_r) + 8 * g.hidden
     dense = act_bytes * (g.hidden + 4 * g.intermediate)
@@ -463,7 +473,7 @@ def activations(
         logits=chunked_loss_bytes(g, tokens, act_bytes)
         if chunked_loss
         else int(tokens * g.vocab * (act_bytes + LOGITS_EXTRA_BYTES)),
-        working_layers=WORKING_LAYERS_FAST if chunked_loss else WORKING_LAYERS,
+        working_layers=WORKING_LAYERS_FAST if fast else WORKING_LAYERS,
     )
 
 
@@ -665,7 +675,15 @@ def estimate(inputs: Inputs, setup: Setup) -> Estimate:
     w, a = inputs.weights, inputs.assumptions
     g, prec = inputs.geometry, inputs.precision
     n = setup.ranks
-    acts = activations(g, setup.seq_len, setup.micro_batch, prec.act_bytes, inputs.lora_r, setup.chunked_loss)
+    acts = activations(
+        g,
+        setup.seq_len,
+        setup.micro_batch,
+        prec.act_bytes,
+        inputs.lora_r,
+        setup.chunked_loss,
+        setup.fast_paths,
+    )
     lora = lora_params(g, inputs.lora_targets, inputs.lora_r)
     part, pinned, persistent = _partitions(w, setup)
     zero_n = n if setup.stage >= 1 else 1
@@ -673,6 +691,11 @@ def estimate(inputs: Inputs, setup: Setup) -> Estimate:
     baseline = int((a.process_rss_gib_gpu if setup.gpus else a.process_rss_gib_cpu) * GiB)
     ckpt_file = w.checkpoint_bytes
     notes: list[str] = []
+    if setup.fast_paths and setup.seq_len * setup.micro_batch > MEASURED_TOKENS:
+        notes.append(
+            f"a layer's recompute and backward are measured up to {MEASURED_TOKENS:,} tokens a micro-batch "
+            "(benchmarks/fit_memory.py); longer micro-batches are read off that bound, unmeasured"
+        )
 
     load, train = Phase(page_cache=ckpt_file), Phase()
     host_opt = pow2_ceil(opt_bytes) if setup.offload_optimizer == "cpu" else 0

@@ -90,6 +90,7 @@ def setup_for(profile: Profile, hw: Hardware) -> Setup:
         prefetch_layers=ds.prefetch_layers if ds.stage == 3 else 0.0,
         embeddings_on_gpu=ds.embeddings_on_gpu,
         chunked_loss=t.chunked_loss,
+        attention=t.attention,
     )
 
 
@@ -228,6 +229,7 @@ class Plan:
             prec.act_bytes,
             self.inputs.lora_r,
             self.configured.setup.chunked_loss,
+            self.configured.setup.fast_paths,
         )
         w = self.inputs.weights
         layer_name, layer_bytes = w.largest_layer()

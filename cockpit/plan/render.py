@@ -109,7 +109,13 @@ def facts_table(plan: Plan) -> Table:
     s = e.setup
     prec = plan.inputs.precision
     acts = activations(
-        plan.geometry, s.seq_len, s.micro_batch, prec.act_bytes, plan.inputs.lora_r, s.chunked_loss
+        plan.geometry,
+        s.seq_len,
+        s.micro_batch,
+        prec.act_bytes,
+        plan.inputs.lora_r,
+        s.chunked_loss,
+        s.fast_paths,
     )
     lora = plan.lora_params
     table = Table(title="Training state", title_justify="left", show_header=False, box=None, padding=(0, 2))

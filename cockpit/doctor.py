@@ -329,7 +329,9 @@ def _plan_figures(profile: Profile) -> tuple[Check, dict[str, Any] | None, bool 
     on = f"{hw.gpus} x {hw.gpu_name or 'GPU'}" if hw.gpus else "the CPU"
     if hw.nodes > 1:
         on = f"{hw.nodes} nodes of {on}"
-    where = f"on {on}, {hw.host_ram_gib:,.0f} GiB of host RAM (the profile's hardware, completed from here)"
+    here = [k for k, v in hw.source.items() if v == "this machine"]
+    whose = f"{', '.join(here)} from this machine" if here else "the profile's hardware"
+    where = f"on {on}, {hw.host_ram_gib:,.0f} GiB of host RAM ({whose})"
     return Check("plan", status, f"{verdict}; {where}"), plan.to_dict(), plan.geometry.is_moe
 
 

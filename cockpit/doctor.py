@@ -364,7 +364,7 @@ def examine(profile: Profile, runs_dir: Path, source: str = "") -> Examination:
     unbuilt = dsops.needs_cpu_adam(profile) and not (state is not None and state.built)
     checks.append(check_cpu_adam(profile, state, error))
     try:
-        shm_state = dsops.shm_comm_state()
+        shm_state = dsops.shm_comm_state() if profile.hardware.gpus == 0 else None  # a run on the CPU
         shm = check_shm_comm(shm_state)
         unbuilt = unbuilt or (shm_state is not None and shm_state.compatible and not shm_state.built)
     except Exception as exc:  # DeepSpeed cannot say: the CPU Adam check above says so already

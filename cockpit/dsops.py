@@ -123,11 +123,12 @@ def op_state(builder: Any) -> OpState:
 
 def run_ops(profile: Profile) -> list[tuple[Callable[[], OpState | None], Callable[[], None]]]:
     """(state, build) of each op a run of `profile` compiles here: CPU Adam when the optimizer state is
-    offloaded, the shared-memory communication op on the CPU accelerator."""
+    offloaded, and for a run on the CPU (`hardware.gpus = 0`) the CPU accelerator's shared-memory op."""
     ops: list[tuple[Callable[[], OpState | None], Callable[[], None]]] = []
     if needs_cpu_adam(profile):
         ops.append((cpu_adam_state, build_cpu_adam))
-    ops.append((shm_comm_state, build_shm_comm))
+    if profile.hardware.gpus == 0:
+        ops.append((shm_comm_state, build_shm_comm))
     return ops
 
 

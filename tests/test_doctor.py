@@ -221,3 +221,12 @@ def test_a_stop_while_building_unwinds_and_restores_the_handler(
         build_ops(profile, lambda name, **f: None)
     assert stopped.value.code == 128 + signal.SIGTERM and released == [True]
     assert signal.getsignal(signal.SIGTERM) == before
+
+
+def test_the_shm_op_belongs_to_runs_on_the_cpu() -> None:
+    """The CPU accelerator's shared-memory op is built and checked for a run on the CPU only; a GPU
+    profile examined on a CPU host neither builds nor reports it."""
+    cpu, _ = load_profile("tiny-cpu")
+    gpu, _ = load_profile("tiny-cpu", ["hardware.gpus=1", 'deepspeed.offload_optimizer="none"'])
+    assert [build for _, build in dsops.run_ops(cpu)] == [dsops.build_cpu_adam, dsops.build_shm_comm]
+    assert dsops.run_ops(gpu) == []

@@ -54,19 +54,8 @@ def planned(row: Any) -> Any:
 
 def needed_working_layers(row: Any, measured_gib: float) -> float:
     """The working-layer factor under which this row's plan equals its measured peak."""
-    from cockpit.plan.model import activations
-
     e, inputs, _ = planned(row)
-    s = e.setup
-    acts = activations(
-        inputs.geometry,
-        s.seq_len,
-        s.micro_batch,
-        inputs.precision.act_bytes,
-        inputs.lora_r,
-        s.chunked_loss,
-        s.fast_paths,
-    )
+    acts = inputs.activations(e.setup)
     rest = sum(e.train.gpu.values()) - e.train.gpu["layer recompute + backward"]
     return (measured_gib * GiB - rest) / acts.layer_saved
 

@@ -453,12 +453,11 @@ def activations(
     act_bytes: int,
     lora_r: int = 0,
     chunked_loss: bool = False,
-    fast_paths: bool | None = None,
+    fast_paths: bool = False,
 ) -> Activations:
     """Activation bytes of one micro-batch; `chunked_loss`: the loss a chunk of rows at a time;
-    `fast_paths` (by default `chunked_loss`): with varlen attention and fused expert GEMMs too, a layer's
-    recompute and backward hold their measured WORKING_LAYERS_FAST, else the derived WORKING_LAYERS."""
-    fast = chunked_loss if fast_paths is None else fast_paths
+    `fast_paths` (`Setup.fast_paths`): a layer's recompute and backward hold their measured
+    WORKING_LAYERS_FAST, else the derived WORKING_LAYERS."""
     g, tokens = geometry, seq_len * micro_batch
     attention = act_bytes * (3 * g.hidden + 3 * g.q_dim + 4 * g.kv_dim + 4 * lora_r) + 8 * g.hidden
     dense = act_bytes * (g.hidden + 4 * g.intermediate)
@@ -473,7 +472,7 @@ def activations(
         logits=chunked_loss_bytes(g, tokens, act_bytes)
         if chunked_loss
         else int(tokens * g.vocab * (act_bytes + LOGITS_EXTRA_BYTES)),
-        working_layers=WORKING_LAYERS_FAST if fast else WORKING_LAYERS,
+        working_layers=WORKING_LAYERS_FAST if fast_paths else WORKING_LAYERS,
     )
 
 
@@ -570,6 +569,18 @@ class Inputs:
     @cached_property
     def weights(self) -> Weights:
         return Weights.of(self.geometry, self.precision)
+
+    def activations(self, setup: Setup) -> Activations:
+        """One micro-batch's activations in `setup` (its length, rows, loss and paths)."""
+        return activations(
+            self.geometry,
+            setup.seq_len,
+            setup.micro_batch,
+            self.precision.act_bytes,
+            self.lora_r,
+            setup.chunked_loss,
+            setup.fast_paths,
+        )
 
     def with_experts_4bit(self, on: bool) -> Inputs:
         return replace(self, precision=replace(self.precision, experts_4bit=on))
@@ -675,15 +686,7 @@ def estimate(inputs: Inputs, setup: Setup) -> Estimate:
     w, a = inputs.weights, inputs.assumptions
     g, prec = inputs.geometry, inputs.precision
     n = setup.ranks
-    acts = activations(
-        g,
-        setup.seq_len,
-        setup.micro_batch,
-        prec.act_bytes,
-        inputs.lora_r,
-        setup.chunked_loss,
-        setup.fast_paths,
-    )
+    acts = inputs.activations(setup)
     lora = lora_params(g, inputs.lora_targets, inputs.lora_r)
     part, pinned, persistent = _partitions(w, setup)
     zero_n = n if setup.stage >= 1 else 1

@@ -22,7 +22,6 @@ from cockpit.plan.model import (
     Inputs,
     Precision,
     Setup,
-    activations,
     estimate,
     lora_params,
 )
@@ -222,15 +221,7 @@ class Plan:
 
     def to_dict(self) -> dict[str, Any]:
         g, hw, prec = self.geometry, self.hardware, self.inputs.precision
-        acts = activations(
-            g,
-            self.configured.setup.seq_len,
-            self.configured.setup.micro_batch,
-            prec.act_bytes,
-            self.inputs.lora_r,
-            self.configured.setup.chunked_loss,
-            self.configured.setup.fast_paths,
-        )
+        acts = self.inputs.activations(self.configured.setup)
         w = self.inputs.weights
         layer_name, layer_bytes = w.largest_layer()
         return {

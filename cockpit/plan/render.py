@@ -7,7 +7,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from cockpit.plan.model import Estimate, GiB, activations
+from cockpit.plan.model import Estimate, GiB
 from cockpit.plan.planner import Plan
 from cockpit.plan.units import common_unit, size
 
@@ -107,16 +107,7 @@ def weights_table(plan: Plan) -> Table:
 def facts_table(plan: Plan) -> Table:
     e, w = plan.configured, plan.inputs.weights
     s = e.setup
-    prec = plan.inputs.precision
-    acts = activations(
-        plan.geometry,
-        s.seq_len,
-        s.micro_batch,
-        prec.act_bytes,
-        plan.inputs.lora_r,
-        s.chunked_loss,
-        s.fast_paths,
-    )
+    acts = plan.inputs.activations(s)
     lora = plan.lora_params
     table = Table(title="Training state", title_justify="left", show_header=False, box=None, padding=(0, 2))
     table.add_column(style="bold")

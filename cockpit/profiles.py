@@ -547,33 +547,31 @@ def load_profile(
 ANCHORED = (("model", "config"), ("data", "source"), ("launcher", "hostfile"))  # relative paths resolved
 
 
+def _anchored(value: str, base: Path) -> str:
+    """A path field's value made absolute against `base` (`~` expanded); empty and built-in ones kept."""
+    if not value or value.startswith(BUILTIN_PREFIX):
+        return value
+    path = Path(value).expanduser()
+    return str(path if path.is_absolute() else (base / path).resolve())
+
+
 def anchor_set_paths(data: dict[str, Any], overrides: list[str], cwd: Path) -> None:
     """Paths given on the command line are where the user stands: made absolute against `cwd` (the file's
     own stay relative to the file, `_anchor_paths`)."""
     given = {tuple(item.partition("=")[0].strip().split(".")) for item in overrides}
     for section, key in ANCHORED:
         node = data.get(section)
-        value = node.get(key) if isinstance(node, dict) else None
-        if (section, key) not in given or not isinstance(value, str) or not value:
-            continue
-        if not value.startswith(BUILTIN_PREFIX):
-            path = Path(value).expanduser()
-            node[key] = str(path if path.is_absolute() else (cwd / path).resolve())
+        if (section, key) in given and isinstance(node, dict) and isinstance(node.get(key), str):
+            node[key] = _anchored(node[key], cwd)
 
 
 def _anchor_paths(profile: Profile, base: Path) -> Profile:
     """The file's relative paths (ANCHORED) made absolute against its folder."""
-
-    def anchor(value: str) -> str:
-        if not value or value.startswith(BUILTIN_PREFIX):
-            return value
-        path = Path(value).expanduser()
-        return str(path if path.is_absolute() else (base / path).resolve())
-
-    model = profile.model.model_copy(update={"config": anchor(profile.model.config)})
-    data = profile.data.model_copy(update={"source": anchor(profile.data.source)})
-    launcher = profile.launcher.model_copy(update={"hostfile": anchor(profile.launcher.hostfile)})
-    return profile.model_copy(update={"model": model, "data": data, "launcher": launcher})
+    update = {}
+    for section, key in ANCHORED:
+        part = getattr(profile, section)
+        update[section] = part.model_copy(update={key: _anchored(getattr(part, key), base)})
+    return profile.model_copy(update=update)
 
 
 def check_runnable(profile: Profile, source: str) -> None:

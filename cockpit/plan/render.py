@@ -350,13 +350,13 @@ def experts_text(plan: Plan) -> Text | None:
             "[bold yellow]Experts: left in 16 bit[/] (Transformers 5 fuses them into 3-D parameters that "
             "bitsandbytes does not quantize; quantization.quantize_experts = false). In 4 bit instead, "
         )
-    pairs = [("weights", _gb(other), _gb(mine))]
+    pairs = [("weights", _gb(other), _gb(mine), "")]  # what, theirs, ours, theirs' unit
     if alt.load.gpu_peak or e.load.gpu_peak:  # a CPU plan has no GPU to load onto
-        pairs.append(("GPU at load", size(alt.load.gpu_peak), size(e.load.gpu_peak)))
-    pairs.append(("host in training", size(alt.train.host_peak), size(e.train.host_peak)))
+        pairs.append(("GPU at load", size(alt.load.gpu_peak), size(e.load.gpu_peak), ""))
+    pairs.append(("host in training", size(alt.train.host_peak), size(e.train.host_peak), ""))
     if alt.transfer_s is not None and e.transfer_s is not None:
-        pairs.append(("host-to-device", f"{alt.transfer_s:.2f} s/step", f"{e.transfer_s:.2f}"))
-    parts = [f"{what} {theirs} instead of {ours}" for what, theirs, ours in pairs if theirs != ours]
+        pairs.append(("host-to-device", f"{alt.transfer_s:.2f}", f"{e.transfer_s:.2f}", " s/step"))
+    parts = [f"{what} {theirs}{u} instead of {ours}" for what, theirs, ours, u in pairs if theirs != ours]
     found = plan.alt_found
     if found and found.best is not None:
         parts.append(f"fastest that fits: {found.best.setup.describe()}")

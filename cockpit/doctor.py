@@ -198,7 +198,7 @@ def check_shm_comm(state: dsops.OpState | None) -> Check | None:
     if state is None:
         return None
     name = "DeepSpeed shm op"
-    if state.built or not state.compatible:
+    if not state.due:
         return Check(name, "ok" if state.built else "warn", state.describe, asdict(state))
     return Check(
         name,
@@ -216,16 +216,16 @@ def prebuild(profile: Profile, progress: Callable[[str], None], every_s: float =
     done = threading.Event()
     t0 = time.monotonic()
 
-    ticker = threading.Thread(target=lambda: tick(), daemon=True)
+    def tick() -> None:
+        while not done.wait(every_s):
+            progress(f"  still building ({time.monotonic() - t0:.0f} s)")
+
+    ticker = threading.Thread(target=tick, daemon=True)
 
     def announce(states: list[dsops.OpState]) -> None:
         names = ", ".join(s.name for s in states)
         progress(f"building {names} into {Path(states[0].where).parent} (about 2 minutes the first time) ...")
         ticker.start()
-
-    def tick() -> None:
-        while not done.wait(every_s):
-            progress(f"  still building ({time.monotonic() - t0:.0f} s)")
 
     try:
         built = dsops.ensure_ops(profile, announce)
@@ -364,9 +364,9 @@ def examine(profile: Profile, runs_dir: Path, source: str = "") -> Examination:
     unbuilt = dsops.needs_cpu_adam(profile) and not (state is not None and state.built)
     checks.append(check_cpu_adam(profile, state, error))
     try:
-        shm_state = dsops.shm_comm_state() if profile.hardware.gpus == 0 else None  # a run on the CPU
+        shm_state = dsops.shm_comm_state() if dsops.needs_shm_comm(profile) else None
         shm = check_shm_comm(shm_state)
-        unbuilt = unbuilt or (shm_state is not None and shm_state.compatible and not shm_state.built)
+        unbuilt = unbuilt or (shm_state is not None and shm_state.due)
     except Exception as exc:  # DeepSpeed cannot say: the CPU Adam check above says so already
         shm = Check("DeepSpeed shm op", "warn", f"cannot ask DeepSpeed: {type(exc).__name__}: {exc}")
     if shm is not None:

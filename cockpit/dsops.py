@@ -35,6 +35,11 @@ class OpState:
     reason: str = ""  # why it is not compatible
 
     @property
+    def due(self) -> bool:
+        """Not built yet, and buildable here: a run compiles it first."""
+        return not self.built and self.compatible
+
+    @property
     def describe(self) -> str:
         if self.built:
             return f"{self.name} built ({self.where})"
@@ -74,6 +79,12 @@ def ninja_first(path: str) -> str:
 def needs_cpu_adam(profile: Profile) -> bool:
     """DeepSpeed runs its own CPU Adam whenever the optimizer state is offloaded (cpu or nvme)."""
     return profile.deepspeed.offload_optimizer != "none"
+
+
+def needs_shm_comm(profile: Profile) -> bool:
+    """A run on the CPU (`hardware.gpus = 0`) starts DeepSpeed's communication on the CPU accelerator,
+    which loads its shared-memory op."""
+    return profile.hardware.gpus == 0
 
 
 def extensions_dir(name: str) -> Path:
@@ -127,7 +138,7 @@ def run_ops(profile: Profile) -> list[tuple[Callable[[], OpState | None], Callab
     ops: list[tuple[Callable[[], OpState | None], Callable[[], None]]] = []
     if needs_cpu_adam(profile):
         ops.append((cpu_adam_state, build_cpu_adam))
-    if profile.hardware.gpus == 0:
+    if needs_shm_comm(profile):
         ops.append((shm_comm_state, build_shm_comm))
     return ops
 
@@ -136,8 +147,7 @@ def ensure_ops(profile: Profile, before: Callable[[list[OpState]], None] | None 
     """Build the ops a run of `profile` compiles that are not built yet and can be (an incompatible op
     fails in DeepSpeed, with its own words); `before` hears of them once, before the first build.
     Returns the states of the ops it built."""
-    todo = [(state, build) for get, build in run_ops(profile) if (state := get()) is not None]
-    todo = [(state, build) for state, build in todo if not state.built and state.compatible]
+    todo = [(state, build) for get, build in run_ops(profile) if (state := get()) is not None and state.due]
     if todo and before is not None:
         before([state for state, _ in todo])
     for _, build in todo:

@@ -39,6 +39,13 @@ OUT_OF_SAMPLE = (
     "after-4096-mb2",
     "story-4096-ga8",
     "story-offload-prefetch3-4096-ga8",
+    # measured after the fit was made: the story profile's step as it now ships, and a deeper offload slice
+    "story-4096-mb4-ga2",
+    "story-offload-prefetch3-4096-mb2-ga4",
+    "story-offload-prefetch3-4096-mb4-ga2",
+    "story-offload-prefetch3-4096-mb4-ga2-8L",
+    "story-offload-prefetch3-4096-ga8-again",
+    "offload-prefetch3-4096-16L",
 )
 
 

@@ -155,7 +155,9 @@ def compare(result: dict[str, Any], terms: tuple[Any, Any] = (None, None)) -> li
 
 def table(results: dict[str, dict[str, Any]], note: str, terms: dict[str, Any] | None = None) -> str:
     out = [
-        "# Rehearsal accuracy: the deepest slice predicted from depths 1 and 2 (out of sample)",
+        "# Rehearsal accuracy: the deepest slice predicted from depths "
+        + ", ".join(map(str, FIT_DEPTHS[:-1]))
+        + f" and {FIT_DEPTHS[-1]} (out of sample)",
         "",
         note,
         "",
@@ -175,7 +177,9 @@ def table(results: dict[str, dict[str, Any]], note: str, terms: dict[str, Any] |
             total += 1
             cells.append(f"{row['predicted']:.3g} / {row['measured']:.3g} ({row['error']:+.0%}){flag}")
         inside += ok
-        depth = next((r["depth"] for r in rows if r["depth"]), "-")
+        depth = next((r["depth"] for r in rows if r["depth"]), None)
+        if depth is None:  # no depth beyond the fitted ones: nothing to check
+            continue
         out.append(
             f"| {config} (depth {depth}) | "
             + " | ".join(cells)
@@ -185,7 +189,30 @@ def table(results: dict[str, dict[str, Any]], note: str, terms: dict[str, Any] |
     return "\n".join(out) + "\n"
 
 
+def merged(files: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Configurations of several results: each configuration's depths from the first file that has them."""
+    out: dict[str, dict[str, Any]] = {}
+    for result in files:
+        for config, run in result.items():
+            have = out.setdefault(config, {"run_dir": run.get("run_dir", ""), "measures": []})
+            known = {m["layers"] for m in have["measures"]}
+            have["measures"] += [m for m in run["measures"] if m["layers"] not in known]
+            have["measures"].sort(key=lambda m: m["layers"])
+    return out
+
+
+def _accumulation(profile_name: str) -> str:
+    """How the depths' gradient accumulation (always 2) stands to the profile's own."""
+    from cockpit.profiles import load_profile
+
+    own = load_profile(profile_name)[0].training.grad_accum
+    if own == 2:
+        return "gradient accumulation 2 (the profile's own)"
+    return f"gradient accumulation 2 (the profile's {own} would make the depth runs too long)"
+
+
 def main(argv: list[str] | None = None) -> int:
+    global FIT_DEPTHS
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -199,7 +226,17 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--runs-dir", type=Path, default=Path("/tmp/rehearsal-accuracy-runs"))
     parser.add_argument(
-        "--merge", type=Path, help="an earlier rehearsal_accuracy.json: its configurations are kept"
+        "--merge",
+        type=Path,
+        action="append",
+        default=[],
+        help="an earlier rehearsal_accuracy.json: its configurations are kept (repeatable: a later file's "
+        "depths join those of the same configuration it lacks)",
+    )
+    parser.add_argument(
+        "--fit-depths",
+        default="1,2",
+        help="the depths the models are fitted on (default 1,2); the deepest other depth is predicted",
     )
     args = parser.parse_args(argv)
     gpu = not args.cpu
@@ -209,7 +246,8 @@ def main(argv: list[str] | None = None) -> int:
 
         print(f"DeepSpeed ops ready ({prepare_ops(profile_name)} s spent building)", flush=True)
     deadline = time.time() + args.budget_s
-    results: dict[str, dict[str, Any]] = json.loads(args.merge.read_text()) if args.merge else {}
+    FIT_DEPTHS = tuple(int(d) for d in args.fit_depths.split(","))
+    results = merged([json.loads(path.read_text()) for path in args.merge])
     for config in filter(None, args.configs.split(",")):  # --configs "" --merge F: report F again
         t0 = time.time()
         depths = tuple(int(d) for d in args.depths.split(","))
@@ -218,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{config}: depths {done} in {time.time() - t0:.0f} s", flush=True)
     note = (
         f"Profile {profile_name}, random weights, {STEPS} steps a depth (median of the last {STEPS - 2}), "
-        "gradient accumulation 2 (the profile's 8 would make 12 depth runs too long), one GPU."
+        f"{_accumulation(profile_name)}, one GPU."
         if gpu
         else "The tiny profile on the CPU (a smoke test of the method, not a claim)."
     )

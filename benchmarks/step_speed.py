@@ -19,12 +19,14 @@ a step (from the profile) over the pinned bandwidth this script measures.
     python benchmarks/step_speed.py --rows after-4096,before-4096
     python benchmarks/step_speed.py --cpu              # the tiny profile on the CPU: a smoke test
 
-Left to run (issue 11), one call of about 8 minutes:
-`--rows offload-prefetch3-4096-16L,offload-prefetch3-4096-prof,offload-prefetch3-4096-16L-prof,
-offload-prefetch3-4096-8L-prof --merge benchmarks/results/step_speed_h200.json`: the per-layer offload
-cost at 16 layers against the line of depths 4 and 8 (out of sample), and the copied bytes (the floor)
-of the story's prefetch-3 settings at 4, 8 and 16 layers. DeepSpeed's CPU Adam is built before the
-first timed offload row (about 2 minutes on a fresh machine).
+Last runs (one device call each, merged into step_speed_h200.json with `--merge`):
+`--rows story-offload-prefetch3-4096-mb2-ga4,story-offload-prefetch3-4096-mb4-ga2,story-4096-mb4-ga2,
+story-offload-prefetch3-4096-ga8-again,story-offload-prefetch3-4096-mb4-ga2-8L,offload-prefetch3-4096-16L,
+offload-prefetch3-4096-prof --merge benchmarks/results/step_speed_h200.json --budget-s 330` (7 min), then
+`--rows overhead-ab-story,overhead-bare-story-1,overhead-full-story-1,overhead-bare-story-2,
+overhead-full-story-2` (4 min). DeepSpeed's CPU Adam is built before the first timed offload row (about
+a minute on a fresh machine). Not yet run: the 8- and 16-layer offload rows profiled for their copied
+bytes (`offload-prefetch3-4096-8L-prof`, `offload-prefetch3-4096-16L-prof`).
 
 Writes step_speed.md and step_speed.json under $OUT (else benchmarks/results/).
 """
@@ -192,6 +194,41 @@ def gpu_rows() -> list[Row]:
         Row("story-offload-prefetch2-4096-ga8", 4, 4096, ga=8, offload=True, steps=7, extra=PREFETCH2),
         Row("story-offload-prefetch3-4096-ga8", 4, 4096, ga=8, offload=True, steps=7, extra=PREFETCH3),
         Row("offload-prefetch3-4096-8L", 8, 4096, offload=True, steps=10, extra=PREFETCH3),
+        # The story's optimizer step (32,768 tokens) in fewer, larger micro-batches: with offload every
+        # layer crosses the link twice a micro-batch, so 4 rows a micro-batch copy a quarter as often.
+        Row(
+            "story-offload-prefetch3-4096-mb2-ga4",
+            4,
+            4096,
+            mb=2,
+            ga=4,
+            offload=True,
+            steps=7,
+            extra=PREFETCH3,
+        ),
+        Row(
+            "story-offload-prefetch3-4096-mb4-ga2",
+            4,
+            4096,
+            mb=4,
+            ga=2,
+            offload=True,
+            steps=7,
+            extra=PREFETCH3,
+        ),
+        Row("story-4096-mb4-ga2", 4, 4096, mb=4, ga=2, steps=9),
+        # the 1-row story step again, in the same session as the rows above (run-to-run spread ~8%)
+        Row("story-offload-prefetch3-4096-ga8-again", 4, 4096, ga=8, offload=True, steps=7, extra=PREFETCH3),
+        Row(
+            "story-offload-prefetch3-4096-mb4-ga2-8L",
+            8,
+            4096,
+            mb=4,
+            ga=2,
+            offload=True,
+            steps=6,
+            extra=PREFETCH3,
+        ),
         # Profiled for their copied bytes (the floor) at 4, 8 and 16 layers; 16 is out of the fit's sample.
         Row("offload-prefetch3-4096-16L", 16, 4096, offload=True, steps=10, extra=PREFETCH3),
         Row(
@@ -240,6 +277,22 @@ def gpu_rows() -> list[Row]:
         # The cockpit's cost, interleaved so that drift between runs falls on both sides.
         *(
             Row(f"overhead-{kind}-{i}", 4, 4096, steps=40, bare=kind == "bare", telemetry=kind == "full")
+            for i in (1, 2)
+            for kind in ("bare", "full")
+        ),
+        # The same at the story profile's settings (4 x 4096 a micro-batch, 2 an optimizer step).
+        Row("overhead-ab-story", 4, 4096, mb=4, ga=2, steps=53, ab_block=5, telemetry=True),
+        *(
+            Row(
+                f"overhead-{kind}-story-{i}",
+                4,
+                4096,
+                mb=4,
+                ga=2,
+                steps=25,
+                bare=kind == "bare",
+                telemetry=kind == "full",
+            )
             for i in (1, 2)
             for kind in ("bare", "full")
         ),
@@ -743,12 +796,29 @@ def loss_comparison(rows: list[Row]) -> list[str]:
     return lines
 
 
+OVERHEAD_SETS = (
+    ("", "4096 tokens a micro-batch, one an optimizer step"),
+    ("-story", "the story profile's step: 4 rows of 4096 tokens a micro-batch, 2 micro-batches"),
+)
+
+
 def overhead(rows: list[Row]) -> list[str]:
     """The cockpit's cost: median time between step ends with its callbacks and sampler against a bare
-    trainer, the same clock in both (`overhead-*` rows: interleaved bare and full runs)."""
+    trainer, the same clock in both (`overhead-*` rows: interleaved bare and full runs), per setting."""
     by = {r.name: r.result for r in rows}
     lines = []
-    ab = by.get("overhead-ab", {}).get("ab")
+    for tag, setting in OVERHEAD_SETS:
+        block = _overhead_lines(by, tag)
+        if block:
+            lines += [f"- {setting}:", *(f"  {line}" for line in block)]
+    if not lines:
+        return []
+    return ["", "The cockpit's own cost (step callbacks, step events and the telemetry sampler):", *lines]
+
+
+def _overhead_lines(by: dict[str, dict[str, Any]], tag: str) -> list[str]:
+    lines = []
+    ab = by.get(f"overhead-ab{tag}", {}).get("ab")
     if ab:
         lines += [
             f"- one process, callbacks on and off in alternating blocks of steps (sampler on throughout): "
@@ -758,8 +828,8 @@ def overhead(rows: list[Row]) -> list[str]:
         ]
     pairs = []
     for i in range(1, 10):
-        bare = by.get(f"overhead-bare-{i}", {}).get("clock_step_s")
-        full = by.get(f"overhead-full-{i}", {}).get("clock_step_s")
+        bare = by.get(f"overhead-bare{tag}-{i}", {}).get("clock_step_s")
+        full = by.get(f"overhead-full{tag}-{i}", {}).get("clock_step_s")
         if bare and full:
             pairs.append((bare, full))
     lines += [
@@ -775,9 +845,7 @@ def overhead(rows: list[Row]) -> list[str]:
         )
         spread = max(abs(b / pairs[0][0] - 1) for b, _ in pairs)
         lines.append(f"- run-to-run spread of the bare runs: {spread:.2%}")
-    if not lines:
-        return []
-    return ["", "The cockpit's own cost (step callbacks, step events and the telemetry sampler):", *lines]
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:

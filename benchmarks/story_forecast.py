@@ -1,13 +1,16 @@
 """The story's whole run predicted from depths measured on an H200: rehearsal figures, scaled to 4 x H100.
 
-Reads the depth measurements `benchmarks/rehearsal_accuracy.py` made (the story's architecture at 1, 2
-and 4 layers, random weights, one H200) and predicts the whole 94-layer run on the story profile's own
-machine (4 x H100-80GB) with `cockpit.rehearse.predict.forecast`, every assumption printed. The step
-count comes from the profile's data (3,600 examples of about 2,000 tokens, two epochs: an assumption,
-the data file is not here) and the settings the depths ran with (gradient accumulation 2). Beside it:
-what `cockpit plan` says for the same profile, and the story's 26 hours. No GPU needed.
+Reads the depth measurements `benchmarks/rehearsal_accuracy.py` made (the story's architecture at 1, 2,
+4, 8 and 16 layers (16 with offload only), random weights, one H200, the story profile as shipped: 4
+packed rows of 4096 tokens a micro-batch, gradient accumulation 2, 3 layers prefetched) and predicts the
+whole 94-layer run on the story profile's own machine (4 x H100-80GB) with
+`cockpit.rehearse.predict.forecast`, every assumption printed. The step count comes from the profile's
+data (3,600 examples of about 2,000 tokens, two epochs: an assumption, the data file is not here).
+Beside it: what `cockpit plan` says for the same profile, and the story's 26 hours. No GPU needed.
 
-    python benchmarks/story_forecast.py [--measured benchmarks/results/rehearsal_accuracy_h200.json]
+    python benchmarks/story_forecast.py [--measured F.json ...]
+
+Depths measured with other settings need those settings again: `--set training.grad_accum=2 ...`.
 """
 
 from __future__ import annotations
@@ -23,6 +26,12 @@ sys.path.insert(0, str(ROOT))
 
 STORY = "qwen3-235b-a22b-thinking-4xh100"
 CONFIGS = {"nf4-offload": ("true", "cpu"), "nf4-none": ("true", "none")}
+# A device call each (benchmarks/rehearsal_accuracy.py --depths 1,2,D, D = 4, 8, 16): 1 and 2 from the first
+MEASURED = (
+    "rehearsal_accuracy_mb4_h200.json",
+    "rehearsal_accuracy_mb4_depth8_h200.json",
+    "rehearsal_accuracy_mb4_depth16_h200.json",
+)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -38,10 +47,22 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument(
-        "--measured", type=Path, default=ROOT / "benchmarks/results/rehearsal_accuracy_h200.json"
+        "--measured",
+        type=Path,
+        action="append",
+        help="rehearsal_accuracy results (repeatable: depths missing from the first are taken from the "
+        "next); default: the story profile's depths 1, 2, 4, 8 and 16 (" + ", ".join(MEASURED) + ")",
+    )
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a profile override the measured depths ran with (repeatable)",
     )
     args = parser.parse_args(argv)
-    measured = json.loads(args.measured.read_text())
+    files = args.measured or [ROOT / "benchmarks/results" / name for name in MEASURED]
+    measured = [json.loads(path.read_text()) for path in files]
     console = Console(record=True, width=150)
     summary = {}
     for config, (experts, offload) in CONFIGS.items():
@@ -49,15 +70,15 @@ def main(argv: list[str] | None = None) -> int:
             f"quantization.quantize_experts={experts}",
             f'deepspeed.offload_param="{offload}"',
             f'deepspeed.offload_optimizer="{offload}"',
-            "training.grad_accum=2",  # as the depths were measured
-            # ... and with the trainer's fetch of then: 1 layer prefetched, the embeddings on the host
-            # (benchmarks/rehearsal_accuracy.py ran before trainer/zero3_fetch.py; 30% slower offload steps)
-            "deepspeed.prefetch_layers=1",
-            "deepspeed.embeddings_on_gpu=false",
+            *args.set,  # the settings the depths ran with, where they were not the profile's
         ]
         profile, _ = load_profile(STORY, overrides)
         plan = build_plan(profile).to_dict()
-        measures = [DepthMeasure.from_dict(m) for m in measured[config]["measures"]]
+        by_depth: dict[int, DepthMeasure] = {}
+        for result in measured:
+            for m in map(DepthMeasure.from_dict, result.get(config, {}).get("measures", [])):
+                by_depth.setdefault(m.layers, m)
+        measures = [by_depth[d] for d in sorted(by_depth)]
         scaling = Scaling(1, "NVIDIA H200", 4, "H100-80GB", 80, 960, 1.0, 55.5, 55.0, 150.0, 2.0)
         result = forecast(measures, profile, plan, scaling)
         data = result.to_dict()

@@ -143,8 +143,8 @@ def cmd_rehearse(args: argparse.Namespace) -> int:
         status = load_manifest_status(run_dir)
     else:
         launch = lifecycle.start_rehearsal(
-            _runs_dir(args), args.profile, args.overrides, _depths(args.layers), args.steps, args.gpus,
-            list(sys.argv),
+            _runs_dir(args), args.profile, args.overrides,
+            None if args.layers is None else _depths(args.layers), args.steps, args.gpus, list(sys.argv),
         )  # fmt: skip
         run_dir = launch.run_dir
         console.print(f"rehearsal [bold]{run_dir.name}[/] started; record: {run_dir}")
@@ -796,7 +796,11 @@ def build_parser() -> argparse.ArgumentParser:
     from cockpit.rehearse.measure import DEFAULT_LAYERS, DEFAULT_STEPS, WARMUP_STEPS
 
     depths = ",".join(map(str, DEFAULT_LAYERS))
-    rehearse.add_argument("--layers", default=depths, help=f"depths to measure (default {depths})")
+    rehearse.add_argument(
+        "--layers",
+        help=f"depths to measure (default {depths}; with parameter offload also the prefetch window and "
+        "twice it, where they fit: 1,2,4,8 for 3 layers prefetched)",
+    )
     rehearse.add_argument(
         "--steps",
         type=whole(WARMUP_STEPS + 1),

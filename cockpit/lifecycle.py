@@ -123,19 +123,22 @@ def start_rehearsal(
     runs_dir: Path,
     profile_ref: str,
     overrides: Sequence[str],
-    layers: Sequence[int],
+    layers: Sequence[int] | None,
     steps: int,
     gpus: int | None,
     argv: list[str],
 ) -> Launch:
     """A rehearsal: the profile's architecture sliced to each depth, random weights, on the GPUs at hand.
 
-    Refused before anything loads (`LifecycleError`) when a depth's slice does not fit this machine,
-    when the model's config.json is not here, or when the loader cannot take random weights.
+    `layers` None: the profile's default depths (`cockpit.rehearse.predict.default_depths`), those past
+    the prefetch window left out where they would not fit here. Refused before anything loads
+    (`LifecycleError`) when a depth's slice does not fit this machine, when the model's config.json is
+    not here, or when the loader cannot take random weights.
     """
     from cockpit.plan.planner import PlanError, resolve_geometry
     from cockpit.profiles import profile_to_dict
-    from cockpit.rehearse.measure import WARMUP_STEPS
+    from cockpit.rehearse.measure import DEFAULT_LAYERS, WARMUP_STEPS
+    from cockpit.rehearse.predict import default_depths
     from cockpit.rehearse.run import RehearsalError, preflight, rehearsal_profile
 
     profile, path = load_profile(profile_ref, list(overrides))
@@ -148,7 +151,7 @@ def start_rehearsal(
         raise LifecycleError(
             f'{path}: model.loader: a rehearsal needs the layer-by-layer loader ("layerwise")'
         )
-    depths = sorted(set(layers))
+    depths = sorted(set(layers or DEFAULT_LAYERS))
     if len(depths) < 2 or depths[0] < 1:
         raise LifecycleError(
             f"--layers {','.join(map(str, layers))}: two different depths of at least one layer are needed "
@@ -166,6 +169,13 @@ def start_rehearsal(
         geometry = resolve_geometry(profile)
     except PlanError as exc:  # no config.json to plan from
         raise LifecycleError(f"{path}: {exc}") from None
+    if layers is None:
+        deeper = default_depths(profile, geometry.layers)
+        try:
+            preflight(here, geometry, deeper)
+            depths = deeper
+        except RehearsalError:
+            pass  # the defaults' own check below says whether even those fit
     if depths[-1] > geometry.layers:
         raise LifecycleError(
             f"--layers: depth {depths[-1]} is deeper than the model ({geometry.layers} layers)"

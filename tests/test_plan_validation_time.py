@@ -88,7 +88,11 @@ def test_a_pass_is_its_rank_s_forwards_times_a_share_of_the_micro_step() -> None
     one = validation_time(profile, steps=112, ranks=1, micro_step_s=4.0)
     four = validation_time(profile, steps=112, ranks=4, micro_step_s=4.0)
     assert one.passes == four.passes == 4
-    assert one.micro_batches == four.micro_batches >= math.ceil(one.tokens / profile.training.seq_len)
+    assert (
+        one.micro_batches
+        == four.micro_batches
+        >= math.ceil(one.tokens / (profile.training.seq_len * profile.training.micro_batch_size))
+    )
     assert (one.rounds, four.rounds) == (one.micro_batches, math.ceil(one.micro_batches / 4))
     assert four.pass_s == pytest.approx(four.rounds * 4.0 * four.forward_share)
     assert four.total_s == pytest.approx(4 * four.pass_s)

@@ -195,15 +195,57 @@ def test_offload_steps_are_serial_inside_the_prefetch_window_and_overlap_past_it
 
 
 def test_offload_depths_past_the_window_are_read_directly_and_still_give_compute() -> None:
+    """Copy-bound past the window (the deep slope is the copy's): the line past it is read there, and
+    compute still comes from the serial depths."""
     profile = _offload_profile()
     copies = copies_for(profile, 1.1e9, 2.2e9, 1, 55.0)
     measures = _steps([1, 2], 0.1, copies.layer_s, 0.03, 2)
     two = measures[1].step_s
-    # past the window the deep depths measured 0.15 s a layer, more than the model's max(copy, compute)
-    measures += [replace(measures[1], layers=d, step_s=two + 0.15 * (d - 2)) for d in (4, 6)]
+    deep = 1.05 * copies.layer_s  # the link's rate and a little
+    measures += [replace(measures[1], layers=d, step_s=two + deep * (d - 2)) for d in (4, 6)]
     model = fit_all(measures, copies=copies)["step_s"]
-    assert model.past is not None and model.at(8) == pytest.approx(two + 0.15 * 6)
+    assert model.past is not None and model.at(8) == pytest.approx(two + deep * 6)
     assert model.compute_s == pytest.approx(0.03)
+
+
+def test_a_compute_bound_slope_past_the_window_is_computes_own() -> None:
+    """The overlapped fetch hides copies inside the window too, so the serial slope less the copy says
+    too little compute; past the window, a slope well above the copy is compute's, and the target scales
+    it (a plain copy-and-compute-in-turn reading would have said 0.03 s)."""
+    profile = _offload_profile()
+    plan = _plan(10)  # layers of 2 GiB
+    copies = copies_for(profile, 2 * 1024**3, 2 * 1024**3, 1, 55.0)
+    measures = _steps([1, 2], 0.1, copies.layer_s, 0.03, 2)
+    two = measures[1].step_s
+    measures += [replace(measures[1], layers=d, step_s=two + 0.2 * (d - 2)) for d in (4, 6)]
+    model = fit_all(measures, copies=copies)["step_s"]
+    assert copies.layer_s < 0.2 / 1.15
+    assert model.compute_s == pytest.approx(0.2)
+
+    def scaled(ratio: float) -> float:
+        machine = Scaling(1, "NVIDIA H200", 1, "H200", 141, 960, ratio, 55, 55, 150, 2)
+        f = forecast(measures, profile, plan, machine)
+        assert any("from the depths past the window, 0.200 s a layer" in n for n in f.notes)
+        if ratio == 1.0:
+            assert f.target["step_s"] == pytest.approx(f.here["step_s"])  # the same machine: as measured
+        return f.target["step_s"]
+
+    # compute twice as fast: a layer now costs its copy (0.156 s), longer than its compute (0.1 s); the
+    # fixed part's compute halves too
+    assert scaled(0.5) == pytest.approx(model.past.fixed * 0.5 + 10 * max(copies.layer_s, 0.1))
+    assert scaled(0.5) < scaled(1.0)
+
+
+def test_default_depths_reach_past_the_prefetch_window_with_offload() -> None:
+    from cockpit.rehearse.predict import default_depths
+
+    assert default_depths(_offload_profile(prefetch=3.0), 94) == [1, 2, 4, 8]
+    assert default_depths(_offload_profile(prefetch=1.0), 94) == [1, 2, 4]  # window 2: 2 and 4 are past it
+    assert default_depths(_offload_profile(prefetch=3.0), 6) == [1, 2, 4]  # no deeper than the model
+    none, _ = load_profile("tiny-cpu", ['deepspeed.offload_param="none"', "deepspeed.prefetch_layers=3"])
+    assert default_depths(none, 94) == [1, 2, 4]
+    story, _ = load_profile("qwen3-235b-a22b-thinking-4xh100")
+    assert default_depths(story, 94) == [1, 2, 4, 8]
 
 
 def test_nothing_overlaps_without_offload_or_prefetch() -> None:

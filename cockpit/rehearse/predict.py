@@ -17,9 +17,11 @@ from cockpit.contract import EVAL_BATCH_SIZE, ZERO3_LAYER_FETCHES
 from cockpit.plan.model import GiB
 from cockpit.plan.run_length import data_size, run_steps
 from cockpit.plan.validation_time import validation_time
-from cockpit.rehearse.measure import DepthMeasure
+from cockpit.rehearse.measure import DEFAULT_LAYERS, DepthMeasure
 
 TOLERANCE = 0.15
+# Past the prefetch window, a slope this many times a layer's copy or more is compute's, not the link's.
+COMPUTE_BOUND = 1.15
 METRICS = ("gpu_load", "gpu_train", "rss_load", "rss_train", "step_s", "load_s", "save_s")
 
 
@@ -94,13 +96,33 @@ class Copies:
     window: int
 
 
+def prefetch_window(profile: Any) -> int | None:
+    """Layers whose copies fill ZeRO-3's prefetch at the start of a pass (the one computing and those
+    prefetched), where parameters are offloaded and prefetched; else None."""
+    ds = profile.deepspeed
+    if ds.stage != 3 or ds.offload_param == "none" or not ds.prefetch_layers:
+        return None
+    return 1 + math.ceil(ds.prefetch_layers)
+
+
+def default_depths(profile: Any, model_layers: int) -> list[int]:
+    """The depths a rehearsal measures unless told: `DEFAULT_LAYERS`, and with parameter offload two
+    depths at or past the prefetch window too (the window and twice it, as deep as the model goes), so
+    that the step past the window is measured rather than inferred (`CopyBound.past`)."""
+    depths = {d for d in DEFAULT_LAYERS if d <= model_layers}
+    window = prefetch_window(profile)
+    if window is not None:
+        depths |= {d for d in (window, 2 * window) if d <= model_layers}
+    return sorted(depths)
+
+
 def copies_for(
     profile: Any, layer_bytes: float, other_bytes: float, ranks: int, h2d_gbps: float
 ) -> Copies | None:
     """The profile's offload copies on a machine of `ranks` ranks and `h2d_gbps` a link; None where
     parameters are not offloaded or nothing is prefetched (then nothing overlaps: the plain line holds)."""
-    ds = profile.deepspeed
-    if ds.stage != 3 or ds.offload_param == "none" or not ds.prefetch_layers or h2d_gbps <= 0:
+    window = prefetch_window(profile)
+    if window is None or h2d_gbps <= 0:
         return None
     micro = profile.training.grad_accum
     per_second = max(1, ranks) * h2d_gbps * 1e9
@@ -108,7 +130,7 @@ def copies_for(
         layer_s=ZERO3_LAYER_FETCHES * micro * layer_bytes / per_second,
         # embeddings and head cross once a micro-batch; the last layer once instead of twice
         other_s=micro * (other_bytes - layer_bytes) / per_second,
-        window=1 + math.ceil(ds.prefetch_layers),
+        window=window,
     )
 
 
@@ -121,8 +143,12 @@ class CopyBound:
     layer costs both), so the depths measured there fit `fixed + (copy + compute) x layers`. Past the
     window the next layer's copy runs under this one's compute, and each further layer costs the longer
     of the two. The copy is exact (bytes over bandwidth, `Copies`); compute is the serial slope less it.
-    Where two depths past the window were measured too (`past`), their line is read there instead: the
-    serial depths still say what compute is, which scaling to another machine needs.
+    Where two depths past the window were measured too (`past`), their line is read there instead, and
+    where it rises faster than the copies (`COMPUTE_BOUND` x the copy a layer) it is compute's own
+    slope: the trainer's overlapped fetch of one rank (`trainer/zero3_fetch.py`) hides copies inside
+    the window too, so there the serial slope less the copy says too little. Measured on the story's
+    slice (one H200, 4 rows of 4096 tokens a micro-batch): 0.175 s a layer past the window, 0.166 s
+    without offload, against 0.101 s for the serial slope less the copy.
     """
 
     serial: Linear
@@ -138,9 +164,13 @@ class CopyBound:
 
     @property
     def compute_s(self) -> float:
-        """One layer's compute an optimizer step (the serial slope less its copies; measured on several
-        ranks, their all-gather of the layer is in it too)."""
-        return max(0.0, self.serial.per_layer - self.copies.layer_s)
+        """One layer's compute an optimizer step: the slope past the window where it is compute-bound,
+        else the serial slope less its copies (measured on several ranks, their all-gather of the layer
+        is in it too)."""
+        serial = max(0.0, self.serial.per_layer - self.copies.layer_s)
+        if self.past is not None and self.past.per_layer > COMPUTE_BOUND * self.copies.layer_s:
+            return max(serial, self.past.per_layer)
+        return serial
 
     def at(self, layers: float) -> float:
         w = self.copies.window
@@ -386,10 +416,17 @@ def forecast(
     step_model = fits["step_s"]
     if isinstance(step_model, CopyBound):
         target["step_s"] = copy_bound_target(step_model, facts, profile, scaling)
+        past = step_model.past
+        source = (
+            f"the depths past the window, {past.per_layer:.3f} s a layer"
+            if past is not None and step_model.compute_s == past.per_layer
+            else "the serial slope less the copy"
+        )
         notes.append(
             f"step with offload: {step_model.copies.window} layer(s) copied and computed in turn, then "
             f"{max(step_model.copies.layer_s, step_model.compute_s):.3f} s a further layer here (copy "
-            f"{step_model.copies.layer_s:.3f} s, compute {step_model.compute_s:.3f} s an optimizer step)"
+            f"{step_model.copies.layer_s:.3f} s, compute {step_model.compute_s:.3f} s an optimizer step, "
+            f"from {source})"
         )
     elif step is not None:
         moved_step = ZERO3_LAYER_FETCHES * profile.training.grad_accum * weights  # a step's gathered bytes
@@ -467,19 +504,27 @@ def gather_s(moved_bytes: float, scaling: Scaling) -> float:
 def copy_bound_target(model: CopyBound, facts: ModelFacts, profile: Any, scaling: Scaling) -> float:
     """The offloaded step on the target, part by part from the measured model: each rank copies its
     share of a layer over its own link and all-gathers the rest; compute scales by the bf16 rate. The
-    window's layers pay copy, gather and compute in turn; the others the longer of transfer and compute."""
+    window's layers pay copy, gather and compute in turn; the others the longer of transfer and compute.
+    Where depths past the window were measured, their line is scaled instead: its fixed part as above, and
+    its slope by the target's longer of transfer and compute against this machine's (the window's turns
+    are then in the line's fixed part as measured here: with the overlapped fetch of one rank, none)."""
     nm, nt = scaling.measured_gpus or 1, scaling.target_gpus or 1
     c = model.copies
     link = (nm / nt) * (scaling.h2d_gbps_measured / scaling.h2d_gbps_target)
     micro = profile.training.grad_accum
     layer_move = link * c.layer_s + gather_s(ZERO3_LAYER_FETCHES * micro * facts.layer_bytes, scaling)
     compute = model.compute_s * scaling.compute_ratio
-    fixed_compute = max(0.0, model.fixed - c.other_s) * scaling.compute_ratio
+    past_line = model.past
+    measured_fixed = past_line.fixed if past_line is not None else model.fixed
     fixed = (
-        fixed_compute
+        max(0.0, measured_fixed - c.other_s) * scaling.compute_ratio
         + link * c.other_s
         + gather_s(micro * max(0.0, facts.other_bytes - facts.layer_bytes), scaling)
     )
+    if past_line is not None:  # measured past the window: its line, each part scaled to the target
+        here = max(c.layer_s, model.compute_s)
+        per_layer = past_line.per_layer * max(layer_move, compute) / here if here > 0 else 0.0
+        return fixed + facts.layers * per_layer
     inside = min(facts.layers, c.window)
     past = max(0, facts.layers - c.window)
     return fixed + inside * (layer_move + compute) + past * max(layer_move, compute)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from rich import box
 from rich.console import Group
 from rich.markup import escape
 from rich.table import Table
@@ -213,26 +214,37 @@ def phases_table(plan: Plan) -> Table:
     return table
 
 
+# The options table's offload column, short enough for a 100-column terminal (the option names the mode).
+SHORT_OFFLOAD = {
+    "no offload": "none",
+    "optimizer offload": "optimizer",
+    "param + optimizer offload": "param+opt",
+    "NVMe offload": "NVMe",
+}
+
+
 def options_table(plan: Plan) -> Table:
     ref = plan.configured
     table = Table(
         title="Options (each row: its fastest variant that fits, else the closest)",
         title_justify="left",
         header_style="bold",
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
     )
-    for col in (
-        "option",
-        "offload",
-        "loader",
-        "fits",
-        "GPU load",
-        "GPU train",
-        "host load",
-        "host train",
-        "copies s/step",
-        "tokens/s",
-    ):
-        table.add_column(col, justify="left" if col in ("option", "offload", "loader", "fits") else "right")
+    loaders = {o.estimate.setup.loader for o in plan.options}
+    columns = ["option", "offload", "loader", "fits", "GPU\nload", "GPU\ntrain", "host\nload", "host\ntrain"]
+    columns += ["copies\ns/step", "tokens/s"]
+    if len(loaders) == 1:  # said once in the caption instead
+        columns.remove("loader")
+    for col in columns:
+        text = col in ("option", "offload", "loader", "fits")
+        table.add_column(
+            col,
+            justify="left" if text else "right",
+            no_wrap=col not in ("option", "fits"),
+            min_width=16 if col == "option" else None,
+        )
     name, unit = common_unit(
         v
         for o in plan.options
@@ -251,10 +263,10 @@ def options_table(plan: Plan) -> Table:
         e = o.estimate
         s, b = e.setup, e.binding
         fits = "[green]yes[/]" if e.fits else f"[red]no[/]: {b.name}" if b else "[red]no[/]"
-        table.add_row(
-            o.label,
-            s.offload,
-            "layer by layer" if s.loader == "layerwise" else "from_pretrained",
+        cells = [o.label, SHORT_OFFLOAD.get(s.offload, s.offload)]
+        if len(loaders) > 1:
+            cells.append(_loader(s.loader))
+        cells += [
             fits,
             fig(e.load.gpu_peak),
             fig(e.train.gpu_peak),
@@ -262,7 +274,8 @@ def options_table(plan: Plan) -> Table:
             fig(e.train.host_peak),
             f"{e.transfer_s:.2f}" if e.transfer_s is not None else "-",
             _speed(e, ref),
-        )
+        ]
+        table.add_row(*cells)
     a = plan.inputs.assumptions
     sp = a.speed
     network = (
@@ -278,10 +291,16 @@ def options_table(plan: Plan) -> Table:
         f"{sp.efficiency:.0%} of the bf16 rate, all measured on {sp.gpu} (benchmarks/fit_speed.py); each "
         "layer moves twice a step, the embeddings and lm_head "
         + ("not at all (kept on the GPU). " if ref.setup.keeps_embeddings else "once. ")
-        + "tokens/s relative to the configuration as written."
+        + "copies: host-to-device and all-gather seconds a step. tokens/s relative to the configuration "
+        "as written."
+        + (f" Loader: {_loader(next(iter(loaders)))} in every row." if len(loaders) == 1 else "")
     )
     table.caption_justify = "left"
     return table
+
+
+def _loader(loader: str) -> str:
+    return "layer by layer" if loader == "layerwise" else "from_pretrained"
 
 
 def verdict_text(plan: Plan) -> Text:

@@ -96,6 +96,7 @@ class PlainLog:
     _eval: tuple[str | None, int] = (None, 0)
     _eval_t: float = 0.0
     _placed: dict[int, dict] | None = None  # the ranks last said to span several nodes
+    _load: tuple[int, float] = (0, 0.0)  # the load's layer last said, and when
 
     def update(self, view: RunView, now: float) -> list[str]:
         """The lines that `view` at `now` calls for, beyond those already given."""
@@ -133,6 +134,10 @@ class PlainLog:
             words = view.adapter_words()
             if words:
                 lines.append(f"adapter: {words}")
+        load = view.load_words()
+        if load and view.load_layer != self._load[0] and now - self._load[1] >= self.every_s:
+            lines.append(f"loading the model: {load}")
+            self._load = (view.load_layer, now)
         if view.phase == "eval" and view.eval_total:
             system, done = view.eval_system, view.eval_done
             due = done == view.eval_total or now - self._eval_t >= self.every_s
@@ -226,14 +231,16 @@ class HeadlessViewer:
                     progress.console.print(f"[cyan]{escape(v.phase)}:[/] {escape(v.phase_message)}")
                 said[0] = v.phase_message
                 evaluating = v.phase == "eval" and v.eval_total > 0
+                loading = v.phase == "load" and v.load_layers > 0  # the bar counts layers, then steps
+                total = v.eval_total if evaluating else v.load_layers if loading else v.max_steps
                 progress.update(
                     task,
-                    total=v.eval_total if evaluating else v.max_steps,
-                    completed=v.eval_done if evaluating else v.step,
+                    total=total,
+                    completed=v.eval_done if evaluating else v.load_layer if loading else v.step,
                     phase=f"eval {v.eval_system}" if evaluating else v.phase,
                     loss=_fmt(v.last_loss, ".4f"),
                     tps=_fmt(v.tokens_per_s, ",.0f"),
-                    eta=clock(v.eta_s(), padded=True),
+                    eta=clock(v.load_eta_s() if loading else v.eta_s(), padded=True),
                 )
 
             return self._loop(show)

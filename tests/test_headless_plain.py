@@ -87,3 +87,23 @@ def test_following_without_a_terminal_prints_lines_while_the_run_goes(tmp_path: 
     assert "checkpoint at step 200" in text
     # the lines came while the run was going, before the viewer found its owner gone
     assert text.index("step 240/400") < text.index("supervisor lost")
+
+
+def test_a_long_load_says_its_layers_and_the_time_left() -> None:
+    """The story's model loads one layer at a time for minutes: a line at its first layer, then one a
+    `every_s` seconds, each with the time left at the pace so far."""
+    view, log, lines = RunView(), PlainLog(every_steps=100, every_s=60.0), []
+    t0 = 1_700_000_000.0
+    events = [{"t": t0, "kind": "phase", "phase": "load", "rank": 0}]
+    events += [
+        {"t": t0 + 4.0 * k, "kind": "load_progress", "rank": 0, "layer": k, "layers": 94}
+        for k in range(1, 95)
+    ]
+    for event in events:
+        view.apply([event])
+        lines += log.update(view, event["t"])
+    load = [line for line in lines if "loading the model: layer" in line]
+    assert load[0].endswith("loading the model: layer 1 of 94, about 6 min left")  # 4 s a layer, 93 to go
+    assert load[1].endswith("loading the model: layer 16 of 94, about 5 min left")  # 60 s later
+    assert len(load) == 7  # 372 s of load, a line a minute
+    assert view.load_eta_s() == 0.0 and view.load_words() == "layer 94 of 94"

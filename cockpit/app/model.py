@@ -403,7 +403,7 @@ def activity(pb: Playback) -> str:
     resumed = v.resumed and len(v.steps) <= v.attempt_from  # a resume, before its first step
     words = v.phase_message or PHASE_WORDS.get(v.phase, v.phase)
     if v.phase == "load" and v.load_layers:
-        words = f"loading the model: layer {v.load_layer} of {v.load_layers}"
+        words = f"loading the model: {v.load_words()}"
     elif v.phase == "train" and not v.phase_message and len(v.steps) <= v.attempt_from:
         words = "the engine is built: waiting for the first step"
     if resumed and v.phase in ("starting", "setup", "load", "build", "train"):

@@ -90,6 +90,7 @@ class RunView(Fold):
     )
     load_layer: int = 0  # rank 0's `load_progress`: decoder layers loaded so far, of `load_layers`
     load_layers: int = 0
+    load_t: float | None = None  # when rank 0 said its latest `load_progress`
     resumed: bool = False  # the supervisor of this attempt was started to resume from a checkpoint
     _tps_sum: float = 0.0  # tokens/s summed over `steps` (for the mean), and how many had one
     _tps_n: int = 0
@@ -160,10 +161,12 @@ class RunView(Fold):
         if e.get("rank", 0) == 0:
             self.phase, self.phase_t, self.phase_message = e["phase"], e["t"], e.get("message")
             self.load_layer = self.load_layers = 0
+            self.load_t = None
 
     def _on_load_progress(self, e: Event) -> None:
         if e.get("rank", 0) == 0:
             self.load_layer, self.load_layers = int(e.get("layer", 0)), int(e.get("layers", 0))
+            self.load_t = e["t"]
 
     def _on_launch(self, e: Event) -> None:
         """A new training attempt (a resume): the last attempt's phase, outcome and figures no longer hold."""
@@ -365,6 +368,24 @@ class RunView(Fold):
             return 0.0
         return self.train_eta_s()
 
+    def load_eta_s(self) -> float | None:
+        """Seconds left of the layer-by-layer load, at the pace of the layers loaded so far (from the start
+        of the load phase to the latest layer); None before the first layer or outside the load."""
+        if self.phase != "load" or not self.load_layer or self.phase_t is None or self.load_t is None:
+            return None
+        per_layer = max(0.0, self.load_t - self.phase_t) / self.load_layer
+        return per_layer * max(0, self.load_layers - self.load_layer)
+
+    def load_words(self) -> str | None:
+        """'layer 12 of 94, about 4 min left' while the model loads layer by layer; else None."""
+        if self.phase != "load" or not self.load_layers:
+            return None
+        words = f"layer {self.load_layer} of {self.load_layers}"
+        left = self.load_eta_s()
+        if left is not None and self.load_layer < self.load_layers:
+            words += f", about {_about(left)} left"
+        return words
+
     def elapsed_s(self, now: float) -> float:
         return 0.0 if self.first_t is None else max(0.0, now - self.first_t)
 
@@ -380,3 +401,12 @@ class RunView(Fold):
     def warnings(self) -> list[str]:
         """The trainer's own audit warnings (settings it asked for and did not get)."""
         return list(self.audit.get("warnings", [])) if self.audit else []
+
+
+def _about(seconds: float) -> str:
+    """A rough duration: '40 s', '4 min', '1.5 h'."""
+    if seconds < 90:
+        return f"{max(1, round(seconds))} s"
+    if seconds < 90 * 60:
+        return f"{round(seconds / 60)} min"
+    return f"{seconds / 3600:.1f} h"

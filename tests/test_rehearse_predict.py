@@ -330,3 +330,18 @@ def test_what_the_measured_ranks_gathered_is_fitted_out_and_the_targets_added() 
     assert result.target["gpu_train"] == pytest.approx(
         result.here["gpu_train"] - weights_gib * (1 - 1 / 4) + gathered
     )
+
+
+def test_a_forecast_from_depths_inside_the_window_says_to_measure_past_it() -> None:
+    """Depths 1 and 2 of a profile prefetching 1 layer (window 2): the step past the window is inferred,
+    and on one rank the forecast says which depths would measure it."""
+    profile = _offload_profile()
+    plan = _plan(10)
+    copies = copies_for(profile, 2 * 1024**3, 2 * 1024**3, 1, 55.0)
+    one_rank = Scaling(1, "NVIDIA H200", 4, "H100-80GB", 80, 960, 1.0, 55, 55, 150, 2)
+    inside = forecast(_steps([1, 2], 0.1, copies.layer_s, 0.03, 2), profile, plan, one_rank)
+    assert any("two depths at or past it as well (--layers 1,2,4)" in n for n in inside.notes)
+    measures = _steps([1, 2], 0.1, copies.layer_s, 0.03, 2)
+    measures += [replace(measures[1], layers=d, step_s=measures[1].step_s + 0.2 * (d - 2)) for d in (4,)]
+    past = forecast(measures, profile, plan, one_rank)
+    assert not any("at or past it as well" in n for n in past.notes)

@@ -422,6 +422,14 @@ def forecast(
             if past is not None and step_model.compute_s == past.per_layer
             else "the serial slope less the copy"
         )
+        if past is None and nm == 1 and full > step_model.copies.window:
+            w = step_model.copies.window
+            depths = ",".join(map(str, sorted({1, 2, w, 2 * w})))
+            notes.append(
+                f"the step past the prefetch window ({w} layers) is inferred from depths inside it: on one "
+                "rank the overlapped fetch hides copies there too, so compute may read low (the story's "
+                f"slice: -19% at 16 layers); measure two depths at or past it as well (--layers {depths})"
+            )
         notes.append(
             f"step with offload: {step_model.copies.window} layer(s) copied and computed in turn, then "
             f"{max(step_model.copies.layer_s, step_model.compute_s):.3f} s a further layer here (copy "

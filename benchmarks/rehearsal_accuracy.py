@@ -155,9 +155,9 @@ def compare(result: dict[str, Any], terms: tuple[Any, Any] = (None, None)) -> li
 
 def table(results: dict[str, dict[str, Any]], note: str, terms: dict[str, Any] | None = None) -> str:
     out = [
-        "# Rehearsal accuracy: the deepest slice predicted from depths "
-        + ", ".join(map(str, FIT_DEPTHS[:-1]))
-        + f" and {FIT_DEPTHS[-1]} (out of sample)",
+        "# Rehearsal accuracy: the deepest slice predicted from depth"
+        + (f"s {', '.join(map(str, FIT_DEPTHS[:-1]))} and " if len(FIT_DEPTHS) > 1 else " ")
+        + f"{FIT_DEPTHS[-1]} (out of sample)",
         "",
         note,
         "",
@@ -190,15 +190,20 @@ def table(results: dict[str, dict[str, Any]], note: str, terms: dict[str, Any] |
 
 
 def merged(files: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Configurations of several results: each configuration's depths from the first file that has them."""
+    """Configurations of several results: each depth from the first file that completed it (else the
+    first that has it)."""
     out: dict[str, dict[str, Any]] = {}
     for result in files:
         for config, run in result.items():
-            have = out.setdefault(config, {"run_dir": run.get("run_dir", ""), "measures": []})
-            known = {m["layers"] for m in have["measures"]}
-            have["measures"] += [m for m in run["measures"] if m["layers"] not in known]
-            have["measures"].sort(key=lambda m: m["layers"])
-    return out
+            have = out.setdefault(config, {"run_dir": run.get("run_dir", ""), "by_depth": {}})
+            for m in run["measures"]:
+                old = have["by_depth"].get(m["layers"])
+                if old is None or (old.get("status") != "ok" and m.get("status") == "ok"):
+                    have["by_depth"][m["layers"]] = m
+    return {
+        config: {"run_dir": run["run_dir"], "measures": [run["by_depth"][d] for d in sorted(run["by_depth"])]}
+        for config, run in out.items()
+    }
 
 
 def _accumulation(profile_name: str) -> str:

@@ -77,7 +77,8 @@ def main(argv: list[str] | None = None) -> int:
         by_depth: dict[int, DepthMeasure] = {}
         for result in measured:
             for m in map(DepthMeasure.from_dict, result.get(config, {}).get("measures", [])):
-                by_depth.setdefault(m.layers, m)
+                if m.layers not in by_depth or (m.complete and not by_depth[m.layers].complete):
+                    by_depth[m.layers] = m
         measures = [by_depth[d] for d in sorted(by_depth)]
         scaling = Scaling(1, "NVIDIA H200", 4, "H100-80GB", 80, 960, 1.0, 55.5, 55.0, 150.0, 2.0)
         result = forecast(measures, profile, plan, scaling)

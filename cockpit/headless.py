@@ -223,6 +223,10 @@ class HeadlessViewer:
         )
         with progress:
             task = progress.add_task("run", total=None, phase="start", loss="-", tps="-", eta="--:--")
+            # the layer-by-layer load has its own bar, shown only while it counts layers
+            load = progress.add_task(
+                "load", total=None, visible=False, phase="load", loss="-", tps="-", eta=""
+            )
             said: list[str | None] = [None]  # the phase message last printed above the bar
 
             def show() -> None:
@@ -231,16 +235,23 @@ class HeadlessViewer:
                     progress.console.print(f"[cyan]{escape(v.phase)}:[/] {escape(v.phase_message)}")
                 said[0] = v.phase_message
                 evaluating = v.phase == "eval" and v.eval_total > 0
-                loading = v.phase == "load" and v.load_layers > 0  # the bar counts layers, then steps
-                total = v.eval_total if evaluating else v.load_layers if loading else v.max_steps
+                loading = v.phase == "load" and v.load_layers > 0
+                progress.update(
+                    load,
+                    visible=loading,
+                    total=v.load_layers or None,
+                    completed=v.load_layer,
+                    eta=clock(v.load_eta_s(), padded=True),
+                )
                 progress.update(
                     task,
-                    total=total,
-                    completed=v.eval_done if evaluating else v.load_layer if loading else v.step,
+                    visible=not loading,
+                    total=v.eval_total if evaluating else v.max_steps,
+                    completed=v.eval_done if evaluating else v.step,
                     phase=f"eval {v.eval_system}" if evaluating else v.phase,
                     loss=_fmt(v.last_loss, ".4f"),
                     tps=_fmt(v.tokens_per_s, ",.0f"),
-                    eta=clock(v.load_eta_s() if loading else v.eta_s(), padded=True),
+                    eta=clock(v.eta_s(), padded=True),
                 )
 
             return self._loop(show)

@@ -152,7 +152,7 @@ def start_rehearsal(
             f'{path}: model.loader: a rehearsal needs the layer-by-layer loader ("layerwise")'
         )
     depths = sorted(set(layers or DEFAULT_LAYERS))
-    if len(depths) < 2 or depths[0] < 1:
+    if layers is not None and (len(depths) < 2 or depths[0] < 1):
         raise LifecycleError(
             f"--layers {','.join(map(str, layers))}: two different depths of at least one layer are needed "
             "to fit per-layer and fixed costs"
@@ -170,12 +170,12 @@ def start_rehearsal(
     except PlanError as exc:  # no config.json to plan from
         raise LifecycleError(f"{path}: {exc}") from None
     if layers is None:
-        deeper = default_depths(profile, geometry.layers)
-        try:
-            preflight(here, geometry, deeper)
-            depths = deeper
-        except RehearsalError:
-            pass  # the defaults' own check below says whether even those fit
+        depths = _default_depths_here(here, geometry, default_depths(profile, geometry.layers))
+        if len(depths) < 2:
+            raise LifecycleError(
+                f"{path}: the model has {geometry.layers} decoder layer(s): a rehearsal fits per-layer and "
+                "fixed costs over two depths at least"
+            )
     if depths[-1] > geometry.layers:
         raise LifecycleError(
             f"--layers: depth {depths[-1]} is deeper than the model ({geometry.layers} layers)"
@@ -195,6 +195,23 @@ def start_rehearsal(
         runs_dir, here, path, argv, mode="rehearse", extra={"rehearsal": rehearsal}, plan_for=profile
     )
     return _spawn(run_dir)
+
+
+def _default_depths_here(here: Any, geometry: Any, depths: list[int]) -> list[int]:
+    """The default depths less those past `DEFAULT_LAYERS` that do not fit here, deepest dropped first (the
+    shallow ones stay, for the preflight to refuse with its own reason when even they do not fit)."""
+    from cockpit.rehearse.measure import DEFAULT_LAYERS
+    from cockpit.rehearse.run import RehearsalError, preflight
+
+    while True:
+        try:
+            preflight(here, geometry, depths)
+            return depths
+        except RehearsalError:
+            extra = [d for d in depths if d not in DEFAULT_LAYERS]
+            if not extra:
+                return depths
+            depths = [d for d in depths if d != max(extra)]
 
 
 # --- join (a launch without ssh over several nodes) -----------------------------------------------------

@@ -107,3 +107,14 @@ def test_a_long_load_says_its_layers_and_the_time_left() -> None:
     assert load[1].endswith("loading the model: layer 16 of 94, about 5 min left")  # 60 s later
     assert len(load) == 7  # 372 s of load, a line a minute
     assert view.load_eta_s() == 0.0 and view.load_words() == "layer 94 of 94"
+
+
+def test_the_loads_pace_leaves_out_what_came_before_its_first_layer() -> None:
+    """30 s between the load's start and its first layer (the checkpoint opened, the buffers pinned), then
+    2 s a layer: from the second layer on, the time left is at 2 s a layer."""
+    view, t0 = RunView(), 1_700_000_000.0
+    view.apply([{"t": t0, "kind": "phase", "phase": "load", "rank": 0}])
+    view.apply([{"t": t0 + 30.0, "kind": "load_progress", "rank": 0, "layer": 1, "layers": 11}])
+    assert view.load_eta_s() == 300.0  # one layer said: the load's start counts
+    view.apply([{"t": t0 + 32.0, "kind": "load_progress", "rank": 0, "layer": 2, "layers": 11}])
+    assert view.load_eta_s() == 18.0 and view.load_words() == "layer 2 of 11, about 18 s left"

@@ -56,3 +56,25 @@ def test_a_rehearsal_cannot_be_resumed_or_evaluated(
     write_manifest(run, {"run_id": run.name, "status": "finished", "mode": "rehearse"})
     assert main([command, "--runs-dir", str(tmp_path / "runs"), run.name]) == 2
     assert "is a rehearsal and cannot be" in capsys.readouterr().err
+
+
+def test_default_depths_past_the_window_are_dropped_deepest_first_where_they_do_not_fit(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Without --layers: the offload defaults (the window and twice it) lose their deepest depths until
+    the slices fit here; the shallow defaults stay for the preflight to refuse on its own terms."""
+    from cockpit import lifecycle
+    from cockpit.rehearse import run
+
+    def fits_up_to(deepest: int):
+        def preflight(here, geometry, depths) -> None:
+            if max(depths) > deepest:
+                raise run.RehearsalError(f"depth {max(depths)} does not fit here")
+
+        return preflight
+
+    monkeypatch.setattr(run, "preflight", fits_up_to(4))
+    assert lifecycle._default_depths_here(None, None, [1, 2, 3, 4, 6]) == [1, 2, 3, 4]
+    assert lifecycle._default_depths_here(None, None, [1, 2, 4, 8]) == [1, 2, 4]
+    monkeypatch.setattr(run, "preflight", fits_up_to(1))
+    assert lifecycle._default_depths_here(None, None, [1, 2, 4, 8]) == [1, 2, 4]  # refused later

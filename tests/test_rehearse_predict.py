@@ -194,18 +194,49 @@ def test_offload_steps_are_serial_inside_the_prefetch_window_and_overlap_past_it
     )
 
 
-def test_offload_depths_past_the_window_are_read_directly_and_still_give_compute() -> None:
-    """Copy-bound past the window (the deep slope is the copy's): the line past it is read there, and
-    compute still comes from the serial depths."""
+def test_offload_depths_past_the_window_are_read_directly_and_bound_compute() -> None:
+    """Copy-bound past the window (the deep slope is the link's and a little): the line past it is read
+    there, and its slope is compute's upper bound, so a target with a faster link is not assumed faster."""
     profile = _offload_profile()
-    copies = copies_for(profile, 1.1e9, 2.2e9, 1, 55.0)
+    plan = _plan(10)
+    copies = copies_for(profile, 2 * 1024**3, 2 * 1024**3, 1, 55.0)
     measures = _steps([1, 2], 0.1, copies.layer_s, 0.03, 2)
     two = measures[1].step_s
-    deep = 1.05 * copies.layer_s  # the link's rate and a little
+    deep = 1.05 * copies.layer_s
     measures += [replace(measures[1], layers=d, step_s=two + deep * (d - 2)) for d in (4, 6)]
     model = fit_all(measures, copies=copies)["step_s"]
     assert model.past is not None and model.at(8) == pytest.approx(two + deep * 6)
-    assert model.compute_s == pytest.approx(0.03)
+    assert model.compute_s == pytest.approx(deep)
+    faster_link = Scaling(1, "NVIDIA H200", 1, "H200", 141, 960, 1.0, 55, 110, 150, 2)
+    f = forecast(measures, profile, plan, faster_link)
+    assert f.target["step_s"] == pytest.approx(f.here["step_s"])
+
+
+def test_a_rehearsal_on_the_target_itself_predicts_its_own_line() -> None:
+    """Nothing changes from the measuring machine to the target (two ranks each, the same GPUs and links,
+    the embeddings crossing the link, a negative intercept past the window): the target is the line as
+    measured, inside the window and past it."""
+    profile, _ = load_profile(
+        "tiny-cpu",
+        [
+            'deepspeed.offload_param="cpu"',
+            'deepspeed.offload_optimizer="cpu"',
+            "deepspeed.prefetch_layers=1",
+            "deepspeed.embeddings_on_gpu=false",
+            "training.grad_accum=2",
+            "hardware.gpus=2",
+        ],
+    )
+    plan = _plan(10)
+    same = Scaling(2, "NVIDIA H200", 2, "H200", 141, 960, 1.0, 55, 55, 150, 2)
+    copies = copies_for(profile, 2 * 1024**3, 3 * 1024**3, 2, 55.0)
+    inside = _steps([1, 2], 0.1, copies.layer_s, 0.03, 2)
+    f = forecast(inside, profile, plan, same)
+    assert f.target["step_s"] == pytest.approx(f.here["step_s"])
+    deep = inside + [replace(inside[1], layers=d, step_s=0.5 * d - 0.7) for d in (4, 6)]  # intercept < 0
+    g = forecast(deep, profile, plan, same)
+    assert g.fits["step_s"].past.fixed < 0
+    assert g.target["step_s"] == pytest.approx(g.here["step_s"]) == pytest.approx(g.fits["step_s"].at(10))
 
 
 def test_a_compute_bound_slope_past_the_window_is_computes_own() -> None:
@@ -225,7 +256,7 @@ def test_a_compute_bound_slope_past_the_window_is_computes_own() -> None:
     def scaled(ratio: float) -> float:
         machine = Scaling(1, "NVIDIA H200", 1, "H200", 141, 960, ratio, 55, 55, 150, 2)
         f = forecast(measures, profile, plan, machine)
-        assert any("from the depths past the window, 0.200 s a layer" in n for n in f.notes)
+        assert any("0.200 s a further layer here, the line of the depths at or past" in n for n in f.notes)
         if ratio == 1.0:
             assert f.target["step_s"] == pytest.approx(f.here["step_s"])  # the same machine: as measured
         return f.target["step_s"]

@@ -214,15 +214,6 @@ def phases_table(plan: Plan) -> Table:
     return table
 
 
-# The options table's offload column, short enough for a 100-column terminal (the option names the mode).
-SHORT_OFFLOAD = {
-    "no offload": "none",
-    "optimizer offload": "optimizer",
-    "param + optimizer offload": "param+opt",
-    "NVMe offload": "NVMe",
-}
-
-
 def options_table(plan: Plan) -> Table:
     ref = plan.configured
     table = Table(
@@ -233,17 +224,17 @@ def options_table(plan: Plan) -> Table:
         pad_edge=False,
     )
     loaders = {o.estimate.setup.loader for o in plan.options}
-    columns = ["option", "offload", "loader", "fits", "GPU\nload", "GPU\ntrain", "host\nload", "host\ntrain"]
+    columns = ["option", "loader", "fits", "GPU\nload", "GPU\ntrain", "host\nload", "host\ntrain"]
     columns += ["copies\ns/step", "tokens/s"]
-    if len(loaders) == 1:  # said once in the caption instead
+    if len(loaders) <= 1:  # said once in the caption instead
         columns.remove("loader")
     for col in columns:
-        text = col in ("option", "offload", "loader", "fits")
+        text = col in ("option", "loader", "fits")
         table.add_column(
             col,
             justify="left" if text else "right",
-            no_wrap=col not in ("option", "fits"),
-            min_width=16 if col == "option" else None,
+            no_wrap=col not in ("option", "fits", "tokens/s"),  # tokens/s: its ratio below when narrow
+            min_width={"option": 14, "fits": 4, "tokens/s": 7}.get(col),
         )
     name, unit = common_unit(
         v
@@ -263,7 +254,8 @@ def options_table(plan: Plan) -> Table:
         e = o.estimate
         s, b = e.setup, e.binding
         fits = "[green]yes[/]" if e.fits else f"[red]no[/]: {b.name}" if b else "[red]no[/]"
-        cells = [o.label, SHORT_OFFLOAD.get(s.offload, s.offload)]
+        # an offload mode's own row is named for it; the others say which mode their fastest uses
+        cells = [o.label if o.label == s.offload else f"{o.label}, {s.offload}"]
         if len(loaders) > 1:
             cells.append(_loader(s.loader))
         cells += [

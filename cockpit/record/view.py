@@ -91,6 +91,7 @@ class RunView(Fold):
     load_layer: int = 0  # rank 0's `load_progress`: decoder layers loaded so far, of `load_layers`
     load_layers: int = 0
     load_t: float | None = None  # when rank 0 said its latest `load_progress`
+    load_first: tuple[int, float] | None = None  # its first `load_progress` of this load: layer and time
     resumed: bool = False  # the supervisor of this attempt was started to resume from a checkpoint
     _tps_sum: float = 0.0  # tokens/s summed over `steps` (for the mean), and how many had one
     _tps_n: int = 0
@@ -161,12 +162,14 @@ class RunView(Fold):
         if e.get("rank", 0) == 0:
             self.phase, self.phase_t, self.phase_message = e["phase"], e["t"], e.get("message")
             self.load_layer = self.load_layers = 0
-            self.load_t = None
+            self.load_t = self.load_first = None
 
     def _on_load_progress(self, e: Event) -> None:
         if e.get("rank", 0) == 0:
             self.load_layer, self.load_layers = int(e.get("layer", 0)), int(e.get("layers", 0))
             self.load_t = e["t"]
+            if self.load_first is None:
+                self.load_first = (self.load_layer, self.load_t)
 
     def _on_launch(self, e: Event) -> None:
         """A new training attempt (a resume): the last attempt's phase, outcome and figures no longer hold."""
@@ -369,11 +372,18 @@ class RunView(Fold):
         return self.train_eta_s()
 
     def load_eta_s(self) -> float | None:
-        """Seconds left of the layer-by-layer load, at the pace of the layers loaded so far (from the start
-        of the load phase to the latest layer); None before the first layer or outside the load."""
-        if self.phase != "load" or not self.load_layer or self.phase_t is None or self.load_t is None:
+        """Seconds left of the layer-by-layer load, at the pace of the layers loaded so far: from the first
+        layer said to the latest (from the load's start while only one is, which counts the setup before
+        it too); None before the first layer or outside the load."""
+        if self.phase != "load" or not self.load_layer or self.load_t is None or self.load_first is None:
             return None
-        per_layer = max(0.0, self.load_t - self.phase_t) / self.load_layer
+        first_layer, first_t = self.load_first
+        if self.load_layer > first_layer:
+            per_layer = max(0.0, self.load_t - first_t) / (self.load_layer - first_layer)
+        elif self.phase_t is not None:
+            per_layer = max(0.0, self.load_t - self.phase_t) / self.load_layer
+        else:
+            return None
         return per_layer * max(0, self.load_layers - self.load_layer)
 
     def load_words(self) -> str | None:

@@ -10,7 +10,7 @@ assumption it makes (`Scaling.lines`).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from cockpit.contract import EVAL_BATCH_SIZE, ZERO3_LAYER_FETCHES
@@ -20,8 +20,6 @@ from cockpit.plan.validation_time import validation_time
 from cockpit.rehearse.measure import DEFAULT_LAYERS, DepthMeasure
 
 TOLERANCE = 0.15
-# Past the prefetch window, a slope this many times a layer's copy or more is compute's, not the link's.
-COMPUTE_BOUND = 1.15
 METRICS = ("gpu_load", "gpu_train", "rss_load", "rss_train", "step_s", "load_s", "save_s")
 
 
@@ -144,10 +142,10 @@ class CopyBound:
     window the next layer's copy runs under this one's compute, and each further layer costs the longer
     of the two. The copy is exact (bytes over bandwidth, `Copies`); compute is the serial slope less it.
     Where two depths past the window were measured too (`past`), their line is read there instead, and
-    where it rises faster than the copies (`COMPUTE_BOUND` x the copy a layer) it is compute's own
-    slope: the trainer's overlapped fetch of one rank (`trainer/zero3_fetch.py`) hides copies inside
-    the window too, so there the serial slope less the copy says too little. Measured on the story's
-    slice (one H200, 4 rows of 4096 tokens a micro-batch): 0.175 s a layer past the window, 0.166 s
+    its slope stands for compute (an upper bound where the copies set it): the trainer's overlapped
+    fetch of one rank (`trainer/zero3_fetch.py`) hides copies inside the window too, so there the
+    serial slope less the copy says too little. Measured on the story's
+    slice (one H200, 4 rows of 4096 tokens a micro-batch): 0.174 s a layer past the window, 0.165 s
     without offload, against 0.101 s for the serial slope less the copy.
     """
 
@@ -155,20 +153,21 @@ class CopyBound:
     copies: Copies
     past: Linear | None = None
 
-    fixed = property(lambda self: self.serial.fixed)
-    per_layer = property(lambda self: self.serial.per_layer)
+    # the line read past the window: the depths' there where measured, else the serial one
+    fixed = property(lambda self: (self.past or self.serial).fixed)
+    per_layer = property(lambda self: (self.past or self.serial).per_layer)
 
     @property
     def points(self) -> tuple[tuple[int, float], ...]:
-        return self.serial.points + (self.past.points if self.past else ())
+        return tuple(sorted(set(self.serial.points + (self.past.points if self.past else ()))))
 
     @property
     def compute_s(self) -> float:
-        """One layer's compute an optimizer step: the slope past the window where it is compute-bound,
-        else the serial slope less its copies (measured on several ranks, their all-gather of the layer
-        is in it too)."""
+        """One layer's compute an optimizer step: with depths past the window their slope (an upper bound
+        where the copies set it), else the serial slope less its copies (measured on several ranks, their
+        all-gather of the layer is in it too)."""
         serial = max(0.0, self.serial.per_layer - self.copies.layer_s)
-        if self.past is not None and self.past.per_layer > COMPUTE_BOUND * self.copies.layer_s:
+        if self.past is not None:  # the slope past the window: compute's, or its bound where the link's
             return max(serial, self.past.per_layer)
         return serial
 
@@ -417,25 +416,28 @@ def forecast(
     if isinstance(step_model, CopyBound):
         target["step_s"] = copy_bound_target(step_model, facts, profile, scaling)
         past = step_model.past
-        source = (
-            f"the depths past the window, {past.per_layer:.3f} s a layer"
-            if past is not None and step_model.compute_s == past.per_layer
-            else "the serial slope less the copy"
-        )
-        if past is None and nm == 1 and full > step_model.copies.window:
-            w = step_model.copies.window
-            depths = ",".join(map(str, sorted({1, 2, w, 2 * w})))
+        copy = step_model.copies.layer_s
+        if past is not None:
             notes.append(
-                f"the step past the prefetch window ({w} layers) is inferred from depths inside it: on one "
-                "rank the overlapped fetch hides copies there too, so compute may read low (the story's "
-                f"slice: -19% at 16 layers); measure two depths at or past it as well (--layers {depths})"
+                f"step with offload: {past.per_layer:.3f} s a further layer here, the line of the depths at "
+                f"or past the prefetch window ({step_model.copies.window} layers; copy {copy:.3f} s an "
+                "optimizer step); its slope stands for compute when scaled, an upper bound where the copy "
+                "sets it"
             )
-        notes.append(
-            f"step with offload: {step_model.copies.window} layer(s) copied and computed in turn, then "
-            f"{max(step_model.copies.layer_s, step_model.compute_s):.3f} s a further layer here (copy "
-            f"{step_model.copies.layer_s:.3f} s, compute {step_model.compute_s:.3f} s an optimizer step, "
-            f"from {source})"
-        )
+        else:
+            if nm == 1 and full > step_model.copies.window:
+                depths = ",".join(map(str, default_depths(profile, full)))
+                notes.append(
+                    f"the step past the prefetch window ({step_model.copies.window} layers) is inferred "
+                    "from depths inside it: on one rank the overlapped fetch hides copies there too, so "
+                    "compute may read low (the story's slice: -19% at 16 layers); measure two depths at or "
+                    f"past it as well (--layers {depths})"
+                )
+            notes.append(
+                f"step with offload: {step_model.copies.window} layer(s) copied and computed in turn, then "
+                f"{max(copy, step_model.compute_s):.3f} s a further layer here (copy {copy:.3f} s, compute "
+                f"{step_model.compute_s:.3f} s an optimizer step, the serial slope less the copy)"
+            )
     elif step is not None:
         moved_step = ZERO3_LAYER_FETCHES * profile.training.grad_accum * weights  # a step's gathered bytes
         h2d_here = moved_step / nm / (scaling.h2d_gbps_measured * 1e9) if offload else 0.0
@@ -510,29 +512,40 @@ def gather_s(moved_bytes: float, scaling: Scaling) -> float:
 
 
 def copy_bound_target(model: CopyBound, facts: ModelFacts, profile: Any, scaling: Scaling) -> float:
-    """The offloaded step on the target, part by part from the measured model: each rank copies its
-    share of a layer over its own link and all-gathers the rest; compute scales by the bf16 rate. The
-    window's layers pay copy, gather and compute in turn; the others the longer of transfer and compute.
-    Where depths past the window were measured, their line is scaled instead: its fixed part as above, and
-    its slope by the target's longer of transfer and compute against this machine's (the window's turns
-    are then in the line's fixed part as measured here: with the overlapped fetch of one rank, none)."""
-    nm, nt = scaling.measured_gpus or 1, scaling.target_gpus or 1
-    c = model.copies
-    link = (nm / nt) * (scaling.h2d_gbps_measured / scaling.h2d_gbps_target)
-    micro = profile.training.grad_accum
-    layer_move = link * c.layer_s + gather_s(ZERO3_LAYER_FETCHES * micro * facts.layer_bytes, scaling)
-    compute = model.compute_s * scaling.compute_ratio
-    past_line = model.past
-    measured_fixed = past_line.fixed if past_line is not None else model.fixed
-    fixed = (
-        max(0.0, measured_fixed - c.other_s) * scaling.compute_ratio
-        + link * c.other_s
-        + gather_s(micro * max(0.0, facts.other_bytes - facts.layer_bytes), scaling)
+    """The offloaded step on the target: the measured model read at full depth, plus what the parts modelled
+    below change from this machine to the target (so a rehearsal on the target machine itself predicts
+    exactly its own line)."""
+    here = replace(
+        scaling,
+        target_gpus=scaling.measured_gpus or 1,
+        target_nodes=1,
+        compute_ratio=1.0,
+        h2d_gbps_target=scaling.h2d_gbps_measured,
     )
-    if past_line is not None:  # measured past the window: its line, each part scaled to the target
-        here = max(c.layer_s, model.compute_s)
-        per_layer = past_line.per_layer * max(layer_move, compute) / here if here > 0 else 0.0
-        return fixed + facts.layers * per_layer
+    change = _offload_parts(model, facts, profile, scaling) - _offload_parts(model, facts, profile, here)
+    return max(0.0, model.at(facts.layers) + change)
+
+
+def _offload_parts(model: CopyBound, facts: ModelFacts, profile: Any, machine: Scaling) -> float:
+    """The offloaded step part by part on `machine` (its target fields): each rank copies its share of a
+    layer over its own link and all-gathers the rest; compute scales by the bf16 rate. Without depths
+    past the window, the window's layers pay copy, gather and compute in turn and the others the longer
+    of transfer and compute. With them, every layer costs the longer of transfer and compute (the
+    window's turns, as measured, are in the line's fixed part: with the overlapped fetch of one rank,
+    none). Compute is the measured one less the all-gathers the measuring ranks made."""
+    nm = max(1, machine.measured_gpus or 1)
+    c = model.copies
+    link = (nm / (machine.target_gpus or 1)) * (machine.h2d_gbps_measured / machine.h2d_gbps_target)
+    micro = profile.training.grad_accum
+    measured = replace(machine, target_gpus=nm, target_nodes=1)
+    layer_gather = ZERO3_LAYER_FETCHES * micro * facts.layer_bytes
+    other_gather = micro * max(0.0, facts.other_bytes - facts.layer_bytes)
+    layer_move = link * c.layer_s + gather_s(layer_gather, machine)
+    compute = max(0.0, model.compute_s - gather_s(layer_gather, measured)) * machine.compute_ratio
+    fixed = (model.fixed - c.other_s - gather_s(other_gather, measured)) * machine.compute_ratio
+    fixed += link * c.other_s + gather_s(other_gather, machine)
+    if model.past is not None:
+        return fixed + facts.layers * max(layer_move, compute)
     inside = min(facts.layers, c.window)
     past = max(0, facts.layers - c.window)
     return fixed + inside * (layer_move + compute) + past * max(layer_move, compute)

@@ -653,8 +653,13 @@ def cmd_data(args: argparse.Namespace) -> int:
     from cockpit.data import DataError, load_examples
     from cockpit.data.inspection import count_tokens, inspect, source_path
 
-    profile, _path = load_profile(args.profile, args.overrides)
+    profile, source = load_profile(args.profile, args.overrides)
     path = source_path(profile, args.path)
+    if not args.path and not path.exists():
+        raise UsageError(
+            f"{source}: data.source: no such file or folder {str(path)!r} (a relative path in a profile is "
+            "read from the profile's folder, one given with --set from the working directory)"
+        )
     try:
         data = load_examples(path, profile.data, strict=False, cache_dir=cache_root() / "datasets")
     except DataError as exc:

@@ -293,7 +293,12 @@ class HeadlessViewer:
         words = self.view.adapter_words()
         if words:
             lines.append(f"adapter: {words}")
+        if self.paths.adapter.is_dir():
+            lines.append(f"adapter files: {self.paths.adapter}")
         lines.append(f"record: {self.paths.root}")
+        root = self.paths.root
+        report = f"cockpit report {root} · " if manifest.get("status") == "finished" else ""
+        lines.append(f"next: {report}cockpit replay {root}")
         return lines
 
     def print_report(self) -> None:

@@ -165,6 +165,13 @@ def start_rehearsal(
     if gpus is not None and not 0 <= gpus <= available:
         raise LifecycleError(f"--gpus {gpus}: this machine has {available} GPU(s)")
     here = rehearsal_profile(profile, available if gpus is None else gpus)
+    if not here.hardware.gpus and profile.training.bf16:
+        raise LifecycleError(
+            f"{path}: training.bf16: a bf16 rehearsal needs a GPU and "
+            + ("this machine has none" if not available else "--gpus 0 gives it none")
+            + "; rehearse where the run will train (`cockpit plan` models it anywhere), or add "
+            "--set training.bf16=false for a CPU smoke test of the method"
+        )
     try:
         geometry = resolve_geometry(profile)
     except PlanError as exc:  # no config.json to plan from

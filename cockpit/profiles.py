@@ -574,25 +574,43 @@ def _anchor_paths(profile: Profile, base: Path) -> Profile:
     return profile.model_copy(update=update)
 
 
+WEIGHT_FILES = ("*.safetensors", "*.bin")  # a checkpoint's shards, as Transformers writes them
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
+
+
 def check_runnable(profile: Profile, source: str) -> None:
-    """What a run needs on this machine before it starts: the model and data must exist here."""
-    spec = profile.model.path
+    """What a run needs on this machine before it starts: the model (its config, weights and tokenizer)
+    and the data must exist here. Every missing piece is named, in one line."""
+    problems = _model_problems(profile.model.path) + _data_problems(profile.data.source)
+    if problems:
+        raise ProfileError(f"{source}: " + "; ".join(problems) + " (set them with --set KEY=PATH)")
+    check_hosts(profile, source)
+
+
+def _model_problems(spec: str) -> list[str]:
     if spec.startswith(BUILTIN_PREFIX):
         if spec not in BUILTIN_MODELS:
-            raise ProfileError(
-                f"{source}: model.path: unknown built-in model {spec!r} (known: {', '.join(BUILTIN_MODELS)})"
-            )
-    elif not (Path(spec).expanduser() / "config.json").is_file():
-        raise ProfileError(f"{source}: model.path: no config.json in {spec!r} on this machine")
-    data = profile.data.source
+            return [f"model.path: unknown built-in model {spec!r} (known: {', '.join(BUILTIN_MODELS)})"]
+        return []
+    folder = Path(spec).expanduser()
+    if not (folder / "config.json").is_file():
+        return [f"model.path: no config.json in {spec!r} on this machine"]
+    missing = []
+    if not any(next(folder.glob(pattern), None) for pattern in WEIGHT_FILES):
+        missing.append("weights (*.safetensors)")
+    if not any((folder / name).is_file() for name in TOKENIZER_FILES):
+        missing.append("tokenizer (tokenizer.json)")
+    return [f"model.path: no {' and no '.join(missing)} in {spec!r}"] if missing else []
+
+
+def _data_problems(data: str) -> list[str]:
     if data.startswith(BUILTIN_PREFIX):
         if data not in BUILTIN_DATA:
-            raise ProfileError(
-                f"{source}: data.source: unknown built-in data {data!r} (known: {', '.join(BUILTIN_DATA)})"
-            )
-    elif not Path(data).expanduser().exists():
-        raise ProfileError(f"{source}: data.source: no such file or folder {data!r}")
-    check_hosts(profile, source)
+            return [f"data.source: unknown built-in data {data!r} (known: {', '.join(BUILTIN_DATA)})"]
+        return []
+    if not Path(data).expanduser().exists():
+        return [f"data.source: no such file or folder {data!r}"]
+    return []
 
 
 def check_hosts(profile: Profile, source: str) -> None:

@@ -115,3 +115,27 @@ def test_histogram_bins_and_truncation() -> None:
     assert h.edges() == [10, 18, 26, 34, 42]
     t = Truncation.of([(50, 20, 2), (10, 5, 2), (5, 100, 3)], seq_len=60)
     assert (t.over, t.prompt_tokens_cut, t.answer_cut) == (2, 50 - 38 + 5, 1)
+
+
+def test_a_missing_data_source_names_the_profile_the_field_and_where_it_was_looked_for(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    shipped = Path(__file__).resolve().parent.parent / "cockpit" / "profiles_data" / "tiny-cpu.toml"
+    mine = tmp_path / "profiles" / "mine.toml"
+    mine.parent.mkdir()
+    lines = shipped.read_text().splitlines()
+    section = ""
+    out = []
+    for line in lines:
+        section = line.strip() if line.startswith("[") else section
+        out.append(
+            'source = "data/mine.jsonl"' if section == "[data]" and line.startswith("source") else line
+        )
+    mine.write_text("\n".join(out) + "\n")
+    assert main(["data", "--profile", str(mine), "--no-tokens"]) == 2
+    err = capsys.readouterr().err
+    assert (
+        f"{mine}: data.source: no such file or folder '{tmp_path / 'profiles' / 'data' / 'mine.jsonl'}'"
+        in err
+    )
+    assert "read from the profile's folder" in err and len(err.strip().splitlines()) == 1

@@ -50,6 +50,16 @@ def test_each_check_on_this_machine_tells_the_truth(tmp_path: Path) -> None:
     missing, _ = load_profile("tiny-cpu", [f'data.source="{tmp_path / "nope.jsonl"}"'])
     check = _by_name(doctor.examine(missing, tmp_path / "runs", "mine.toml"))["model and data"]
     assert check.status == "fail" and check.reason.startswith("mine.toml: data.source: no such file")
+    # a model folder with its config but no weights nor tokenizer, and no data: every piece named at once
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text("{}")
+    bare, _ = load_profile(
+        "tiny-cpu", [f'model.path="{tmp_path / "model"}"', f'data.source="{tmp_path / "nope.jsonl"}"']
+    )
+    check = _by_name(doctor.examine(bare, tmp_path / "runs", "mine.toml"))["model and data"]
+    assert check.status == "fail" and len(check.reason.splitlines()) == 1
+    assert "model.path: no weights (*.safetensors) and no tokenizer (tokenizer.json)" in check.reason
+    assert "; data.source: no such file" in check.reason
 
 
 def test_a_profile_that_wants_gpus_fails_where_nvml_sees_none_and_exits_1(

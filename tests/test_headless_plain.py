@@ -118,3 +118,21 @@ def test_the_loads_pace_leaves_out_what_came_before_its_first_layer() -> None:
     assert view.load_eta_s() == 300.0  # one layer said: the load's start counts
     view.apply([{"t": t0 + 32.0, "kind": "load_progress", "rank": 0, "layer": 2, "layers": 11}])
     assert view.load_eta_s() == 18.0 and view.load_words() == "layer 2 of 11, about 18 s left"
+
+
+def test_the_closing_lines_say_where_the_adapter_is_and_what_to_run_next(tmp_path: Path) -> None:
+    from cockpit.record import RunPaths as Paths
+    from cockpit.record.manifest import update_manifest
+
+    _t0, t1 = fixture_times()
+    run_dir = copy_until(tmp_path, until=t1 + 1)
+    viewer = HeadlessViewer(run_dir, alive=lambda: False)
+    viewer.view.apply(viewer.reader.poll())
+    stopped = viewer.summary()
+    assert stopped[-1] == f"next: cockpit replay {run_dir}"
+    assert not any(line.startswith("adapter files:") for line in stopped)
+    Paths(run_dir).adapter.mkdir(parents=True, exist_ok=True)
+    update_manifest(run_dir, status="finished")
+    done = viewer.summary()
+    assert f"adapter files: {Paths(run_dir).adapter}" in done
+    assert done[-1] == f"next: cockpit report {run_dir} · cockpit replay {run_dir}"

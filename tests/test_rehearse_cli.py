@@ -24,6 +24,10 @@ from cockpit.record import write_manifest
         (["--gpus", "-1"], "argument --gpus: -1: expected a whole number from 0"),
         (["--set", "training.learning_rate=inf"], "training.learning_rate: Input should be a finite number"),
         (["--set", 'model.loader="transformers"'], "model.loader"),
+        (
+            ["--set", "training.bf16=true", "--set", 'quantization.storage_dtype="bfloat16"', "--gpus", "0"],
+            "training.bf16: a bf16 rehearsal needs a GPU",
+        ),
     ],
 )
 def test_bad_rehearsal_input_is_refused_before_anything_starts(

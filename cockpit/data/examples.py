@@ -239,7 +239,9 @@ def map_rows(table: Table, columns: Any) -> tuple[list[dict[str, Any]], list[int
         if len(m.problems) > before:
             continue
         if labels and gold not in labels:
-            m.note(i, "gold", f"{gold!r} is not in its tenant's label set ({', '.join(labels)})", "label")
+            shown = ", ".join(map(repr, labels))
+            hint = " (labels in text are joined by '|')" if len(labels) == 1 and "," in labels[0] else ""
+            m.note(i, "gold", f"{gold!r} is not in its tenant's label set [{shown}]{hint}", "label")
             continue
         examples.append(
             {

@@ -339,6 +339,12 @@ def verdict_text(plan: Plan) -> Text:
     if run is not None and run.validation is not None and (run.train_s or e.setup.gpus):
         v = run.validation
         lines.append(f"[bold]Validation loss, on top:[/] {escape(v.words())}")
+        if run.train_s and v.total_s:
+            lines.append(
+                f"[bold]Training and validation: {(run.train_s + v.total_s) / 3600:.2f} h[/] on "
+                f"{e.setup.gpus} GPU(s); the load and checkpoint saves are not modelled here "
+                "(`cockpit rehearse` measures them, and predicts the whole run's wall clock)"
+            )
     return Text.from_markup("\n".join(lines))
 
 

@@ -688,7 +688,7 @@ def cmd_profiles(args: argparse.Namespace) -> int:
 
     table = Table(box=None, header_style="bold")
     for col in ("profile", "description", "file"):
-        table.add_column(col)
+        table.add_column(col, overflow="fold" if col == "file" else "ellipsis")  # a path to copy, whole
     for name, description, path in profile_names():
         default = " (default)" if name == DEFAULT_PROFILE else ""
         shown = path.relative_to(Path.cwd()) if path.is_relative_to(Path.cwd()) else path

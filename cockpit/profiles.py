@@ -444,8 +444,13 @@ def resolve_profile_path(name_or_path: str) -> Path:
             path = directory / name
             if path.is_file():
                 return path
-    known = ", ".join(sorted(p.stem for p in PROFILES_DIR.glob("*.toml")))
-    raise ProfileError(f"{name_or_path}: no such profile file or name (known: {known})")
+    names = sorted({p.stem for d in (Path.cwd() / "profiles", PROFILES_DIR) for p in d.glob("*.toml")})
+    close = difflib.get_close_matches(Path(name_or_path).stem, names, n=1)
+    hint = f"did you mean {close[0]}? " if close else ""
+    raise ProfileError(
+        f"{name_or_path}: no such profile file or name ({hint}known: {', '.join(names)}; "
+        "`cockpit profiles` lists them with their files)"
+    )
 
 
 def profile_names() -> list[tuple[str, str, Path]]:

@@ -139,3 +139,28 @@ def test_a_missing_data_source_names_the_profile_the_field_and_where_it_was_look
         in err
     )
     assert "read from the profile's folder" in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_tenant_without_train_or_eval_examples_is_said_not_blocking(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rows = [
+        {
+            "tenant": "ledger",
+            "user": "Pay ACME 40 USD",
+            "labels": ["PAYER", "PAYEE"],
+            "gold": "PAYEE",
+            "split": s,
+        }
+        for s in ("train", "eval")
+    ] + [
+        {"tenant": "northwind", "user": "Bob", "labels": ["PAYER", "PAYEE"], "gold": "PAYER", "split": "eval"}
+    ]
+    path = tmp_path / "mine.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert main(["data", str(path), "--format", "json", "--no-tokens"]) == 0  # not blocking
+    problems = [p for p in json.loads(capsys.readouterr().out)["problems"] if p["kind"] == "tenant-split"]
+    assert [p["message"] for p in problems] == [
+        f"{path}: tenant 'northwind' has no train example: nothing of its labels is trained"
+    ]
+    assert not problems[0]["blocking"]

@@ -95,6 +95,18 @@ def test_unknown_profile_name_lists_known_ones() -> None:
         load_profile("no-such-profile")
 
 
+def test_a_mistyped_profile_name_gets_the_nearest_including_ones_in_local_profiles(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "profiles").mkdir()
+    (tmp_path / "profiles" / "mine.toml").write_text('name = "mine"\n')
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ProfileError, match=r"mien: .*did you mean mine\? known: mine, qwen3"):
+        load_profile("mien")
+    with pytest.raises(ProfileError, match=r"did you mean tiny-cpu\?"):
+        load_profile("tiny-cup")
+
+
 def test_relative_paths_are_the_files_own_or_where_the_user_stands(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

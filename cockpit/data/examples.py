@@ -41,7 +41,8 @@ ROLES = {"system": "system", "user": "user", "human": "user", "assistant": "assi
 class Problem:
     """One thing wrong with the data; `blocking` ones stop a run before it starts."""
 
-    kind: str  # missing, empty, type, label, split, duplicate, messages, no-eval, no-train, reasoning
+    kind: str  # missing, empty, type, label, split, duplicate, messages, no-eval, no-train, reasoning,
+    # tenant-split (a tenant with no train or no eval example)
     message: str  # one line: the file, the line or row, the field and what is wrong
     blocking: bool = True
 

@@ -175,9 +175,29 @@ def inspect(
         seq_len,
         parts,
         truncation,
-        list(ds.problems),
+        list(ds.problems) + tenant_split_problems(str(ds.path), splits),
         ds.rows,
     )
+
+
+def tenant_split_problems(path: str, splits: dict[str, Counter[str]]) -> list[Problem]:
+    """A tenant with no training example (nothing of its labels is learned) or no held-out one (its F1
+    cannot be measured): not blocking, since the others' still are, but said."""
+    if len(splits) < 2:  # one tenant: the data set's own no-train / no-eval problems say it
+        return []
+    out = []
+    for tenant, counts in sorted(splits.items()):
+        for split, words in (
+            ("train", "nothing of its labels is trained"),
+            ("eval", "its F1 is not measured"),
+        ):
+            if not counts.get(split):
+                out.append(
+                    Problem(
+                        "tenant-split", f"{path}: tenant {tenant!r} has no {split} example: {words}", False
+                    )
+                )
+    return out
 
 
 def estimate_lengths(examples: list[dict[str, Any]]) -> list[tuple[int, int, int]]:

@@ -217,3 +217,16 @@ def test_two_nodes_count_eight_ranks(capsys: pytest.CaptureFixture[str]) -> None
     assert two["configured"]["train"]["host_peak"] < one["configured"]["train"]["host_peak"]
     assert main(["plan", "--profile", STORY, "--nodes", "2"]) == 0
     assert "2 nodes x 4 x H100-80GB (80 GiB) = 8 ranks" in capsys.readouterr().out
+
+
+def test_the_text_says_the_verdict_and_the_hours_first(capsys: pytest.CaptureFixture[str]) -> None:
+    """`cockpit plan | head` shows the answer: the verdict and the run's hours on the third line, the
+    same verdict and hours as the end of the text and the JSON."""
+    assert main(["plan", "--profile", STORY, "--format", "json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert main(["plan", "--profile", STORY]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    first = " ".join(lines[2:4])
+    assert first.startswith(f"In short: {plan['verdict'][:40]}")
+    hours = (plan["run"]["train_s"] + plan["run"]["validation"]["total_s"]) / 3600
+    assert f"training and validation ~{hours:.2f} h (details below)" in first

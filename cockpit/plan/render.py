@@ -56,7 +56,25 @@ def header(plan: Plan) -> Text:
             f"Hardware: {where}, host RAM {hw.host_ram_gib:,.0f} GiB" + (f"  [dim]({src})[/]" if src else "")
         )
     )
+    t.append("\n")
+    t.append_text(in_short(plan))
     return t
+
+
+def in_short(plan: Plan) -> Text:
+    """The verdict and the run's hours in one line, first (the tables and the reasons come after)."""
+    verdict = plan.verdict()
+    style = "green" if verdict.startswith("FITS") else "yellow" if verdict.startswith("NOT") else "red"
+    run = plan.run
+    hours = ""
+    if run is not None and run.train_s:
+        validation = run.validation.total_s if run.validation is not None else None
+        total = run.train_s + (validation or 0.0)
+        hours = f"; training{' and validation' if validation else ''} ~{total / 3600:.2f} h"
+    line = Text("In short: ", style="bold")
+    line.append(verdict, style=style)
+    line.append(f"{hours} (details below)")
+    return line
 
 
 def weights_table(plan: Plan) -> Table:

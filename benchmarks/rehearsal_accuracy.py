@@ -191,14 +191,17 @@ def table(results: dict[str, dict[str, Any]], note: str, terms: dict[str, Any] |
 
 def merged(files: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """Configurations of several results: each depth from the first file that completed it (else the
-    first that has it)."""
+    first that has it; `DepthMeasure.complete`, what the fits take)."""
+    from cockpit.rehearse.measure import DepthMeasure
+
     out: dict[str, dict[str, Any]] = {}
     for result in files:
         for config, run in result.items():
             have = out.setdefault(config, {"run_dir": run.get("run_dir", ""), "by_depth": {}})
             for m in run["measures"]:
                 old = have["by_depth"].get(m["layers"])
-                if old is None or (old.get("status") != "ok" and m.get("status") == "ok"):
+                complete = DepthMeasure.from_dict(m).complete
+                if old is None or (complete and not DepthMeasure.from_dict(old).complete):
                     have["by_depth"][m["layers"]] = m
     return {
         config: {"run_dir": run["run_dir"], "measures": [run["by_depth"][d] for d in sorted(run["by_depth"])]}

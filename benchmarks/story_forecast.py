@@ -37,6 +37,7 @@ MEASURED = (
 def main(argv: list[str] | None = None) -> int:
     from rich.console import Console
 
+    from benchmarks.rehearsal_accuracy import merged
     from cockpit.plan import build_plan
     from cockpit.profiles import load_profile
     from cockpit.rehearse.measure import DepthMeasure
@@ -62,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     files = args.measured or [ROOT / "benchmarks/results" / name for name in MEASURED]
-    measured = [json.loads(path.read_text()) for path in files]
+    measured = merged([json.loads(path.read_text()) for path in files])  # each depth once, completed first
     console = Console(record=True, width=150)
     summary = {}
     for config, (experts, offload) in CONFIGS.items():
@@ -74,12 +75,7 @@ def main(argv: list[str] | None = None) -> int:
         ]
         profile, _ = load_profile(STORY, overrides)
         plan = build_plan(profile).to_dict()
-        by_depth: dict[int, DepthMeasure] = {}
-        for result in measured:
-            for m in map(DepthMeasure.from_dict, result.get(config, {}).get("measures", [])):
-                if m.layers not in by_depth or (m.complete and not by_depth[m.layers].complete):
-                    by_depth[m.layers] = m
-        measures = [by_depth[d] for d in sorted(by_depth)]
+        measures = [DepthMeasure.from_dict(m) for m in measured.get(config, {}).get("measures", [])]
         scaling = Scaling(1, "NVIDIA H200", 4, "H100-80GB", 80, 960, 1.0, 55.5, 55.0, 150.0, 2.0)
         result = forecast(measures, profile, plan, scaling)
         data = result.to_dict()

@@ -137,7 +137,7 @@ def start_rehearsal(
     """
     from cockpit.plan.planner import PlanError, resolve_geometry
     from cockpit.profiles import profile_to_dict
-    from cockpit.rehearse.measure import DEFAULT_LAYERS, WARMUP_STEPS
+    from cockpit.rehearse.measure import WARMUP_STEPS
     from cockpit.rehearse.predict import default_depths
     from cockpit.rehearse.run import RehearsalError, preflight, rehearsal_profile
 
@@ -151,7 +151,7 @@ def start_rehearsal(
         raise LifecycleError(
             f'{path}: model.loader: a rehearsal needs the layer-by-layer loader ("layerwise")'
         )
-    depths = sorted(set(layers or DEFAULT_LAYERS))
+    depths = sorted(set(layers)) if layers is not None else []  # the defaults once the model is known
     if layers is not None and (len(depths) < 2 or depths[0] < 1):
         raise LifecycleError(
             f"--layers {','.join(map(str, layers))}: two different depths of at least one layer are needed "

@@ -171,7 +171,8 @@ def rehearsal_args(layers: int, steps: int, step_offset: int) -> list[str]:
 
 def child_env() -> dict[str, str]:
     """The parent environment, passed through, with the multicast-off variables forced, passive OpenMP
-    waiting unless the user chose otherwise, and this interpreter's folder first on PATH."""
+    waiting unless the user chose otherwise, and the ninja beside this interpreter first on PATH
+    (`dsops.ninja_first`)."""
     env = {**CHILD_ENV_UNLESS_SET, **os.environ}
     env.update(CHILD_ENV_DEFAULTS)
     env["PATH"] = ninja_first(env.get("PATH", ""))  # one ninja for every op build (dsops)

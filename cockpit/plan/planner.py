@@ -482,6 +482,16 @@ class RunLength:
     train_s: float | None
     validation: ValidationTime | None = None  # the validation loss's passes, on top of `train_s`
 
+    @property
+    def validation_s(self) -> float | None:
+        """The validation passes' seconds, where known."""
+        return self.validation.total_s if self.validation is not None else None
+
+    @property
+    def with_validation_s(self) -> float | None:
+        """Training and the validation passes on top of it (None without a training time)."""
+        return None if self.train_s is None else self.train_s + (self.validation_s or 0.0)
+
     def to_dict(self) -> dict[str, Any]:
         out = dict(vars(self))
         out["validation"] = self.validation.to_dict() if self.validation else None

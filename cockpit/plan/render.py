@@ -67,10 +67,9 @@ def in_short(plan: Plan) -> Text:
     style = "green" if verdict.startswith("FITS") else "yellow" if verdict.startswith("NOT") else "red"
     run = plan.run
     hours = ""
-    if run is not None and run.train_s:
-        validation = run.validation.total_s if run.validation is not None else None
-        total = run.train_s + (validation or 0.0)
-        hours = f"; training{' and validation' if validation else ''} ~{total / 3600:.2f} h"
+    if run is not None and run.train_s and run.with_validation_s is not None:
+        both = " and validation" if run.validation_s else ""
+        hours = f"; training{both} ~{run.with_validation_s / 3600:.2f} h"
     line = Text("In short: ", style="bold")
     line.append(verdict, style=style)
     line.append(f"{hours} (details below)")
@@ -357,9 +356,9 @@ def verdict_text(plan: Plan) -> Text:
     if run is not None and run.validation is not None and (run.train_s or e.setup.gpus):
         v = run.validation
         lines.append(f"[bold]Validation loss, on top:[/] {escape(v.words())}")
-        if run.train_s and v.total_s:
+        if run.train_s and v.total_s and run.with_validation_s is not None:
             lines.append(
-                f"[bold]Training and validation: {(run.train_s + v.total_s) / 3600:.2f} h[/] on "
+                f"[bold]Training and validation: {run.with_validation_s / 3600:.2f} h[/] on "
                 f"{e.setup.gpus} GPU(s); the load and checkpoint saves are not modelled here "
                 "(`cockpit rehearse` measures them, and predicts the whole run's wall clock)"
             )

@@ -260,12 +260,15 @@ def stop(run_dir: Path, kill: bool = False) -> StopOutcome:
     """Stop a planned or running run: a checkpoint and a clean exit first; a second stop (or `kill`) kills.
 
     With its supervisor lost and the training processes alive, nobody reads `control/kill`: the
-    trainer still polls `control/stop` at every step, and a kill signals its process group from here.
+    trainer still polls `control/stop` at every step, and a kill signals its process group from here,
+    once `liveness` has proven the group the run's own. A stale record (its supervisor and trainer gone,
+    their ids reused since) is marked ended, and the refusal says so.
     """
-    reconcile(run_dir)  # a run whose supervisor and trainer are both gone is not running any more
+    lost = reconcile(run_dir)  # a run whose supervisor and trainer are both gone is not running any more
     manifest = load_manifest(run_dir)
     if manifest.get("status") not in ACTIVE:
-        raise LifecycleError(f"{run_dir.name} is not running (status {manifest.get('status')})")
+        stale = f": {manifest.get('diagnosis')}" if lost else ""  # ended just now: why
+        raise LifecycleError(f"{run_dir.name} is not running (status {manifest.get('status')}){stale}")
     state = liveness.check(run_dir, manifest)
     if manifest.get("status") == "running" and not state.supervisor_alive and state.trainer_alive:
         if kill or not request_stop(run_dir):
@@ -446,16 +449,18 @@ def reconcile(run_dir: Path) -> str | None:
             f"supervisor lost: training processes still running (group {manifest.get('trainer_pgid')}); "
             "nothing will diagnose or evaluate this run: `cockpit stop` ends them"
         )
+    foreign = state.group.foreign() if state.group else None
+    lost = f"{LOST}; {foreign}" if foreign else LOST  # a stale record: its group id is someone else's now
     training = manifest.get("training")
     if training:  # an ended run's evaluation was under way
         manifest.update(
             status=training["status"],
-            diagnosis=f"{training.get('diagnosis') or training['status']}; {LOST}",
+            diagnosis=f"{training.get('diagnosis') or training['status']}; {lost}",
             exit_code=training.get("exit_code"),
-            evaluation=asdict(Evaluation("failed", LOST)),
+            evaluation=asdict(Evaluation("failed", lost)),
         )
     else:
-        manifest.update(status="failed", diagnosis=LOST)
+        manifest.update(status="failed", diagnosis=lost)
     manifest["ended_at"] = time.time()
     write_manifest(run_dir, manifest)
-    return LOST
+    return lost

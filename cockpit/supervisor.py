@@ -34,6 +34,7 @@ from cockpit.control import request_stop
 from cockpit.diagnosis import EndFacts, culprit, describe_exit, diagnose, last_error_line, stall_where
 from cockpit.dsops import ninja_first
 from cockpit.launcher import RUNNER, master_port, runner_options
+from cockpit.liveness import started_at
 from cockpit.profiles import Profile, parse_profile
 from cockpit.ramguard import ram_limit_mib, ram_verdict
 from cockpit.record import EventWriter, RunPaths, RunReader, load_manifest, write_manifest
@@ -652,6 +653,7 @@ class Supervisor:
             diagnosis=None,
             exit_code=None,
             supervisor_pid=os.getpid(),
+            supervisor_started_at=started_at(os.getpid()),  # with the PID, proves it is this supervisor
             resumed=self.resume or self.manifest.get("resumed", False),
             warning=None,
         )

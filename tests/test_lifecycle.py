@@ -10,13 +10,15 @@ import ast
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
-from cockpit import cli, lifecycle
+from cockpit import cli, lifecycle, liveness
 from cockpit.lifecycle import LifecycleError, StopOutcome
 from cockpit.profiles import ProfileError
 from cockpit.record import RunPaths, load_manifest
@@ -245,13 +247,55 @@ def test_kill_at_once(run_dir: Path) -> None:
 def test_with_the_supervisor_lost_the_trainer_is_asked_then_its_group_killed(
     run_dir: Path, blocked: list
 ) -> None:
-    trainer = start_blocked(blocked)
+    trainer = start_blocked(blocked, "--run-dir", str(run_dir))  # its command line names the run
     update_manifest(run_dir, status="running", supervisor_pid=None, trainer_pgid=trainer.pid)
     assert lifecycle.reconcile(run_dir).startswith("supervisor lost: training processes still running")
     assert lifecycle.stop(run_dir) is StopOutcome.TRAINER_STOP_REQUESTED
     assert RunPaths(run_dir).stop_request.exists() and trainer.poll() is None
     assert lifecycle.stop(run_dir) is StopOutcome.TRAINER_KILLED
     assert trainer.wait(timeout=30) == -signal.SIGKILL
+
+
+def test_stop_kill_never_signals_a_process_group_that_is_not_the_runs(
+    run_dir: Path, blocked: list, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A stale record (a reboot, a reused group id): the group it names holds an unrelated process."""
+    stranger = start_blocked(blocked)  # its own process group; nothing in it names this run
+    update_manifest(
+        run_dir, status="running", supervisor_pid=None, supervisor_started_at=time.time() - 60,
+        trainer_pgid=stranger.pid,
+    )  # fmt: skip
+    runs = str(run_dir.parent)
+    assert cli.main(["stop", "--kill", run_dir.name, "--runs-dir", runs]) == cli.EXIT_BAD_INPUT
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert f"{run_dir.name} is not running (status failed)" in line
+    assert f"process group {stranger.pid}" in line and "not signalled" in line
+    assert stranger.poll() is None, "an unrelated process group was signalled"
+    assert load_manifest(run_dir)["status"] == "failed"
+
+
+def test_a_group_of_the_run_that_started_before_its_supervisor_is_not_taken_for_its_trainer(
+    run_dir: Path, blocked: list
+) -> None:
+    """The run directory named on a command line is not enough: the trainer starts after the supervisor."""
+    older = start_blocked(blocked, "--run-dir", str(run_dir))
+    update_manifest(
+        run_dir, status="running", supervisor_pid=None, trainer_pgid=older.pid,
+        supervisor_started_at=psutil.Process(older.pid).create_time() + 3600,
+    )  # fmt: skip
+    with pytest.raises(LifecycleError, match="not signalled"):
+        lifecycle.stop(run_dir, kill=True)
+    assert older.poll() is None
+
+
+def test_a_supervisor_is_known_by_its_pid_and_its_start_time(run_dir: Path, blocked: list) -> None:
+    """A live process whose command line looks like the run's supervisor, but which started at another
+    time than run.json says (a reused PID), is not the supervisor; the one that did start then is."""
+    look_alike = start_blocked(blocked, "cockpit.supervisor", str(run_dir))
+    started = liveness.started_at(look_alike.pid)
+    manifest = {"status": "running", "supervisor_pid": look_alike.pid}
+    assert liveness.supervisor_alive({**manifest, "supervisor_started_at": started}, run_dir)
+    assert not liveness.supervisor_alive({**manifest, "supervisor_started_at": started - 3600}, run_dir)
 
 
 # --- a lost supervisor -------------------------------------------------------------------------------

@@ -110,17 +110,15 @@ def cmd_run(args: argparse.Namespace) -> int:
         console.print(f"detached: follow with `cockpit ls`, stop with `cockpit stop {run_dir.name}`")
         print(run_dir)
         return 0
-    return _follow_started(run_dir, launch.running, args.no_ui)
+    return _follow_started("run", run_dir, launch.running, args.no_ui)
 
 
-def _follow_started(run_dir: Path, running: Callable[[], bool], no_ui: bool) -> int:
+def _follow_started(command: str, run_dir: Path, running: Callable[[], bool], no_ui: bool) -> int:
     """Follow a run just started (`run`, `resume`): the app, or with `--no-ui` (or no terminal to draw
-    on) the headless progress, whose Ctrl-C asks for a stop."""
-    if not no_ui and _has_terminal():
+    on) the headless progress, whose Ctrl-C asks for a stop; its results then go to stdout."""
+    if _use_app(command, no_ui=no_ui):
         return _open_app(run_dir, live=True)
-    if not no_ui:
-        console.print("no terminal: plain progress lines instead of the app", markup=False)
-    return _exit_code(_follow_headless(run_dir, running))
+    return _exit_code(_follow_headless(run_dir, running, results=True))
 
 
 # --- rehearse ----------------------------------------------------------------------------------------
@@ -148,11 +146,11 @@ def cmd_rehearse(args: argparse.Namespace) -> int:
         )  # fmt: skip
         run_dir = launch.run_dir
         console.print(f"rehearsal [bold]{run_dir.name}[/] started; record: {run_dir}")
-        if not args.no_ui:
+        if _use_app("rehearse", no_ui=args.no_ui):
             _open_app(run_dir, live=True)
             status = load_manifest_status(run_dir)
-        else:
-            status = _follow_headless(run_dir, launch.running)
+        else:  # its result is the prediction printed below
+            status = _follow_headless(run_dir, launch.running, results=False)
     if status in ("planned", "running") and not args.show:  # the app was left: the rehearsal goes on
         console.print(
             f"rehearsal {run_dir.name} goes on; `cockpit rehearse --show {run_dir.name}` for its prediction"
@@ -223,10 +221,23 @@ def _has_terminal() -> bool:
     return all(stream is not None and stream.isatty() for stream in (sys.stdin, sys.stdout, sys.stderr))
 
 
-def _require_terminal(command: str, instead: str) -> None:
-    """Refuse (exit 2) to open the full-screen app with no terminal (nohup, a pipe, a CI log)."""
-    if not _has_terminal():
-        raise UsageError(f"`cockpit {command}` needs a terminal (stdin, stdout and stderr); {instead}")
+def _use_app(command: str, *, no_ui: bool = False, refusal: str | None = None) -> bool:
+    """Whether to open the full-screen app: the one rule of every command that can (run, resume,
+    rehearse, attach, replay, compare), asked before it opens.
+
+    Not with `--no-ui`; not without a terminal on stdin, stdout and stderr (nohup, a pipe, a CI job),
+    where the app would write its codes into the pipe and never end. There a command that can follow
+    the run headless says so in one line and does; one that cannot (`refusal`: what to do instead) is
+    refused in one line, exit 2.
+    """
+    if no_ui:
+        return False
+    if _has_terminal():
+        return True
+    if refusal is not None:
+        raise UsageError(f"`cockpit {command}` needs a terminal (stdin, stdout and stderr); {refusal}")
+    console.print("no terminal: plain progress lines instead of the app", markup=False)
+    return False
 
 
 def cmd_attach(args: argparse.Namespace) -> int:
@@ -242,20 +253,17 @@ def cmd_attach(args: argparse.Namespace) -> int:
         args.run = found.name
         console.print(f"attaching to {found.name}, the latest running run", markup=False)
     run_dir = _find_readable(args)
-    if args.no_ui:
+    instead = f"without one, follow it with `cockpit attach {args.run} --no-ui`, or runs: `cockpit ls`"
+    if not _use_app("attach", no_ui=args.no_ui, refusal=instead):
         return _watch_headless(run_dir)
-    _require_terminal(
-        "attach", f"without one, follow it with `cockpit attach {args.run} --no-ui`, or runs: `cockpit ls`"
-    )
     return _open_app(run_dir, live=True)
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
     run_dir = _run_or_log(args.run, _runs_dir(args))
     check_record(run_dir)
-    _require_terminal(
-        "replay", f"without one, read the run with `cockpit report {args.run}` or list runs: `cockpit ls`"
-    )
+    instead = f"without one, read the run with `cockpit report {args.run}` or list runs: `cockpit ls`"
+    _use_app("replay", refusal=instead)
     return _open_app(run_dir, live=False, speed=args.speed)
 
 
@@ -269,15 +277,23 @@ def _watch_headless(run_dir: Path) -> int:
     except KeyboardInterrupt:
         console.print(f"\nleft: run {run_dir.name} goes on", markup=False)
         return 0
-    viewer.print_report()
-    for line in viewer.summary():
-        console.print(line, markup=False)
+    _print_results(viewer)
     return EXIT_CODES.get(status, 0)
 
 
-def _follow_headless(run_dir: Path, running: Callable[[], bool]) -> str:
+def _print_results(viewer: Any) -> None:
+    """A followed run's results on stdout, where `cockpit run --no-ui > log` keeps them (its progress and
+    diagnostics went to stderr): the per-tenant F1 table, then the closing lines."""
+    viewer.print_report(_stdout_console())
+    for line in viewer.summary():
+        print(line)  # plain text: diagnoses quote logs ("[rank1]: ..." is not markup), never wrapped
+
+
+def _follow_headless(run_dir: Path, running: Callable[[], bool], *, results: bool) -> str:
     """Follow in the foreground until the run ends, and return its status; Ctrl-C (or SIGTERM) asks
-    for a stop, a second one kills."""
+    for a stop, a second one kills. With `results`, the run's results go to stdout (`_print_results`);
+    without (a command that prints its own result after: a rehearsal's prediction, an evaluation's
+    report), the closing lines go to stderr with the progress."""
     from cockpit.headless import HeadlessViewer
 
     interrupts = 0
@@ -298,9 +314,11 @@ def _follow_headless(run_dir: Path, running: Callable[[], bool]) -> str:
     try:
         viewer = HeadlessViewer(run_dir, console=console, alive=running)
         status = viewer.follow()
-        viewer.print_report()
-        for line in viewer.summary():
-            console.print(line, markup=False)  # diagnoses quote logs: "[rank1]: ..." is not markup
+        if results:
+            _print_results(viewer)
+        else:
+            for line in viewer.summary():
+                console.print(line, markup=False)  # diagnoses quote logs: "[rank1]: ..." is not markup
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
@@ -408,8 +426,9 @@ def cmd_resume(args: argparse.Namespace) -> int:
         console.print(f"  changed {change}", markup=False)
     if args.detach:
         console.print(f"detached: watch it with `cockpit attach {name}`, stop it with `cockpit stop {name}`")
+        print(launch.run_dir)  # the result, on stdout, as `run --detach` gives it
         return 0
-    return _follow_started(launch.run_dir, launch.running, args.no_ui)
+    return _follow_started("resume", launch.run_dir, launch.running, args.no_ui)
 
 
 # --- eval, import, report -------------------------------------------------------------------------
@@ -443,7 +462,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         run_dir = _find_readable(args)
         launch = lifecycle.evaluate(run_dir, models)
         console.print(f"evaluating {run_dir.name} (output also in {RunPaths(run_dir).output_log})")
-        status = _follow_headless(run_dir, launch.running)
+        status = _follow_headless(run_dir, launch.running, results=False)  # the report is printed below
         evaluation = lifecycle.last_evaluation(run_dir)
         if evaluation is None:
             return _exit_code(status)
@@ -461,7 +480,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
             raise UsageError(f"--model {name}={path}: no config.json there")
     launch = lifecycle.start_eval(_runs_dir(args), args.profile, models, list(sys.argv))
     console.print(f"evaluation run [bold]{launch.run_dir.name}[/]: base model and {len(models)} other(s)")
-    code = _exit_code(_follow_headless(launch.run_dir, launch.running))
+    code = _exit_code(_follow_headless(launch.run_dir, launch.running, results=False))
     if code == 0:
         _report_and_print(launch.run_dir, "md", None)
     return code
@@ -579,7 +598,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         seen[key] = ref
         check_record(run_dir)
     if args.format is None:
-        _require_terminal("compare", "without one, print the table with --format md or --format json")
+        _use_app("compare", refusal="without one, print the table with --format md or --format json")
         from cockpit.app.compare import run_compare_app
 
         run_compare_app(run_dirs, axis=args.x)

@@ -301,8 +301,9 @@ class HeadlessViewer:
         lines.append(f"next: {report}cockpit replay {root}")
         return lines
 
-    def print_report(self) -> None:
-        """The per-tenant comparison, if the run has a report."""
+    def print_report(self, console: Console | None = None) -> None:
+        """The per-tenant comparison, if the run has a report: on `console` (a result, for stdout), else
+        on the progress's."""
         report = read_report_json(self.paths.root)
         if report is not None:
-            self.console.print(macro_f1_table(report))
+            (console or self.console).print(macro_f1_table(report))

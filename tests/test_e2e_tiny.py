@@ -23,7 +23,7 @@ def tiny_run(tmp_path_factory: pytest.TempPathFactory, asset_cache: Path) -> tup
     result = run_cockpit(["run", "--no-ui", "--runs-dir", str(runs)], asset_cache, timeout=1200)
     assert result.returncode == 0, result.stderr[-3000:]
     (run_dir,) = [p for p in runs.iterdir() if p.is_dir()]
-    return run_dir, result.stderr
+    return run_dir, result.stdout  # the results: `cockpit run --no-ui > log` keeps them
 
 
 def test_run_finishes_with_a_complete_manifest(tiny_run: tuple[Path, str]) -> None:
@@ -96,20 +96,20 @@ def test_load_and_train_phases_and_adapter(tiny_run: tuple[Path, str]) -> None:
 
 
 def test_output_log_holds_what_the_trainer_printed(tiny_run: tuple[Path, str]) -> None:
-    run_dir, stderr = tiny_run
+    run_dir, stdout = tiny_run
     log = (run_dir / "output.log").read_text()
     assert "[cockpit] phase: train" in log and "step 1/" in log
-    assert "finished" in stderr and str(run_dir) in stderr
+    assert f"run {run_dir.name}: finished" in stdout and str(run_dir) in stdout
 
 
 def test_finetuned_beats_the_base_on_every_tenant(tiny_run: tuple[Path, str]) -> None:
-    run_dir, stderr = tiny_run
+    run_dir, stdout = tiny_run
     report = json.loads((run_dir / "report.json").read_text())
     assert len(report["tenants"]) >= 5
     for tenant in report["tenants"]:
         tuned, base = tenant["systems"]["finetuned"]["macro_f1"], tenant["systems"]["base"]["macro_f1"]
         assert tuned > base, (tenant["tenant"], tuned, base)
-    assert "macro F1 on the held-out split" in stderr, "the headless run prints the comparison"
+    assert "macro F1 on the held-out split" in stdout, "the headless run prints the comparison on stdout"
     serving = report["serving"]
     assert serving["measured_on"] == "cpu" and serving["batch_tokens_per_s"] > 0 and serving["ttft_ms"] > 0
 

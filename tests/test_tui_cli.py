@@ -83,7 +83,7 @@ def headless(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
     """Every headless follow (the progress line): recorded, returning at once."""
     calls: list[Path] = []
 
-    def follow(run_dir: Path, running) -> str:
+    def follow(run_dir: Path, running, **how) -> str:
         calls.append(Path(run_dir))
         return "stopped"
 

@@ -95,6 +95,14 @@ def test_load_and_train_phases_and_adapter(tiny_run: tuple[Path, str]) -> None:
     assert (adapter / "adapter_model.safetensors").stat().st_size > 10_000
 
 
+def test_the_adapter_card_says_how_to_use_it_outside_the_cockpit(tiny_run: tuple[Path, str]) -> None:
+    run_dir, _ = tiny_run
+    adapter = run_dir / "adapter"
+    card = (adapter / "README.md").read_text()
+    assert "library_name: peft" in card and "PeftModel.from_pretrained(base" in card
+    assert f"--enable-lora --lora-modules {run_dir.name}={adapter.resolve()} --max-lora-rank" in card
+
+
 def test_output_log_holds_what_the_trainer_printed(tiny_run: tuple[Path, str]) -> None:
     run_dir, stdout = tiny_run
     log = (run_dir / "output.log").read_text()

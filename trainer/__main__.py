@@ -482,6 +482,12 @@ class Recipe:
             fields: dict[str, Any] = {"step": last}
         else:
             fields = keeper.finish(last, self.paths.adapter, self.paths.last_adapter)
+        if self.rank == 0:  # how to use it outside the cockpit, over PEFT's template
+            from trainer.model_card import write_model_card
+
+            for folder in (self.paths.adapter, self.paths.last_adapter):
+                if folder.is_dir():
+                    write_model_card(folder, self.profile, self.model_dir(), self.paths.run_id)
         self.events.write("adapter", path=str(self.paths.adapter), **fields)
 
     def save_adapter(self, folder: Path) -> None:

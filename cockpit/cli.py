@@ -35,7 +35,7 @@ from cockpit.profiles import (
     load_profile,
 )
 from cockpit.record import RecordError, RunPaths, check_record
-from cockpit.runs import default_runs_dir
+from cockpit.runs import TRAINING, default_runs_dir
 
 EXIT_CODES = {"finished": 0, "failed": 1, "stopped": 3, "stalled": 4}
 EXIT_BAD_INPUT = 2
@@ -137,7 +137,7 @@ def cmd_rehearse(args: argparse.Namespace) -> int:
     from cockpit.rehearse.run import RehearsalError, forecast_run, read_forecast
 
     if args.show:
-        run_dir = _find(argparse.Namespace(runs_dir=args.runs_dir, run=args.show))
+        run_dir = _find(argparse.Namespace(runs_dir=args.runs_dir, run=args.show), latest=("rehearse",))
         status = load_manifest_status(run_dir)
     else:
         launch = lifecycle.start_rehearsal(
@@ -343,6 +343,10 @@ def _ls_row(run_dir: Path, now: float) -> dict[str, Any]:
     """One run for `ls`: status, step, age, diagnosis; a damaged record says why it cannot be read."""
     from cockpit.record import load_manifest, read_events
 
+    if not RunPaths(run_dir).manifest.exists():  # a run folder whose manifest is lost: shown, not hidden
+        missing = f"{RunPaths(run_dir).manifest}: missing: not a run record, or one that lost it"
+        return {"run": run_dir.name, "status": "no run.json", "step": None, "max_steps": None,
+                "age_s": None, "diagnosis": missing}  # fmt: skip
     try:
         running = load_manifest(run_dir).get("status") == "running"
         lost = lifecycle.reconcile(run_dir) if running else None
@@ -365,7 +369,7 @@ def _ls_row(run_dir: Path, now: float) -> dict[str, Any]:
 def cmd_ls(args: argparse.Namespace) -> int:
     from cockpit.runs import list_run_dirs
 
-    run_dirs = list_run_dirs(_runs_dir(args))
+    run_dirs = list_run_dirs(_runs_dir(args), every_folder=True)
     now = time.time()
     rows = [_ls_row(run_dir, now) for run_dir in run_dirs]
     if args.format == "json":
@@ -391,11 +395,12 @@ def cmd_ls(args: argparse.Namespace) -> int:
     return 0
 
 
-def _find(args: argparse.Namespace) -> Path:
-    from cockpit.runs import find_run
+def _find(args: argparse.Namespace, latest: tuple[str, ...] | None = None) -> Path:
+    """`args.run` among the runs; `latest` the modes `latest` names, if not `cockpit.runs.LATEST_MODES`."""
+    from cockpit.runs import LATEST_MODES, find_run
 
     try:
-        return find_run(_runs_dir(args), args.run)
+        return find_run(_runs_dir(args), args.run, latest or LATEST_MODES)
     except LookupError as exc:
         raise UsageError(str(exc)) from None
 
@@ -500,9 +505,12 @@ def _import_all(run_dir: Path, items: list[str]) -> None:
 def _report_and_print(run_dir: Path, fmt: str, output: Path | None) -> int:
     import json
 
+    from cockpit.record import load_manifest
     from cockpit.report import render_markdown, run_report, write_report
 
     report = run_report(run_dir)
+    if not report.tenants and load_manifest(run_dir).get("mode") == "import":
+        raise UsageError(f"{run_dir.name} is an imported log (its curves only): no predictions to report")
     if not report.tenants:
         raise UsageError(f"{run_dir.name} has no predictions yet: run `cockpit eval {run_dir.name}`")
     write_report(run_dir, report)
@@ -526,7 +534,7 @@ def cmd_import(args: argparse.Namespace) -> int:
     from cockpit.importers import import_log
 
     source = Path(args.run)
-    if not source.exists():
+    if not args.run.strip() or not source.exists():  # '' would be the current folder
         raise UsageError(
             f"{source}: no such file or directory (to bring predictions into a run: "
             f"`cockpit import RUN --predictions NAME=FILE`)"
@@ -558,15 +566,15 @@ def _say_imported(source: Path, imported: Any, run_id: str) -> None:
         console.print(f"  note: {line}", markup=False)
 
 
-def _run_or_log(ref: str, runs_dir: Path) -> Path:
-    """A run by id, prefix, path or `latest`; else a foreign log at the path `ref`, imported into the
-    cache once (`cockpit.importers.cached_import`)."""
-    from cockpit.runs import find_run
+def _run_or_log(ref: str, runs_dir: Path, latest: tuple[str, ...] | None = None) -> Path:
+    """A run by id, prefix, path or `latest` (of the modes `latest` names: `cockpit.runs.find_run`); else
+    a foreign log at the path `ref`, imported into the cache once (`cockpit.importers.cached_import`)."""
+    from cockpit.runs import LATEST_MODES, find_run
 
     try:
-        return find_run(runs_dir, ref)
+        return find_run(runs_dir, ref, latest or LATEST_MODES)
     except LookupError as exc:
-        if not Path(ref).exists():
+        if not ref.strip() or not Path(ref).exists():  # '' is the current folder: never a log to import
             raise UsageError(str(exc)) from None
     from cockpit.importers import cached_import
 
@@ -589,7 +597,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
     if not 2 <= len(args.runs) <= MAX_RUNS:
         raise UsageError(f"compare needs from 2 to {MAX_RUNS} runs (got {len(args.runs)})")
-    run_dirs = [_run_or_log(ref, _runs_dir(args)) for ref in args.runs]
+    run_dirs = [_run_or_log(ref, _runs_dir(args), latest=TRAINING) for ref in args.runs]  # latest: trained
     seen: dict[Path, str] = {}
     for ref, run_dir in zip(args.runs, run_dirs, strict=True):
         key = run_dir.resolve()
@@ -1055,7 +1063,10 @@ def build_parser() -> argparse.ArgumentParser:
         "A RUN may also be anything `cockpit import` reads (imported once into the cache).",
     )
     cmp.add_argument(
-        "runs", nargs="+", metavar="RUN", help="two runs or more: id, prefix, path, 'latest' or a log"
+        "runs",
+        nargs="+",
+        metavar="RUN",
+        help="two runs or more: id, prefix, path, 'latest' (the newest training run) or a log",
     )
     cmp.add_argument(
         "--format",

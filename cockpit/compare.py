@@ -1,10 +1,11 @@
 """Several runs side by side: their curves against step or elapsed time, and a table of what they reached.
 
-Each run is read whole (`cockpit.record.scalars`), so the figures are exact: the last finite loss and
-validation loss, the median of the step events' tokens/s, the highest CUDA peak (the trainer's, over
-every rank), GPU memory used (NVML telemetry), process RSS, and, where the run has a report.json, the
-tuned model's macro F1 per tenant. Runs are tagged A, B, C... in the order given; each label adds the
-profile fields in which the runs differ (`learning_rate 0.0002`), or the source of an imported log.
+Each run is read whole (`cockpit.record.scalars`), so the figures are exact: the last loss as logged
+(a diverged run's `nan` or `inf`), the last finite validation loss, the median of the step events'
+tokens/s, the highest CUDA peak (the trainer's, over every rank), GPU memory used (NVML telemetry),
+process RSS, and, where the run has a report.json, the tuned model's macro F1 per tenant. Runs are
+tagged A, B, C... in the order given; each label adds the profile fields in which the runs differ
+(`learning_rate 0.0002`), or the source of an imported log.
 """
 
 from __future__ import annotations
@@ -108,6 +109,11 @@ def _last(values: np.ndarray) -> float | None:
     return float(finite[-1]) if len(finite) else None
 
 
+def _last_logged(values: np.ndarray) -> float | None:
+    """The last value as logged: a diverged run's NaN or infinity stays (every step has a loss)."""
+    return float(values[-1]) if len(values) else None
+
+
 def _max(values: np.ndarray | None) -> float | None:
     if values is None or not len(values) or not np.any(np.isfinite(values)):
         return None
@@ -205,7 +211,7 @@ def load_run(run_dir: Path, tag: str, label_fields: list[str]) -> ComparedRun:
         status=str(manifest.get("status", "?")),
         source=str(imported.get("format") or "cockpit"),
         steps=len(steps),
-        final_loss=_last(scalars.column("loss")),
+        final_loss=_last_logged(scalars.column("loss")),
         final_val_loss=_last(vals.get("loss", np.zeros(0))),
         median_tokens_per_s=statistics.median(finite_tps) if finite_tps else None,
         cuda_peak_mib=_max(scalars.memory.get("cuda_peak_alloc_mib")),
@@ -308,7 +314,8 @@ def render_markdown(comparison: Comparison) -> str:
     lines += table(list(SUMMARY_HEADER), summary_rows(comparison))
     lines += [
         "",
-        "Final loss and validation loss: the last logged values. Median tok/s: over the step events. CUDA "
+        "Final loss: the last logged value (nan or inf: the run diverged); final val loss: the last "
+        "finite one. Median tok/s: over the step events. CUDA "
         "peak: the trainer's peak allocation, highest over ranks; GPU used: NVML; RSS peak: the highest "
         "process RSS. `-`: the record does not hold it.",
     ]

@@ -20,6 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from cockpit import control, liveness, supervisor
+from cockpit.disk_space import room_problem
+from cockpit.lost import LOST, lost_verdict
 from cockpit.profiles import (
     Profile,
     anchor_set_paths,
@@ -35,7 +37,6 @@ from cockpit.runs import create_run
 from cockpit.supervisor import Evaluation
 
 ACTIVE = ("planned", "running")
-LOST = "supervisor lost: the supervisor and the training processes are gone"
 
 
 class LifecycleError(Exception):
@@ -345,7 +346,8 @@ def resume(run_dir: Path, overrides: Sequence[str] = (), from_scratch: bool = Fa
 
     Refused (`LifecycleError`, saying why) when there is no complete checkpoint, unless `from_scratch`
     (the run starts over from step 0), and for a finished run unless `overrides` extend its schedule
-    (`training.max_steps` or `training.epochs`). `overrides` (`section.key=value`) change the profile
+    (`training.max_steps` or `training.epochs`), and when the disk lacks the room its next checkpoint
+    needs (`cockpit.disk_space`). `overrides` (`section.key=value`) change the profile
     the run continues with; the fields they changed are returned.
     """
     ended(run_dir, "; only an ended run can be resumed")
@@ -375,6 +377,9 @@ def resume(run_dir: Path, overrides: Sequence[str] = (), from_scratch: bool = Fa
             f"{run_dir.name} has no complete checkpoint in {RunPaths(run_dir).checkpoints} to resume from; "
             f"`cockpit resume {run_dir.name} --from-scratch` starts it over from step 0"
         )
+    no_room = room_problem(run_dir, checkpoint)
+    if no_room is not None:
+        raise LifecycleError(no_room)
     _new_attempt(run_dir, training=None)
     if changes:
         update_manifest(run_dir, profile=profile)
@@ -459,8 +464,10 @@ def reconcile(run_dir: Path) -> str | None:
             exit_code=training.get("exit_code"),
             evaluation=asdict(Evaluation("failed", lost)),
         )
-    else:
-        manifest.update(status="failed", diagnosis=lost)
+    else:  # the trainer's own last words: a clean stop, or the end of its schedule, is not a failure
+        status, said = lost_verdict(run_dir, last_checkpoint(run_dir))
+        lost = lost if said == LOST else said
+        manifest.update(status=status, diagnosis=lost)
     manifest["ended_at"] = time.time()
     write_manifest(run_dir, manifest)
     return lost

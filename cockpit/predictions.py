@@ -16,6 +16,7 @@ from typing import Any
 
 from cockpit.record import RunPaths
 from cockpit.record.atomic import write_jsonl_atomic
+from cockpit.record.predictions_file import prediction_rows
 
 
 class PredictionsError(ValueError):
@@ -66,10 +67,11 @@ def _read_jsonl(path: Path) -> list[tuple[int, dict[str, Any]]]:
 
 
 def load_own(path: Path) -> Predictions:
-    """A predictions file the cockpit wrote itself."""
+    """A predictions file of the record (the cockpit's own, or an import already checked); `RecordError`
+    naming the file, line and field for a line that is not a prediction."""
     meta: dict[str, Any] = {}
     rows: dict[tuple[str, str], dict[str, Any]] = {}
-    for _, row in _read_jsonl(path):
+    for _, row in prediction_rows(path):
         if "meta" in row:
             meta = row["meta"]
             continue

@@ -16,6 +16,8 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from cockpit.launcher import BACKENDS, NODE_SPECS, extra_args_problem, selection_problem
+from cockpit.textfile import NotUtf8, read_utf8
+from cockpit.trackers import Trackers, tracker_problems
 
 # The shipped profiles (and the story's config.json beside them) are package data: a wheel carries them.
 PROFILES_DIR = Path(__file__).resolve().parent / "profiles_data"
@@ -36,11 +38,6 @@ MAX_NODES = 4096
 Port = Annotated[int, Field(ge=0, le=65535)]
 MAX_GPU_MEM_GIB = 4096.0
 MAX_HOST_RAM_GIB = 1024.0**2  # 1 PiB
-# The HF Trainer's reporting integrations (transformers' INTEGRATION_TO_CALLBACK); "all": those installed.
-Tracker = Literal[
-    "all", "azure_ml", "clearml", "codecarbon", "comet_ml", "dagshub", "dvclive", "flyte", "kubeflow",
-    "mlflow", "neptune", "swanlab", "tensorboard", "trackio", "wandb",
-]  # fmt: skip
 
 
 class _Section(BaseModel):
@@ -195,11 +192,11 @@ class TrainingSpec(_Section):
     )
     save_total_limit: PositiveInt = 2
     seed: Seed = 0
-    report_to: list[Tracker] = Field(
+    report_to: Trackers = Field(
         default_factory=list,
         description="Trackers the HF Trainer also reports to, live (its `report_to`: tensorboard, wandb, "
-        "mlflow, trackio, ...; each needs its own package and settings); empty: none. The run record stays "
-        "the cockpit's source of truth.",
+        "mlflow, trackio, ...; a name or a list; each needs its own package and settings, checked before a "
+        "run starts); empty or none: none. The run record stays the cockpit's source of truth.",
     )
     stall_timeout_s: PositiveFloat = Field(
         default=1800.0, description="Stop a run with no step for this long."
@@ -461,8 +458,8 @@ def profile_names() -> list[tuple[str, str, Path]]:
             if path.stem in found:
                 continue
             try:
-                description = str(tomllib.loads(path.read_text(encoding="utf-8")).get("description", ""))
-            except (OSError, tomllib.TOMLDecodeError):
+                description = str(tomllib.loads(read_utf8(path)).get("description", ""))
+            except (OSError, tomllib.TOMLDecodeError, NotUtf8):
                 description = "(cannot be read as TOML)"
             found[path.stem] = (path.stem, description, path)
     return sorted(found.values())
@@ -537,9 +534,11 @@ def load_profile(
     """
     path = resolve_profile_path(name_or_path)
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
+        data = tomllib.loads(read_utf8(path))
     except tomllib.TOMLDecodeError as exc:
         raise ProfileError(f"{path}: not valid TOML: {exc}") from None
+    except NotUtf8 as exc:
+        raise ProfileError(f"{path}: {exc}") from None
     except OSError as exc:
         raise ProfileError(f"{path}: cannot read: {exc.strerror}") from None
     if overrides:
@@ -585,8 +584,10 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
 
 def check_runnable(profile: Profile, source: str) -> None:
     """What a run needs on this machine before it starts: the model (its config, weights and tokenizer)
-    and the data must exist here. Every missing piece is named, in one line."""
+    and the data must exist here, and the trackers of `training.report_to` must be able to start. Every
+    missing piece is named, in one line."""
     problems = _model_problems(profile.model.path) + _data_problems(profile.data.source)
+    problems += tracker_problems(profile.training.report_to)
     if problems:
         raise ProfileError(f"{source}: " + "; ".join(problems) + " (set them with --set KEY=PATH)")
     check_hosts(profile, source)
@@ -630,11 +631,10 @@ def check_hosts(profile: Profile, source: str) -> None:
             )
         return
     try:
-        text = Path(spec.hostfile).expanduser().read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ProfileError(
-            f"{source}: launcher.hostfile: cannot read {spec.hostfile!r}: {exc.strerror}"
-        ) from None
+        text = read_utf8(Path(spec.hostfile).expanduser())
+    except (OSError, NotUtf8) as exc:
+        why = exc.strerror if isinstance(exc, OSError) else exc
+        raise ProfileError(f"{source}: launcher.hostfile: cannot read {spec.hostfile!r}: {why}") from None
     problem = selection_problem(profile, text)
     if problem:
         raise ProfileError(f"{source}: {problem} ({spec.hostfile})")

@@ -97,14 +97,41 @@ def plan_or_error(profile: Profile) -> dict[str, Any]:
         return {"plan_version": 1, "error": f"{type(exc).__name__}: {exc}"}
 
 
-def find_run(runs_dir: Path, ref: str) -> Path:
-    """A run by path, by id, or by a unique prefix of its id; `latest` is the newest."""
+# What `latest` names: the newest run `cockpit run` trained or `cockpit eval` evaluated. Never an imported
+# log (`cockpit import` makes one in the same folder) nor a rehearsal (`cockpit rehearse --show latest`
+# asks for those); `cockpit compare` asks for the newest training run (`TRAINING`).
+LATEST_MODES = ("train", "eval")
+TRAINING = ("train",)
+MODE_WORDS = {"train": "training run", "eval": "evaluation run", "rehearse": "rehearsal"}
+
+
+def latest_run(runs_dir: Path, modes: tuple[str, ...] = LATEST_MODES) -> Path | None:
+    """The newest run of one of `modes` (a record from before modes is a training run), if any."""
+    for run_dir in reversed(list_run_dirs(runs_dir)):
+        manifest = manifest_or_none(run_dir)
+        if manifest is not None and manifest.get("mode", "train") in modes:
+            return run_dir
+    return None
+
+
+def find_run(runs_dir: Path, ref: str, latest: tuple[str, ...] = LATEST_MODES) -> Path:
+    """A run by path, by id, or by a unique prefix of its id; `latest` is the newest run of the modes
+    `latest` names (`LATEST_MODES`: trained or evaluated, never an import). `LookupError` says why not,
+    an empty `ref` included (it would be a prefix of every run)."""
+    if not ref.strip():
+        raise LookupError("RUN is empty: give a run id, a unique prefix of one, a path, or 'latest'")
     direct = Path(ref)
     if RunPaths(direct).manifest.is_file():
         return direct
     runs = list_run_dirs(runs_dir)
-    if ref == "latest" and runs:
-        return runs[-1]
+    if ref == "latest":
+        found = latest_run(runs_dir, latest)
+        if found is None:
+            kinds = " or ".join(MODE_WORDS.get(m, m) for m in latest)
+            raise LookupError(
+                f"no {kinds} in {runs_dir} for 'latest' (imported logs and other runs go by id: `cockpit ls`)"
+            )
+        return found
     matches = [r for r in runs if r.name == ref] or [r for r in runs if r.name.startswith(ref)]
     if len(matches) == 1:
         return matches[0]
@@ -122,11 +149,17 @@ def latest_running(runs_dir: Path) -> Path | None:
     return None
 
 
-def list_run_dirs(runs_dir: Path) -> list[Path]:
-    """Run directories, oldest first."""
+def list_run_dirs(runs_dir: Path, *, every_folder: bool = False) -> list[Path]:
+    """Run directories, oldest first; with `every_folder`, every folder that is not hidden, also one with
+    no `run.json` (`cockpit ls` shows it as such rather than hiding it)."""
     if not runs_dir.is_dir():
         return []
-    return sorted((p for p in runs_dir.iterdir() if RunPaths(p).manifest.is_file()), key=lambda p: p.name)
+    found = (
+        p
+        for p in runs_dir.iterdir()
+        if RunPaths(p).manifest.is_file() or (every_folder and p.is_dir() and not p.name.startswith("."))
+    )
+    return sorted(found, key=lambda p: p.name)
 
 
 def manifest_or_none(run_dir: Path) -> dict[str, Any] | None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -23,6 +24,7 @@ from cockpit.app.app import CockpitApp
 from cockpit.importers import ForeignLogError, read_foreign
 from cockpit.record import load_manifest, read_events
 from cockpit.record.playback import Playback
+from cockpit.runs import find_run
 
 HERE = Path(__file__).resolve().parent
 LLAMAFACTORY = HERE / "fixtures" / "imports" / "llamafactory" / "trainer_log.jsonl"
@@ -295,3 +297,34 @@ def test_replay_of_a_log_imports_it_before_asking_for_a_terminal(tmp_path: Path,
     assert "imported" in err and "needs a terminal" in err.splitlines()[-1]
     (cached,) = (tmp_path / "cache" / "imports").iterdir()
     assert load_manifest(cached)["imported"]["format"] == "llamafactory"
+
+
+# --- report and `latest` with imports in the runs folder (issue 27, items 15 and 16) ----------------------
+TRAINED = HERE / "fixtures" / "records" / "20261201-115430-tiny-cpu-d226"  # trained and evaluated
+
+
+def test_report_on_an_imported_log_says_it_has_no_predictions(tmp_path, capsys) -> None:
+    """It was an AttributeError in report/build.py (an import's manifest has no profile)."""
+    run_dir = import_cli(LLAMAFACTORY, tmp_path / "runs", capsys)
+    for ref in (run_dir.name, "latest"):
+        code = cli.main(["report", ref, "--runs-dir", str(tmp_path / "runs")])
+        err = capsys.readouterr().err
+        assert code == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    assert "no training run or evaluation run" in err  # `latest` never names an import
+
+
+def test_latest_is_the_newest_training_run_even_after_an_import(tmp_path, capsys) -> None:
+    runs = tmp_path / "runs"
+    trained = Path(shutil.copytree(TRAINED, runs / TRAINED.name))
+    imported = import_cli(LLAMAFACTORY, runs, capsys)  # newer than the training run
+    assert imported.name > trained.name
+    assert find_run(runs, "latest") == trained
+    out = tmp_path / "latest.csv"
+    assert (
+        cli.main(["export", "latest", "--format", "csv", "--output", str(out), "--runs-dir", str(runs)]) == 0
+    )
+    capsys.readouterr()
+    assert len(out.read_text().splitlines()) > 150  # the training run's 150 steps, not the import's few
+    assert cli.main(["compare", imported.name, "latest", "--format", "json", "--runs-dir", str(runs)]) == 0
+    runs_compared = [s["run"] for s in json.loads(capsys.readouterr().out)["runs"]]
+    assert runs_compared == [imported.name, trained.name]

@@ -7,6 +7,7 @@ are real ones blocked on their standard input, ended by closing it or by the kil
 from __future__ import annotations
 
 import ast
+import json
 import signal
 import subprocess
 import sys
@@ -21,7 +22,7 @@ import pytest
 from cockpit import cli, lifecycle, liveness
 from cockpit.lifecycle import LifecycleError, StopOutcome
 from cockpit.profiles import ProfileError
-from cockpit.record import RunPaths, load_manifest
+from cockpit.record import EventWriter, RunPaths, load_manifest
 from cockpit.record.manifest import update_manifest
 
 BLOCK = [sys.executable, "-c", "import sys; sys.stdin.read()"]
@@ -335,3 +336,68 @@ def test_cli_refusals_are_bad_input(run_dir: Path, capsys: pytest.CaptureFixture
     ended(run_dir, status="finished")
     assert cli.main(["stop", run_dir.name, "--runs-dir", runs]) == cli.EXIT_BAD_INPUT
     assert "is not running (status finished)" in capsys.readouterr().err
+
+
+# --- issue 27, item 25 ----------------------------------------------------------------------------------
+def trainer_stopped_cleanly(run_dir: Path, step: int) -> None:
+    """The record a trainer leaves when a stop it was asked for (its supervisor already lost) ends it:
+    the supervisor's launch, its steps, the stop's checkpoint, and `trainer_end` stopped."""
+    paths = RunPaths(run_dir)
+    clock = iter(range(1, 100))
+    with EventWriter(paths.events("supervisor"), clock=lambda: float(next(clock))) as sup:
+        sup.write("launch", stage="train", argv=["deepspeed"], pid=1, world_size=1)
+        with EventWriter(paths.events("trainer-rank0"), rank=0, clock=lambda: float(next(clock))) as w:
+            w.write("train_begin", max_steps=400, start_step=0)
+            for s in range(1, step + 1):
+                w.write("step", step=s, max_steps=400, loss=2.0 / s)
+            w.write("stop_ack", step=step)
+            w.write("checkpoint", step=step, path=str(checkpoint(run_dir, step)))
+            w.write("trainer_end", outcome="stopped", step=step)
+
+
+def test_a_clean_stop_after_the_supervisor_was_lost_is_stopped_not_failed(
+    run_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trainer_stopped_cleanly(run_dir, 5)
+    lifecycle.request_stop(run_dir)  # `cockpit stop` with the supervisor lost: the trainer's own request
+    update_manifest(run_dir, status="running", supervisor_pid=None, trainer_pgid=None)
+    assert cli.main(["ls", "--format", "json", "--runs-dir", str(run_dir.parent)]) == 0
+    (row,) = json.loads(capsys.readouterr().out)
+    expected = "stopped by user at step 5, checkpoint saved; the supervisor was lost before the evaluation"
+    assert row["status"] == "stopped" and row["diagnosis"] == expected
+    manifest = load_manifest(run_dir)
+    assert manifest["status"] == "stopped" and manifest["diagnosis"] == expected and manifest["ended_at"]
+    assert cli.main(["resume", run_dir.name, "--runs-dir", str(run_dir.parent), "--detach"]) == 0
+
+
+def test_a_lost_trainer_that_said_stopped_without_its_checkpoint_failed(run_dir: Path) -> None:
+    trainer_stopped_cleanly(run_dir, 5)
+    (RunPaths(run_dir).checkpoints / "checkpoint-5" / "trainer_state.json").unlink()  # cut short
+    update_manifest(run_dir, status="running", supervisor_pid=None, trainer_pgid=None)
+    assert lifecycle.reconcile(run_dir) == lifecycle.LOST
+    assert load_manifest(run_dir)["status"] == "failed"
+
+
+def test_resume_is_refused_in_one_line_when_the_disk_lacks_room(
+    run_dir: Path, spawned: list, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import shutil
+
+    from cockpit import disk_space
+
+    ended(run_dir)
+    (checkpoint(run_dir, 5) / "weights.bin").write_bytes(b"\0" * 2**20)
+    need = disk_space.bytes_needed(run_dir, str(RunPaths(run_dir).checkpoints / "checkpoint-5"))
+    assert need >= 2**20 + disk_space.RECORD_MARGIN_BYTES  # the checkpoint's own size counts
+    usage = shutil.disk_usage(run_dir)
+    monkeypatch.setattr(disk_space.shutil, "disk_usage", lambda _: usage._replace(free=need - 1))
+    with pytest.raises(
+        LifecycleError, match=r"free on the disk of .*, and resuming needs about .*: free some"
+    ):
+        lifecycle.resume(run_dir)
+    assert spawned == [] and load_manifest(run_dir)["status"] == "stopped", "nothing changed"
+    assert cli.main(["resume", run_dir.name, "--runs-dir", str(run_dir.parent), "--detach"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "resuming needs about" in err
+    monkeypatch.setattr(disk_space.shutil, "disk_usage", lambda _: usage._replace(free=need))
+    assert lifecycle.resume(run_dir).checkpoint is not None and len(spawned) == 1

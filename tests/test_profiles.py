@@ -130,3 +130,40 @@ def test_relative_paths_are_the_files_own_or_where_the_user_stands(
     assert kept.data.source == "builtin:tiny-tenants"
     home, _ = load_profile("tiny-cpu", ["data.source=~/d.jsonl"])
     assert home.data.source == str(Path.home() / "d.jsonl")  # expanded, as the trainer reads it
+
+
+@pytest.mark.parametrize("command", ["run", "plan", "doctor", "data"])
+def test_a_profile_that_is_not_utf8_is_one_line_naming_the_file_and_the_byte(
+    command: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from cockpit.cli import main
+
+    shipped = (Path(__file__).parent.parent / "cockpit/profiles_data/tiny-cpu.toml").read_bytes()
+    path = tmp_path / "latin1.toml"
+    path.write_bytes(shipped + '\ndescription = "café"\n'.encode("latin-1"))
+    line = shipped.count(b"\n") + 2
+    runs = ["--runs-dir", str(tmp_path / "runs")] if command != "data" else ["--no-tokens"]
+    code = main([command, "--profile", str(path), *runs])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1, err
+    assert f"{path}: line {line}: not UTF-8 text (byte 0xe9 at column 19)" in err
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_hostfile_or_a_listed_profile_that_is_not_utf8_is_named_not_raised(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from cockpit.profiles import profile_names
+
+    hostfile = tmp_path / "hosts"
+    hostfile.write_bytes(b"node-1 slots=1\nn\xf6de-2 slots=1\n")
+    profile, _ = load_profile("tiny-cpu", [f'launcher.hostfile="{hostfile}"', "hardware.nodes=2"])
+    with pytest.raises(ProfileError, match=r"launcher\.hostfile: .*line 2: not UTF-8 text \(byte 0xf6"):
+        check_runnable(profile, "mine.toml")
+    (tmp_path / "profiles").mkdir()
+    (tmp_path / "profiles" / "mine.toml").write_bytes(b'description = "\xff"\n')
+    monkeypatch.chdir(tmp_path)
+    assert ("mine", "(cannot be read as TOML)", Path("profiles/mine.toml")) in [
+        (n, d, p.relative_to(tmp_path)) if p.is_relative_to(tmp_path) else (n, d, p)
+        for n, d, p in profile_names()
+    ]

@@ -163,3 +163,128 @@ def test_version(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exit_:
         cli.main(["--version"])
     assert exit_.value.code == 0 and capsys.readouterr().out.strip() == f"cockpit {__version__}"
+
+
+# --- fields of the wrong type (issue 27, items 7 and 8) -----------------------------------------------------
+def edit_line(path: Path, line_no: int, **fields: object) -> None:
+    """Set fields of one event line, keeping the rest of the file as it is."""
+    lines = path.read_text().split("\n")
+    lines[line_no - 1] = json.dumps({**json.loads(lines[line_no - 1]), **fields})
+    path.write_text("\n".join(lines))
+
+
+def edit_manifest(run_dir: Path, **fields: object) -> None:
+    manifest = json.loads((run_dir / "run.json").read_text())
+    (run_dir / "run.json").write_text(json.dumps({**manifest, **fields}))
+
+
+def prediction_without_tenant(run_dir: Path) -> None:
+    (run_dir / "predictions").mkdir(exist_ok=True)
+    (run_dir / "predictions" / "finetuned.jsonl").write_text(
+        '{"meta": {"system": "finetuned"}}\n'
+        '{"id": "a1", "gold": "ORG", "pred": "ORG", "scores": {"ORG": 0.0}}\n'
+    )
+
+
+TYPED_DAMAGE = {
+    "t not a number": (
+        lambda d: edit_line(trainer_file(d), 4, t="abc"),
+        r"trainer-rank0\.jsonl: line 4: not an event: field t: expected a finite number",
+    ),
+    "step null": (
+        lambda d: edit_line(trainer_file(d), 9, step=None),
+        r"trainer-rank0\.jsonl: line 9: step event: field step: expected a whole number, got null",
+    ),
+    "step text": (
+        lambda d: edit_line(trainer_file(d), 9, step="x"),
+        r"trainer-rank0\.jsonl: line 9: step event: field step: expected a whole number, got 'x'",
+    ),
+    "profile not an object": (
+        lambda d: edit_manifest(d, profile="nope"),
+        r"run\.json: field profile: expected an object, got 'nope'",
+    ),
+    "prediction without a tenant": (
+        prediction_without_tenant,
+        r"finetuned\.jsonl: line 2: field tenant: missing",
+    ),
+}
+
+
+@pytest.mark.parametrize("command", ["report", "replay", "compare", "export"])
+@pytest.mark.parametrize("damage", list(TYPED_DAMAGE))
+def test_every_reader_names_a_field_of_the_wrong_type_in_one_line(
+    run_dir: Path, command: str, damage: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Each gave a traceback (replay's with exit 0): the record check types every field; every reader
+    asks it first."""
+    other = Path(shutil.copytree(run_dir, run_dir.parent / "20261130-060000-tiny-cpu-good"))
+    damage_it, message = TYPED_DAMAGE[damage]
+    damage_it(run_dir)
+    extra = {
+        "compare": [other.name, "--format", "md"],
+        "export": ["--format", "csv", "--output", str(run_dir.parent / "x.csv")],
+    }.get(command, [])
+    code = cli.main([command, run_dir.name, *extra, "--runs-dir", str(run_dir.parent)])
+    err = capsys.readouterr().err
+    assert code == cli.EXIT_BAD_INPUT, err
+    assert re.search(message, err) and "Traceback" not in err, err
+    assert len(err.strip().splitlines()) == 1, err
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        lambda d: edit_line(trainer_file(d), 4, t="abc"),
+        lambda d: edit_manifest(d, status="running", supervisor_pid="abc"),
+        lambda d: edit_line(trainer_file(d), 9, step=None),
+    ],
+    ids=["t not a number", "supervisor_pid not a number", "step null"],
+)
+def test_ls_lists_the_other_runs_and_marks_a_record_with_a_wrong_typed_field(
+    run_dir: Path, damage: object, capsys: pytest.CaptureFixture[str]
+) -> None:
+    good = Path(shutil.copytree(run_dir, run_dir.parent / "20261130-060000-tiny-cpu-good"))
+    damage(run_dir)  # type: ignore[operator]
+    assert cli.main(["ls", "--format", "json", "--runs-dir", str(run_dir.parent)]) == 0
+    rows = {row["run"]: row for row in json.loads(capsys.readouterr().out)}
+    assert rows[run_dir.name]["status"] == "unreadable" and "expected" in rows[run_dir.name]["diagnosis"]
+    assert rows[good.name]["status"] == "finished" and rows[good.name]["step"] == 400
+
+
+def test_ls_shows_a_run_folder_without_run_json(run_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """It silently vanished from the list (issue 27, item 25)."""
+    lost = Path(shutil.copytree(run_dir, run_dir.parent / "20261130-060000-tiny-cpu-lost"))
+    (lost / "run.json").unlink()
+    (run_dir.parent / ".hidden").mkdir()
+    assert cli.main(["ls", "--format", "json", "--runs-dir", str(run_dir.parent)]) == 0
+    rows = {row["run"]: row for row in json.loads(capsys.readouterr().out)}
+    assert set(rows) == {run_dir.name, lost.name}
+    assert rows[lost.name]["status"] == "no run.json"
+    assert rows[lost.name]["diagnosis"].startswith(f"{lost / 'run.json'}: missing")
+    assert cli.main(["ls", "--runs-dir", str(run_dir.parent)]) == 0
+    assert "no run.json" in capsys.readouterr().out
+    for command in (["report", lost.name], ["replay", lost.name]):  # not a run to act on: said in one line
+        assert cli.main([*command, "--runs-dir", str(run_dir.parent)]) == cli.EXIT_BAD_INPUT
+        assert "no run" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "command",
+    [["report", ""], ["replay", ""], ["export", "", "--format", "csv"], ["compare", "", "x"], ["stop", ""],
+     ["resume", ""], ["eval", ""], ["attach", ""], ["join", "", "--node-rank", "1"], ["import", ""],
+     ["import", "", "--predictions", "api=x.jsonl"], ["report", " "]],
+    ids=lambda c: " ".join(repr(a) if not a.strip() else a for a in c),
+)  # fmt: skip
+def test_an_empty_run_is_refused_not_taken_for_a_prefix_of_every_run(
+    run_dir: Path, command: list[str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`report ''` acted on the only run (every id starts with ''), and `replay ''` / `import ''` would have
+    read the current folder; each is refused in one line, exit 2 (issue 27, item 20)."""
+    monkeypatch.chdir(run_dir)  # '' is also the current folder: here a run record itself
+    monkeypatch.setenv("COCKPIT_CACHE", str(run_dir.parent / "cache"))
+    code = cli.main([*command, "--runs-dir", str(run_dir.parent)])
+    err = capsys.readouterr().err
+    assert code == cli.EXIT_BAD_INPUT and "Traceback" not in err
+    said = ("RUN is empty", "no such file", "give a RUN")  # `eval ''` is `eval` with no RUN
+    assert len(err.strip().splitlines()) == 1 and any(s in err for s in said), err
+    assert load_manifest(run_dir)["status"] == "finished" and not (run_dir / "control" / "stop").exists()

@@ -399,6 +399,7 @@ class Recipe:
             keeper=AdapterKeeper(
                 self.paths.best_adapter, self.save_adapter, self.events, self.rank, agree=rank0_says
             ),
+            log=lambda logs: self.trainer.log(logs),  # to the trackers of training.report_to too
         )
 
     def validation_collator(self, tokenizer: Any) -> Any:

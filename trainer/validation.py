@@ -137,7 +137,9 @@ class ValidationCallback(TrainerCallback):
     """Validation loss at the start, every `eval_steps` and at the last step; `val_loss` events (rank 0
     writes them), and an `early_stop` event when early stopping ends the run. With a `keeper`
     (`trainer.best_adapter`), each validation is offered to it: the best adapter is kept as training
-    goes on."""
+    goes on. With `log` (the Trainer's `log`), each validation also reaches the Trainer's callbacks as
+    `eval_loss` and `eval_loss/TENANT`, as the Trainer's own evaluation does: the trackers of
+    `training.report_to` get it (TensorBoard as `eval/loss`)."""
 
     def __init__(
         self,
@@ -152,6 +154,7 @@ class ValidationCallback(TrainerCallback):
         pause_clock: Callable[[float], None] | None = None,
         step_offset: int = 0,
         keeper: AdapterKeeper | None = None,
+        log: Callable[[dict[str, float]], None] | None = None,
     ) -> None:
         self.writer = writer
         self.batches = batches
@@ -164,6 +167,7 @@ class ValidationCallback(TrainerCallback):
         self.pause_clock = pause_clock
         self.step_offset = step_offset
         self.keeper = keeper
+        self.log = log
         self.stopped: str | None = None
         self._last_step = -1
 
@@ -196,9 +200,22 @@ class ValidationCallback(TrainerCallback):
             print(f"val step {event['step']} loss {loss:.4f} ({shown}) in {seconds:.1f} s", flush=True)
         return event
 
+    def report(self, event: dict[str, Any], control: Any) -> None:
+        """The validation to the Trainer's callbacks through `log` (every rank, as the Trainer logs: they
+        write on rank 0). The Trainer's `log` clears `should_log`, which the step's own loss line waits on
+        after this step's callbacks: it is put back."""
+        if self.log is None:
+            return
+        should_log = control.should_log
+        self.log(
+            {"eval_loss": event["loss"], **{f"eval_loss/{t}": v for t, v in event["tenant_loss"].items()}}
+        )
+        control.should_log = should_log
+
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         event = self.validate(args, state)
         if event is not None:
+            self.report(event, control)
             self.early.observe(event["step"], event["loss"])
             self.keep(event, last=False)  # a resumed run's first validation is of a trained adapter
 
@@ -217,6 +234,7 @@ class ValidationCallback(TrainerCallback):
         event = self.validate(args, state)
         if event is None:
             return
+        self.report(event, control)
         self.keep(event, last)
         if last:
             return

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from cockpit.textfile import not_utf8
+
 SUFFIXES = {
     ".jsonl": "jsonl",
     ".ndjson": "jsonl",
@@ -85,10 +87,7 @@ def check_text(path: Path) -> list[int]:
             try:
                 line = raw.decode("utf-8")
             except UnicodeDecodeError as exc:
-                raise DataError(
-                    f"{path}: line {number}: not UTF-8 text (byte {raw[exc.start]:#04x} at column "
-                    f"{exc.start + 1}); save the file as UTF-8"
-                ) from None
+                raise DataError(f"{path}: {not_utf8(number, raw, exc.start)}") from None
             if line.strip() and line.strip() != "\ufeff":
                 numbers.append(number)
     if not numbers:

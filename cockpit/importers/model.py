@@ -12,17 +12,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-# Step fields a record can hold, in the words the README's event table uses; `absent` names those missing.
-STEP_FIELDS = (
-    "loss",
-    "learning_rate",
-    "grad_norm",
-    "epoch",
-    "tokens_per_s",
-    "samples_per_s",
-    "step_time_s",
-    "cuda_peak_alloc_mib",
-)
+from cockpit.record.schema import STEP_FIGURES
+
+# Step fields a record can hold (the step event's figures and its GPU peak, `record.schema`); `absent`
+# names those an import lacks.
+STEP_FIELDS = (*STEP_FIGURES, "cuda_peak_alloc_mib")
 CLOCKS = ("wall", "elapsed", "step")  # Unix time; seconds since training began; none (one second a step)
 SNIFF_BYTES = 8192
 MIB_PER_GB = 1024.0  # DeepSpeed and LLaMA-Factory divide bytes by 1024**3 and call it GB

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from cockpit.record import schema
 from cockpit.record.columns import parse_uniform
 from cockpit.record.format import jsonl_files
 from cockpit.record.reader import Event, bad_line_error, first_bad_line
@@ -82,12 +83,41 @@ def _blocks_from_columns(kind: str, columns: dict[str, np.ndarray]) -> list[Bloc
     return blocks
 
 
+def _columns_typed(kind: str, columns: dict[str, np.ndarray]) -> bool:
+    """Whether numeric columns hold what `record.schema` types their fields as: whole numbers where it
+    wants them, a finite time, every required field, and no number where text, a flag or an object
+    belongs. (Nulls are NaN here; a non-finite word never takes this path.)"""
+    fields = {**schema.HEADER, **schema.EVENTS.get(kind, {})}
+    for name, spec in fields.items():
+        if isinstance(spec, schema.Required) and name != "kind" and name not in columns:
+            return False
+    for name, values in columns.items():
+        spec = fields.get(name.split("[", 1)[0])
+        if spec is None:
+            continue
+        required = isinstance(spec, schema.Required)
+        kind_of = spec.type if isinstance(spec, schema.Required) else spec
+        if kind_of in (schema.NUMBER, schema.NUMBERS):
+            continue
+        if kind_of not in (schema.INT, schema.TIME):
+            return False
+        present = ~np.isnan(values)
+        if (required or kind_of is schema.TIME) and not present.all():
+            return False
+        if np.any(values[present] != np.floor(values[present])) and kind_of is schema.INT:
+            return False
+    return True
+
+
 def _parse_fast(kind: str, lines: list[bytes]) -> tuple[list[Block], list[Event], int]:
     """Columns where the layout allows, json for the rest (halving the lines to isolate odd ones)."""
     if len(lines) < MIN_FAST_LINES:
         events, bad = json_events(lines)
         return [], events, bad
     columns = parse_uniform(lines)
+    if columns is not None and not _columns_typed(kind, columns):
+        events, bad = json_events(lines)  # a field of the wrong type: find its line, the slow way
+        return [], events, bad
     if columns is not None:
         return _blocks_from_columns(kind, columns), [], 0
     half = len(lines) // 2
@@ -147,7 +177,8 @@ def read_file(
             lines = data[:cut].split(b"\n")
             blocks, events, bad = parse_lines(lines)
             if bad and strict:
-                raise bad_line_error(path, line_no + (first_bad_line(lines) or 0))
+                index = first_bad_line(lines) or 0
+                raise bad_line_error(path, line_no + index, lines[index])
             line_no += len(lines)
             offset = f.tell() - len(partial)
             yield FileChunk(blocks, events, offset, bad, line_no)

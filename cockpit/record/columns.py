@@ -27,6 +27,8 @@ from typing import Any
 
 import numpy as np
 
+from cockpit.record.schema import NONFINITE
+
 _NUMBER_BYTES = b"0123456789.-+E"
 # Commas become the separator; every other byte that is not part of a number (keys, quotes, colons,
 # brackets) is deleted, which leaves numpy less text to scan than blanking them would.
@@ -37,8 +39,9 @@ _EOL = b" 9E999 "  # parses to +inf: the end of a line
 
 
 def _unsafe(text: str) -> bool:
-    """Text that the number pass could mistake for (part of) a number."""
-    return any(c in "0123456789.-+E" for c in text) or "e-" in text or "e+" in text
+    """Text that the number pass could mistake for (part of) a number, or that is one (a non-finite
+    number's word, `record.schema.NONFINITE`: read by `json`, it becomes the float)."""
+    return any(c in "0123456789.-+E" for c in text) or "e-" in text or "e+" in text or text in NONFINITE
 
 
 def _leaves(event: dict[str, Any]) -> list[tuple[str, int | None, Any]] | None:

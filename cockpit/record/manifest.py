@@ -9,6 +9,7 @@ from typing import Any
 from cockpit.record.atomic import write_json_atomic
 from cockpit.record.errors import RecordError
 from cockpit.record.format import FORMAT_VERSION, RunPaths
+from cockpit.record.schema import MANIFEST, fields_problem
 
 Manifest = dict[str, Any]
 
@@ -20,7 +21,8 @@ def write_manifest(run_dir: Path, manifest: Manifest) -> None:
 
 def load_manifest(run_dir: Path) -> Manifest:
     """Read `run.json`; FileNotFoundError if the directory is not a run, `RecordError` if it is damaged
-    (not JSON, not an object, or a `format_version` this cockpit does not know)."""
+    (not JSON, not an object, a `format_version` this cockpit does not know, or a field of the wrong
+    type: `record.schema.MANIFEST`)."""
     path = RunPaths(Path(run_dir)).manifest
     text = path.read_text(encoding="utf-8", errors="replace")
     try:
@@ -35,6 +37,9 @@ def load_manifest(run_dir: Path) -> Manifest:
         raise RecordError(
             f"{path}: format_version {version!r} is unknown to this cockpit (it reads 1 to {FORMAT_VERSION})"
         )
+    problem = fields_problem(manifest, MANIFEST)
+    if problem is not None:
+        raise RecordError(f"{path}: {problem}")
     return manifest
 
 

@@ -15,17 +15,25 @@ from typing import Any
 from cockpit.record.errors import RecordError
 from cockpit.record.format import RunPaths
 from cockpit.record.manifest import Manifest, load_manifest
+from cockpit.record.predictions_file import prediction_rows
+from cockpit.record.schema import event_problem
 
 Event = dict[str, Any]
 
 
-def _event(line: bytes) -> Event | None:
-    """The event a line holds, or None if it holds none."""
+def _parsed(line: bytes) -> tuple[Event | None, str | None]:
+    """The event a line holds, or why it holds none (`record.schema`: a field of the wrong type)."""
     try:
         event = json.loads(line)
     except (json.JSONDecodeError, UnicodeDecodeError):
-        return None
-    return event if isinstance(event, dict) and "kind" in event and "t" in event else None
+        return None, "not an event (damaged or not JSON)"
+    problem = event_problem(event)
+    return (None, problem) if problem is not None else (event, None)
+
+
+def _event(line: bytes) -> Event | None:
+    """The event a line holds (its non-finite words made floats), or None if it holds none."""
+    return _parsed(line)[0]
 
 
 def first_bad_line(lines: list[bytes]) -> int | None:
@@ -33,8 +41,10 @@ def first_bad_line(lines: list[bytes]) -> int | None:
     return next((i for i, line in enumerate(lines) if line.strip() and _event(line) is None), None)
 
 
-def bad_line_error(path: Path | None, line_no: int) -> RecordError:
-    return RecordError(f"{path or 'event file'}: line {line_no}: not an event (damaged or not JSON)")
+def bad_line_error(path: Path | None, line_no: int, line: bytes = b"") -> RecordError:
+    """The error for line `line_no` (its text `line`): the file, the line, and what is wrong with it."""
+    why = _parsed(line)[1] or "not an event (damaged or not JSON)"
+    return RecordError(f"{path or 'event file'}: line {line_no}: {why}")
 
 
 def parse_lines(
@@ -54,7 +64,7 @@ def parse_lines(
         if event is not None:
             events.append(event)
         elif first_line is not None:
-            raise bad_line_error(path, first_line + i)
+            raise bad_line_error(path, first_line + i, line)
         else:
             bad += 1
     return events, bad
@@ -144,13 +154,17 @@ def check_events(run_dir: Path, chunk_bytes: int = 4 * 2**20) -> None:
                 lines = data[:cut].split(b"\n")
                 bad = first_bad_line(lines)
                 if bad is not None:
-                    raise bad_line_error(path, line_no + bad)
+                    raise bad_line_error(path, line_no + bad, lines[bad])
                 line_no += len(lines)
                 partial = data[cut + 1 :]
 
 
 def check_record(run_dir: Path) -> Manifest:
-    """The run's manifest, once it and every event file have been read through (`RecordError` if damaged)."""
+    """The run's manifest, once it, every event file and every predictions file have been read through
+    and found well-typed (`record.schema`); `RecordError` naming the file, line and field if damaged."""
     manifest = load_manifest(run_dir)
     check_events(run_dir)
+    for path in RunPaths(Path(run_dir)).prediction_files():
+        for _ in prediction_rows(path):
+            pass
     return manifest

@@ -17,19 +17,9 @@ from cockpit.record.bulk import Block, read_record
 from cockpit.record.columns import list_width
 from cockpit.record.format import RunPaths
 from cockpit.record.reader import Event
+from cockpit.record.schema import STEP_FIGURES
 
-STEP_COLUMNS = (
-    "t",
-    "step",
-    "loss",
-    "learning_rate",
-    "grad_norm",
-    "epoch",
-    "tokens_per_s",
-    "samples_per_s",
-    "step_time_s",
-    "tokens",
-)
+STEP_COLUMNS = ("t", "step", *STEP_FIGURES)  # the step event's training figures (`record.schema`)
 MEMORY_COLUMNS = ("cuda_peak_alloc_mib", "cuda_peak_reserved_mib", "rss_mib")
 TELEMETRY_COLUMNS = ("ram_used_mib", "run_rss_mib")
 

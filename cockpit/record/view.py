@@ -137,6 +137,12 @@ class RunView(Fold):
                 out = [None if v != v else v for v in out]
             return out
 
+        def losses() -> list[Any]:
+            """Every step has a loss: a NaN one (`"nan"`, or null in an older record) is the loss, not a
+            missing reading, so a diverged run shows `nan`."""
+            values = columns.get("loss")
+            return [None] * (hi - lo) if values is None else values[lo:hi].tolist()
+
         steps = columns["step"][lo:hi].astype(np.int64).tolist()
         self.step_events += len(steps)
         if "tokens_per_s" in columns:
@@ -149,7 +155,7 @@ class RunView(Fold):
                 StepPoint,
                 t[lo:hi].tolist(),
                 steps,
-                col("loss"),
+                losses(),
                 col("tokens_per_s"),
                 col("step_time_s"),
                 col("learning_rate"),

@@ -3,23 +3,13 @@
 from __future__ import annotations
 
 import json
-import math
 import os
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-
-def _clean(value: Any) -> Any:
-    """JSON has no NaN or infinity: write them as null rather than as invalid JSON."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _clean(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_clean(v) for v in value]
-    return value
+from cockpit.record.schema import encode
 
 
 def drop_torn_tail(path: Path, window: int = 1 << 20) -> None:
@@ -69,7 +59,7 @@ class EventWriter:
         record: dict[str, Any] = {"t": round(self.clock() if at is None else at, 4), "kind": kind}
         if self.rank is not None:
             record["rank"] = self.rank
-        record.update(_clean(fields))
+        record.update(encode(fields))  # NaN and infinity as words JSON allows
         self._file.write(json.dumps(record, separators=(",", ":")) + "\n")
         self._file.flush()
         return record

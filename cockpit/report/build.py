@@ -188,7 +188,7 @@ def run_report(run_dir: Path, samples: int | None = None) -> Report:
     """The report of a run from its record: predictions files, the serving event, the profile's prices."""
     run_dir = Path(run_dir)
     manifest = load_manifest(run_dir)
-    profile = manifest.get("profile", {})
+    profile = manifest.get("profile") or {}  # an imported log has none
     serving = list(read_events(run_dir, "serving"))
     report = build_report(
         own_predictions(run_dir),

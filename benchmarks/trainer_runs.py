@@ -141,9 +141,8 @@ def prepare_ops(profile_name: str) -> float:
     from cockpit import dsops
     from cockpit.profiles import load_profile
 
-    def announce(states: list[dsops.OpState]) -> None:
-        names = ", ".join(s.name for s in states)
-        print(f"building {names} before the timed runs ({dsops.BUILD_NOTE})", flush=True)
+    def announce(state: dsops.OpState, words: str) -> None:
+        print(f"before the timed runs: {words}", flush=True)
 
     t0 = time.time()
     built = dsops.ensure_ops(load_profile(profile_name)[0], announce)

@@ -178,6 +178,7 @@ class EndFacts:
     gpu_peak_mib: dict[int, float] | None = None
     trainer_outcome: str | None = None  # from the trainer's trainer_end event
     last_step: int | None = None
+    stall_step: int | None = None  # this attempt's last step when the stall was judged (None: before any)
     culprit: RankFault | None = None  # with several ranks: the one that failed first (`culprit`)
     early_stop: str = ""  # why early stopping ended training (the trainer's early_stop event)
 
@@ -238,8 +239,9 @@ def diagnose(facts: EndFacts) -> tuple[str, str]:
     step = f" at step {facts.last_step}" if facts.last_step else ""
     # A failure happens in the step after the last one recorded: say which step was last completed.
     after = f" after step {facts.last_step}" if facts.last_step else ""
-    if facts.stalled:
-        return "stalled", f"stalled{after}: {facts.stall_detail}".rstrip(": ")
+    if facts.stalled:  # a stall before this attempt's first step names no step of an earlier attempt
+        where = f" after step {facts.stall_step}" if facts.stall_step else ""
+        return "stalled", f"stalled{where}: {facts.stall_detail}".rstrip(": ")
     if facts.returncode == 0 and facts.trainer_outcome in ("finished", None) and not facts.stop_requested:
         early = f": stopped early, {facts.early_stop}" if facts.early_stop else ""
         return "finished", f"finished{step}{early}"
@@ -302,11 +304,73 @@ def stall_verdict(
     gpu_text = {True: ", GPUs idle", False: ", GPUs busy", None: ""}[gpus_idle]
     stop_after = max(timeout_s, STALL_STOP_FACTOR * (median_s or 0.0))
     if idle_s > stop_after:
-        return "stalled", f"no step for {idle_s:.0f} s{pace}{gpu_text}; stopped after {stop_after:.0f} s"
+        advice = f"if a step can take this long here, raise {_timeout_field(timeout_s)}"
+        return (
+            "stalled",
+            f"no step for {idle_s:.0f} s{pace}{gpu_text}; stopped after {stop_after:.0f} s; {advice}",
+        )
     suspect_after = max(STALL_SUSPECT_FACTOR * (median_s or 0.0), min(STALL_SUSPECT_MIN_S, timeout_s / 2))
     if median_s and idle_s > suspect_after and gpus_idle is not False:
         return (
             "suspect",
             f"no step for {idle_s:.0f} s{pace}{gpu_text}: looks stalled; stop at {stop_after:.0f} s",
+        )
+    return "ok", ""
+
+
+def _timeout_field(timeout_s: float) -> str:
+    return f"training.stall_timeout_s (now {timeout_s:.0f} s)"
+
+
+# What each phase before the first step does, where the trainer said nothing of it.
+SETUP_PHASE_WORDS = {
+    "starting": "the launcher and the trainer's imports",
+    "build": "DeepSpeed's ops",
+    "setup": "reading and tokenizing the data",
+    "load": "loading the model",
+    "train": "building the DeepSpeed engine",
+}
+
+
+def stall_advice(phase: str, timeout_s: float) -> str:
+    """What to do about a stall before the first step, by the phase it came in."""
+    if phase in ("build", "train"):  # DeepSpeed's ops: compiled in the build phase, loaded by the engine
+        return (
+            "`cockpit doctor` says what DeepSpeed would compile or wait for and `cockpit doctor --prebuild` "
+            f"does it outside a run; or raise {_timeout_field(timeout_s)}"
+        )
+    return f"if this phase is this slow here, raise {_timeout_field(timeout_s)}"
+
+
+def setup_stall_verdict(
+    phase: str,
+    words: str,
+    quiet_s: float,
+    silent_s: float,
+    limits: tuple[float, float],
+    timeout_s: float,
+    resumed: bool = False,
+) -> tuple[str, str]:
+    """Before an attempt's first step: `ok`, `suspect` or `stalled`, with the sentence that names the phase
+    and what to do. `quiet_s`: since the last progress (an event from rank 0, or the run's processes
+    busy); `silent_s`: since rank 0's last event; `limits`: (quiet, ceiling) as `stall.SetupLimits`."""
+    quiet_limit, ceiling = limits
+    what = (words or SETUP_PHASE_WORDS.get(phase, "")).split("; ")[0]
+    where = f"in phase {phase}" + (f" ({what})" if what else "")
+    where += ", before the resumed run's first step" if resumed else ", before the first step"
+    if silent_s > ceiling:
+        return "stalled", (
+            f"no event from rank 0 for {silent_s:.0f} s {where}, its processes busy; stopped after "
+            f"{ceiling:.0f} s; {stall_advice(phase, timeout_s)}"
+        )
+    if quiet_s > quiet_limit:
+        return "stalled", (
+            f"no progress for {quiet_s:.0f} s {where} (no event, processes idle); stopped after "
+            f"{quiet_limit:.0f} s; {stall_advice(phase, timeout_s)}"
+        )
+    if quiet_s > quiet_limit / 2:
+        return (
+            "suspect",
+            f"no progress for {quiet_s:.0f} s {where}: looks stalled; stop at {quiet_limit:.0f} s",
         )
     return "ok", ""

@@ -163,26 +163,44 @@ def check_toolchain(op_needed_unbuilt: bool) -> list[Check]:
     return checks
 
 
+def op_facts(state: dsops.OpState) -> dict[str, Any]:
+    """An op's state as JSON holds it (its lock's path as text, whether the lock is stale)."""
+    facts = asdict(state)
+    if state.lock is not None:
+        facts["lock"] = {**facts["lock"], "path": str(state.lock.path), "stale": state.lock.stale}
+    return facts
+
+
+def _op_check(name: str, state: dsops.OpState, facts: dict[str, Any]) -> Check:
+    """An op a run uses: ok when DeepSpeed loads it as built with nothing in its way, else warn with what
+    the first run will do (compile it, or wait, or remove a stale lock) and `--prebuild`."""
+    if state.built and state.lock is None:
+        return Check(name, "ok", state.describe, facts)
+    if not state.compatible:
+        return Check(name, "fail", state.describe, facts)
+    took = dsops.BUILD_TIME.get(state.name, "minutes")
+    if state.built:  # a lock in its way
+        return Check(name, "warn", state.describe, facts)
+    first = "compiles it again" if state.rebuild else "compiles it"
+    return Check(
+        name,
+        "warn",
+        f"{state.describe}: the first run {first} ({took} on two cores); `cockpit doctor --prebuild` "
+        "builds it now",
+        facts,
+    )
+
+
 def check_cpu_adam(profile: Profile, state: dsops.OpState | None, error: str = "") -> Check:
-    """Whether DeepSpeed's CPU Adam is built, and whether this profile needs it."""
+    """What DeepSpeed's loader will do with its CPU Adam (`dsops.op_state`), if this profile needs it."""
     name = "DeepSpeed CPU Adam"
     needed = dsops.needs_cpu_adam(profile)
     if state is None:
         return Check(name, "fail" if needed else "warn", f"cannot ask DeepSpeed: {error}")
-    facts = asdict(state) | {"needed": needed}
-    if state.built:
-        return Check(name, "ok", state.describe, facts)
-    if not needed:
+    facts = op_facts(state) | {"needed": needed}
+    if not needed and not state.built:
         return Check(name, "ok", f"{state.describe}; not needed (deepspeed.offload_optimizer = none)", facts)
-    if not state.compatible:
-        return Check(name, "fail", state.describe, facts)
-    return Check(
-        name,
-        "warn",
-        f"not built yet: the first run compiles it (~2 min); `cockpit doctor --prebuild` builds it now "
-        f"(into {state.where})",
-        facts,
-    )
+    return _op_check(name, state, facts)
 
 
 def cpu_adam_state() -> tuple[dsops.OpState | None, str]:
@@ -194,24 +212,18 @@ def cpu_adam_state() -> tuple[dsops.OpState | None, str]:
 
 
 def check_shm_comm(state: dsops.OpState | None) -> Check | None:
-    """Whether the CPU accelerator's shared-memory communication op is built (None: no such op here)."""
+    """What DeepSpeed's loader will do with the CPU accelerator's shared-memory op (None: no such op)."""
     if state is None:
         return None
-    name = "DeepSpeed shm op"
-    if not state.due:
-        return Check(name, "ok" if state.built else "warn", state.describe, asdict(state))
-    return Check(
-        name,
-        "warn",
-        f"not built yet: every run on the CPU compiles it first (~35 s); `cockpit doctor --prebuild` "
-        f"builds it now (into {state.where})",
-        asdict(state),
-    )
+    if not state.compatible:  # DeepSpeed's communication goes without it
+        return Check("DeepSpeed shm op", "warn", state.describe, op_facts(state))
+    return _op_check("DeepSpeed shm op", state, op_facts(state))
 
 
 def prebuild(profile: Profile, progress: Callable[[str], None], every_s: float = 15.0) -> Check:
-    """Build the DeepSpeed ops a run of `profile` compiles, saying how long it has been building every
-    `every_s` seconds."""
+    """Do now what a run of `profile` would do to DeepSpeed's ops before its first step (`dsops.ensure_ops`):
+    compile those it would compile, remove a stale lock. Says each compile before it, and how long it has
+    been building every `every_s` seconds."""
     name = "prebuild DeepSpeed ops"
     done = threading.Event()
     t0 = time.monotonic()
@@ -222,10 +234,10 @@ def prebuild(profile: Profile, progress: Callable[[str], None], every_s: float =
 
     ticker = threading.Thread(target=tick, daemon=True)
 
-    def announce(states: list[dsops.OpState]) -> None:
-        names = ", ".join(s.name for s in states)
-        progress(f"building {names} into {Path(states[0].where).parent} (about 2 minutes the first time) ...")
-        ticker.start()
+    def announce(state: dsops.OpState, words: str) -> None:
+        progress(f"{words} ({state.where}) ...")
+        if not ticker.is_alive():
+            ticker.start()
 
     try:
         built = dsops.ensure_ops(profile, announce)
@@ -236,7 +248,9 @@ def prebuild(profile: Profile, progress: Callable[[str], None], every_s: float =
         if ticker.is_alive():
             ticker.join()
     if not built:
-        return Check(name, "ok", "nothing to do: every op this profile's run compiles is built")
+        return Check(
+            name, "ok", "nothing to compile: DeepSpeed loads every op this profile's run uses as built"
+        )
     took = time.monotonic() - t0
     return Check(name, "ok", f"built {', '.join(s.name for s in built)} in {took:.0f} s", {"build_s": took})
 

@@ -1,10 +1,14 @@
 """DeepSpeed's JIT-built ops a run compiles: which, whether they are built, and building them.
 
 DeepSpeed compiles its C++ ops (with ninja) into torch's extensions cache the first time they are used:
-CPU Adam whenever the optimizer state is offloaded (100 to 180 s on a fresh environment), and on the CPU
-accelerator its shared-memory communication op (about 35 s) as soon as its communication starts, both
-with nothing on screen. The trainer asks `ensure_ops` before anything loads and says so in the record
-while it builds; `cockpit doctor` reports them and `cockpit doctor --prebuild` builds them ahead.
+CPU Adam whenever the optimizer state is offloaded (100 to 330 s on two cores), and on the CPU
+accelerator its shared-memory communication op (35 to 60 s) as soon as its communication starts, both
+with nothing on screen. "Built" means what DeepSpeed's loader will find: a `.so` that another environment
+built, or that its sources outdate, is compiled again (`extcache.rebuild_reason` asks ninja), and a lock
+left by a killed build makes every load wait (`extcache.build_lock`). The trainer's build phase loads
+every op a run uses with `ensure_ops` before anything else, each compile its own `build` phase, so
+nothing compiles later unannounced; `cockpit doctor` reports them and `--prebuild` builds them ahead.
+The ops are built in this environment's own folder (`extcache.use_keyed_root`).
 Imports torch and DeepSpeed lazily.
 """
 
@@ -18,10 +22,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from cockpit import extcache
 from cockpit.profiles import Profile
 
 CPU_ADAM = "cpu_adam"
-BUILD_NOTE = "building DeepSpeed CPU ops (first run in this environment, ~2 min)"
+# How long a compile takes on two busy cores, for the words said before it (measured: fresh_clone).
+BUILD_TIME = {CPU_ADAM: "2 to 6 min", "deepspeed_shm_comm": "about 1 min"}
 
 
 @dataclass(frozen=True)
@@ -33,19 +39,31 @@ class OpState:
     compatible: bool
     where: str  # "installed with DeepSpeed", or the extensions cache folder it is (or would be) built in
     reason: str = ""  # why it is not compatible
+    rebuild: str = ""  # why DeepSpeed would compile it again though its folder holds a build
+    lock: extcache.Lock | None = None  # torch's build lock in its folder, if one is there
 
     @property
     def due(self) -> bool:
-        """Not built yet, and buildable here: a run compiles it first."""
+        """Not built for this environment (or outdated), and buildable here: a run compiles it first."""
         return not self.built and self.compatible
 
     @property
     def describe(self) -> str:
+        lock = f"; {self.lock.describe()}" if self.lock is not None else ""
         if self.built:
-            return f"{self.name} built ({self.where})"
+            return f"{self.name} built ({self.where}){lock}"
         if not self.compatible:
             return f"{self.name} cannot be built here: {self.reason or 'incompatible'}"
-        return f"{self.name} not built yet (it would be compiled into {self.where} on first use)"
+        if self.rebuild:
+            return f"{self.name} would be compiled again on first use: {self.rebuild} ({self.where}){lock}"
+        return f"{self.name} not built yet (it would be compiled into {self.where} on first use){lock}"
+
+    @property
+    def compile_words(self) -> str:
+        """What the build phase says before compiling it."""
+        why = f"again: {self.rebuild}" if self.rebuild else "(not built in this environment yet)"
+        took = BUILD_TIME.get(self.name, "minutes")
+        return f"compiling DeepSpeed's {self.name} op {why}; {took} on two cores, once per environment"
 
 
 def ninja_first(path: str) -> str:
@@ -88,8 +106,11 @@ def needs_shm_comm(profile: Profile) -> bool:
 
 
 def extensions_dir(name: str) -> Path:
-    """The torch extensions folder an op named `name` is JIT-built into (honours TORCH_EXTENSIONS_DIR)."""
+    """The torch extensions folder an op named `name` is JIT-built into: under TORCH_EXTENSIONS_DIR, which
+    is this environment's own folder unless the user set it (`extcache.use_keyed_root`)."""
     from torch.utils.cpp_extension import _get_build_directory
+
+    extcache.use_keyed_root(os.environ)
 
     return Path(_get_build_directory(name, verbose=False))
 
@@ -119,17 +140,27 @@ def shm_comm_state() -> OpState | None:
 
 
 def op_state(builder: Any) -> OpState:
-    """Whether the op `builder` makes is prebuilt in DeepSpeed's wheel or already in the extensions cache."""
+    """What DeepSpeed's loader will do with the op `builder` makes: load it from its wheel, load this
+    environment's build as it is, or compile it (not built, or outdated); and any build lock in its way."""
     from deepspeed.git_version_info import installed_ops
 
     name = builder.name
     if installed_ops.get(name, False):
         return OpState(name, True, True, "installed with DeepSpeed")
     folder = extensions_dir(name)
+    lock = extcache.build_lock(folder)
     compatible = bool(builder.is_compatible(verbose=False))
     reason = "; ".join(str(x) for x in getattr(builder, "error_log", None) or []) if not compatible else ""
-    built = (folder / f"{name}.so").is_file()
-    return OpState(name, built, compatible, str(folder), reason)
+    rebuild = ""
+    if compatible and (folder / f"{name}.so").is_file():
+        try:
+            rebuild = extcache.rebuild_reason(builder, folder, ninja_first(os.environ.get("PATH", "")))
+        except Exception as exc:  # cannot tell: a run loads it in its build phase, announced
+            rebuild = f"cannot tell whether it is up to date ({type(exc).__name__}: {exc})"
+        built = not rebuild
+    else:
+        built = False
+    return OpState(name, built, compatible, str(folder), reason, rebuild, lock)
 
 
 def run_ops(profile: Profile) -> list[tuple[Callable[[], OpState | None], Callable[[], None]]]:
@@ -143,16 +174,33 @@ def run_ops(profile: Profile) -> list[tuple[Callable[[], OpState | None], Callab
     return ops
 
 
-def ensure_ops(profile: Profile, before: Callable[[list[OpState]], None] | None = None) -> list[OpState]:
-    """Build the ops a run of `profile` compiles that are not built yet and can be (an incompatible op
-    fails in DeepSpeed, with its own words); `before` hears of them once, before the first build.
-    Returns the states of the ops it built."""
-    todo = [(state, build) for get, build in run_ops(profile) if (state := get()) is not None and state.due]
-    if todo and before is not None:
-        before([state for state, _ in todo])
-    for _, build in todo:
-        build()
-    return [state for state, _ in todo]
+def ensure_ops(
+    profile: Profile,
+    announce: Callable[[OpState, str], None] | None = None,
+) -> list[OpState]:
+    """Load every op a run of `profile` uses, so that DeepSpeed finds them loaded later and compiles
+    nothing unannounced. `announce(state, words)` hears, before it happens, of each op that compiles (not
+    built for this environment, or outdated), each on its own, of a wait for another process's build, and
+    of a stale lock a killed build left (removed: `extcache.clear_stale_lock`). An incompatible op is left
+    to fail in DeepSpeed, with its own words. Returns the states of the ops compiled."""
+    say = announce or (lambda _state, _words: None)
+    compiled: list[OpState] = []
+    for get, load in run_ops(profile):
+        state = get()
+        if state is None or not state.compatible:
+            continue
+        if state.lock is not None:
+            removed = extcache.clear_stale_lock(Path(state.where))
+            if removed is not None:
+                words = f"a build that was killed left it; no build running, {removed.age_s:.0f} s old"
+                say(state, f"removed a stale build lock {removed.path} ({words})")
+            else:
+                say(state, f"waiting for another process's build of {state.name} in {state.where}")
+        if state.due:
+            say(state, state.compile_words)
+            compiled.append(state)
+        load()
+    return compiled
 
 
 def build_cpu_adam(verbose: bool = False) -> None:
@@ -168,6 +216,7 @@ def build_shm_comm(verbose: bool = False) -> None:
 
 
 def _load(builder: Any, verbose: bool) -> None:
+    extcache.use_keyed_root(os.environ)
     os.environ.setdefault("MAX_JOBS", str(os.cpu_count() or 1))
     os.environ["PATH"] = ninja_first(os.environ.get("PATH", ""))
     builder.load(verbose=verbose)

@@ -33,6 +33,7 @@ import psutil
 from cockpit.control import request_stop
 from cockpit.diagnosis import EndFacts, culprit, describe_exit, diagnose, last_error_line, stall_where
 from cockpit.dsops import ninja_first
+from cockpit.extcache import use_keyed_root
 from cockpit.launcher import RUNNER, master_port, runner_options
 from cockpit.liveness import started_at
 from cockpit.profiles import Profile, parse_profile
@@ -172,11 +173,13 @@ def rehearsal_args(layers: int, steps: int, step_offset: int) -> list[str]:
 
 def child_env() -> dict[str, str]:
     """The parent environment, passed through, with the multicast-off variables forced, passive OpenMP
-    waiting unless the user chose otherwise, and the ninja beside this interpreter first on PATH
-    (`dsops.ninja_first`)."""
+    waiting unless the user chose otherwise, the ninja beside this interpreter first on PATH
+    (`dsops.ninja_first`), and this environment's own torch extensions folder unless the user set one
+    (`extcache.use_keyed_root`: two environments never rebuild each other's ops)."""
     env = {**CHILD_ENV_UNLESS_SET, **os.environ}
     env.update(CHILD_ENV_DEFAULTS)
     env["PATH"] = ninja_first(env.get("PATH", ""))  # one ninja for every op build (dsops)
+    use_keyed_root(env)
     return env
 
 
@@ -248,7 +251,7 @@ class Supervisor:
         self.tree: ProcessTree | None = None  # the stage's processes: the launcher and its ranks
         self.stop_reason = "user"
         self.stage = ""
-        self.stall = StallDetector(self.profile.training.stall_timeout_s, clock)
+        self.stall = StallDetector(self.profile.training.stall_timeout_s, clock, resumed=resume)
         self.stall_where = ""  # which rank stalled, when a stall was judged with several ranks
         self.reserve = self.paths.reserve
         self.disk_full = False
@@ -478,6 +481,7 @@ class Supervisor:
             or None,
             trainer_outcome=self.view.trainer_outcome,
             last_step=self.view.step or None,
+            stall_step=self.stall.stage_step,
             culprit=self._culprit(),
             early_stop=self.view.early_stop or "",
         )

@@ -129,8 +129,9 @@ def test_cpu_adam_in_an_empty_cache_is_not_built(empty_cache: Path) -> None:
         "tiny-cpu", ["deepspeed.offload_optimizer=none", "deepspeed.offload_param=none"]
     )
     assert doctor.check_cpu_adam(no_offload, state).status == "ok"
-    (empty_cache / "cpu_adam" / "cpu_adam.so").write_bytes(b"")  # what a finished build leaves
-    assert dsops.cpu_adam_state().built
+    (empty_cache / "cpu_adam" / "cpu_adam.so").write_bytes(b"")  # a .so alone: DeepSpeed would compile
+    again = dsops.cpu_adam_state()
+    assert not again.built and again.rebuild == "no record of its build here (build.ninja, .ninja_log)"
 
 
 def test_host_ram_and_disk_against_the_plan(tmp_path: Path) -> None:
@@ -146,7 +147,8 @@ def test_host_ram_and_disk_against_the_plan(tmp_path: Path) -> None:
 def test_the_trainer_says_it_builds_before_it_builds(
     empty_cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The `build` phase is in the record before the compile starts; viewers show its message."""
+    """Each compile is a `build` phase of its own, in the record before the compile starts; viewers show
+    its message. Ops already built are loaded too (DeepSpeed then compiles nothing later), unannounced."""
     from trainer.__main__ import build_ops
 
     if dsops.cpu_adam_state().where == "installed with DeepSpeed":
@@ -161,19 +163,25 @@ def test_the_trainer_says_it_builds_before_it_builds(
     shm = dsops.shm_comm_state()  # the CPU accelerator's shared-memory op (None on a GPU machine)
     expected = ["cpu_adam"] + ([shm.name] if shm is not None and shm.compatible else [])
     assert build_ops(profile, lambda name, **f: writer.write("phase", phase=name, **f)) == expected
-    assert len(seen_at_build) == len(expected) and all(dsops.BUILD_NOTE in s for s in seen_at_build)
-    assert seen_at_build[0].count('"phase":"build"') == 1  # one phase, named before the first build
+    assert len(seen_at_build) == len(expected)
+    for n, (name, seen) in enumerate(zip(expected, seen_at_build, strict=True)):
+        assert seen.count('"phase":"build"') == n + 1, "one phase a compile, each before its compile"
+        assert f"compiling DeepSpeed's {name} op (not built in this environment yet)" in seen
 
     view = RunView()
     view.apply(RunReader(tmp_path).poll())
-    assert view.phase == "build" and view.phase_message == dsops.BUILD_NOTE
+    words = dsops.cpu_adam_state().compile_words if len(expected) == 1 else shm.compile_words
+    assert view.phase == "build" and view.phase_message == words
     lines = PlainLog().update(view, now=view.last_t or 0.0)
-    assert any(line.endswith(f"phase build: {dsops.BUILD_NOTE}") for line in lines)
+    assert any(line.endswith(f"phase build: {words}") for line in lines)
 
-    for name in expected:  # built: no phase, no build
-        (empty_cache / name).mkdir(parents=True, exist_ok=True)
-        (empty_cache / name / f"{name}.so").write_bytes(b"")
+    built = dsops.OpState("cpu_adam", True, True, str(empty_cache / "cpu_adam"))
+    monkeypatch.setattr(dsops, "cpu_adam_state", lambda: built)
+    monkeypatch.setattr(dsops, "shm_comm_state", lambda: None)
+    loaded: list[str] = []
+    monkeypatch.setattr(dsops, "build_cpu_adam", lambda: loaded.append("cpu_adam"))
     assert build_ops(profile, lambda name, **f: pytest.fail("no build phase expected")) == []
+    assert loaded == ["cpu_adam"], "loaded in the build phase all the same"
     no_offload, _ = load_profile(
         "tiny-cpu", ["deepspeed.offload_optimizer=none", "deepspeed.offload_param=none"]
     )
@@ -193,7 +201,10 @@ def test_prebuild_says_what_it_does_and_reports_a_failed_build(
     profile, _ = load_profile("tiny-cpu")
     check = doctor.prebuild(profile, said.append, every_s=0.05)
     assert check.status == "ok" and check.reason.startswith("built cpu_adam") and " in " in check.reason
-    assert f"into {empty_cache} " in said[0] and any("still building" in s for s in said[1:])
+    assert (
+        said[0].startswith("compiling DeepSpeed's cpu_adam op") and f"({empty_cache / 'cpu_adam'})" in said[0]
+    )
+    assert any("still building" in s for s in said[1:])
 
     def broken() -> None:
         raise RuntimeError("Unable to JIT load the cpu_adam op due to ninja not being installed.")

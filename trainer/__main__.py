@@ -443,8 +443,8 @@ class Recipe:
 
     # --- train and save ------------------------------------------------------------------------
     def build_ops(self) -> None:
-        """Build the DeepSpeed ops the run compiles that are not built yet, saying so first (a `build`
-        phase): the compile takes minutes on a fresh environment."""
+        """Load the DeepSpeed ops the run uses, each compile its own `build` phase said first: a compile
+        takes minutes on a fresh environment."""
         build_ops(self.profile, self.phase)
 
     def train(self) -> str:
@@ -550,12 +550,14 @@ def over_seq_len_words(count: int, total: int, answer_cut: int, seq_len: int) ->
 
 
 def build_ops(profile: Profile, phase: Callable[..., None]) -> list[str]:
-    """Build the DeepSpeed ops `profile`'s run compiles that are not built yet (`dsops.ensure_ops`), after
-    a `build` phase that names them; returns the ops built. DeepSpeed then reuses the loaded ops."""
+    """Load every DeepSpeed op `profile`'s run uses (`dsops.ensure_ops`), so that nothing compiles later
+    inside another phase: each compile, a wait for another process's build or a stale lock removed is its
+    own `build` phase, said before it happens. Returns the ops compiled. DeepSpeed then reuses the loaded
+    ops."""
     from cockpit import dsops
 
-    def announce(states: list[dsops.OpState]) -> None:
-        phase("build", ops=[s.name for s in states], message=dsops.BUILD_NOTE, cache=states[0].where)
+    def announce(state: dsops.OpState, words: str) -> None:
+        phase("build", ops=[state.name], message=words, cache=state.where)
 
     def leave(signum: int, _frame: Any) -> None:  # a stop while building: unwind, so torch drops its lock
         raise SystemExit(128 + signum)

@@ -133,6 +133,7 @@ def configure_training(profile: Profile, model: Any) -> dict[str, Any]:
     from trainer.ds_config import embeddings_kept
     from trainer.fused_norm import fuse_rms_norms
     from trainer.loss import use_chunked_loss
+    from trainer.quant import keep_4bit_layout
 
     t = profile.training
     if t.attention == "varlen":
@@ -143,6 +144,7 @@ def configure_training(profile: Profile, model: Any) -> dict[str, Any]:
         model.set_attn_implementation(t.attention)
     chunked = use_chunked_loss(model) if t.chunked_loss else False
     return {
+        "cpu_4bit_repack_off": keep_4bit_layout(model),
         "attention": model.config._attn_implementation,
         "chunked_loss": chunked,
         "fused_rms_norms": fuse_rms_norms(model),

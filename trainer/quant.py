@@ -43,3 +43,20 @@ def experts_storage_dtype(profile: Profile) -> torch.dtype:
 def uses_layerwise_loader(profile: Profile) -> bool:
     """True when the trainer loads layer by layer (`cockpit.contract.loader_of`)."""
     return contract.loader_of(profile.model.loader, profile.model.trust_remote_code) == "layerwise"
+
+
+def keep_4bit_layout(model: Any) -> int:
+    """Turn off bitsandbytes' repacking of 4-bit weights for CPU inference on every layer; the layers it
+    was on for.
+
+    On a CPU with AVX512-BF16, `Linear4bit.forward` rewrites `weight.data` into another layout the first
+    time it runs without gradients (validation does). Under ZeRO-3 the partition keeps the first layout:
+    the next gather pairs the old bytes with the new layout's quant state, and saving the adapter fails
+    (`assert packed_weight.dtype == torch.uint8`), after steps that computed with a mismatched layout.
+    """
+    turned_off = 0
+    for module in model.modules():
+        if getattr(module, "support_avx512bf16_for_cpu", False):
+            module.support_avx512bf16_for_cpu = False
+            turned_off += 1
+    return turned_off

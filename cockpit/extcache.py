@@ -1,0 +1,267 @@
+"""Torch's JIT extensions folder, as DeepSpeed's ops use it: where, its build lock, and what would rebuild.
+
+- **Where.** Torch builds every environment's ops into one `~/.cache/torch_extensions/py311_cpu/<op>`:
+  two virtual environments then rebuild each other's ops on load (their compile commands differ, so
+  ninja starts over). `use_keyed_root` gives each environment its own folder (`keyed_root`), unless the
+  user set `TORCH_EXTENSIONS_DIR`; the supervisor passes it down to every child.
+- **The lock.** Torch's loader takes the folder's `lock` file (`torch.utils.file_baton.FileBaton`: an
+  `O_EXCL` file, no process id in it) for the build and removes it after; a process that finds it waits,
+  without a limit, for it to go. A build that was killed leaves it, and every later load waits forever.
+  `build_lock` says whether one is there and whether a build is really running (ninja and the compiler
+  run inside the folder); `clear_stale_lock` removes one that no build holds.
+- **What would rebuild.** Torch's loader writes the op's `build.ninja` for this environment and runs
+  ninja, which compiles again whatever its log says was built by another command or is older than its
+  sources. `ninja_plan` asks ninja the same question without building (`ninja -n` over the build file this
+  environment would write), so a `.so` left by another environment is not taken for a build.
+
+Imports torch lazily, and only `ninja_plan` does.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import MutableMapping
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+ENV = "TORCH_EXTENSIONS_DIR"
+# A lock younger than this may be a build that has not started its compiler yet (torch writes the build
+# file and asks the compiler its version first): never taken for stale.
+LOCK_GRACE_S = 60.0
+# No op build takes this long, even on two busy cores (cpu_adam: 100 to 330 s): a lock this old is stale
+# whoever is in the folder.
+LOCK_MAX_S = 3 * 3600.0
+
+
+def keyed_root(prefix: str | None = None) -> Path:
+    """This environment's own extensions folder: under torch's default root (`$XDG_CACHE_HOME` or
+    `~/.cache`, `torch_extensions/`), one folder per interpreter prefix, Python and torch version."""
+    prefix = os.path.realpath(prefix or sys.prefix)
+    try:
+        torch_version = metadata.version("torch")
+    except metadata.PackageNotFoundError:
+        torch_version = "none"
+    py = f"py{sys.version_info.major}{sys.version_info.minor}"
+    digest = hashlib.sha1(f"{prefix}\0{py}\0{torch_version}".encode()).hexdigest()[:10]
+    name = f"{Path(prefix).name or 'python'}-{py}-torch{torch_version}-{digest}".replace("+", "_")
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache").expanduser()
+    return base / "torch_extensions" / name
+
+
+def use_keyed_root(env: MutableMapping[str, str]) -> str:
+    """Set `TORCH_EXTENSIONS_DIR` in `env` to this environment's folder unless it is set; its value."""
+    if not env.get(ENV):
+        env[ENV] = str(keyed_root())
+    return env[ENV]
+
+
+# --- the lock ------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Lock:
+    """A build lock found in an op's folder: how old, and which processes work in the folder."""
+
+    path: Path
+    age_s: float
+    builders: tuple[int, ...] = field(default=())  # processes (ninja, the compiler) inside the folder
+
+    @property
+    def stale(self) -> bool:
+        """No build holds it: nothing works in the folder and it is past the grace, or it is older than
+        any build."""
+        return (not self.builders and self.age_s > LOCK_GRACE_S) or self.age_s > LOCK_MAX_S
+
+    def describe(self) -> str:
+        """One line: whose lock it is and what it does to a run."""
+        age = f"{self.age_s:.0f} s"
+        if self.stale:
+            return (
+                f"a stale build lock {self.path} ({age} old, no build running), left by a killed build: "
+                "a load would wait for it forever; a run removes it first, `cockpit doctor --prebuild` now"
+            )
+        who = ", ".join(map(str, self.builders)) or "starting"
+        return f"a build is running in {self.path.parent} (lock {age} old, process {who}): runs wait for it"
+
+
+def _builders(folder: Path) -> tuple[int, ...]:
+    """Processes whose working directory is `folder` (torch runs ninja there; the compiler inherits it)."""
+    import psutil
+
+    inside = []
+    target = os.path.realpath(folder)
+    for proc in psutil.process_iter(["pid"]):
+        try:
+            cwd = proc.cwd()
+        except (psutil.Error, OSError):
+            continue
+        if cwd == target or cwd.startswith(target + os.sep):
+            inside.append(proc.info["pid"])
+    return tuple(inside)
+
+
+def build_lock(folder: Path, now: float | None = None) -> Lock | None:
+    """The lock in an op's build folder, if there is one."""
+    path = Path(folder) / "lock"
+    try:
+        mtime = path.stat().st_mtime
+    except OSError:
+        return None
+    now = time.time() if now is None else now
+    return Lock(path, max(0.0, now - mtime), _builders(Path(folder)))
+
+
+def clear_stale_lock(folder: Path) -> Lock | None:
+    """Remove the folder's lock if it is stale (`Lock.stale`); the lock removed, or None."""
+    lock = build_lock(folder)
+    if lock is None or not lock.stale:
+        return None
+    try:
+        lock.path.unlink()
+    except FileNotFoundError:  # its build ended meanwhile
+        return None
+    return lock
+
+
+# --- what torch's loader would build ---------------------------------------------------------------------
+class _Captured(Exception):
+    """Raised in place of torch's `load`: DeepSpeed's arguments for it are in `arguments`."""
+
+    def __init__(self, args: dict[str, Any]) -> None:
+        super().__init__("captured")
+        self.arguments = args
+
+
+def load_arguments(builder: Any) -> dict[str, Any]:
+    """The arguments DeepSpeed's `builder.jit_load` passes to `torch.utils.cpp_extension.load` here
+    (its flags, sources and include paths as this environment computes them), without loading."""
+    import torch.utils.cpp_extension as ext
+
+    real = ext.load
+
+    def capture(**kwargs: Any) -> Any:
+        raise _Captured(kwargs)
+
+    ext.load = capture
+    try:
+        builder.jit_load(verbose=False)
+    except _Captured as got:
+        return got.arguments
+    finally:
+        ext.load = real
+    raise RuntimeError(f"DeepSpeed's {builder.name} builder loaded without calling torch's loader")
+
+
+def _call(fn: Any, **kwargs: Any) -> Any:
+    """`fn` with those of `kwargs` it takes (torch's private helpers gain arguments between versions)."""
+    accepted = inspect.signature(fn).parameters
+    return fn(**{k: v for k, v in kwargs.items() if k in accepted})
+
+
+def write_build_file(args: dict[str, Any], path: Path) -> None:
+    """The `build.ninja` torch's loader writes for `args` (`load_arguments`) in this environment."""
+    import torch.utils.cpp_extension as ext
+
+    sources = list(args["sources"])
+    with_cuda = args.get("with_cuda")
+    with_cuda = any(map(ext._is_cuda_file, sources)) if with_cuda is None else with_cuda
+    with_sycl = args.get("with_sycl")
+    is_sycl = getattr(ext, "_is_sycl_file", lambda _f: False)
+    with_sycl = any(map(is_sycl, sources)) if with_sycl is None else with_sycl
+    ldflags = _call(
+        ext._prepare_ldflags,
+        extra_ldflags=list(args.get("extra_ldflags") or []),
+        with_cuda=with_cuda,
+        with_sycl=with_sycl,
+        verbose=False,
+        is_standalone=False,
+    )
+    _call(
+        ext._write_ninja_file_to_build_library,
+        path=str(path),
+        name=args["name"],
+        sources=sources,
+        extra_cflags=list(args.get("extra_cflags") or []),
+        extra_cuda_cflags=list(args.get("extra_cuda_cflags") or []),
+        extra_sycl_cflags=list(args.get("extra_sycl_cflags") or []),
+        extra_ldflags=ldflags,
+        extra_include_paths=list(args.get("extra_include_paths") or []),
+        with_cuda=with_cuda,
+        with_sycl=with_sycl,
+        is_standalone=False,
+    )
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What ninja would do in an op's folder with this environment's build file."""
+
+    commands: int  # compile and link commands it would run (0: up to date)
+    why: str = ""  # in words, when it would run some
+
+
+# What ninja itself keeps in a build folder: copied, so that a dry run cannot change the real ones (a ninja
+# of another version rewrites an older log even with -n). The lock and the build file are not copied.
+NINJA_STATE = (".ninja_log", ".ninja_deps")
+NOT_COPIED = ("build.ninja", "lock", ".ninja_lock")
+
+
+def _shadow(folder: Path, into: Path) -> None:
+    """`into` made a stand-in for `folder`: ninja's state copied, the outputs linked (ninja reads their
+    times through the links)."""
+    for entry in Path(folder).iterdir():
+        if entry.name in NINJA_STATE:
+            shutil.copy2(entry, into / entry.name)
+        elif entry.name not in NOT_COPIED:
+            (into / entry.name).symlink_to(entry)
+
+
+def ninja_plan(folder: Path, build_file: Path, path: str) -> Plan:
+    """Ask ninja (the one first on `path`, as the build finds it) what it would run in `folder` for
+    `build_file`, without running it (`-n`) and without touching `folder` (a stand-in of it is asked)."""
+    ninja = shutil.which("ninja", path=path)
+    if ninja is None:
+        raise FileNotFoundError("no ninja on PATH")
+    with tempfile.TemporaryDirectory(prefix="cockpit-ninja-") as tmp:
+        work = Path(tmp)
+        _shadow(folder, work)
+        shutil.copy2(build_file, work / "build.ninja")
+        out = subprocess.run(
+            [ninja, "-n", "-C", str(work)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    text = out.stdout + out.stderr
+    if out.returncode != 0:
+        raise RuntimeError(f"ninja -n failed: {text.strip().splitlines()[-1:] or out.returncode}")
+    commands = sum(1 for line in text.splitlines() if line.startswith("["))
+    if not commands:
+        return Plan(0)
+    old = Path(folder) / "build.ninja"
+    if "starting over" in text:  # ninja's own words for a log it cannot read
+        why = "its build log is another ninja version's"
+    elif not old.is_file() or not (Path(folder) / ".ninja_log").is_file():
+        why = "no record of its build here (build.ninja, .ninja_log)"
+    elif old.read_text() != Path(build_file).read_text():
+        why = "it was built with other compile commands (another environment, or other flags)"
+    else:
+        why = "its sources changed since it was built"
+    return Plan(commands, why)
+
+
+def rebuild_reason(builder: Any, folder: Path, path: str) -> str:
+    """Why torch's loader would compile the op of `builder` again although `folder` holds its `.so`, or ""
+    when it would load it as it is."""
+    with tempfile.TemporaryDirectory(prefix="cockpit-build-") as tmp:
+        build_file = Path(tmp) / "build.ninja"
+        write_build_file(load_arguments(builder), build_file)
+        return ninja_plan(folder, build_file, path).why

@@ -1,0 +1,206 @@
+"""Torch's extensions folder as DeepSpeed's ops use it: one per environment, a stale build lock found and
+removed, and "built" meaning what the loader will do (a real, tiny op, compiled by torch's loader)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cockpit import doctor, dsops, extcache
+from cockpit.profiles import load_profile
+
+SOURCE = 'extern "C" int cockpit_tiny_op() { return 7; }\n'
+
+
+class TinyBuilder:
+    """A stand-in for a DeepSpeed op builder: `jit_load` calls torch's loader as DeepSpeed's does, with
+    `flag` standing for what differs between two environments' compile commands."""
+
+    def __init__(self, source: Path, flag: str = "-DCOCKPIT_A", name: str = "cockpit_tiny_op") -> None:
+        self.name, self.source, self.flag = name, source, flag
+
+    def is_compatible(self, verbose: bool = False) -> bool:
+        return True
+
+    def jit_load(self, verbose: bool = False) -> Any:
+        from torch.utils.cpp_extension import load
+
+        return load(
+            name=self.name,
+            sources=[str(self.source)],
+            extra_cflags=[self.flag],
+            is_python_module=False,
+            verbose=verbose,
+        )
+
+    load = jit_load
+
+
+@pytest.fixture
+def ext_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """An empty extensions folder, and torch's loader as in a new process: its in-process versions
+    (a second load of a name with other arguments builds `<name>_v1`) forgotten before and after."""
+    from torch.utils.cpp_extension import JIT_EXTENSION_VERSIONER
+
+    folder = tmp_path / "torch_extensions"
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(folder))
+    JIT_EXTENSION_VERSIONER.entries.clear()
+    yield folder
+    JIT_EXTENSION_VERSIONER.entries.clear()
+
+
+def _new_process() -> None:
+    """Forget what this process's loader built, as a run starting in another process would."""
+    from torch.utils.cpp_extension import JIT_EXTENSION_VERSIONER
+
+    JIT_EXTENSION_VERSIONER.entries.clear()
+
+
+def _built(tmp_path: Path) -> TinyBuilder:
+    """The tiny op compiled the way a run builds an op (`dsops._load`: the ninja beside the interpreter)."""
+    source = tmp_path / "tiny.cpp"
+    source.write_text(SOURCE)
+    builder = TinyBuilder(source)
+    dsops._load(builder, verbose=False)
+    return builder
+
+
+def _age(path: Path, seconds: float) -> None:
+    then = time.time() - seconds
+    os.utime(path, (then, then))
+
+
+def test_a_build_of_this_environment_is_built_and_another_environments_is_not(
+    ext_dir: Path, tmp_path: Path
+) -> None:
+    """Issue 27, item 3: a `.so` in the folder was taken for built although DeepSpeed would compile it
+    again (built by another environment's commands, or older than its sources)."""
+    builder = _built(tmp_path)
+    folder = ext_dir / builder.name
+    before = {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file()}
+    state = dsops.op_state(builder)
+    assert state.built and not state.rebuild and state.where == str(folder)
+    other = dsops.op_state(TinyBuilder(builder.source, flag="-DCOCKPIT_B"))
+    assert not other.built and other.due and "other compile commands" in other.rebuild
+    assert "would be compiled again on first use" in other.describe
+    assert {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file()} == before, "asked, not built"
+    later = time.time() + 5
+    os.utime(builder.source, (later, later))
+    stale = dsops.op_state(builder)
+    assert not stale.built and stale.rebuild == "its sources changed since it was built"
+    assert not dsops.op_state(TinyBuilder(builder.source, name="cockpit_never_built")).built
+
+
+def test_an_empty_so_without_a_build_log_is_not_a_build(ext_dir: Path, tmp_path: Path) -> None:
+    source = tmp_path / "tiny.cpp"
+    source.write_text(SOURCE)
+    (ext_dir / "cockpit_tiny_op").mkdir(parents=True)
+    (ext_dir / "cockpit_tiny_op" / "cockpit_tiny_op.so").write_bytes(b"")
+    state = dsops.op_state(TinyBuilder(source))
+    assert not state.built and state.due and state.rebuild
+
+
+def test_a_lock_left_by_a_killed_build_is_stale_and_one_being_built_is_not(tmp_path: Path) -> None:
+    """Issue 27, item 2: torch's loader waits forever on a `lock` no process will remove."""
+    folder = tmp_path / "cpu_adam"
+    folder.mkdir()
+    assert extcache.build_lock(folder) is None
+    (folder / "lock").touch()
+    young = extcache.build_lock(folder)
+    assert young is not None and not young.stale, "a build that has not started its compiler yet"
+    _age(folder / "lock", extcache.LOCK_GRACE_S + 5)
+    old = extcache.build_lock(folder)
+    assert old.stale and not old.builders
+    line = old.describe()
+    assert len(line.splitlines()) == 1 and str(folder / "lock") in line and "stale" in line
+    compiler = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], cwd=folder)
+    try:  # a process working in the folder, as ninja and the compiler do: a build is running
+        held = extcache.build_lock(folder)
+        assert compiler.pid in held.builders and not held.stale
+        assert extcache.clear_stale_lock(folder) is None and (folder / "lock").exists()
+    finally:
+        compiler.kill()
+        compiler.wait()
+    _age(folder / "lock", extcache.LOCK_MAX_S + 5)
+    assert extcache.build_lock(folder).stale, "older than any build, whoever is in the folder"
+    removed = extcache.clear_stale_lock(folder)
+    assert removed is not None and not (folder / "lock").exists()
+
+
+def test_the_build_phase_removes_a_stale_lock_and_says_so(
+    ext_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The issue's repro: a built op with a `lock` left in its folder hung every later run at "building the
+    DeepSpeed engine". The build phase removes it, in a line of its own, then loads the op."""
+    from trainer.__main__ import build_ops
+
+    builder = _built(tmp_path)
+    lock = ext_dir / builder.name / "lock"
+    lock.touch()
+    _age(lock, extcache.LOCK_GRACE_S + 30)
+    loaded: list[str] = []
+    monkeypatch.setattr(
+        dsops, "run_ops", lambda _p: [(lambda: dsops.op_state(builder), lambda: loaded.append("tiny"))]
+    )
+    phases: list[dict[str, Any]] = []
+    profile, _ = load_profile("tiny-cpu")
+    assert build_ops(profile, lambda name, **f: phases.append({"phase": name, **f})) == []
+    assert not lock.exists() and loaded == ["tiny"]
+    assert [p["phase"] for p in phases] == ["build"]
+    assert phases[0]["message"].startswith(f"removed a stale build lock {lock} (")
+
+
+def test_doctor_names_a_stale_lock_in_one_line_and_prebuild_removes_it(
+    ext_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    builder = _built(tmp_path)
+    lock = ext_dir / builder.name / "lock"
+    lock.touch()
+    _age(lock, 2 * extcache.LOCK_GRACE_S)
+    state = dsops.op_state(builder)
+    assert state.built and state.lock is not None and state.lock.stale
+    profile, _ = load_profile("tiny-cpu")
+    check = doctor.check_cpu_adam(profile, state)
+    assert check.status == "warn" and len(check.reason.splitlines()) == 1
+    assert f"a stale build lock {lock}" in check.reason and check.facts["lock"]["stale"] is True
+    monkeypatch.setattr(dsops, "run_ops", lambda _p: [(lambda: dsops.op_state(builder), builder.load)])
+    said: list[str] = []
+    result = doctor.prebuild(profile, said.append)
+    assert not lock.exists() and result.status == "ok" and result.reason.startswith("nothing to compile")
+    assert any(f"removed a stale build lock {lock}" in line for line in said)
+
+
+def test_prebuild_compiles_what_deepspeed_would_compile_again(
+    ext_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--prebuild` said "nothing to do" for another environment's build; the run then compiled for
+    minutes under "building the DeepSpeed engine"."""
+    _built(tmp_path)
+    other = TinyBuilder(tmp_path / "tiny.cpp", flag="-DCOCKPIT_B")
+    _new_process()
+    monkeypatch.setattr(dsops, "run_ops", lambda _p: [(lambda: dsops.op_state(other), other.load)])
+    profile, _ = load_profile("tiny-cpu")
+    said: list[str] = []
+    result = doctor.prebuild(profile, said.append)
+    assert result.status == "ok" and result.reason.startswith(f"built {other.name} in ")
+    assert said[0].startswith(f"compiling DeepSpeed's {other.name} op again: it was built with other")
+    assert dsops.op_state(other).built
+
+
+def test_each_environment_builds_into_its_own_folder(monkeypatch: pytest.MonkeyPatch) -> None:
+    from cockpit.supervisor import child_env
+
+    monkeypatch.delenv("TORCH_EXTENSIONS_DIR", raising=False)
+    mine = extcache.keyed_root()
+    assert extcache.keyed_root("/some/other/venv") != mine
+    assert mine.parent.name == "torch_extensions" and Path(sys.prefix).name in mine.name
+    assert child_env()["TORCH_EXTENSIONS_DIR"] == str(mine), "the supervisor's children get it"
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", "/chosen/by/the/user")
+    assert child_env()["TORCH_EXTENSIONS_DIR"] == "/chosen/by/the/user"

@@ -1013,8 +1013,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="check the environment for a profile's run: libraries, compiler, DeepSpeed ops, GPUs, RAM, disk",
         description="Each check prints ok, warn or fail with a one-line reason. Exit 0 when nothing fails, "
         "1 when a check fails, 2 for bad input. --prebuild compiles the DeepSpeed ops the profile's run "
-        "needs now (CPU Adam with optimizer offload, the shared-memory op on a CPU; about 2 minutes the "
-        "first time in an environment) instead of at the first run.",
+        "needs now (CPU Adam with optimizer offload, the shared-memory op on a CPU; a compile of minutes "
+        "the first time in an environment) instead of at the first run.",
     )
     doc.add_argument("--profile", default=DEFAULT_PROFILE, help=PROFILE_HELP)
     doc.add_argument("--prebuild", action="store_true", help="build the DeepSpeed ops the run needs now")

@@ -555,7 +555,7 @@ def _say_imported(source: Path, imported: Any, run_id: str) -> None:
     console.print(
         f"imported {source} ({facts['format']}) as run {run_id}: {facts['steps']} steps, "
         f"{facts['val_losses']} validation losses, {clock[facts['clock']]}"
-        f"{'' if facts['finished'] else ', cut off before its end'}",
+        f"{', cut off before its end' if facts['cut'] else ''}",
         markup=False,
     )
     if facts["absent"]:

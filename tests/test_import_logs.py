@@ -10,6 +10,7 @@ source holds.
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -328,3 +329,128 @@ def test_latest_is_the_newest_training_run_even_after_an_import(tmp_path, capsys
     assert cli.main(["compare", imported.name, "latest", "--format", "json", "--runs-dir", str(runs)]) == 0
     runs_compared = [s["run"] for s in json.loads(capsys.readouterr().out)["runs"]]
     assert runs_compared == [imported.name, trained.name]
+
+
+# --- a diverged run stays diverged (item 22) --------------------------------------------------------------
+def lf_line(step: int, loss: float, elapsed: str, total: int = 8) -> str:
+    """A LLaMA-Factory trainer_log.jsonl line as its LogCallback writes it (Python's json: NaN, Infinity)."""
+    row = {"current_steps": step, "total_steps": total, "loss": loss, "lr": 1e-4, "epoch": step / total,
+           "percentage": 100 * step / total, "elapsed_time": elapsed}  # fmt: skip
+    return json.dumps(row)
+
+
+def test_a_nan_or_inf_loss_stays_in_a_llamafactory_import(tmp_path, capsys) -> None:
+    """The whole step was dropped, uncounted; now it is a step whose loss is nan (or inf), said in a note,
+    and a replay shows it."""
+    lines = [
+        lf_line(1, 2.0, "0:00:01"),
+        lf_line(2, float("nan"), "0:00:02"),
+        lf_line(3, float("inf"), "0:00:03"),
+    ]
+    log = tmp_path / "trainer_log.jsonl"
+    log.write_text("\n".join(lines) + "\n")
+    assert "NaN" in log.read_text() and "Infinity" in log.read_text()
+    run_dir = import_cli(log, tmp_path / "runs", capsys)
+    losses = [e["loss"] for e in read_events(run_dir, "step")]
+    assert losses[0] == 2.0 and math.isnan(losses[1]) and losses[2] == math.inf
+    assert '"loss":"nan"' in (run_dir / "events" / "import.jsonl").read_text()  # JSON, not NaN
+    pb = replayed(run_dir)
+    assert [s.step for s in pb.view.steps] == [1, 2, 3] and pb.view.last_loss == math.inf
+    note = "the loss is nan or inf at 2 step(s), from step 2: the run diverged"
+    assert note in load_manifest(run_dir)["imported"]["notes"]
+
+
+@pytest.mark.parametrize(
+    "printed",
+    ["{'loss': 'nan', 'grad_norm': 'inf', 'learning_rate': '1e-04', 'epoch': '0.2'}",  # transformers 5
+     "{'loss': nan, 'grad_norm': inf, 'learning_rate': 0.0001, 'epoch': 0.2}"],  # earlier: floats
+    ids=["strings", "floats"],
+)  # fmt: skip
+def test_a_nan_loss_stays_in_a_console_import(tmp_path, printed: str) -> None:
+    bar = BAR.format(pct=20, bar="██", n=2, total=10)
+    first = "{'loss': '2.5', 'grad_norm': '1.0', 'learning_rate': '1e-04', 'epoch': '0.1'}"
+    log = tmp_path / "train.log"
+    log.write_text(f"{BAR.format(pct=10, bar='█', n=1, total=10)}\r{first}\n{bar}\r{printed}\n{bar}\n")
+    imported = read_foreign(log)
+    assert sorted(imported.steps) == [1, 2] and not imported.skipped
+    assert math.isnan(imported.steps[2]["loss"]) and imported.steps[2]["grad_norm"] == math.inf
+
+
+def test_a_nan_loss_stays_in_a_trainer_state_import(tmp_path) -> None:
+    diverged = {"loss": float("nan"), "grad_norm": float("inf"), "step": 2}
+    state = {"log_history": [{"loss": 2.0, "step": 1}, diverged], "max_steps": 2, "global_step": 2}
+    (tmp_path / "trainer_state.json").write_text(json.dumps(state))  # as the Trainer writes it: NaN
+    imported = read_foreign(tmp_path)
+    assert math.isnan(imported.steps[2]["loss"]) and imported.steps[2]["grad_norm"] == math.inf
+    assert any("diverged" in note for note in imported.notes)
+
+
+# --- a resumed LLaMA-Factory log (item 23) ----------------------------------------------------------------
+def test_a_resumed_llamafactory_log_is_detected_and_its_clock_does_not_run_backwards(
+    tmp_path, capsys
+) -> None:
+    """LLaMA-Factory appends a resumed run to the same file, its elapsed time back at zero: the first run
+    reached step 4, the second resumed from step 2's checkpoint."""
+    first = [lf_line(s, 3.0 - 0.1 * s, f"0:00:{10 * s:02d}") for s in (1, 2, 3, 4)]
+    second = [lf_line(s, 2.0 - 0.1 * s, f"0:00:{5 * (s - 2):02d}") for s in (3, 4, 5, 6)]
+    log = tmp_path / "trainer_log.jsonl"
+    log.write_text("\n".join(first + second) + "\n")
+    run_dir = import_cli(log, tmp_path / "runs", capsys)
+    steps = read_events(run_dir, "step")
+    assert [(e["step"], e["loss"]) for e in steps] == [
+        (1, 2.9),
+        (2, 2.8),
+        (3, 1.7),
+        (4, 1.6),
+        (5, 1.5),
+        (6, 1.4),
+    ]
+    times = [e["t"] for e in steps]
+    assert times == sorted(times)
+    imported = load_manifest(run_dir)["imported"]
+    assert imported["clock"] == "step"
+    assert any("a resumed run was appended at line 5 (step 3)" in note for note in imported["notes"])
+
+
+# --- consoles: DeepSpeed's own lines (items 17 and 24) ----------------------------------------------------
+def test_no_deepspeed_note_for_a_console_without_deepspeed_step_lines(tmp_path) -> None:
+    """A DeepSpeed info line (its accelerator) is not a step time: no note that its times cover some steps."""
+    text, _ = noisy_console(cut=False)
+    kept = [line for line in text.split("\n") if "step=" not in line]
+    log = tmp_path / "train.log"
+    log.write_text("\n".join(kept) + "\n")
+    imported = read_foreign(log)
+    assert "[INFO]" in log.read_text() and imported.clock == "step"
+    assert not any("DeepSpeed" in note for note in imported.notes), imported.notes
+
+
+def raw_deepspeed(steps: int) -> str:
+    """A DeepSpeed console with no HF Trainer: its engine's report at step 0, then a line a step."""
+    lines = ["[2026-11-30 10:00:00,000] [INFO] [logging.py:128:log_dist] [Rank 0] step=0, skipped=0, "
+             "lr=[0.0], mom=[(0.9, 0.999)]"]  # fmt: skip
+    for s in range(1, steps + 1):
+        lines.append(
+            f"[2026-11-30 10:00:{10 + s:02d},000] [INFO] [logging.py:128:log_dist] [Rank 0] step={s}, "
+            f"skipped=0, lr=[0.0001], mom=[(0.9, 0.999)]"
+        )
+        lines.append(
+            f"[2026-11-30 10:00:{10 + s:02d},001] [INFO] [timer.py:264:stop] epoch=0/micro_step={s}/"
+            f"global_step={s}, RunningAvgSamplesPerSec=7.5, CurrSamplesPerSec=7.5, MemAllocated=4.31GB, "
+            "MaxMemAllocated=9.8GB"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def test_a_raw_deepspeed_console_has_no_step_zero_and_is_not_called_stopped(tmp_path, capsys) -> None:
+    log = tmp_path / "ds.log"
+    log.write_text(raw_deepspeed(5))
+    run_dir = import_cli(log, tmp_path / "runs", capsys)
+    assert [e["step"] for e in read_events(run_dir, "step")] == [1, 2, 3, 4, 5]
+    manifest = load_manifest(run_dir)
+    assert manifest["status"] == "finished" and manifest["imported"]["clock"] == "wall"
+    assert manifest["diagnosis"] == "the imported log ends at step 5; it states no total number of steps"
+    cut = tmp_path / "cut.log"
+    cut.write_text(
+        raw_deepspeed(5) + "[2026-11-30 10:00:16,000] [INFO] [logging.py:128:log_dist] [Rank 0] st"
+    )
+    assert read_foreign(cut).max_steps is None  # a cut-off last line is not a step, nor a stop by itself

@@ -15,7 +15,7 @@ import shutil
 from pathlib import Path
 
 from cockpit.importers import console, hf_state, llamafactory
-from cockpit.importers.model import ForeignLogError, Imported, read_text
+from cockpit.importers.model import ForeignLogError, Imported, diverged_note, read_text
 from cockpit.importers.write import import_into, summary, write_record
 from cockpit.record import RunPaths, load_manifest
 
@@ -39,6 +39,9 @@ def read_foreign(path: Path) -> Imported:
         raise ForeignLogError(
             f"{path}: no training step with a loss in it ({len(imported.evals)} evaluation lines)"
         )
+    diverged = diverged_note(imported)
+    if diverged is not None:
+        imported.notes.append(diverged)
     return imported
 
 

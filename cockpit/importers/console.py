@@ -33,6 +33,7 @@ from cockpit.importers.model import (
     MIB_PER_GB,
     ForeignLogError,
     Imported,
+    figure,
     hf_log_fields,
     number,
     rates_from_tokens,
@@ -48,6 +49,7 @@ _DS_SPEED = re.compile(
     r"global_step=(\d+), RunningAvgSamplesPerSec=([\d.eE+-]+), CurrSamplesPerSec=([\d.eE+-]+), "
     r"MemAllocated=([\d.]+)GB, MaxMemAllocated=([\d.]+)GB"
 )
+_NONFINITE = re.compile(r"(:\s*)(-?(?:nan|inf))(?=\s*[,}])")  # `'loss': nan,` as Python prints a float
 _DS_MEMORY = re.compile(r"MA ([\d.]+) GB\s+Max_MA ([\d.]+) GB\s+CA ([\d.]+) GB\s+Max_CA ([\d.]+) GB")
 
 
@@ -78,7 +80,10 @@ def looks_like_console(text: str) -> bool:
 
 
 def parse_dict(text: str) -> dict[str, Any] | None:
-    """A printed log dict, or None when it is not one (cut off, or followed by other output)."""
+    """A printed log dict, or None when it is not one (cut off, or followed by other output). A float
+    printed as `nan` or `inf` (a diverged run, before transformers 5 printed strings) is read as its text,
+    which `figure` reads as the number."""
+    text = _NONFINITE.sub(r"\1'\2'", text)
     try:
         value = ast.literal_eval(text.strip())
     except (ValueError, SyntaxError, MemoryError, RecursionError):
@@ -110,7 +115,6 @@ def read_console(path: Path) -> Imported:
     bar_total: int | None = None
     last_bar: int | None = None
     ds_steps: dict[int, dict[str, Any]] = {}
-    ds_times = 0
     pending_memory: dict[str, float] | None = None
     for piece in _pieces(text):
         s = piece.text
@@ -129,12 +133,13 @@ def read_console(path: Path) -> Imported:
             d = parse_dict(found.group(0))
             if d is None:
                 reason = "cut-off log dict at the end" if piece.last_of_file else "unreadable log dicts"
+                imported.cut_off = imported.cut_off or piece.last_of_file
                 imported.skip(reason, piece.line)
                 continue
             if "train_loss" in d:
                 imported.finished = True
             elif any(k.startswith("eval_") for k in d):
-                loss = number(d.get("eval_loss"))
+                loss = figure(d.get("eval_loss"))  # NaN or infinity kept: a diverged run
                 if loss is not None:
                     imported.evals.append({"after": len(entries), "loss": loss})
             elif "loss" in d:
@@ -144,9 +149,9 @@ def read_console(path: Path) -> Imported:
             continue
         ds = _DS_TIME.search(s)
         message, when = (ds.group(2), _ds_time(ds.group(1))) if ds else (s, None)
-        if when is not None:
-            ds_times += 1
         step = _DS_STEP.search(message)
+        if step and int(step.group(2)) == 0:
+            continue  # the engine's report at its start (`step=0`): no optimizer step has run
         if step and (step.group(1) in (None, "0")):
             fields = ds_steps.setdefault(int(step.group(2)), {})
             lr = number(step.group(4))
@@ -156,6 +161,8 @@ def read_console(path: Path) -> Imported:
                 fields["t"] = when
             continue
         speed = _DS_SPEED.search(message)
+        if speed and int(speed.group(1)) == 0:
+            continue
         if speed:
             fields = ds_steps.setdefault(int(speed.group(1)), {})
             fields["samples_per_s"] = number(speed.group(3))
@@ -190,7 +197,7 @@ def read_console(path: Path) -> Imported:
         after = e.pop("after")
         e["step"] = numbers[after - 1] if after else 0
     _merge_deepspeed(imported, ds_steps, bool(entries))
-    _set_clock(imported, ds_times)
+    _set_clock(imported)
     rates_from_tokens(imported)
     if bar_total and imported.steps and max(imported.steps) >= bar_total:
         imported.finished = True
@@ -251,7 +258,7 @@ def _merge_deepspeed(imported: Imported, ds_steps: dict[int, dict[str, Any]], ha
         imported.notes.append(f"DeepSpeed figures of {unmatched} steps with no HF log dict were left out")
 
 
-def _set_clock(imported: Imported, ds_times: int) -> None:
+def _set_clock(imported: Imported) -> None:
     """Elapsed (HF's train_runtime) or wall (DeepSpeed's timestamps) when every step has one, else steps."""
     steps = imported.steps.values()
     runtimes = [f.get("t") for _, f in sorted(imported.steps.items())]
@@ -271,7 +278,7 @@ def _set_clock(imported: Imported, ds_times: int) -> None:
         fields["t"] = t
     for fields in steps:
         fields.pop("ds_t", None)
-    if imported.clock == "step" and ds_times and walls:
+    if imported.clock == "step" and any(t is not None for t in walls):  # some steps have one, not all
         imported.notes.append("DeepSpeed's times cover only some steps: the clock is the step count")
 
 

@@ -19,6 +19,7 @@ from typing import Any
 from cockpit.importers.model import (
     ForeignLogError,
     Imported,
+    figure,
     hf_log_fields,
     number,
     rates_from_tokens,
@@ -86,7 +87,7 @@ def read_states(source: Path, paths: list[Path]) -> Imported:
             if kind == "end":
                 imported.finished = True
             elif kind == "eval":
-                loss = number(entry.get("eval_loss"))
+                loss = figure(entry.get("eval_loss"))  # NaN or infinity kept: a diverged run
                 if loss is not None:
                     imported.evals.append({"step": step, "loss": loss})
             elif "loss" in entry:

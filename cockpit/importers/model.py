@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cockpit.limits import LOG_LIMIT_ENV, file_problem, log_limit
 from cockpit.record.schema import STEP_FIGURES
 
 # Step fields a record can hold (the step event's figures and its GPU peak, `record.schema`); `absent`
@@ -50,6 +51,7 @@ class Imported:
     clock: str = "step"
     max_steps: int | None = None
     finished: bool = False
+    cut_off: bool = False  # the log's last line was cut off mid-write: the run was still going
     load_memory: dict[str, float] | None = None  # memory before the first step (DeepSpeed's report)
     notes: list[str] = field(default_factory=list)  # what a reader should know (how steps were numbered)
     skipped: dict[str, Skipped] = field(default_factory=dict)
@@ -78,15 +80,33 @@ class Imported:
         return [str(s) for s in self.skipped.values()]
 
 
-def number(value: Any) -> float | None:
-    """A finite float from a log value (transformers 5 prints them as strings), else None."""
+def figure(value: Any) -> float | None:
+    """A float from a log value (transformers 5 prints them as strings), NaN and infinity kept: a
+    diverged loss is what the log says, not a missing one. None for anything that is not a number."""
     if isinstance(value, bool) or value is None:
         return None
     try:
-        f = float(value)
+        return float(value)
     except (TypeError, ValueError):
         return None
-    return f if math.isfinite(f) else None
+
+
+def number(value: Any) -> float | None:
+    """A finite float from a log value (a step, a time, a count), else None."""
+    f = figure(value)
+    return f if f is not None and math.isfinite(f) else None
+
+
+# The figures that diverge: NaN or infinity in them is kept (`figure`), in every other field left out.
+DIVERGING = ("loss", "grad_norm")
+
+
+def diverged_note(imported: Imported) -> str | None:
+    """`the loss is nan or inf at N steps, from step S: the run diverged`, when it is."""
+    bad = sorted(s for s, f in imported.steps.items() if not math.isfinite(f.get("loss", 0.0)))
+    if not bad:
+        return None
+    return f"the loss is nan or inf at {len(bad)} step(s), from step {bad[0]}: the run diverged"
 
 
 def hf_log_fields(entry: dict[str, Any], **extra: str) -> dict[str, Any]:
@@ -101,16 +121,24 @@ def hf_log_fields(entry: dict[str, Any], **extra: str) -> dict[str, Any]:
         "tokens_seen": "num_input_tokens_seen",
         **extra,
     }
-    fields = {name: number(entry.get(key)) for name, key in keys.items()}
+    fields = {name: (figure if name in DIVERGING else number)(entry.get(key)) for name, key in keys.items()}
     return {k: v for k, v in fields.items() if v is not None}
 
 
 def read_text(path: Path) -> str:
-    """A log file's text; `ForeignLogError` for an empty, unreadable or binary file."""
+    """A log file's text; `ForeignLogError` for an empty, unreadable or binary file, for what is not a
+    regular file (a device reads without end) and for one over `$COCKPIT_MAX_LOG_MIB` (`cockpit.limits`)."""
     try:
-        data = path.read_bytes()
+        limit = log_limit()
+    except ValueError as exc:  # its setting is not a number
+        raise ForeignLogError(str(exc)) from None
+    try:
+        problem = file_problem(path, limit, LOG_LIMIT_ENV, f"set {LOG_LIMIT_ENV}=N (MiB) for more")
+        data = b"" if problem else path.read_bytes()
     except OSError as exc:
         raise ForeignLogError(f"{path}: cannot read ({exc.strerror})") from None
+    if problem:
+        raise ForeignLogError(f"{path}: {problem}")
     if not data.strip():
         raise ForeignLogError(f"{path}: empty file, nothing to import")
     head = data[:SNIFF_BYTES]

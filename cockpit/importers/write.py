@@ -42,6 +42,14 @@ def _eval_time(event: dict[str, Any], times: dict[int, float], clock: str) -> fl
     return times[max(earlier)] if earlier else None
 
 
+def is_cut(imported: Imported) -> bool:
+    """Whether the log stops short: before the total it states, or in the middle of its last line. A log
+    that states no total and ends whole is not taken for a stopped run."""
+    if imported.finished:
+        return False
+    return imported.max_steps is not None or imported.cut_off
+
+
 def write_record(imported: Imported, run_dir: Path, run_id: str | None = None) -> Path:
     """Write `imported` as a new run record at `run_dir` (which must not exist yet); `run_id` is the name
     its manifest gives it (default: the folder's)."""
@@ -69,14 +77,16 @@ def write_record(imported: Imported, run_dir: Path, run_id: str | None = None) -
                 _write_eval(w, pending.pop(0), times, imported.clock)
         for event in pending:
             _write_eval(w, event, times, imported.clock)
+        cut = is_cut(imported)
         if last_step is not None:
-            outcome = "finished" if imported.finished else "cut"
-            w.write("trainer_end", at=times[last_step], outcome=outcome, step=last_step)
-    status = STATUS_FINISHED if imported.finished else STATUS_CUT
+            w.write("trainer_end", at=times[last_step], outcome="cut" if cut else "finished", step=last_step)
+    status = STATUS_CUT if cut else STATUS_FINISHED
     diagnosis = None
-    if not imported.finished:
+    if cut:
         of = f" of {imported.max_steps}" if imported.max_steps else ""
         diagnosis = f"the imported log ends at step {last_step}{of}: the rest is not in it"
+    elif not imported.finished:  # no total to fall short of, nothing cut off: the log ends, no more is known
+        diagnosis = f"the imported log ends at step {last_step}; it states no total number of steps"
     write_manifest(
         run_dir,
         {
@@ -112,6 +122,7 @@ def summary(imported: Imported) -> dict[str, Any]:
         "steps": len(imported.steps),
         "val_losses": len(imported.evals),
         "finished": imported.finished,
+        "cut": is_cut(imported),
         "absent": imported.absent,
         "skipped": imported.skipped_lines(),
         "notes": list(imported.notes),

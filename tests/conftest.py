@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from cockpit.faults import env_for
+from cockpit.faults import Watch, env_for, run_watched
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -37,14 +37,13 @@ def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 
 def run_cockpit(
-    args: list[str], cache: Path, timeout: float = 900, **extra: str
+    args: list[str], cache: Path, record: Path | None = None, **extra: str
 ) -> subprocess.CompletedProcess[str]:
-    """Run `python -m cockpit ARGS` for real and capture its output."""
-    return subprocess.run(
-        [sys.executable, "-m", "cockpit", *args],
-        env=env_for(cache, **extra),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=REPO,
+    """Run `python -m cockpit ARGS` for real and capture its output, as long as it makes progress: the
+    records under `record` (else its `--runs-dir`) grow or its processes work (`cockpit.faults.Watch`);
+    never for a fixed time. `extra`: environment variables."""
+    if record is None and "--runs-dir" in args:
+        record = Path(args[args.index("--runs-dir") + 1])
+    return run_watched(
+        [sys.executable, "-m", "cockpit", *args], Watch(record=record), env=env_for(cache, **extra), cwd=REPO
     )

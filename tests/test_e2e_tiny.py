@@ -20,7 +20,7 @@ pytestmark = pytest.mark.e2e
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory: pytest.TempPathFactory, asset_cache: Path) -> tuple[Path, str]:
     runs = tmp_path_factory.mktemp("runs")
-    result = run_cockpit(["run", "--no-ui", "--runs-dir", str(runs)], asset_cache, timeout=1200)
+    result = run_cockpit(["run", "--no-ui", "--runs-dir", str(runs)], asset_cache)
     assert result.returncode == 0, result.stderr[-3000:]
     (run_dir,) = [p for p in runs.iterdir() if p.is_dir()]
     return run_dir, result.stdout  # the results: `cockpit run --no-ui > log` keeps them
@@ -141,18 +141,16 @@ def test_report_equals_sklearn_on_the_predictions_files(tiny_run: tuple[Path, st
 
 def test_eval_only_run_compares_several_base_models(tmp_path: Path, asset_cache: Path) -> None:
     """`cockpit eval --profile P --model NAME=PATH`: open models side by side, before any fine-tuning."""
-    import subprocess
     import sys
 
-    from cockpit.faults import env_for
+    from cockpit.faults import Watch, env_for, run_watched
 
     other = tmp_path / "other-model"
     build = (
         "import sys, pathlib; from trainer.tiny import build_model; build_model(pathlib.Path(sys.argv[1]), 1)"
     )
-    subprocess.run(
-        [sys.executable, "-c", build, str(other)], env=env_for(asset_cache), check=True, timeout=300
-    )
+    built = run_watched([sys.executable, "-c", build, str(other)], Watch(), env=env_for(asset_cache))
+    assert built.returncode == 0, built.stderr[-2000:]
     runs = tmp_path / "runs"
     # Ten held-out examples a tenant (the default job's 40 are scored by the tests above): the same code.
     profile = tmp_path / "tiny-small-eval.toml"

@@ -11,7 +11,6 @@ from __future__ import annotations
 import copy
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -21,6 +20,7 @@ import torch
 if not torch.cuda.is_available():  # the Triton kernels run on the CPU only in Triton's interpreter
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+from cockpit.faults import Watch, run_watched
 from cockpit.profiles import ProfileError, load_profile, parse_profile, profile_to_dict
 from trainer import experts4bit
 from trainer.audit import EngineFacts, build_audit
@@ -425,7 +425,7 @@ def test_tiny_run_trains_with_experts_in_4bit(tmp_path, tiny_dir):
         "--profile",
         str(profile_path),
     ]
-    done = subprocess.run(cmd, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=240)
+    done = run_watched(cmd, Watch(record=tmp_path / "runs"), env=env, cwd=tmp_path)
     run_dir = next((tmp_path / "runs").iterdir())
     assert json.loads((run_dir / "run.json").read_text())["status"] == "finished", (
         done.stdout[-2000:] + done.stderr[-2000:]
@@ -458,7 +458,7 @@ def test_two_zero3_ranks_with_uneven_routing_finish(tmp_path, tiny_dir):
         port = sock.getsockname()[1]
     cmd = [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", "2", "--master_port", str(port)]
     cmd.append(str(REPO / "tests" / "zero3_two_ranks.py"))
-    done = subprocess.run(cmd, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    done = run_watched(cmd, Watch(record=tmp_path), env=env, cwd=tmp_path)
     results = [json.loads(p.read_text()) for p in sorted(tmp_path.glob("result-rank*.json"))]
     assert len(results) == 2, done.stdout[-3000:] + done.stderr[-3000:]
     by_rank = {r["rank"]: r for r in results}

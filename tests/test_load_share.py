@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from cockpit.faults import Watch, communicate_watched
 from trainer import tiny
 from trainer.load_share import Share
 from trainer.loader import _unit_of
@@ -59,7 +60,7 @@ def two_ranks(tmp_path_factory: pytest.TempPathFactory) -> dict[int, dict]:
         )
         for r in (0, 1)
     ]
-    outputs = [p.communicate(timeout=300)[0] for p in procs]
+    outputs = [communicate_watched(p, Watch())[0] for p in procs]
     results = {r: tmp / f"result-rank{r}.json" for r in (0, 1)}
     assert all(p.is_file() for p in results.values()), "\n".join(o[-3000:] for o in outputs)
     return {r: json.loads(p.read_text()) for r, p in results.items()}

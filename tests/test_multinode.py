@@ -27,7 +27,7 @@ def test_two_nodes_without_ssh_train_as_one_job(tmp_path: Path, asset_cache: Pat
         "--set", "hardware.nodes=2", "--set", f"launcher.hostfile={hostfile}",
         "--set", "launcher.no_ssh=true", "--set", "launcher.master_addr=127.0.0.1",
     )  # fmt: skip
-    joined = run_cockpit(["join", str(run_dir), "--node-rank", "1", "--wait"], asset_cache, timeout=600)
+    joined = run_cockpit(["join", str(run_dir), "--node-rank", "1", "--wait"], asset_cache, record=run_dir)
     assert joined.returncode == 0, joined.stdout + joined.stderr
     manifest = wait_end(run_dir)
     assert manifest["status"] == "finished", manifest["diagnosis"]

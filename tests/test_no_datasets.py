@@ -6,11 +6,10 @@ the tiny profile, whose data is there but cannot be read without `datasets`) mus
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
-from cockpit.faults import env_for
+from cockpit.faults import Watch, env_for, run_watched
 
 # Run first in a fresh interpreter: `datasets` and `pyarrow` cannot be found or imported, as on a machine
 # where they are not installed (Transformers then never asks for them either).
@@ -63,12 +62,10 @@ print("ok", len(rows))
 
 
 def test_the_random_token_rehearsal_needs_no_datasets(tmp_path: Path, asset_cache: Path) -> None:
-    done = subprocess.run(
+    done = run_watched(
         [sys.executable, "-c", BLOCK + "import sys\n" + REHEARSAL, str(tmp_path)],
+        Watch(record=tmp_path),
         env=env_for(asset_cache),
-        capture_output=True,
-        text=True,
-        timeout=300,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.strip().splitlines()[-1].startswith("ok"), done.stdout
@@ -84,8 +81,5 @@ def test_reading_a_data_file_says_datasets_is_missing(tmp_path: Path, asset_cach
         "import sys\nfrom pathlib import Path\nfrom cockpit.data import read_table\n"
         "try:\n    read_table(Path(sys.argv[1]))\nexcept ModuleNotFoundError:\n    print('missing')\n"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", script, str(data)], env=env_for(asset_cache), capture_output=True, text=True,
-        timeout=120,
-    )  # fmt: skip
+    done = run_watched([sys.executable, "-c", script, str(data)], Watch(), env=env_for(asset_cache))
     assert done.stdout.strip() == "missing", done.stderr[-2000:]

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from cockpit.faults import env_for, wait_for
+from cockpit.faults import QUIET_S, Watch, communicate_watched, env_for, wait_for
 from cockpit.record import load_manifest, read_events
 from tests.conftest import REPO, run_cockpit
 
@@ -33,7 +33,6 @@ def test_rehearsal_measures_each_depth_and_predicts_the_run(tmp_path: Path, asse
             "json",
         ],
         asset_cache,
-        timeout=600,
     )
     assert out.returncode == 0, out.stderr[-2000:]
     data = json.loads(out.stdout)
@@ -61,16 +60,20 @@ def test_a_stopped_rehearsal_keeps_the_depths_it_measured(tmp_path: Path, asset_
         argv, env=env_for(asset_cache), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
     try:
-        run_dir = wait_for(lambda: next(runs.glob("*"), None) if runs.is_dir() else None, 120, "a run record")
+
+        def first() -> Path | None:
+            return next(runs.glob("*"), None) if runs.is_dir() else None
+
+        run_dir = wait_for(first, QUIET_S, "a run record", watch=Watch(pid=proc.pid))
 
         def second_depth_stepping() -> bool:
             events = read_events(run_dir)
             begun = [e for e in events if e["kind"] == "rehearse_begin"]
             return len(begun) == 2 and any(e["kind"] == "step" and e["step"] > steps + 1 for e in events)
 
-        wait_for(second_depth_stepping, 400, "the second depth's steps")
+        wait_for(second_depth_stepping, QUIET_S, "the second depth's steps", watch=Watch(record=run_dir))
         assert run_cockpit(["stop", "--runs-dir", str(runs), run_dir.name], asset_cache).returncode == 0
-        stdout, stderr = proc.communicate(timeout=300)
+        stdout, stderr = communicate_watched(proc, Watch(record=run_dir))
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -110,7 +113,6 @@ def test_a_profile_that_cannot_fit_one_layer_is_refused_before_anything_loads(
     out = run_cockpit(
         ["rehearse", "--no-ui", "--runs-dir", str(runs), "--profile", str(tmp_path / "giant.toml")],
         asset_cache,
-        timeout=120,
     )
     assert out.returncode == 2
     assert (

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from cockpit.faults import Watch, communicate_watched
 from tests.test_loss import _model
 from trainer.loss import grouped_cross_entropy, use_chunked_loss
 from trainer.packing import PackedCollator
@@ -206,7 +207,7 @@ def test_two_ranks_all_reduce_to_one_ranks_sums(tmp_path) -> None:
         )
         for r in range(2)
     ]
-    outs = [p.communicate(timeout=240) for p in procs]
+    outs = [communicate_watched(p, Watch()) for p in procs]
     assert all(p.returncode == 0 for p in procs), [err[-2000:] for _, err in outs]
     model = _model()
     use_chunked_loss(model)

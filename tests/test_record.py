@@ -26,7 +26,9 @@ from cockpit.runs import create_run, find_run, list_run_dirs
 
 def test_writer_lines_are_json_with_time_kind_rank(tmp_path: Path) -> None:
     with EventWriter(tmp_path / "events" / "a.jsonl", rank=1) as w:
-        w.write("step", step=1, loss=float("nan"), grad_norm=math.inf, learning_rate=-math.inf)
+        written = w.write("step", step=1, loss=float("nan"), grad_norm=math.inf, learning_rate=-math.inf)
+    # What it returns is what a reader gets back: the trainer prints its loss with `:.4f` (it raised on None).
+    assert f"{written['loss']:.4f} {written['grad_norm']:.4f}" == "nan inf"
     text = (tmp_path / "events" / "a.jsonl").read_text()
     record = json.loads(text, parse_constant=lambda word: pytest.fail(f"{word} is not JSON"))
     assert record["kind"] == "step" and record["rank"] == 1 and record["step"] == 1
@@ -34,7 +36,7 @@ def test_writer_lines_are_json_with_time_kind_rank(tmp_path: Path) -> None:
     # NaN and infinity are not JSON: written as words, read back as the floats (a diverged run stays so).
     assert (record["loss"], record["grad_norm"], record["learning_rate"]) == ("nan", "inf", "-inf")
     (event,) = read_events(tmp_path)
-    assert math.isnan(event["loss"]) and event["grad_norm"] == math.inf and event["learning_rate"] == -math.inf
+    assert math.isnan(event["loss"]) and (event["grad_norm"], event["learning_rate"]) == (math.inf, -math.inf)
 
 
 def test_tail_waits_for_a_torn_last_line(tmp_path: Path) -> None:

@@ -164,6 +164,7 @@ def test_a_prediction_without_a_tenant_is_damage(run_dir: Path) -> None:
 def test_a_diverged_step_keeps_its_nan_and_inf_on_every_path(tmp_path: Path) -> None:
     """The trainer's writer puts NaN and infinity as words; the tail, the bulk reader and the scalars all
     give the numbers back, so the viewers show `nan` and `inf` rather than a missing reading."""
+    from cockpit.headless import step_line
     from cockpit.record.view import RunView
 
     path = tmp_path / "events" / "trainer-rank0.jsonl"
@@ -185,5 +186,6 @@ def test_a_diverged_step_keeps_its_nan_and_inf_on_every_path(tmp_path: Path) -> 
         view.apply_block(block)
     view.apply(events)
     assert math.isnan(view.last_loss) and view.val_loss == math.inf
+    assert "loss nan  val inf" in step_line(view)  # the headless line of a live run: diverged, and says so
     scalars = load_scalars(tmp_path)
     assert math.isnan(scalars.column("loss")[-1]) and scalars.column("tokens_per_s")[-1] == math.inf

@@ -93,3 +93,21 @@ def test_the_setup_phase_says_when_it_builds_the_built_in_assets(
     tiny._model_dir(0).mkdir(parents=True)  # what the first run leaves in the cache
     tiny._data_dir(d.seed, d.train_examples_per_tenant, d.eval_examples_per_tenant).mkdir()
     assert setup_words(profile) == "reading and tokenizing the training data"
+
+
+def test_a_nan_loss_is_logged_as_nan_not_a_crash(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A diverged step: rank 0's line and the record both say nan (the record's writer turned it into
+    null, and the line's `:.4f` of that null raised in the trainer) (issue 27, item 22)."""
+    from types import SimpleNamespace
+
+    from cockpit.record import EventWriter, read_events
+    from trainer.callbacks import RecordCallback
+
+    writer = EventWriter(tmp_path / "events" / "trainer-rank0.jsonl", rank=0)
+    callback = RecordCallback(writer, audit=dict, samples_per_step=1)
+    state = SimpleNamespace(global_step=3, max_steps=10, epoch=0.3)
+    callback.on_log(SimpleNamespace(), state, None, logs={"loss": float("nan"), "learning_rate": 1e-4})
+    writer.close()
+    assert "step 3/10 loss nan" in capsys.readouterr().out
+    (step,) = read_events(tmp_path, "step")
+    assert step["loss"] != step["loss"]  # NaN, read back from the word the line holds

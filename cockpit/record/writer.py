@@ -55,12 +55,14 @@ class EventWriter:
         self._file = open(path, "a", encoding="utf-8")  # noqa: SIM115 - held open for the writer's life
 
     def write(self, kind: str, *, at: float | None = None, **fields: Any) -> dict[str, Any]:
-        """Append one event and return it; `at` is its time when it is not now (an imported log's)."""
+        """Append one event and return it as a reader gets it back (a NaN a float, not its word); `at` is
+        its time when it is not now (an imported log's)."""
         record: dict[str, Any] = {"t": round(self.clock() if at is None else at, 4), "kind": kind}
         if self.rank is not None:
             record["rank"] = self.rank
-        record.update(encode(fields))  # NaN and infinity as words JSON allows
-        self._file.write(json.dumps(record, separators=(",", ":")) + "\n")
+        record.update(fields)
+        line = json.dumps(encode(record), separators=(",", ":"), allow_nan=False)  # NaN, inf as words
+        self._file.write(line + "\n")
         self._file.flush()
         return record
 

@@ -35,7 +35,7 @@ from cockpit.profiles import (
     load_profile,
 )
 from cockpit.record import RecordError, RunPaths, check_record
-from cockpit.runs import TRAINING, default_runs_dir
+from cockpit.runs import TRAINING, default_runs_dir, runs_dir_problem
 
 EXIT_CODES = {"finished": 0, "failed": 1, "stopped": 3, "stalled": 4}
 EXIT_BAD_INPUT = 2
@@ -95,6 +95,8 @@ class Parser(argparse.ArgumentParser):
 
 
 def _runs_dir(args: argparse.Namespace) -> Path:
+    if problem := runs_dir_problem(Path(args.runs_dir)):
+        raise UsageError(f"--runs-dir {args.runs_dir}: {problem} for run records")
     return Path(args.runs_dir)
 
 
@@ -503,8 +505,6 @@ def _import_all(run_dir: Path, items: list[str]) -> None:
 
 
 def _report_and_print(run_dir: Path, fmt: str, output: Path | None) -> int:
-    import json
-
     from cockpit.record import load_manifest
     from cockpit.report import render_markdown, run_report, write_report
 
@@ -516,7 +516,10 @@ def _report_and_print(run_dir: Path, fmt: str, output: Path | None) -> int:
     write_report(run_dir, report)
     text = json.dumps(report.to_dict(), indent=2) if fmt == "json" else render_markdown(report)
     if output:
-        output.write_text(text + ("\n" if not text.endswith("\n") else ""), encoding="utf-8")
+        try:
+            output.write_text(text + ("\n" if not text.endswith("\n") else ""), encoding="utf-8")
+        except OSError as exc:
+            raise UsageError(f"--output {output}: cannot write it ({exc.strerror})") from None
         console.print(f"report written to {output}")
     else:
         print(text)
@@ -655,8 +658,6 @@ def cmd_export(args: argparse.Namespace) -> int:
 # --- plan ----------------------------------------------------------------------------------------
 def cmd_plan(args: argparse.Namespace) -> int:
     """Will the profile's run fit, where, and how fast: from the model's config.json alone."""
-    import json
-
     from cockpit.plan import PlanError, build_plan, resolve_hardware
     from cockpit.plan.render import render
 

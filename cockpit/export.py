@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import csv
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -135,12 +136,23 @@ def write_csv(run_dir: Path, output: Path) -> int:
     else:
         stamps = [""] * len(data)
     steps = [str(int(s)) for s in data.step.tolist()]
-    output.parent.mkdir(parents=True, exist_ok=True)
-    with open(output, "w", newline="", encoding="utf-8") as f:
-        writer = csv.writer(f)
-        writer.writerow(["step", "timestamp", *names])
-        writer.writerows(zip(steps, stamps, *(cells[n] for n in names), strict=True))
+    with _writing(output):
+        output.parent.mkdir(parents=True, exist_ok=True)
+        with open(output, "w", newline="", encoding="utf-8") as f:
+            writer = csv.writer(f)
+            writer.writerow(["step", "timestamp", *names])
+            writer.writerows(zip(steps, stamps, *(cells[n] for n in names), strict=True))
     return len(data)
+
+
+@contextmanager
+def _writing(output: Path) -> Iterator[None]:
+    """An output that cannot be made or written (a missing or read-only folder, a file in its path) is an
+    `ExportError` naming it."""
+    try:
+        yield
+    except OSError as exc:
+        raise ExportError(f"--output {output}: cannot write it ({exc.strerror}: {exc.filename})") from None
 
 
 def write_tensorboard(run_dir: Path, logdir: Path) -> int:
@@ -151,8 +163,9 @@ def write_tensorboard(run_dir: Path, logdir: Path) -> int:
     except ImportError:
         raise ExportError(TENSORBOARD_MISSING) from None
     data = table(load_scalars(run_dir))
-    logdir.mkdir(parents=True, exist_ok=True)
-    writer = EventFileWriter(str(logdir), filename_suffix=f".{run_dir.name}")
+    with _writing(logdir):
+        logdir.mkdir(parents=True, exist_ok=True)
+        writer = EventFileWriter(str(logdir), filename_suffix=f".{run_dir.name}")
     count = 0
     try:
         for step, t, metrics in data.rows():

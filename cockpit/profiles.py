@@ -16,6 +16,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from cockpit.launcher import BACKENDS, NODE_SPECS, extra_args_problem, selection_problem
+from cockpit.limits import DataLimits
 from cockpit.textfile import NotUtf8, read_utf8
 from cockpit.trackers import Trackers, tracker_problems
 
@@ -259,6 +260,7 @@ class DataSpec(_Section):
         description="Tenants in the data, for plans and rehearsals made where the data file is not: the "
         "validation sample is `validation.examples_per_tenant` of each (0: unknown, every held-out example).",
     )
+    limits: DataLimits = DataLimits()
 
 
 class ValidationSpec(_Section):
@@ -537,10 +539,8 @@ def load_profile(
         data = tomllib.loads(read_utf8(path))
     except tomllib.TOMLDecodeError as exc:
         raise ProfileError(f"{path}: not valid TOML: {exc}") from None
-    except NotUtf8 as exc:
-        raise ProfileError(f"{path}: {exc}") from None
-    except OSError as exc:
-        raise ProfileError(f"{path}: cannot read: {exc.strerror}") from None
+    except (OSError, NotUtf8) as exc:  # a NotUtf8 says where: the line, the column and the byte
+        raise ProfileError(f"{path}: cannot read: {getattr(exc, 'strerror', None) or exc}") from None
     if overrides:
         data = apply_overrides(data, overrides)
         anchor_set_paths(data, overrides, Path.cwd())
@@ -583,9 +583,8 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
 
 
 def check_runnable(profile: Profile, source: str) -> None:
-    """What a run needs on this machine before it starts: the model (its config, weights and tokenizer)
-    and the data must exist here, and the trackers of `training.report_to` must be able to start. Every
-    missing piece is named, in one line."""
+    """What a run needs here before it starts: the model (config, weights, tokenizer), the data, and the
+    trackers of `training.report_to` able to start. Every missing piece is named, in one line."""
     problems = _model_problems(profile.model.path) + _data_problems(profile.data.source)
     problems += tracker_problems(profile.training.report_to)
     if problems:
@@ -633,7 +632,7 @@ def check_hosts(profile: Profile, source: str) -> None:
     try:
         text = read_utf8(Path(spec.hostfile).expanduser())
     except (OSError, NotUtf8) as exc:
-        why = exc.strerror if isinstance(exc, OSError) else exc
+        why = getattr(exc, "strerror", None) or exc
         raise ProfileError(f"{source}: launcher.hostfile: cannot read {spec.hostfile!r}: {why}") from None
     problem = selection_problem(profile, text)
     if problem:

@@ -36,6 +36,17 @@ def default_runs_dir() -> Path:
     return user_runs_dir()
 
 
+def runs_dir_problem(runs_dir: Path) -> str | None:
+    """Why run records cannot live in `runs_dir`: it, or the nearest existing path above it (where it
+    would be made), is not a folder; None when they can."""
+    path = runs_dir.absolute()
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    if path.is_dir():
+        return None
+    return "a file, not a folder" if path == runs_dir.absolute() else f"{path} is a file, not a folder"
+
+
 def new_run_id(profile_name: str) -> str:
     return f"{time.strftime('%Y%m%d-%H%M%S')}-{profile_name}-{secrets.token_hex(2)}"
 

@@ -7,6 +7,7 @@ run` refuses the same data before a run record exists.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +38,13 @@ def _jsonl(*rows: dict) -> bytes:
 
 def _good(n: int = 8) -> list[dict]:
     return [_row(i) for i in range(1, n + 1)]
+
+
+def _csv(bad: int, line: str) -> bytes:
+    """Four good CSV rows, row `bad` replaced by `line`."""
+    rows = [f"acme,a{i},{'eval' if i == 4 else 'train'},u,ORG|PERSON,ORG" for i in range(1, 5)]
+    rows[bad - 1] = line
+    return "\n".join(["tenant,id,split,user,labels,gold", *rows, ""]).encode()
 
 
 def _parquet(rows: list[dict]) -> Callable[[Path], None]:
@@ -102,6 +110,20 @@ CASES = [
          ("no column 'customer' (data.columns.tenant)", "the data has: tenant"),
          ("data.columns.tenant=customer",)),
     Case("unknown format", "data.txt", b"hello\n", ("cannot tell the format from the suffix '.txt'",)),
+    Case("CSV row with a column missing", "short.csv", _csv(3, "acme,a3,train,u,ORG|PERSON"),
+         ("row 3 (line 4)", "5 columns, where the header has 6", "a ragged row")),
+    Case("CSV row with a column too many", "long.csv", _csv(2, "acme,a2,train,u,ORG|PERSON,ORG,x"),
+         ("row 2 (line 3)", "7 columns, where the header has 6", "a ragged row")),
+    Case("CSV field over the example limit", "field.csv", _csv(3, f"acme,a3,train,{'x' * 3000},ORG,ORG"),
+         ("row 3 (line 4)", "a field over the limit of data.limits.example_kib (2.0 KiB"),
+         ("data.limits.example_kib=2",)),
+    Case("example over the limit", "huge.jsonl", _jsonl(*_good(2), _row(3, user="x" * 3000)),
+         ("line 3", "an example of 3.0 KiB, over the limit of data.limits.example_kib (2.0 KiB"),
+         ("data.limits.example_kib=2",)),
+    Case("file over the limit", "big.jsonl", _jsonl(*[_row(i, user="x" * 1000) for i in range(1100)]),
+         ("1.2 MiB, over the limit of data.limits.file_mib (1.0 MiB", "--set data.limits.file_mib=N"),
+         ("data.limits.file_mib=1",)),
+    Case("not a regular file", "pipe.jsonl", os.mkfifo, ("a pipe, not a file to read",)),
 ]  # fmt: skip
 
 
@@ -142,3 +164,16 @@ def test_a_run_refuses_bad_data_before_it_starts(tmp_path: Path, capsys) -> None
     assert code == 2 and len(err.splitlines()) == 1
     assert f"{path}: line 2: field gold: 'PLACE'" in err
     assert not runs.exists() or not any(runs.iterdir()), "no run record was made"
+
+
+def test_a_csv_field_over_csv_s_own_128_kib_reads_within_the_example_limit(tmp_path: Path, capsys) -> None:
+    """Python's csv module stops at 128 KiB a field by default (`_csv.Error`); an example's limit is the
+    profile's (1 MiB), and a 200 KiB reasoning is a usable example."""
+    path = tmp_path / "long.csv"
+    path.write_bytes(_csv(1, f"acme,a1,train,{'x' * 200 * 1024},ORG|PERSON,ORG"))
+    assert main(["data", str(path), "--no-tokens"]) == 0, capsys.readouterr().err
+    from cockpit.data import load_examples
+    from cockpit.profiles import DataSpec
+
+    (first, *_) = load_examples(path, DataSpec(source=str(path)), cache_dir=tmp_path / "cache").examples
+    assert len(first["user"]) == 200 * 1024

@@ -142,7 +142,7 @@ def test_a_profile_that_is_not_utf8_is_one_line_naming_the_file_and_the_byte(
     code = main([command, "--profile", str(path), *runs])
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1, err
-    assert f"{path}: line {line}: not UTF-8 text (byte 0xe9 at column 19)" in err
+    assert f"{path}: cannot read: line {line}: not UTF-8 text (byte 0xe9 at column 19)" in err
     assert not (tmp_path / "runs").exists()
 
 

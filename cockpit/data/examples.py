@@ -330,7 +330,7 @@ def load_examples(path: Path, spec: Any, *, strict: bool = True, cache_dir: Path
     With `strict`, the first blocking problem is raised as a `DataError`; without, every problem is kept
     in `problems` (for `cockpit data`) and the examples are those without one.
     """
-    table = read_table(path, spec.format, cache_dir)
+    table = read_table(path, spec.format, cache_dir, spec.limits)
     examples, kept, problems = map_rows(table, spec.columns)
     if strict and problems:
         raise DataError(problems[0].message)

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from cockpit.limits import KIB, MIB, DataLimits, file_problem, size_words, value_bytes
 from cockpit.textfile import not_utf8
 
 SUFFIXES = {
@@ -139,11 +140,19 @@ def _quiet_datasets() -> Any:
     return datasets
 
 
-def read_table(path: Path, declared: str = "auto", cache_dir: Path | None = None) -> Table:
-    """Read `path` with `datasets` (its Arrow copy cached in `cache_dir`); DataError if it cannot be."""
+def read_table(
+    path: Path, declared: str = "auto", cache_dir: Path | None = None, limits: DataLimits | None = None
+) -> Table:
+    """Read `path` with `datasets` (its Arrow copy cached in `cache_dir`); DataError if it cannot be, or
+    if it or one of its examples is over `limits` (a profile's `data.limits`)."""
     path = Path(path).expanduser()
+    limits = limits or DataLimits()
     if not path.exists():
         raise DataError(f"{path}: no such file or folder")
+    more = "--set data.limits.file_mib=N for more"
+    problem = file_problem(path, limits.file_mib * MIB, "data.limits.file_mib", more, folder=True)
+    if problem:
+        raise DataError(f"{path}: {problem}")
     fmt = detect_format(path, declared)
     numbers: list[int] = check_text(path) if fmt in TEXT_FORMATS else []
     datasets = _quiet_datasets()
@@ -161,7 +170,7 @@ def read_table(path: Path, declared: str = "auto", cache_dir: Path | None = None
         except Exception:
             rows = _parse_json(path)
     elif fmt == "csv":
-        rows = _read_csv(path, cache)
+        rows = _read_csv(path, cache, limits.example_kib * KIB)
     elif fmt == "parquet":
         try:
             rows = datasets.Dataset.from_parquet(str(path), cache_dir=cache).to_list()
@@ -174,20 +183,27 @@ def read_table(path: Path, declared: str = "auto", cache_dir: Path | None = None
     columns: dict[str, None] = {}
     for row in rows[:1000]:
         columns.update(dict.fromkeys(row))
-    return Table(path, fmt, rows, tuple(columns), unit, tuple(numbers) if unit == "line" else ())
+    table = Table(path, fmt, rows, tuple(columns), unit, tuple(numbers) if unit == "line" else ())
+    _check_sizes(table, limits.example_kib * KIB)
+    return table
 
 
-def _read_csv(path: Path, cache: str | None) -> list[dict[str, Any]]:
-    """Every value as text (no guessing of numbers or NA), a UTF-8 byte-order mark ignored."""
+def _check_sizes(table: Table, limit: int) -> None:
+    """DataError at the first example whose text is over `limit` bytes (`data.limits.example_kib`)."""
+    for i, row in enumerate(table.rows):
+        size = value_bytes(row)
+        if size > limit:
+            raise DataError(
+                f"{table.path}: {table.where(i)}: an example of {size_words(size)}, over the limit of "
+                f"data.limits.example_kib ({size_words(limit)}; --set data.limits.example_kib=N for more)"
+            )
+
+
+def _read_csv(path: Path, cache: str | None, field_limit: int) -> list[dict[str, Any]]:
+    """Every value as text (no guessing of numbers or NA), a UTF-8 byte-order mark ignored; every row
+    with the header's number of columns (`check_csv`)."""
     datasets = _quiet_datasets()
-    with open(path, encoding="utf-8-sig", newline="") as f:
-        reader = csv.reader(f)
-        header = next(reader, [])
-        first = next(reader, None)
-    if not header or not any(h.strip() for h in header):
-        raise DataError(f"{path}: line 1: no header row naming the columns")
-    if first is None:
-        raise DataError(f"{path}: no examples (only a header)")
+    header = check_csv(path, field_limit)
     features = datasets.Features({name: datasets.Value("string") for name in header})
     try:
         ds = datasets.Dataset.from_csv(
@@ -196,6 +212,42 @@ def _read_csv(path: Path, cache: str | None) -> list[dict[str, Any]]:
     except Exception as exc:
         raise DataError(f"{path}: not a readable CSV file ({_first_line(exc)})") from None
     return ds.to_list()
+
+
+def check_csv(path: Path, field_limit: int) -> list[str]:
+    """The header of a CSV file, once every row is known to have as many columns, no field is longer than
+    `field_limit` (an example's limit) and there is a row; DataError naming the row and its line."""
+    previous = csv.field_size_limit(field_limit)  # the csv module's own is 128 KiB
+    rows = 0
+    try:
+        with open(path, encoding="utf-8-sig", newline="") as f:
+            reader = csv.reader(f)
+            header = next(reader, [])
+            if not header or not any(h.strip() for h in header):
+                raise DataError(f"{path}: line 1: no header row naming the columns")
+            for fields in reader:
+                if not fields:  # a blank line, which `datasets` (pandas) skips too
+                    continue
+                rows += 1
+                if len(fields) != len(header):
+                    raise DataError(
+                        f"{path}: row {rows} (line {reader.line_num}): {len(fields)} columns, where the "
+                        f"header has {len(header)}: a ragged row (a missing or extra comma, or an unquoted "
+                        "comma in a value)"
+                    )
+    except csv.Error as exc:
+        line = f"row {rows + 1} (line {reader.line_num})"
+        if "field larger than field limit" in str(exc):
+            raise DataError(
+                f"{path}: {line}: a field over the limit of data.limits.example_kib "
+                f"({size_words(field_limit)}; --set data.limits.example_kib=N for more)"
+            ) from None
+        raise DataError(f"{path}: {line}: not a readable CSV row ({exc})") from None
+    finally:
+        csv.field_size_limit(previous)
+    if not rows:
+        raise DataError(f"{path}: no examples (only a header)")
+    return header
 
 
 def _read_saved(path: Path, datasets: Any) -> list[dict[str, Any]]:

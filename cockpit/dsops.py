@@ -190,12 +190,13 @@ def ensure_ops(
         if state is None or not state.compatible:
             continue
         if state.lock is not None:
-            removed = extcache.clear_stale_lock(Path(state.where))
+            if not state.lock.stale:
+                say(state, f"waiting for another process's build of {state.name} in {state.where}")
+            removed = extcache.wait_unlocked(Path(state.where))
             if removed is not None:
                 words = f"a build that was killed left it; no build running, {removed.age_s:.0f} s old"
                 say(state, f"removed a stale build lock {removed.path} ({words})")
-            else:
-                say(state, f"waiting for another process's build of {state.name} in {state.where}")
+            state = get() or state  # what the other build, or none, left
         if state.due:
             say(state, state.compile_words)
             compiled.append(state)

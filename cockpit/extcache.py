@@ -52,7 +52,8 @@ def keyed_root(prefix: str | None = None) -> Path:
         torch_version = "none"
     py = f"py{sys.version_info.major}{sys.version_info.minor}"
     digest = hashlib.sha1(f"{prefix}\0{py}\0{torch_version}".encode()).hexdigest()[:10]
-    name = f"{Path(prefix).name or 'python'}-{py}-torch{torch_version}-{digest}".replace("+", "_")
+    folder = Path(prefix).name.lstrip(".") or "python"  # `.venv`: a visible name all the same
+    name = f"{folder}-{py}-torch{torch_version}-{digest}".replace("+", "_")
     base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache").expanduser()
     return base / "torch_extensions" / name
 
@@ -128,6 +129,18 @@ def clear_stale_lock(folder: Path) -> Lock | None:
     except FileNotFoundError:  # its build ended meanwhile
         return None
     return lock
+
+
+def wait_unlocked(folder: Path, poll_s: float = 1.0) -> Lock | None:
+    """Wait while a build holds the folder's lock, as torch's loader would, but remove the lock once it is
+    stale (torch's loader waits for it forever). The stale lock removed, or None."""
+    while (lock := build_lock(folder)) is not None:
+        if lock.stale:
+            removed = clear_stale_lock(folder)
+            if removed is not None:
+                return removed
+        time.sleep(poll_s)
+    return None
 
 
 # --- what torch's loader would build ---------------------------------------------------------------------

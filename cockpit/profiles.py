@@ -200,7 +200,10 @@ class TrainingSpec(_Section):
         "run starts); empty or none: none. The run record stays the cockpit's source of truth.",
     )
     stall_timeout_s: PositiveFloat = Field(
-        default=1800.0, description="Stop a run with no step for this long."
+        default=1800.0,
+        description="Stop a run with no step for this long (or ten median steps, if longer). Before its "
+        "first step a run is stopped only when nothing progresses (no event, its processes idle) for this or "
+        "10 min, whichever is longer, or no event comes for 4 times this or 1 h (cockpit.stall.SetupLimits).",
     )
 
 

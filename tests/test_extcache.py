@@ -200,7 +200,50 @@ def test_each_environment_builds_into_its_own_folder(monkeypatch: pytest.MonkeyP
     monkeypatch.delenv("TORCH_EXTENSIONS_DIR", raising=False)
     mine = extcache.keyed_root()
     assert extcache.keyed_root("/some/other/venv") != mine
-    assert mine.parent.name == "torch_extensions" and Path(sys.prefix).name in mine.name
+    assert mine.parent.name == "torch_extensions" and Path(sys.prefix).name.lstrip(".") in mine.name
+    assert not mine.name.startswith("."), "a folder `ls` shows"
     assert child_env()["TORCH_EXTENSIONS_DIR"] == str(mine), "the supervisor's children get it"
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", "/chosen/by/the/user")
     assert child_env()["TORCH_EXTENSIONS_DIR"] == "/chosen/by/the/user"
+
+
+def test_a_fresh_lock_is_waited_for_and_removed_once_no_build_holds_it(
+    ext_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The issue's repro touches the lock just before the run: young, so possibly a build starting. The
+    build phase waits as torch would, but only until it is plainly stale (torch waits forever)."""
+    from trainer.__main__ import build_ops
+
+    builder = _built(tmp_path)
+    lock = ext_dir / builder.name / "lock"
+    lock.touch()
+    monkeypatch.setattr(extcache, "LOCK_GRACE_S", 0.5)
+    monkeypatch.setattr(dsops, "run_ops", lambda _p: [(lambda: dsops.op_state(builder), builder.load)])
+    phases: list[str] = []
+    profile, _ = load_profile("tiny-cpu")
+    assert build_ops(profile, lambda name, **f: phases.append(f["message"])) == []
+    assert not lock.exists() and len(phases) == 2
+    assert phases[0].startswith(f"waiting for another process's build of {builder.name}")
+    assert phases[1].startswith(f"removed a stale build lock {lock}")
+
+
+def test_a_lock_its_build_removes_is_waited_for_and_left_to_it(
+    ext_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    builder = _built(tmp_path)
+    lock = ext_dir / builder.name / "lock"
+    lock.touch()
+    # Another process's build: it works in the folder, and removes its lock when it is done.
+    other = subprocess.Popen(
+        [sys.executable, "-c", "import os, time; time.sleep(2); os.remove('lock')"], cwd=lock.parent
+    )
+    monkeypatch.setattr(extcache, "LOCK_GRACE_S", 0.0)  # no grace: only the process in the folder holds it
+    monkeypatch.setattr(dsops, "run_ops", lambda _p: [(lambda: dsops.op_state(builder), builder.load)])
+    said: list[str] = []
+    profile, _ = load_profile("tiny-cpu")
+    try:
+        assert dsops.ensure_ops(profile, lambda _s, words: said.append(words)) == []
+    finally:
+        other.wait()
+    assert other.returncode == 0, "the other build removed its own lock"
+    assert [w.split(" of ")[0] for w in said] == ["waiting for another process's build"]

@@ -74,22 +74,20 @@ def ninja_first(path: str) -> str:
     Ninja 1.13 (pip's `ninja`, a DeepSpeed dependency) keeps a build log that older system ninjas read as
     "too old; starting over", and the other way round: a run started from an activated environment and
     one started by the full path of its `cockpit` would each rebuild every op the other built, about 90 s
-    before the first step on two cores."""
-    from cockpit.cache import cache_root
+    before the first step on two cores.
+
+    The folder goes first on the ranks' PATH, so it is trusted only as `cache.private_link` leaves it:
+    ours, 0700, under folders no one else can write, holding nothing but the link to this interpreter's
+    ninja (anything else found there is removed); a cache where that cannot be (another user's, one
+    others can write, read-only) leaves the PATH as it was."""
+    from cockpit.cache import cache_root, private_link
 
     path = path or os.defpath
     beside = Path(sys.executable).parent / "ninja" if sys.executable else None
     if beside is None or not beside.is_file():
         return path
     tools = cache_root() / "tools" / hashlib.sha1(str(beside).encode()).hexdigest()[:12]
-    link = tools / "ninja"
-    try:
-        tools.mkdir(parents=True, exist_ok=True)
-        if not link.exists():
-            link.symlink_to(beside)
-    except FileExistsError:  # another rank made it first
-        pass
-    except OSError:  # a read-only cache: the PATH as it was
+    if not private_link(tools, "ninja", beside):
         return path
     return os.pathsep.join([str(tools), *(p for p in path.split(os.pathsep) if p and p != str(tools))])
 

@@ -25,7 +25,6 @@ FORMATS = (
     "an HF Trainer output directory or trainer_state.json, "
     "a LLaMA-Factory trainer_log.jsonl, or a console log"
 )
-CACHE_ENV = "COCKPIT_CACHE"
 IMPORT_CACHE_VERSION = 1
 
 
@@ -102,12 +101,11 @@ def import_log(path: Path, runs_dir: Path) -> tuple[Path, Imported]:
 
 
 def cache_dir() -> Path:
-    """Where replay keeps imported records: `$COCKPIT_CACHE/imports`, else the user's cache folder."""
-    if os.environ.get(CACHE_ENV):
-        return Path(os.environ[CACHE_ENV]).expanduser() / "imports"
-    from platformdirs import user_cache_path
+    """Where replay keeps imported records: `imports/` of the cockpit's (private) cache,
+    `cockpit.cache.cache_root`."""
+    from cockpit.cache import cache_root
 
-    return user_cache_path("cockpit") / "imports"
+    return cache_root() / "imports"
 
 
 def _source_key(path: Path) -> str:

@@ -12,7 +12,10 @@ errs high: the guard stops early rather than late. Pure functions: figures in, d
 
 from __future__ import annotations
 
+from cockpit.plan.units import common_unit
+
 GIB_MIB = 1024.0
+MIB = 1024**2
 # The default limit leaves this much of the host's RAM to everything else: 5% or 4 GiB, the larger,
 # but never more than half the host (a small machine still gets a usable limit).
 MARGIN_FRACTION = 0.05
@@ -35,7 +38,16 @@ def ram_verdict(run_rss_mib: float | None, limit_mib: float) -> str | None:
     """The diagnosis when the run's processes have reached the limit, else None (no reading: None)."""
     if run_rss_mib is None or limit_mib <= 0 or run_rss_mib < limit_mib:
         return None
-    return (
-        f"host RAM at {run_rss_mib / GIB_MIB:.1f} of {limit_mib / GIB_MIB:.1f} GiB; "
-        "stopped before the OOM killer"
-    )
+    return f"host RAM at {_apart(run_rss_mib * MIB, limit_mib * MIB)}; stopped before the OOM killer"
+
+
+def _apart(used: float, limit: float) -> str:
+    """`553.0 of 512.0 MiB`, `2.51 of 2.50 GiB`: both byte counts in the unit the plan's byte formatter
+    picks for the larger, with as many decimals (one to three) as it takes for figures that differ to
+    read differently (one where even three cannot tell them apart: the limit, just reached)."""
+    name, unit = common_unit([used, limit])
+    for digits in (1, 2, 3, 1):
+        at, of = (f"{n / unit:,.{digits}f}" for n in (used, limit))
+        if at != of:
+            break
+    return f"{at} of {of} {name}"

@@ -206,7 +206,7 @@ def test_host_ram_at_the_limit_stops_with_a_checkpoint(tmp_path: Path, asset_cac
     assert manifest["exit_code"] == 0, "the trainer checkpointed and exited; nothing was killed"
     stopped_at = rank0_steps(run_dir)[-1]["step"]
     match = re.fullmatch(
-        rf"host RAM at (\d+\.\d) of 2\.5 GiB; stopped before the OOM killer "
+        rf"host RAM at (\d+\.\d+) of 2\.50* GiB; stopped before the OOM killer "
         rf"\(at step {stopped_at}, checkpoint saved\)",
         manifest["diagnosis"],
     )

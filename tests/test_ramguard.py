@@ -44,6 +44,13 @@ def test_the_verdict_comes_at_the_limit_and_names_both_figures() -> None:
     assert ram_verdict(10 * GIB, 0.0) is None  # no limit known (a host that reports no RAM)
 
 
+def test_the_verdict_s_two_figures_differ_when_they_do() -> None:
+    """553 MiB against 512 read "0.5 of 0.5 GiB": the byte formatter's unit, and decimals enough."""
+    assert ram_verdict(553, 512) == "host RAM at 553.0 of 512.0 MiB; stopped before the OOM killer"
+    assert ram_verdict(2.51 * GIB, 2.5 * GIB) == "host RAM at 2.51 of 2.50 GiB; stopped before the OOM killer"
+    assert ram_verdict(2.5 * GIB + 0.01, 2.5 * GIB).startswith("host RAM at 2.5 of 2.5 GiB;")  # just at it
+
+
 GUARD = "host RAM at 2.6 of 2.5 GiB; stopped before the OOM killer"
 
 

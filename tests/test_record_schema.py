@@ -102,7 +102,7 @@ def test_a_field_of_the_wrong_type_is_damage_on_every_path(tmp_path: Path, case:
 
 
 def check_record_events(run_dir: Path) -> None:
-    from cockpit.record.reader import check_events
+    from cockpit.record.check import check_events
 
     check_events(run_dir)
 

@@ -3,10 +3,11 @@
 See `format.py` for the layout and the README for the documented format.
 """
 
+from cockpit.record.check import check_record
 from cockpit.record.errors import RecordError
 from cockpit.record.format import FORMAT_VERSION, RunPaths
 from cockpit.record.manifest import Manifest, load_manifest, write_manifest
-from cockpit.record.reader import EventTail, RunReader, check_record, read_events
+from cockpit.record.reader import EventTail, RunReader, read_events
 from cockpit.record.writer import EventWriter
 
 __all__ = [

@@ -14,8 +14,6 @@ from typing import Any
 
 from cockpit.record.errors import RecordError
 from cockpit.record.format import RunPaths
-from cockpit.record.manifest import Manifest, load_manifest
-from cockpit.record.predictions_file import prediction_rows
 from cockpit.record.schema import event_problem
 
 Event = dict[str, Any]
@@ -135,36 +133,3 @@ def read_events(run_dir: Path, kind: str | None = None) -> list[Event]:
     """Every event of a run (optionally one kind), merged by time; `RecordError` on a damaged line."""
     events = RunReader(run_dir).poll()
     return events if kind is None else [e for e in events if e["kind"] == kind]
-
-
-def check_events(run_dir: Path, chunk_bytes: int = 4 * 2**20) -> None:
-    """Read every event file of a run through, keeping nothing: `RecordError` at the first damaged line.
-
-    A torn last line is not damage."""
-    for path in RunPaths(Path(run_dir)).event_files():
-        line_no = 1
-        partial = b""
-        with open(path, "rb") as f:
-            while chunk := f.read(chunk_bytes):
-                data = partial + chunk
-                cut = data.rfind(b"\n")
-                if cut < 0:
-                    partial = data
-                    continue
-                lines = data[:cut].split(b"\n")
-                bad = first_bad_line(lines)
-                if bad is not None:
-                    raise bad_line_error(path, line_no + bad, lines[bad])
-                line_no += len(lines)
-                partial = data[cut + 1 :]
-
-
-def check_record(run_dir: Path) -> Manifest:
-    """The run's manifest, once it, every event file and every predictions file have been read through
-    and found well-typed (`record.schema`); `RecordError` naming the file, line and field if damaged."""
-    manifest = load_manifest(run_dir)
-    check_events(run_dir)
-    for path in RunPaths(Path(run_dir)).prediction_files():
-        for _ in prediction_rows(path):
-            pass
-    return manifest

@@ -54,10 +54,12 @@ _WRONG = object()
 
 @dataclass(frozen=True)
 class Type:
-    """A field's type: what an error calls it, and `read`: the value as readers get it, or `_WRONG`."""
+    """A field's type: what an error calls it, `read`: the value as readers get it, or `_WRONG`, and
+    `plain`: the Python types whose values are read as they are (checked first: most values are)."""
 
     name: str
     read: Callable[[Any], Any]
+    plain: tuple[type, ...] = ()
 
 
 def _whole(value: Any) -> Any:
@@ -75,6 +77,8 @@ def _numbers(value: Any) -> Any:
         return None
     if not isinstance(value, list):
         return _WRONG
+    if all(type(v) is float or type(v) is int for v in value):
+        return value
     out = [_number(v) for v in value]
     return _WRONG if any(v is _WRONG for v in out) else out
 
@@ -96,13 +100,13 @@ def _of(kind: type | tuple[type, ...]) -> Callable[[Any], Any]:
 
 
 TIME = Type("a finite number (Unix seconds)", _time)
-INT = Type("a whole number", _whole)
-NUMBER = Type("a number (or nan, inf, -inf)", _number)
-TEXT = Type("text", _of(str))
-FLAG = Type("true or false", _of(bool))
-LIST = Type("a list", _of(list))
+INT = Type("a whole number", _whole, (int,))
+NUMBER = Type("a number (or nan, inf, -inf)", _number, (float, int))
+TEXT = Type("text", _of(str), (str,))
+FLAG = Type("true or false", _of(bool), (bool,))
+LIST = Type("a list", _of(list), (list,))
 NUMBERS = Type("a list of numbers", _numbers)
-TABLE = Type("an object", _of(dict))
+TABLE = Type("an object", _of(dict), (dict,))
 NUMBER_TABLE = Type("an object of numbers", _number_table)
 
 
@@ -384,20 +388,40 @@ def _shown(value: Any) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
+_Compiled = tuple[dict[str, tuple[Type, bool]], tuple[str, ...]]
+_compiled: dict[int, tuple[Fields, _Compiled]] = {}
+
+
+def _compile(fields: Fields) -> _Compiled:
+    """`fields` as (name -> (type, required)) and its required names, made once per table."""
+    hit = _compiled.get(id(fields))
+    if hit is not None and hit[0] is fields:
+        return hit[1]
+    table = {n: (s.type, True) if isinstance(s, Required) else (s, False) for n, s in fields.items()}
+    made = (table, tuple(n for n, (_, required) in table.items() if required))
+    _compiled[id(fields)] = (fields, made)
+    return made
+
+
 def fields_problem(data: dict[str, Any], fields: Fields) -> str | None:
     """`field NAME: expected T, got V` for the first field of `data` that `fields` types otherwise (its
     non-finite words decoded in place when all is well), else None."""
-    for name, spec in fields.items():
-        required = isinstance(spec, Required)
-        kind = spec.type if isinstance(spec, Required) else spec
-        if name not in data:
-            if required:
-                return f"field {name}: missing"
+    table, required = _compile(fields)
+    for name in required:
+        if data.get(name) is None:
+            kind = table[name][0]
+            return (
+                f"field {name}: missing"
+                if name not in data
+                else f"field {name}: expected {kind.name}, got null"
+            )
+    for name, value in data.items():
+        spec = table.get(name)
+        if spec is None or type(value) in spec[0].plain:
             continue
-        value = data[name]
-        read = kind.read(value)
-        if read is _WRONG or (required and read is None):
-            return f"field {name}: expected {kind.name}, got {_shown(value)}"
+        read = spec[0].read(value)
+        if read is _WRONG:
+            return f"field {name}: expected {spec[0].name}, got {_shown(value)}"
         if read is not value:
             data[name] = read
     return None

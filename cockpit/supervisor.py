@@ -320,12 +320,15 @@ class Supervisor:
         change = self.stall.check()
         if change is None:
             return
-        if change.kind == "cleared":  # steps came again
-            self._note(f"steps again at step {self.view.step}", stall_suspected=False)
+        step = self.stall.stage_step  # this attempt's: a resume's setup is before any step of its own
+        if change.kind == "cleared":  # steps, or before the first step progress, came again
+            again = f"steps again at step {step}" if step is not None else "progress again"
+            self._note(again, stall_suspected=False)
             self._update_manifest(warning=None)
         elif change.kind == "suspected":
             self._note(change.message, stall_suspected=True)
-            self._update_manifest(warning=f"stall suspected at step {self.view.step}: {change.message}")
+            at = f"at step {step}" if step is not None else "before the first step"
+            self._update_manifest(warning=f"stall suspected {at}: {change.message}")
         else:
             self.stall_where = self._stalled_rank()
             where = f"{self.stall_where}; " if self.stall_where else ""

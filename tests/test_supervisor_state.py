@@ -38,9 +38,35 @@ def test_a_load_longer_than_the_stall_timeout_is_not_a_stall(run_dir: Path) -> N
     clock.now += 3 * timeout  # setup and load took three timeouts
     supervisor.stall.observe([event("phase", clock.now - 5, phase="train", rank=0)])
     assert supervisor.stall.check() is None
-    clock.now += timeout + 10  # then nothing at all for longer than the timeout
+    clock.now += timeout + 10  # then nothing for longer than the timeout: before the first step, the
+    assert supervisor.stall.check().kind == "suspected"  # setup's own limit (SetupLimits) holds
+    clock.now += supervisor.stall.setup_limits.quiet_s
     change = supervisor.stall.check()
-    assert change is not None and change.kind == "stalled" and "no step" in change.message
+    assert change is not None and change.kind == "stalled" and "in phase train" in change.message
+
+
+def test_a_stall_suspected_in_a_resumes_setup_names_no_step_of_the_attempt_before(run_dir: Path) -> None:
+    """Issue 27, item 25: the resume's warning and notes are about its own attempt."""
+    from cockpit.record import load_manifest, read_events
+
+    clock = Clock(1000.0)
+    supervisor = Supervisor(run_dir, resume=True, clock=clock)
+    earlier = [event("step", 900.0 + n, step=n, rank=0) for n in range(1, 11)]
+    supervisor.view.apply(earlier)
+    supervisor.stall.begin_stage("train")
+    supervisor.stall.observe(
+        [*earlier, event("phase", clock.now, phase="setup", message="tokenizing", rank=0)]
+    )
+    clock.now += supervisor.stall.setup_limits.quiet_s / 2 + 1
+    supervisor._check_stall()
+    warning = load_manifest(run_dir)["warning"]
+    assert warning.startswith("stall suspected before the first step: no progress for")
+    assert "phase setup (tokenizing), before the resumed run's first step" in warning
+    supervisor.stall.observe([event("phase", clock.now, phase="load", rank=0)])
+    supervisor._check_stall()
+    supervisor.events.close()
+    notes = [e["message"] for e in read_events(run_dir, "note")]
+    assert notes[-1] == "progress again" and load_manifest(run_dir)["warning"] is None
 
 
 def test_a_resumed_attempt_starts_with_a_fresh_phase_and_outcome() -> None:

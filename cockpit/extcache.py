@@ -88,8 +88,15 @@ class Lock:
                 f"a stale build lock {self.path} ({age} old, no build running), left by a killed build: "
                 "a load would wait for it forever; a run removes it first, `cockpit doctor --prebuild` now"
             )
-        who = ", ".join(map(str, self.builders)) or "starting"
-        return f"a build is running in {self.path.parent} (lock {age} old, process {who}): runs wait for it"
+        if self.builders:
+            who = ", ".join(map(str, self.builders))
+            return (
+                f"a build is running in {self.path.parent} (process {who}, lock {age} old): runs wait for it"
+            )
+        return (
+            f"a build lock {self.path} ({age} old, no build in the folder yet: one starting, or one killed, "
+            f"which a run removes once it is {LOCK_GRACE_S:.0f} s old)"
+        )
 
 
 def _builders(folder: Path) -> tuple[int, ...]:

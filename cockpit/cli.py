@@ -659,13 +659,15 @@ def cmd_export(args: argparse.Namespace) -> int:
 def cmd_plan(args: argparse.Namespace) -> int:
     """Will the profile's run fit, where, and how fast: from the model's config.json alone."""
     from cockpit.plan import PlanError, build_plan, resolve_hardware
+    from cockpit.plan.geometry import GeometryError, check_packable
     from cockpit.plan.render import render
 
     try:
         profile, _path = load_profile(args.profile, args.overrides)
         hardware = resolve_hardware(profile, args.gpus, args.gpu_mem_gib, args.host_ram_gib, nodes=args.nodes)
         plan = build_plan(profile, hardware)
-    except (ProfileError, PlanError) as exc:
+        check_packable(plan.geometry, profile)  # what the loader would refuse
+    except (ProfileError, PlanError, GeometryError) as exc:
         raise UsageError(str(exc)) from None
     if args.format == "json":
         print(json.dumps(plan.to_dict(), indent=2))

@@ -19,8 +19,10 @@ BNB_NESTED_BLOCKSIZE = 256
 PACKED_NESTED_BLOCKSIZES = (256, 128, 64)
 # Experts are quantized at load and dequantized in training this many bytes of 16-bit weights at a time.
 DEQUANT_CHUNK_BYTES = 512 * 1024**2
-# Float dtypes packed 4-bit bytes may be stored in (DeepSpeed moves float parameters' bytes untouched).
-PACKED_STORAGE_DTYPES = ("bfloat16", "float16", "float32")
+# Float dtypes packed 4-bit bytes may be stored in (DeepSpeed moves float parameters' bytes untouched),
+# with the bytes of one item.
+PACKED_STORAGE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+PACKED_STORAGE_DTYPES = tuple(PACKED_STORAGE_BYTES)
 
 # --- the loss ------------------------------------------------------------------------------------------
 # The head's logits are computed this many bytes (fp32) at a time, never whole (trainer/loss.py).
@@ -147,6 +149,28 @@ def packed_nested_blocksize(blocks: int) -> int:
     raise ValueError(
         f"{blocks} blocks an expert: no nested block size in {PACKED_NESTED_BLOCKSIZES} divides it"
     )
+
+
+def packed_expert_problem(out: int, inp: int, storage_dtype: str) -> str | None:
+    """Why the trainer cannot pack one expert's [out, in] weight in NF4 stored as `storage_dtype` (None:
+    it can). The one rule the loader refuses a layout by, and plan and doctor with it: the weights fill
+    whole NF4 blocks, the blocks a nested block size (`packed_nested_blocksize`), and the codes, scales
+    and state whole items of the storage dtype."""
+    numel = out * inp
+    if numel % NF4_BLOCKSIZE:
+        return f"expert weight {out}x{inp} is not a whole number of {NF4_BLOCKSIZE}-blocks"
+    blocks = numel // NF4_BLOCKSIZE
+    try:
+        nested = packed_nested_blocksize(blocks)
+    except ValueError as exc:
+        return f"expert weight {out}x{inp}: {exc}"
+    itemsize = PACKED_STORAGE_BYTES[storage_dtype]
+    for what, nbytes in (("codes", numel // 2), ("scales", blocks), ("state", 4 * (blocks // nested + 1))):
+        if nbytes % itemsize:
+            return (
+                f"expert weight {out}x{inp}: {what} of {nbytes} bytes do not fill whole {storage_dtype} items"
+            )
+    return None
 
 
 def dequant_chunk_experts(num_experts: int, numel_per_expert: int) -> int:

@@ -330,9 +330,11 @@ class Examination:
 def _plan_figures(profile: Profile) -> tuple[Check, dict[str, Any] | None, bool | None]:
     """The profile's plan on its own hardware (completed from this machine), or why there is none."""
     from cockpit.plan import PlanError, build_plan
+    from cockpit.plan.geometry import check_packable
 
     try:
         plan = build_plan(profile)
+        check_packable(plan.geometry, profile)  # what the loader would refuse (GeometryError)
     except (PlanError, OSError, ValueError) as exc:
         return Check("plan", "fail", f"cannot plan the profile: {exc}"), None, None
     verdict = plan.verdict()

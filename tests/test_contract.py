@@ -112,3 +112,43 @@ def test_tiny_model_is_the_planned_one(tmp_path: Path) -> None:
         model = transformers.AutoModelForCausalLM.from_config(config)
     planned = geometry_from_config({"model_type": "qwen3_moe", **TINY_MODEL}, "t")
     assert sum(p.numel() for p in model.parameters()) == planned.total_params
+
+
+def test_an_expert_geometry_the_loader_refuses_is_refused_by_plan_and_doctor_by_its_rule(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Experts of 96 x 96 (and 192 x 96): 144 and 288 NF4 blocks an expert, which no nested block size
+    divides. The loader refused them at load, after plan and doctor had passed them; now all three say the
+    contract's words (`packed_expert_problem`), and plan and doctor before anything loads."""
+    from cockpit import doctor
+    from cockpit.cli import main
+    from cockpit.contract import packed_expert_problem
+
+    assert (
+        packed_expert_problem(2 * TINY_MODEL["moe_intermediate_size"], TINY_MODEL["hidden_size"], "bfloat16")
+        is None
+    )
+    assert "not a whole number of 64-blocks" in (packed_expert_problem(3, 5, "float32") or "")
+    problem = packed_expert_problem(192, 96, "bfloat16")
+    assert (
+        problem
+        == "expert weight 192x96: 288 blocks an expert: no nested block size in (256, 128, 64) divides it"
+    )
+    with pytest.raises(ValueError) as refused:
+        NF4Experts(4, 96, 96, torch.nn.SiLU(), torch.bfloat16, torch.bfloat16, "meta")
+    assert str(refused.value) == problem  # the loader's words are the rule's
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"model_type": "qwen3_moe", **TINY_MODEL, "hidden_size": 96,
+                                  "moe_intermediate_size": 96, "head_dim": 24}))  # fmt: skip
+    overrides = [f"model.config={config}", "quantization.quantize_experts=true"]
+    code = main(["plan", *(a for o in overrides for a in ("--set", o))])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1, err
+    words = "quantization.quantize_experts: the trainer cannot pack this model's experts in NF4"
+    assert f"{words} (mlp.experts.gate_up_proj: {problem}); set it to false" in err
+    profile, _ = load_profile("tiny-cpu", overrides)
+    checks = {c.name: c for c in doctor.examine(profile, tmp_path / "runs").checks}
+    assert checks["plan"].status == "fail" and problem in checks["plan"].reason
+    kept, _ = load_profile("tiny-cpu", [*overrides[:1], "quantization.quantize_experts=false"])
+    assert main(["plan", "--set", overrides[0], "--set", "quantization.quantize_experts=false"]) == 0
+    assert {c.name: c for c in doctor.examine(kept, tmp_path / "runs").checks}["plan"].status != "fail"

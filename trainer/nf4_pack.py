@@ -17,7 +17,12 @@ from dataclasses import dataclass
 
 import torch
 
-from cockpit.contract import NF4_BLOCKSIZE, PACKED_STORAGE_DTYPES, packed_nested_blocksize
+from cockpit.contract import (
+    NF4_BLOCKSIZE,
+    PACKED_STORAGE_DTYPES,
+    packed_expert_problem,
+    packed_nested_blocksize,
+)
 
 BLOCKSIZE = NF4_BLOCKSIZE
 STORAGE_DTYPES = tuple(getattr(torch, name) for name in PACKED_STORAGE_DTYPES)
@@ -49,18 +54,13 @@ class PackedLayout:
         return torch.empty(0, dtype=self.storage_dtype).element_size()
 
     def check(self) -> None:
+        """ValueError for a layout the trainer cannot pack (`cockpit.contract.packed_expert_problem`, the
+        rule plan and doctor refuse it by too)."""
         if self.storage_dtype not in STORAGE_DTYPES:
             raise ValueError(f"packed storage must be a float dtype, got {self.storage_dtype}")
-        if self.numel % BLOCKSIZE:
-            raise ValueError(
-                f"expert weight {self.out}x{self.inp} is not a whole number of {BLOCKSIZE}-blocks"
-            )
-        qstate_bytes = 4 * (self.blocks // self.nested + 1)
-        for what, nbytes in (("codes", self.numel // 2), ("scales", self.blocks), ("state", qstate_bytes)):
-            if nbytes % self.itemsize:
-                raise ValueError(
-                    f"{what} of {nbytes} bytes an expert do not fill whole {self.storage_dtype} items"
-                )
+        problem = packed_expert_problem(self.out, self.inp, str(self.storage_dtype).removeprefix("torch."))
+        if problem:
+            raise ValueError(problem)
 
     @property
     def nbytes(self) -> int:

@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cockpit.contract import kind_of
+from cockpit.contract import experts_storage_dtype, kind_of, packed_expert_problem
+from cockpit.profiles import Profile
 
 KINDS = ("embeddings", "attention", "router", "experts", "dense_mlp", "norms", "lm_head")
 MOE_TYPES = ("qwen3_moe", "qwen2_moe", "mixtral")
@@ -166,6 +167,19 @@ class ModelGeometry:
     def total_params(self) -> int:
         return sum(t.numel for t in self.tensors())
 
+    def packing_problem(self, storage_dtype: str) -> str | None:
+        """Why the trainer would refuse to pack this model's fused MoE experts in NF4 stored as
+        `storage_dtype` (its own rule, `cockpit.contract.packed_expert_problem`), or None. Every sparse
+        layer holds the same experts: the first says it."""
+        if not self.is_moe:
+            return None
+        for t in self._layer(self.sparse_layers[0]):
+            if t.kind == "experts" and len(t.shape) == 3:
+                problem = packed_expert_problem(t.shape[1], t.shape[2], storage_dtype)
+                if problem:
+                    return f"{t.name.split('.', 3)[-1]}: {problem}"
+        return None
+
     def active_matmul_params(self) -> int:
         """Weights one token multiplies through (top-k experts only; embeddings are a lookup)."""
         active = 0
@@ -177,6 +191,21 @@ class ModelGeometry:
             else:
                 active += t.numel
         return active
+
+
+def check_packable(geometry: ModelGeometry, profile: Profile) -> None:
+    """GeometryError when `profile` packs the experts in NF4 (`quantization.quantize_experts`) and the
+    trainer's loader would refuse this model's (`ModelGeometry.packing_problem`): plan and doctor refuse
+    what the loader refuses, by its rule, before anything loads."""
+    q = profile.quantization
+    if not q.quantize_experts:
+        return
+    problem = geometry.packing_problem(experts_storage_dtype(profile.training.bf16, q.storage_dtype))
+    if problem:
+        raise GeometryError(
+            f"quantization.quantize_experts: the trainer cannot pack this model's experts in NF4 "
+            f"({problem}); set it to false to keep them in 16 bit"
+        )
 
 
 def _get(cfg: dict[str, Any], *keys: str, default: Any = None) -> Any:

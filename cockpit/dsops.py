@@ -14,6 +14,8 @@ Imports torch and DeepSpeed lazily.
 
 from __future__ import annotations
 
+import copy
+import functools
 import hashlib
 import os
 import sys
@@ -103,6 +105,28 @@ def needs_shm_comm(profile: Profile) -> bool:
     return profile.hardware.gpus == 0
 
 
+def cpu_info_once() -> None:
+    """py-cpuinfo's `get_cpu_info` answered once a process. DeepSpeed asks it for every op's compile flags
+    (twice an op: its architecture and its SIMD width, and again for our look at what the loader would do)
+    and in its CPU Adam, each time a subprocess of 1 to 3 s on a busy machine, about a CPU that does not
+    change: 5 of the 6 s a run spent on ops that were already built."""
+    try:
+        import cpuinfo
+    except ImportError:
+        return
+    ask = cpuinfo.get_cpu_info
+    if getattr(ask, "cockpit_once", False):
+        return
+    cached = functools.cache(ask)
+
+    def once() -> dict[str, Any]:
+        return copy.deepcopy(cached())  # each caller its own copy, as before
+
+    once.cockpit_once = True  # type: ignore[attr-defined]
+    once.__wrapped__ = ask  # type: ignore[attr-defined]
+    cpuinfo.get_cpu_info = once
+
+
 def extensions_dir(name: str) -> Path:
     """The torch extensions folder an op named `name` is JIT-built into: under TORCH_EXTENSIONS_DIR, which
     is this environment's own folder unless the user set it (`extcache.use_keyed_root`)."""
@@ -142,6 +166,7 @@ def op_state(builder: Any) -> OpState:
     environment's build as it is, or compile it (not built, or outdated); and any build lock in its way."""
     from deepspeed.git_version_info import installed_ops
 
+    cpu_info_once()
     name = builder.name
     if installed_ops.get(name, False):
         return OpState(name, True, True, "installed with DeepSpeed")
@@ -215,6 +240,7 @@ def build_shm_comm(verbose: bool = False) -> None:
 
 
 def _load(builder: Any, verbose: bool) -> None:
+    cpu_info_once()
     extcache.use_keyed_root(os.environ)
     os.environ.setdefault("MAX_JOBS", str(os.cpu_count() or 1))
     os.environ["PATH"] = ninja_first(os.environ.get("PATH", ""))

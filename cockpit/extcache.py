@@ -27,7 +27,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import MutableMapping
+from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
@@ -138,7 +138,9 @@ def clear_stale_lock(folder: Path) -> Lock | None:
     return lock
 
 
-def wait_unlocked(folder: Path, poll_s: float = 1.0) -> Lock | None:
+def wait_unlocked(
+    folder: Path, poll_s: float = 1.0, sleep: Callable[[float], None] = time.sleep
+) -> Lock | None:
     """Wait while a build holds the folder's lock, as torch's loader would, but remove the lock once it is
     stale (torch's loader waits for it forever). The stale lock removed, or None."""
     while (lock := build_lock(folder)) is not None:
@@ -146,7 +148,7 @@ def wait_unlocked(folder: Path, poll_s: float = 1.0) -> Lock | None:
             removed = clear_stale_lock(folder)
             if removed is not None:
                 return removed
-        time.sleep(poll_s)
+        sleep(poll_s)
     return None
 
 

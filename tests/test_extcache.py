@@ -217,7 +217,12 @@ def test_a_fresh_lock_is_waited_for_and_removed_once_no_build_holds_it(
     builder = _built(tmp_path)
     lock = ext_dir / builder.name / "lock"
     lock.touch()
-    monkeypatch.setattr(extcache, "LOCK_GRACE_S", 0.5)
+
+    def time_passes(_s: float) -> None:  # the wait's first poll: the lock is past its grace now
+        monkeypatch.setattr(extcache, "LOCK_GRACE_S", -1.0)
+
+    wait = extcache.wait_unlocked
+    monkeypatch.setattr(extcache, "wait_unlocked", lambda folder: wait(folder, sleep=time_passes))
     monkeypatch.setattr(dsops, "run_ops", lambda _p: [(lambda: dsops.op_state(builder), builder.load)])
     phases: list[str] = []
     profile, _ = load_profile("tiny-cpu")
@@ -247,3 +252,28 @@ def test_a_lock_its_build_removes_is_waited_for_and_left_to_it(
         other.wait()
     assert other.returncode == 0, "the other build removed its own lock"
     assert [w.split(" of ")[0] for w in said] == ["waiting for another process's build"]
+
+
+def test_the_cpus_facts_are_asked_once_a_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    """DeepSpeed asked py-cpuinfo (a subprocess of 1 to 3 s on a busy machine) twice for each op's flags,
+    again for the look at what the loader would do, and again in its CPU Adam: most of what loading built
+    ops cost before the first step."""
+    import cpuinfo
+    import cpuinfo.cpuinfo
+
+    original = getattr(cpuinfo.get_cpu_info, "__wrapped__", cpuinfo.get_cpu_info)
+    monkeypatch.setattr(cpuinfo, "get_cpu_info", original)  # as a new process has it; put back after
+    asked: list[int] = []
+    real = cpuinfo.cpuinfo.get_cpu_info_json  # what get_cpu_info runs: a subprocess
+    monkeypatch.setattr(cpuinfo.cpuinfo, "get_cpu_info_json", lambda: asked.append(1) or real())
+    for _ in range(2):
+        extcache.load_arguments(dsops._builder())  # the look a run takes, then the load's own flags
+    assert len(asked) == 4, "DeepSpeed asks for its architecture and its SIMD width each time"
+    asked.clear()
+    dsops.cpu_info_once()
+    for _ in range(2):
+        extcache.load_arguments(dsops._builder())
+    from cpuinfo import get_cpu_info  # as DeepSpeed's CPU Adam does
+
+    get_cpu_info()["flags"].append("changed by one caller")
+    assert len(asked) == 1 and "changed by one caller" not in get_cpu_info()["flags"]

@@ -71,12 +71,22 @@ def file_problem(
 
 
 def log_limit() -> int:
-    """The largest foreign log read, in bytes (`$COCKPIT_MAX_LOG_MIB`, in MiB; 1 GiB unset); ValueError
-    for a setting that is not a whole number above 0."""
+    """The largest foreign file read (a log, predictions), in bytes: `$COCKPIT_MAX_LOG_MIB` MiB, 1 GiB
+    unset; ValueError for a setting that is not a whole number above 0."""
     raw = os.environ.get(LOG_LIMIT_ENV, "").strip() or str(DEFAULT_LOG_MIB)
     if not raw.isdigit() or int(raw) == 0:
         raise ValueError(f"{LOG_LIMIT_ENV}={raw}: expected a whole number of MiB above 0")
     return int(raw) * MIB
+
+
+def foreign_file_problem(path: Path) -> str | None:
+    """Why a file the cockpit imports (a training log, predictions) is not read: not a regular file, over
+    `$COCKPIT_MAX_LOG_MIB`, or that setting unusable; None when it can be (OSError as `stat` raises it)."""
+    try:
+        limit = log_limit()
+    except ValueError as exc:
+        return str(exc)
+    return file_problem(path, limit, LOG_LIMIT_ENV, f"set {LOG_LIMIT_ENV}=N (MiB) for more")
 
 
 def value_bytes(value: Any) -> int:

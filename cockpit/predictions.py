@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cockpit.limits import foreign_file_problem
 from cockpit.record import RunPaths
 from cockpit.record.atomic import write_jsonl_atomic
 from cockpit.record.predictions_file import prediction_rows
@@ -47,6 +48,9 @@ class Reference:
 def _read_jsonl(path: Path) -> list[tuple[int, dict[str, Any]]]:
     rows = []
     try:
+        problem = foreign_file_problem(path)  # a device or pipe reads without end
+        if problem:
+            raise PredictionsError(f"{path}: {problem}")
         # "\n" only: str.splitlines() also breaks at U+2028 and the like, which JSON may hold unescaped
         lines = path.read_text(encoding="utf-8").split("\n")
     except OSError as exc:

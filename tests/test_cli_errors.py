@@ -61,13 +61,20 @@ def test_a_runs_dir_that_is_a_file_is_one_line(command: list[str], tmp_path: Pat
 def test_a_log_that_is_not_a_file_or_too_large_is_refused_before_it_is_read(
     tmp_path: Path, capsys, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """`export /dev/zero` read without end; a pipe never ends either, and a log over the limit
-    ($COCKPIT_MAX_LOG_MIB) is refused naming it."""
+    """`export /dev/zero` read without end; a pipe never ends either (a log, or predictions to import),
+    and a log over the limit ($COCKPIT_MAX_LOG_MIB) is refused naming it."""
+    from tests.synthetic_run import make_run
+
     monkeypatch.setenv("COCKPIT_CACHE", str(tmp_path / "cache"))
     pipe = tmp_path / "log.txt"
     os.mkfifo(pipe)
-    for command in (["export", str(pipe), "--format", "csv"], ["import", str(pipe)]):
-        err = _one_error(capsys, main([*command, "--runs-dir", str(tmp_path / "runs")]))
+    make_run(tmp_path / "scored", "report")
+    for command, runs in (
+        (["export", str(pipe), "--format", "csv"], "runs"),
+        (["import", str(pipe)], "runs"),
+        (["import", "latest", "--predictions", f"mine={pipe}"], "scored"),
+    ):
+        err = _one_error(capsys, main([*command, "--runs-dir", str(tmp_path / runs)]))
         assert f"{pipe}: a pipe, not a file to read" in err
     big = tmp_path / "trainer_log.jsonl"
     line = json.dumps({"current_steps": 1, "total_steps": 9, "loss": 1.0, "pad": "x" * 1000}) + "\n"

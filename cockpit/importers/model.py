@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cockpit.limits import LOG_LIMIT_ENV, file_problem, log_limit
+from cockpit.limits import foreign_file_problem
 from cockpit.record.schema import STEP_FIGURES
 
 # Step fields a record can hold (the step event's figures and its GPU peak, `record.schema`); `absent`
@@ -129,11 +129,7 @@ def read_text(path: Path) -> str:
     """A log file's text; `ForeignLogError` for an empty, unreadable or binary file, for what is not a
     regular file (a device reads without end) and for one over `$COCKPIT_MAX_LOG_MIB` (`cockpit.limits`)."""
     try:
-        limit = log_limit()
-    except ValueError as exc:  # its setting is not a number
-        raise ForeignLogError(str(exc)) from None
-    try:
-        problem = file_problem(path, limit, LOG_LIMIT_ENV, f"set {LOG_LIMIT_ENV}=N (MiB) for more")
+        problem = foreign_file_problem(path)
         data = b"" if problem else path.read_bytes()
     except OSError as exc:
         raise ForeignLogError(f"{path}: cannot read ({exc.strerror})") from None

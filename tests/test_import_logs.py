@@ -449,8 +449,14 @@ def test_a_raw_deepspeed_console_has_no_step_zero_and_is_not_called_stopped(tmp_
     manifest = load_manifest(run_dir)
     assert manifest["status"] == "finished" and manifest["imported"]["clock"] == "wall"
     assert manifest["diagnosis"] == "the imported log ends at step 5; it states no total number of steps"
-    cut = tmp_path / "cut.log"
-    cut.write_text(
-        raw_deepspeed(5) + "[2026-11-30 10:00:16,000] [INFO] [logging.py:128:log_dist] [Rank 0] st"
-    )
-    assert read_foreign(cut).max_steps is None  # a cut-off last line is not a step, nor a stop by itself
+
+
+def test_a_log_without_a_total_cut_off_mid_line_is_stopped(tmp_path, capsys) -> None:
+    """No total to fall short of, but its last line was cut mid-write: the run was still going."""
+    dicts = [str({"loss": 2.0 - 0.1 * s, "learning_rate": 1e-4, "epoch": s / 10}) for s in range(1, 4)]
+    log = tmp_path / "train.log"
+    log.write_text("\n".join(dicts) + "\n{'loss': 1.6, 'learn")
+    run_dir = import_cli(log, tmp_path / "runs", capsys)
+    manifest = load_manifest(run_dir)
+    assert manifest["status"] == "stopped" and manifest["imported"]["cut"]
+    assert manifest["diagnosis"] == "the imported log ends at step 3: the rest is not in it"

@@ -100,9 +100,21 @@ def needs_cpu_adam(profile: Profile) -> bool:
 
 
 def needs_shm_comm(profile: Profile) -> bool:
-    """A run on the CPU (`hardware.gpus = 0`) starts DeepSpeed's communication on the CPU accelerator,
-    which loads its shared-memory op."""
-    return profile.hardware.gpus == 0
+    """Several ranks share a node: DeepSpeed's communication on the CPU accelerator loads its shared-memory
+    op for them (only the CPU accelerator has it: `shm_comm_state` is None elsewhere, so is a run on GPUs).
+    A single rank has no peer to share memory with: `shm_comm_off`."""
+    return profile.ranks_per_node > 1
+
+
+def shm_comm_off() -> None:
+    """Tell DeepSpeed's CPU communication not to load its shared-memory op, for a run with one rank a node:
+    it would compile it first (35 s on two idle cores, minutes on a busy machine) and use it for nothing.
+    DeepSpeed keeps the compatible ops in one dict, read when its communication starts."""
+    builder = _shm_builder()
+    if builder is not None:
+        import deepspeed.ops
+
+        deepspeed.ops.__compatible_ops__[builder.NAME] = False
 
 
 def cpu_info_once() -> None:
@@ -188,7 +200,7 @@ def op_state(builder: Any) -> OpState:
 
 def run_ops(profile: Profile) -> list[tuple[Callable[[], OpState | None], Callable[[], None]]]:
     """(state, build) of each op a run of `profile` compiles here: CPU Adam when the optimizer state is
-    offloaded, and for a run on the CPU (`hardware.gpus = 0`) the CPU accelerator's shared-memory op."""
+    offloaded, and the CPU accelerator's shared-memory op for several ranks a node (`needs_shm_comm`)."""
     ops: list[tuple[Callable[[], OpState | None], Callable[[], None]]] = []
     if needs_cpu_adam(profile):
         ops.append((cpu_adam_state, build_cpu_adam))
@@ -205,8 +217,11 @@ def ensure_ops(
     nothing unannounced. `announce(state, words)` hears, before it happens, of each op that compiles (not
     built for this environment, or outdated), each on its own, of a wait for another process's build, and
     of a stale lock a killed build left (removed: `extcache.clear_stale_lock`). An incompatible op is left
-    to fail in DeepSpeed, with its own words. Returns the states of the ops compiled."""
+    to fail in DeepSpeed, with its own words. With one rank a node, DeepSpeed's shared-memory op is turned
+    off (`shm_comm_off`). Returns the states of the ops compiled."""
     say = announce or (lambda _state, _words: None)
+    if not needs_shm_comm(profile):
+        shm_comm_off()
     compiled: list[OpState] = []
     for get, load in run_ops(profile):
         state = get()

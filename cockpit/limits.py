@@ -2,8 +2,9 @@
 minutes and gigabytes (a 50 MB example cost 124 s and 10 GB in `cockpit data`) or a read without end (a
 device such as /dev/zero).
 
-The data's limits are the profile's `[data.limits]` (`--set data.limits.example_kib=N`); a foreign log's
-(`import`, and `replay`, `compare` and `export` of a log) is `$COCKPIT_MAX_LOG_MIB`.
+The data's limits are the profile's `[data.limits]` (`--set data.limits.example_kib=N`); a foreign
+file's (a log to `import`, `replay`, `compare` or `export`, predictions to import) is
+`$COCKPIT_MAX_LOG_MIB`.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ def _kind(mode: int) -> str:
                        (stat.S_ISFIFO, "a pipe"), (stat.S_ISSOCK, "a socket")):  # fmt: skip
         if test(mode):
             return name
-    return "not a regular file"
+    return "a special file"
 
 
 def size_words(n: float) -> str:

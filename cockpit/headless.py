@@ -13,7 +13,7 @@ from pathlib import Path
 
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
 from cockpit.plan.audit import plan_warnings
 from cockpit.plan.store import load_plan
@@ -59,7 +59,7 @@ def peak_memory(view: RunView) -> str:
 
 
 def step_line(view: RunView) -> str:
-    """`step 100/400  loss 2.3456  4,427 tok/s  ETA 02:05  peak GPU 76 MiB, RSS 754 MiB` (with
+    """`step 100/400  loss 2.3456  4,427 tok/s  ETA 2:05  peak GPU 76 MiB, RSS 754 MiB` (with
     `val 2.4567` after the loss once the run has a validation loss, and `(best 2.3012 at 60)` when the
     best adapter so far is an earlier validation's)."""
     val = f"  val {view.val_loss:.4f}" if view.val_loss is not None else ""
@@ -67,9 +67,30 @@ def step_line(view: RunView) -> str:
         val += f" (best {view.best_val_loss:.4f} at {view.best_step})"
     return (
         f"step {view.step}/{view.max_steps or '?'}  loss {_fmt(view.last_loss, '.4f')}{val}  "
-        f"{_fmt(view.tokens_per_s, ',.0f')} tok/s  ETA {clock(view.eta_s(), padded=True)}  "
+        f"{_fmt(view.tokens_per_s, ',.0f')} tok/s  ETA {clock(view.eta_s())}  "
         f"peak {peak_memory(view)}"
     )
+
+
+def bar_fields(view: RunView, now: float) -> dict[str, object]:
+    """The progress bar's figures for what the run is doing now: an evaluation's examples, or training's
+    steps with its loss and tokens/s (training's figures are not shown beside an evaluation's progress);
+    durations by the app's clock (`0:24`, `1:02:03`)."""
+    v = view
+    evaluating = v.phase in ("eval", "report") and v.eval_total > 0
+    if evaluating:
+        phase, total, done, detail = f"eval {v.eval_system or ''}".rstrip(), v.eval_total, v.eval_done, ""
+    else:
+        phase, total, done = v.phase, v.max_steps, v.step
+        detail = f"loss {_fmt(v.last_loss, '.4f')}  {_fmt(v.tokens_per_s, ',.0f')} tok/s"
+    return {
+        "phase": phase,
+        "total": total,
+        "completed": done,
+        "detail": detail,
+        "elapsed": clock(v.elapsed_s(now)),
+        "eta": clock(v.eta_s()),
+    }
 
 
 def world(view: RunView) -> int:
@@ -213,19 +234,18 @@ class HeadlessViewer:
             TextColumn("[bold]{task.fields[phase]:>7}"),
             BarColumn(bar_width=30),
             MofNCompleteColumn(),
-            TextColumn("loss {task.fields[loss]}"),
-            TextColumn("{task.fields[tps]} tok/s"),
-            TimeElapsedColumn(),
+            TextColumn("{task.fields[detail]}"),
+            TextColumn("{task.fields[elapsed]}"),
             TextColumn("ETA {task.fields[eta]}"),
             console=self.console,
             transient=False,
             refresh_per_second=4,
         )
         with progress:
-            task = progress.add_task("run", total=None, phase="start", loss="-", tps="-", eta="--:--")
+            task = progress.add_task("run", total=None, phase="start", detail="", elapsed="", eta="--:--")
             # the layer-by-layer load has its own bar, shown only while it counts layers
             load = progress.add_task(
-                "load", total=None, visible=False, phase="load", loss="-", tps="-", eta=""
+                "load", total=None, visible=False, phase="load", detail="layers", elapsed="", eta=""
             )
             said: list[str | None] = [None]  # the phase message last printed above the bar
 
@@ -234,25 +254,17 @@ class HeadlessViewer:
                 if v.phase_message and v.phase_message != said[0]:
                     progress.console.print(f"[cyan]{escape(v.phase)}:[/] {escape(v.phase_message)}")
                 said[0] = v.phase_message
-                evaluating = v.phase == "eval" and v.eval_total > 0
                 loading = v.phase == "load" and v.load_layers > 0
+                fields = bar_fields(v, time.time())
                 progress.update(
                     load,
                     visible=loading,
                     total=v.load_layers or None,
                     completed=v.load_layer,
-                    eta=clock(v.load_eta_s(), padded=True),
+                    elapsed=fields["elapsed"],
+                    eta=clock(v.load_eta_s()),
                 )
-                progress.update(
-                    task,
-                    visible=not loading,
-                    total=v.eval_total if evaluating else v.max_steps,
-                    completed=v.eval_done if evaluating else v.step,
-                    phase=f"eval {v.eval_system}" if evaluating else v.phase,
-                    loss=_fmt(v.last_loss, ".4f"),
-                    tps=_fmt(v.tokens_per_s, ",.0f"),
-                    eta=clock(v.eta_s(), padded=True),
-                )
+                progress.update(task, visible=not loading, **fields)
 
             return self._loop(show)
 

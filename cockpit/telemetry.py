@@ -169,13 +169,23 @@ class Sampler:
             interval_s=self.interval_s,
             nvml="ok" if self.nvml.available else (self.nvml.error or "no GPU"),
             gpus=[{"index": i, "name": n} for i, n in enumerate(self.nvml.names)],
+            output_log_bytes=self.output_log_bytes(),
         )
+
+    def output_log_bytes(self) -> int:
+        """How much the run has printed so far: `output.log`'s size (its lines carry no time; a replay's
+        log pane shows what was printed by its clock from these)."""
+        try:
+            return self.paths.output_log.stat().st_size
+        except OSError:
+            return 0
 
     def sample(self) -> dict[str, Any]:
         fields: dict[str, Any] = {}
         fields.update(self.nvml.sample())
         fields.update(host_sample())
         fields.update(self.tree.sample())
+        fields["output_log_bytes"] = self.output_log_bytes()
         return self.writer.write("telemetry", **fields)
 
     def stop(self, *_args: Any) -> None:

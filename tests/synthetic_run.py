@@ -150,6 +150,7 @@ class SyntheticRun:
             run_processes=3,
             run_rss_mib=run_rss,
             run_cpu_pct=190.0,
+            output_log_bytes=self.paths.output_log.stat().st_size,
         )
 
     # --- the stages ---------------------------------------------------------------------------------------
@@ -160,7 +161,8 @@ class SyntheticRun:
                               pid=4101, world_size=max(1, self.gpus))  # fmt: skip
         nvml = "ok" if self.gpus else "not available: NVML Shared Library Not Found"
         self.telemetry_writer.write("telemetry_start", pid=4102, root_pid=4101, interval_s=1.0, nvml=nvml,
-                                    gpus=[f"NVIDIA H200 {i}" for i in range(self.gpus)])  # fmt: skip
+                                    gpus=[f"NVIDIA H200 {i}" for i in range(self.gpus)],
+                                    output_log_bytes=self.paths.output_log.stat().st_size)  # fmt: skip
         self.say(DS_WARNING)
         return self.wait(6.5)
 
@@ -219,6 +221,18 @@ class SyntheticRun:
                 self.checkpoint()
         return self
 
+    def validate(self) -> SyntheticRun:
+        """A validation at this step: each tenant's loss (orbit, the hardest, highest) and their mean."""
+        s = self.step
+        per_tenant = {t: round(0.4 + 0.15 * i + 4.0 * math.exp(-s / 40.0), 5) for i, t in enumerate(TENANTS)}
+        loss = round(sum(per_tenant.values()) / len(per_tenant), 5)
+        self.wait(0.5)
+        self.trainer.write("val_loss", step=s, epoch=round(4.0 * s / self.max_steps, 4), loss=loss,
+                           tenant_loss=per_tenant, eval_s=0.5, examples=60, split="eval")  # fmt: skip
+        shown = " ".join(f"{t} {v:.3f}" for t, v in per_tenant.items())
+        self.say(f"val step {s} loss {loss:.4f} ({shown}) in 0.5 s")
+        return self
+
     def checkpoint(self) -> SyntheticRun:
         path = self.paths.checkpoints / f"checkpoint-{self.step}"
         path.mkdir(parents=True, exist_ok=True)
@@ -227,14 +241,16 @@ class SyntheticRun:
         self.trainer.write("checkpoint", step=self.step, path=str(path))
         return self
 
-    def resume(self) -> SyntheticRun:
-        """`cockpit resume`: a new supervisor, a new training attempt in the same record."""
+    def resume(self, after_s: float = 20.0) -> SyntheticRun:
+        """`cockpit resume`, `after_s` seconds after the end (nothing is sampled meanwhile): a new
+        supervisor, a new training attempt in the same record."""
         update_manifest(self.root, status="running", diagnosis=None, exit_code=None, ended_at=None)
         self.supervisor = self._writer("supervisor")
         self.trainer = self._writer("trainer-rank0", rank=0)
         self.telemetry_writer = self._writer("telemetry")
         self.log = open(self.paths.output_log, "a", encoding="utf-8")  # noqa: SIM115 - closed in `close`
-        self.wait(20.0)
+        self.now += after_s
+        self._next_sample = self.now
         self.supervisor.write("supervisor_start", pid=5100, resume=True, host_ram_limit_mib=21694.5)
         self.supervisor.write("launch", stage="train", argv=["python"], pid=5101, world_size=1)
         self.step_before_resume = self.step
@@ -331,7 +347,7 @@ class SyntheticRun:
         return load_manifest(self.root)
 
 
-MOMENTS = ("load", "training", "eval", "stopping", "stopped", "report")
+MOMENTS = ("load", "training", "validated", "eval", "stopping", "stopped", "report")
 
 
 def make_run(parent: Path, moment: str, *, gpus: int = 0) -> SyntheticRun:
@@ -339,6 +355,7 @@ def make_run(parent: Path, moment: str, *, gpus: int = 0) -> SyntheticRun:
 
     - `load`: the model half loaded (layer 2 of 4), no step yet;
     - `training`: step 120 of 324;
+    - `validated`: step 120 of 324, a validation every 40 steps (each tenant's loss);
     - `eval`: trained, the fine-tuned model's evaluation 96 of 200 examples in;
     - `stopping`: a stop requested at step 120, the trainer not yet out;
     - `stopped`: stopped at step 121 with a checkpoint, the run ended;
@@ -349,6 +366,10 @@ def make_run(parent: Path, moment: str, *, gpus: int = 0) -> SyntheticRun:
     if moment == "load":
         return run.load(4, upto=2)
     run.load(4).begin_training()
+    if moment == "validated":
+        for _ in range(3):
+            run.train(40).validate()
+        return run
     if moment in ("training", "stopping", "stopped"):
         run.train(120)
         if moment == "stopping":

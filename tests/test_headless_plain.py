@@ -30,14 +30,14 @@ def test_plain_lines_every_n_steps_and_at_each_phase() -> None:
         "[00:07] phase setup: setting up",
         "[00:08] phase load: loading the model",
         "[00:09] phase train: training",
-        "[00:13] first step 1/400  loss 12.5561  4,427 tok/s  ETA 02:16  peak RSS 754 MiB",
+        "[00:13] first step 1/400  loss 12.5561  4,427 tok/s  ETA 2:16  peak RSS 754 MiB",
         "[03:27] step 100/400  loss 0.5211  289 tok/s  ETA 15:06  peak RSS 765 MiB",
         "[03:27] checkpoint at step 100",
-        "[04:21] step 200/400  loss 0.1928  3,481 tok/s  ETA 01:29  peak RSS 779 MiB",
+        "[04:21] step 200/400  loss 0.1928  3,481 tok/s  ETA 1:29  peak RSS 779 MiB",
         "[04:21] checkpoint at step 200",
-        "[05:09] step 300/400  loss 0.0671  3,488 tok/s  ETA 00:44  peak RSS 779 MiB",
+        "[05:09] step 300/400  loss 0.0671  3,488 tok/s  ETA 0:44  peak RSS 779 MiB",
         "[05:09] checkpoint at step 300",
-        "[06:04] step 400/400  loss 0.0380  3,232 tok/s  ETA 00:00  peak RSS 779 MiB",
+        "[06:04] step 400/400  loss 0.0380  3,232 tok/s  ETA 0:00  peak RSS 779 MiB",
         "[06:04] checkpoint at step 400",
         "[06:04] phase save: saving the adapter",
         "[06:05] phase done: training over",
@@ -56,7 +56,7 @@ def test_plain_lines_every_s_seconds_when_steps_are_slow() -> None:
 def test_plain_lines_of_an_evaluation_and_of_gpu_memory() -> None:
     lines = replay(RECORDS / "20261130-074646-tiny-cpu-5bc8", PlainLog(every_steps=50, every_s=1e9))
     assert (
-        "[01:15] first step 1/80  loss 11.9682  614 tok/s  ETA 03:29  peak GPU 76 MiB, RSS 2.3 GiB" in lines
+        "[01:15] first step 1/80  loss 11.9682  614 tok/s  ETA 3:29  peak GPU 76 MiB, RSS 2.3 GiB" in lines
     )
     assert [line[8:] for line in lines[-6:]] == [
         "phase eval: scoring the held-out split",
@@ -83,7 +83,7 @@ def test_following_without_a_terminal_prints_lines_while_the_run_goes(tmp_path: 
     viewer.follow()
     text = out.getvalue()
     assert "\x1b" not in text
-    assert "] step 240/400  loss 0.1442  3,536 tok/s  ETA 01:08  peak RSS 779 MiB" in text
+    assert "] step 240/400  loss 0.1442  3,536 tok/s  ETA 1:08  peak RSS 779 MiB" in text
     assert "checkpoint at step 200" in text
     # the lines came while the run was going, before the viewer found its owner gone
     assert text.index("step 240/400") < text.index("supervisor lost")

@@ -28,7 +28,7 @@ def test_core_imports_no_textual() -> None:
         "import cockpit\n"
         "names = [m.name for m in pkgutil.walk_packages(cockpit.__path__, 'cockpit.')\n"
         "         if not m.name.startswith('cockpit.app') and m.name != 'cockpit.__main__']\n"
-        "names += ['cockpit.app.model']\n"
+        "names += ['cockpit.app.model', 'cockpit.app.charts']\n"
         "for name in names: importlib.import_module(name)\n"
         "bad = sorted(m for m in sys.modules if m == 'textual' or m.startswith('textual.'))\n"
         "print(len(names), 'modules;', bad[:5]); sys.exit(1 if bad or len(names) < 15 else 0)\n"
@@ -292,11 +292,15 @@ def test_preview_then_exact(tmp_path: Path) -> None:
 
 
 def test_output_tail_follows_the_replayed_step() -> None:
+    """A record from before `output_log_bytes` (the fixture): its log follows the step shown."""
     wall = FakeClock(0.0)
     pb = Playback(FIXTURE, live=False, speed=1.0, now=wall)
     pb.load()
     first, _ = fixture_times()
-    pb.tick()  # the first frame: setup and load, no step yet
+    pb.tick()  # the first frame: the supervisor starts, the trainer has printed nothing yet
+    assert pb.series.telemetry_info is None and pb.output_tail(200) == []
+    pb.command("seek", first + 5.0)
+    pb.tick()  # setup and load, no step yet
     early = pb.output_tail(200)
     assert pb.view.step == 0 and early and not any(line.startswith("step ") for line in early)
     pb.command("seek", first + 120.0)
@@ -372,21 +376,26 @@ def test_replay_plays_while_the_history_is_still_being_read(monkeypatch: pytest.
 
 
 def test_chart_legend_says_how_many_entries_did_not_fit():
+    """Values go before names; only names that do not fit are counted, `+N`, whole at the end."""
     import numpy as np
 
-    from cockpit.app.model import ChartData, Trace
+    from cockpit.app.charts import ChartData, Trace
     from cockpit.app.widgets.chart import BrailleChart
 
     empty = np.zeros(0)
-    traces = tuple(Trace(f"GPU{i}", "#ffffff", empty, empty, value="61.8G") for i in range(8))
+    traces = tuple(Trace(f"GPU{i}", "#ffffff", empty, empty, value="61.8G") for i in range(16))
     data = ChartData("GPU memory", 0.0, 1.0, 0.0, 1.0, "mib", traces)
     strips = BrailleChart("gpu")._legend(data, 40, max_lines=2)
     lines = ["".join(seg.text for seg in strip) for strip in strips]
     shown = sum(line.count("GPU") for line in lines)
     assert len(lines) == 2 and all(len(line) == 40 for line in lines)
-    assert 0 < shown < 8 and lines[-1].rstrip().endswith(f"+{8 - shown}")
+    assert 0 < shown < 16 and lines[-1].rstrip().endswith(f" +{16 - shown}") and "61.8G" not in lines[0]
+    eight = BrailleChart("gpu")._legend(ChartData("GPU memory", 0, 1, 0, 1, "mib", traces[:8]), 40, 2)
+    assert sum("".join(seg.text for seg in strip).count("GPU") for strip in eight) == 8  # names, no values
     wide = BrailleChart("gpu")._legend(data, 400, max_lines=2)
-    assert "+" not in "".join(seg.text for seg in wide[0])
+    assert "+" not in "".join(seg.text for seg in wide[0]) and "GPU15 61.8G" in "".join(
+        s.text for s in wide[0]
+    )
 
 
 def test_a_clock_that_steps_back_or_an_infinite_value_keeps_the_series_drawable():

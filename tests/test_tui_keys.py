@@ -16,15 +16,15 @@ from cockpit.app.screens.report import ReportScreen
 from cockpit.record.playback import Playback
 
 SMALL = (80, 24)
-EVERY_KEY = {"s", "d", "q", "l", "r", "p", "g", "space", "+", "-", "e", "m"}
+EVERY_KEY = {"s", "d", "q", "l", "r", "p", "g", "v", "space", "+", "-", "e", "m"}
 
 
 def footer_keys(app: CockpitApp) -> set[str]:
     """The keys the footer shows (its last row), by their label."""
     footer = screen_text(app).splitlines()[-1]
     labels = {"Stop": "s", "Detach": "d", "Quit": "q", "Log": "l", "Report": "r", "Prediction": "p",
-              "GPU axis": "g", "Pause": "space", "Play": "space", "Faster": "+", "Slower": "-", "End": "e",
-              "Metric": "m", "Back": "r"}  # fmt: skip
+              "GPU axis": "g", "Val/tenant": "v", "Pause": "space", "Play": "space", "Faster": "+",
+              "Slower": "-", "End": "e", "Metric": "m", "Back": "r"}  # fmt: skip
     shown = {key for label, key in labels.items() if re.search(rf"(^| )\S+ {label}( |$)", footer)}
     return shown
 
@@ -93,6 +93,47 @@ async def test_a_stop_once_asked_is_not_offered_again(tmp_path: Path) -> None:
         await settle(pilot, app)
         assert "s" not in footer_keys(app)
         assert "already requested" in await notified(pilot, app, "s")
+
+
+@sync
+async def test_a_confirmed_stop_says_stopping_at_once(tmp_path: Path) -> None:
+    """Before: RUNNING and `s Stop` until the supervisor had read the request (up to 5 s on a busy
+    machine). Here no supervisor reads it: the record never says so, the header must say it anyway."""
+    run = make_run(tmp_path, "training")
+    app = make_app(run.root, live=True, now=lambda: run.now + 0.5)
+    async with app.run_test(size=SMALL) as pilot:
+        await settle(pilot, app)
+        assert "RUNNING" in screen_text(app).splitlines()[0]
+        await pilot.press("s")
+        await wait_for(pilot, lambda: isinstance(app.screen, ConfirmStop))
+        before = len(app._notifications)
+        await pilot.press("y")
+        await wait_for(pilot, lambda: len(app._notifications) > before)  # the request is written
+        assert (run.paths.control_dir / "stop").exists()
+        seen = app.shown
+        await wait_for(pilot, lambda: app.shown > seen)
+        await pilot.pause()
+        text = screen_text(app)
+        assert "STOPPING" in text.splitlines()[0] and "RUNNING" not in text
+        assert "stop requested: a checkpoint after this step" in app.last_snapshot.header.activity
+        assert "s" not in footer_keys(app)
+
+
+@sync
+async def test_v_is_in_the_footer_once_there_are_tenants_and_answers(tmp_path: Path) -> None:
+    """Before: `v` was hidden from the footer and pressing it said nothing."""
+    run = make_run(tmp_path, "training")
+    app = make_app(run.root, live=True, now=lambda: run.now + 0.5)
+    async with app.run_test(size=SMALL) as pilot:
+        await settle(pilot, app)
+        assert "v" not in footer_keys(app)
+        assert "no validation loss per tenant yet" in await notified(pilot, app, "v")
+        run.validate()
+        await wait_for(pilot, lambda: app.last_snapshot.has_val_tenants)
+        await pilot.pause()
+        assert "v" in footer_keys(app)
+        assert "each tenant's validation loss" in await notified(pilot, app, "v")
+        await wait_for(pilot, lambda: app.last_snapshot.charts["loss"].title.startswith("validation"))
 
 
 def _table_row(text: str, tenant: str) -> list[float]:

@@ -15,7 +15,8 @@ from tui_helpers import copy_until, fixture_times, region_text, screen_text, set
 from cockpit.app.app import CockpitApp, make_app
 from cockpit.app.model import compact_log_line
 from cockpit.app.screens.report import ReportScreen
-from cockpit.app.widgets.panels import AuditPanel
+from cockpit.app.widgets.header import diagnosis_line
+from cockpit.app.widgets.panels import AuditPanel, fold_log_line
 from cockpit.headless import step_line
 from cockpit.record import RunReader
 from cockpit.record.view import RunView
@@ -50,8 +51,9 @@ async def test_the_load_says_what_happens_and_how_far(tmp_path: Path) -> None:
         assert "no data yet" not in text and text.count("no steps yet: loading the") >= 2
         log = app.run_screen.query_one("#log")
         assert log.lines[0] == compact_log_line(DS_WARNING)
-        shown = "".join(line.strip("│ ") for line in text.splitlines() if "│" in line)
-        assert "we were unable to detect it." in shown  # the whole warning, folded over rows
+        rows = fold_log_line(log.lines[0], log.content_region.width, app.console)
+        assert " ".join(row.strip() for row in rows) == log.lines[0]  # the whole warning, folded over rows
+        assert rows[-1].strip() in [row.strip() for row in region_text(app, log)]
         run.load(4).begin_training()
         await wait_for(
             pilot, lambda: app.last_snapshot.header.step == 0 and app.last_snapshot.audit is not None
@@ -162,18 +164,33 @@ async def test_stopping_is_said_one_way_and_the_end_whole(tmp_path: Path) -> Non
         text = header(app)
         assert "STOPPED" in text and "ENDED" in text and "LIVE" not in text
         assert "stopped by user at step 121, checkpoint saved" in text
-        assert f"cockpit resume {run.root.name} continues from step 121" in text
-        assert app.run_screen.query_one("#header").region.bottom < 6
+        assert f"next: cockpit resume {run.root.name}" in text  # where to go on from, whole at 80 columns
+        assert app.run_screen.query_one("#header").region.height == 3  # the diagnosis on one line
 
 
 @sync
-async def test_a_long_diagnosis_is_shown_whole(tmp_path: Path) -> None:
+async def test_a_long_diagnosis_keeps_one_line_at_80_columns(tmp_path: Path) -> None:
+    """Before: the finished diagnosis wrapped onto a fourth header line. Now its parenthesised detail gives
+    way (the report has it); at 120 columns it is whole."""
     run = make_run(tmp_path, "report")
     app = live(run)
+    diagnosis = run.manifest["diagnosis"]
     async with app.run_test(size=SMALL) as pilot:
         await settle(pilot, app)
-        diagnosis = run.manifest["diagnosis"]
-        assert len(diagnosis) > 80 and diagnosis in header(app)
+        assert len(diagnosis) > 80 and app.run_screen.query_one("#header").region.height == 3
+        assert diagnosis.split(" (")[0] in screen_text(app).splitlines()[2]
+    async with live(run).run_test(size=(120, 40)) as pilot:
+        await settle(pilot, pilot.app)
+        assert diagnosis in header(pilot.app)
+
+
+def test_a_failure_is_never_cut() -> None:
+    """Why a run failed is kept whole, even where it then takes two lines; a finished run's detail goes."""
+    failure = "rank 0: CUDA out of memory. Tried to allocate 2.00 GiB (GPU 0; 79.35 GiB total capacity)"
+    assert diagnosis_line(failure, 80, "failed") == failure
+    finished = "finished at step 324; mean macro F1 base 35.9, finetuned 84.1 (tuned vs base +48.3 points)"
+    assert diagnosis_line(finished, 80) == "finished at step 324; mean macro F1 base 35.9, finetuned 84.1"
+    assert diagnosis_line(finished, 120) == finished
 
 
 # --- 7: the ETA ------------------------------------------------------------------------------------------

@@ -88,9 +88,11 @@ def test_the_loss_chart_has_validation_beside_training(record: Path) -> None:
     pb = _playback(record)
     chart = build_charts(pb, {"loss": 100})["loss"]
     assert [t.label for t in chart.traces] == ["loss", "smoothed", "val"]
-    assert chart.note == "v: validation loss per tenant"
+    assert chart.note == ""  # `v` is in the footer
     with_tenants = build_charts(pb, {"loss": 100}, val_tenants=True)["loss"]
-    assert [t.label for t in with_tenants.traces][3:] == [f"val {t}" for t in sorted(TENANTS)]
+    # `v`: the validation loss alone, its mean and each tenant's, on their own scale
+    assert [t.label for t in with_tenants.traces] == ["val", *sorted(TENANTS)]
+    assert with_tenants.title == "validation loss per tenant"
     assert with_tenants.y_hi >= max(val_loss(0, i) for i in range(5))
 
 
@@ -150,7 +152,7 @@ async def test_v_shows_each_tenants_validation_loss(record: Path) -> None:
         await wait_for(pilot, lambda: app.shown > 0 and app.last_snapshot.header.loading is None)
         assert len(app.last_snapshot.charts["loss"].traces) == 3
         await pilot.press("v")
-        await wait_for(pilot, lambda: len(app.last_snapshot.charts["loss"].traces) == 3 + len(TENANTS))
+        await wait_for(pilot, lambda: len(app.last_snapshot.charts["loss"].traces) == 1 + len(TENANTS))
         await pilot.press("v")
         await wait_for(pilot, lambda: len(app.last_snapshot.charts["loss"].traces) == 3)
 
@@ -205,7 +207,7 @@ def test_the_best_adapter_is_folded_and_shown_while_training_and_at_the_end(tmp_
     assert (mid.view.best_step, mid.view.best_val_loss, mid.view.adapter) == (80, 0.8, None)
     assert mid.view.adapter_words() == "best so far: step 80's (validation loss 0.8000, the lowest)"
     note = build_charts(mid, {"loss": 100})["loss"].note
-    assert note == "best val 0.8000 at 80 · v: validation loss per tenant"
+    assert note == "best val 0.8000 at 80"
 
     run = write_best_record(tmp_path / "r")
     end = _at(run, T0 + 200)
@@ -219,7 +221,7 @@ def test_the_best_adapter_is_folded_and_shown_while_training_and_at_the_end(tmp_
     lines = PlainLog().update(view, now=T0 + 200)
     assert any(line.endswith(f"adapter: {words}") for line in lines), lines
     assert not any("adapter:" in line for line in PlainLog().update(mid.view, now=T0 + 100.9))
-    assert build_charts(end, {"loss": 100})["loss"].note.startswith("adapter: val 0.8000 at 80 of 120 · v:")
+    assert build_charts(end, {"loss": 100})["loss"].note == "adapter: val 0.8000 at 80 of 120"
     with_tenants = build_charts(end, {"loss": 100}, val_tenants=True)["loss"]
     assert with_tenants.note == "adapter: val 0.8000 at 80 of 120", "shown with each tenant's curve (`v`) too"
     viewer = HeadlessViewer(run, alive=lambda: False)

@@ -21,19 +21,20 @@ from typing import Any, ClassVar
 
 from textual import work
 from textual.app import App
-from textual.binding import Binding, BindingType
+from textual.binding import BindingType
 from textual.screen import ModalScreen
 from textual.worker import get_current_worker
 
+from cockpit.app.charts import GPU_AXES
+from cockpit.app.keys import KeyState, bindings, can, reason
 from cockpit.app.messages import PredictionLoaded, ReportLoaded, SnapshotReady, StopSent
-from cockpit.app.model import GPU_AXES, Snapshot, build_snapshot
+from cockpit.app.model import Snapshot, build_snapshot
 from cockpit.app.screens.confirm import ConfirmStop
 from cockpit.app.screens.prediction import PredictionScreen
 from cockpit.app.screens.report import ReportScreen
 from cockpit.app.screens.run import RunScreen
 from cockpit.plan.store import load_plan
-from cockpit.record.format import TERMINAL_STATUSES
-from cockpit.record.playback import SPEEDS, Playback
+from cockpit.record.playback import Playback
 from cockpit.report import Report, load_report
 
 LIVE_REFRESH_S = 0.5
@@ -44,55 +45,13 @@ TICK_BUDGET_S = 0.03  # a tick folds at most this long before the state is shown
 CATCH_UP_FRAME_S = 0.25  # while a jump folds on, a frame of its progress this often
 
 
-# Each key: (keys, action, footer label, key shown). The footer shows a key only while it acts
-# (`check_action`); pressed when it cannot, a hidden twin (`why_not`) says why.
-KEYS: tuple[tuple[str, str, str, str | None], ...] = (
-    ("s", "stop", "Stop", None),
-    ("d", "detach", "Detach", None),
-    ("q", "quit", "Quit", None),
-    ("l", "toggle_log", "Log", None),
-    ("r", "report", "Report", None),
-    ("p", "prediction", "Prediction", None),
-    ("g", "gpu_axis", "GPU axis", None),
-    ("space", "pause", "Pause", None),
-    ("space", "play", "Play", None),
-    ("plus,equals_sign,right_square_bracket", "faster", "Faster", "+"),
-    ("minus,left_square_bracket", "slower", "Slower", "-"),
-    ("e,end", "jump_end", "End", None),
-)
-EXPLAINED = (
-    "stop",
-    "detach",
-    "toggle_log",
-    "report",
-    "prediction",
-    "gpu_axis",
-    "faster",
-    "slower",
-    "jump_end",
-)
-
-
-def _bindings() -> list[BindingType]:
-    shown = [Binding(keys, action, label, key_display=display) for keys, action, label, display in KEYS]
-    explain = [
-        Binding(keys, f"why_not('{action}')", show=False)
-        for keys, action, _, _ in KEYS
-        if action in EXPLAINED
-    ]
-    explain.append(Binding("space", "why_not('pause')", show=False))
-    # Not in the footer: the loss chart says "v: validation loss per tenant" once the run has one.
-    hidden = [Binding("v", "toggle_val_tenants", "Val/tenant", show=False)]
-    return [*shown, *explain, *hidden]
-
-
 class CockpitApp(App[str]):
     """Watch one run: live (`cockpit run`, `cockpit attach`) or from its record (`cockpit replay`)."""
 
     CSS_PATH = "cockpit.tcss"
     TITLE = "cockpit"
     ENABLE_COMMAND_PALETTE = False  # its footer entry took the room of the cockpit's own keys at 80 columns
-    BINDINGS: ClassVar[list[BindingType]] = _bindings()
+    BINDINGS: ClassVar[list[BindingType]] = bindings()
 
     def __init__(
         self,
@@ -128,6 +87,7 @@ class CockpitApp(App[str]):
         self.prediction: dict[str, Any] | None = None  # a rehearsal's rehearsal.json, once due and read
         self._prediction_state: str | None = None
         self.val_tenants = False  # the loss chart shows each tenant's validation loss too (`v`)
+        self._stop_sent = False  # this app asked for a stop: STOPPING at once, before the record says so
         self.gpu_axis = "total"  # the GPU chart's axis: the GPU's total or the run's range (`g`)
         # Keys that changed what is shown count up `_asks` (UI thread); the worker notes what it has seen, and
         # `_owed` when a snapshot it owes could not be posted yet: the UI wakes it once the screen is free.
@@ -227,6 +187,7 @@ class CockpitApp(App[str]):
             plan=self.plan,
             gpu_axis=self.gpu_axis,
             val_tenants=self.val_tenants,
+            stop_sent=self._stop_sent,
         )
         self._in_flight.set()
         self.post_message(SnapshotReady(snapshot))
@@ -246,7 +207,17 @@ class CockpitApp(App[str]):
             self._wake.set()
         h = snapshot.header
         self._status = h.status
-        key_state = (h.status, h.stop_requested, h.following, h.paused, h.speed, snapshot.has_gpus)
+        if h.ended:
+            self._stop_sent = False  # the stop is done (or the run ended anyway): a resume starts afresh
+        key_state = (
+            h.status,
+            h.stop_requested,
+            h.following,
+            h.paused,
+            h.speed,
+            snapshot.has_gpus,
+            snapshot.has_val_tenants,
+        )
         if key_state != self._key_state:
             self._key_state = key_state
             self.refresh_bindings()
@@ -309,90 +280,38 @@ class CockpitApp(App[str]):
         self.push_screen(PredictionScreen(self.prediction, run_id))
 
     # --- commands ----------------------------------------------------------------------------------
-    def _run_is_active(self) -> bool:
-        return self.playback.live and (self._status or "running") not in TERMINAL_STATUSES
-
     def _on_run_screen(self) -> bool:
         return self.screen is self.run_screen
 
-    def _view(self) -> tuple[bool, bool, float]:
-        """(following, paused, speed) as last shown (the Playback's own belong to the worker)."""
-        h = self.last_snapshot.header if self.last_snapshot else None
-        pb = self.playback
-        return (h.following, h.paused, h.speed) if h else (pb.follow, pb.paused, pb.speed)
+    def key_state(self) -> KeyState:
+        """What the keys depend on, as last shown (the Playback's own state belongs to the worker)."""
+        snapshot, pb = self.last_snapshot, self.playback
+        h = snapshot.header if snapshot else None
+        return KeyState(
+            live=pb.live,
+            status=self._status or "running",
+            on_run=self._on_run_screen(),
+            following=h.following if h else pb.follow,
+            paused=h.paused if h else pb.paused,
+            speed=h.speed if h else pb.speed,
+            stop_requested=self._stop_sent or (h is not None and h.stop_requested),
+            has_report=self.report is not None,
+            report_state=self._report_state,
+            has_prediction=self.prediction is not None,
+            has_gpus=snapshot is not None and snapshot.has_gpus,
+            has_val_tenants=snapshot is not None and snapshot.has_val_tenants,
+        )
 
     def can(self, action: str) -> bool:
         """Whether the key for `action` acts now (the footer shows it only then)."""
-        following, paused, speed = self._view()
-        on_run = self._on_run_screen()
-        snapshot = self.last_snapshot
-        match action:
-            case "stop":
-                stop_requested = snapshot is not None and snapshot.header.stop_requested
-                return self._run_is_active() and on_run and not stop_requested
-            case "detach":  # an ended run has nothing to go on without the viewer: q quits
-                return self.playback.live and (self._status or "running") not in TERMINAL_STATUSES
-            case "toggle_log":
-                return on_run
-            case "report":
-                return self.report is not None and on_run
-            case "prediction":
-                return self.prediction is not None and on_run
-            case "gpu_axis":
-                return on_run and snapshot is not None and snapshot.has_gpus
-            case "pause":  # a live view of an ended run has nothing moving to pause
-                ended = self.playback.live and following and (self._status or "") in TERMINAL_STATUSES
-                return on_run and not paused and not ended
-            case "play":
-                return on_run and paused
-            case "faster":
-                return on_run and not self.playback.live and speed < SPEEDS[-1]
-            case "slower":
-                return on_run and not self.playback.live and speed > SPEEDS[0]
-            case "jump_end":
-                return on_run and not following
-        return True
+        return can(action, self.key_state())
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         return self.can(action)
 
     def reason(self, action: str) -> str:
         """Why the key for `action` does nothing now (said when it is pressed)."""
-        if not self._on_run_screen():
-            return "back to the run screen first (escape)"
-        status = self._status or "running"
-        match action:
-            case "stop" if not self.playback.live:
-                return "a replay cannot stop a run: `cockpit stop RUN` does"
-            case "stop" if status in TERMINAL_STATUSES:
-                return f"the run has {'ended' if status == 'stalled' else status}: there is nothing to stop"
-            case "stop":
-                return "a stop is already requested: a checkpoint, then exit (`cockpit stop` again kills)"
-            case "detach" if not self.playback.live:
-                return "a replay is not attached to a run: q quits"
-            case "detach":
-                return "the run has ended: there is nothing to detach from, q quits"
-            case "pause":
-                return "the run has ended: nothing moves (cockpit replay RUN plays it back)"
-            case "report":
-                if self._report_state == "reading":
-                    return "the report is being read"
-                if self._report_state == "failed":
-                    return "the run's report could not be read (`cockpit report RUN` rebuilds it)"
-                return "no evaluation report yet: it comes after the evaluation"
-            case "prediction":
-                return "no rehearsal prediction in this record (`cockpit rehearse` makes one)"
-            case "gpu_axis":
-                return "no GPU telemetry in this record: the chart shows each rank's RSS on its own range"
-            case "faster" | "slower" if self.playback.live:
-                return "a live view runs at the run's own pace: + and - set a replay's speed"
-            case "faster":
-                return f"already at the fastest, {SPEEDS[-1]:g}×"
-            case "slower":
-                return f"already at the slowest, {SPEEDS[0]:g}×"
-            case "jump_end":
-                return "already live" if self.playback.live else "already at the end"
-        return "not available here"
+        return reason(action, self.key_state())
 
     def action_why_not(self, action: str) -> None:
         if isinstance(self.screen, ModalScreen):
@@ -400,7 +319,7 @@ class CockpitApp(App[str]):
         self.notify(self.reason(action), title="nothing to do", severity="warning", timeout=4)
 
     def action_stop(self) -> None:
-        if not self._run_is_active():
+        if not self.key_state().active:
             return
 
         def answered(yes: bool | None) -> None:
@@ -430,7 +349,10 @@ class CockpitApp(App[str]):
 
     def on_stop_sent(self, message: StopSent) -> None:
         self.notify(message.detail, severity="information" if message.ok else "error")
-        self._wake.set()
+        if message.ok:  # the request is written: STOPPING now, not when the supervisor has read it
+            self._stop_sent = True
+            self.refresh_bindings()
+        self._ask_snapshot()
 
     def action_report(self) -> None:
         """Open the report over the run screen (its own `r` and `escape` close it)."""
@@ -476,8 +398,15 @@ class CockpitApp(App[str]):
         self._command("end")
 
     def action_toggle_val_tenants(self) -> None:
-        """Each tenant's validation loss in the loss chart, or only their mean."""
+        """The loss chart shows the validation loss of each tenant, on its own scale (or training's)."""
         self.val_tenants = not self.val_tenants
+        self.run_screen.set_class(self.val_tenants, "-val-tenants")
+        said = (
+            "the loss chart shows each tenant's validation loss (v: back to training)"
+            if self.val_tenants
+            else "the loss chart shows training and validation loss (v: each tenant's)"
+        )
+        self.notify(said, title="loss chart", timeout=3)
         self._ask_snapshot()
 
     def action_gpu_axis(self) -> None:

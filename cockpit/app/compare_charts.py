@@ -11,7 +11,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from cockpit.app.model import GPU_COLORS, ChartData, Trace, fmt_mib
+from cockpit.app.charts import GPU_COLORS, ChartData, Trace, fmt_mib
 from cockpit.app.widgets.chart import GUTTER
 from cockpit.compare import ComparedRun, Comparison, Curve
 from cockpit.downsample import bucketize

@@ -7,53 +7,15 @@ Widgets only ever see these immutable snapshots. This module imports no Textual.
 
 from __future__ import annotations
 
-import dataclasses
 import re
 import time
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
-from cockpit.downsample import Buckets, Series
+from cockpit.app.charts import ChartData, build_charts
 from cockpit.plan.audit import plan_warnings
 from cockpit.record.format import TERMINAL_STATUSES
 from cockpit.record.playback import Playback
-from cockpit.record.view import TOKENS_WINDOW
-
-DEFAULT_DOTS = 200  # bucket count before the widget has told us its width
-MUTED = "#8a8a8a"
-GPU_COLORS = ("#4e9be6", "#f28e2b", "#e15759", "#59c3a1", "#b07aa1", "#edc948", "#9c755f", "#ff9da7")
-PEAK_COLORS = ("#a9d1ff", "#ffd29e", "#ffb0b1", "#b4f0dd", "#e3c3dc", "#fff0a8", "#d9bfae", "#ffd6db")
-LOSS_RAW, LOSS_SMOOTH, LOSS_VAL = "#4e79a7", "#f28e2b", "#e15759"
-TENANT_COLORS = ("#59c3a1", "#b07aa1", "#edc948", "#9c755f", "#ff9da7", "#76b7b2", "#bab0ac", "#a0cbe8")
-THROUGHPUT, THROUGHPUT_MEAN = "#2f7d32", "#7bd36a"
-RAM_USED, RAM_RSS, RAM_SWAP = "#4e9be6", "#f28e2b", "#e15759"
-
-
-@dataclass(frozen=True)
-class Trace:
-    """One curve, one bucket per dot column: `envelope` draws min..max, `line` draws the mean."""
-
-    label: str
-    color: str
-    ymin: np.ndarray
-    ymax: np.ndarray
-    value: str = ""  # the reading the legend gives (said in the chart's note when it is not the latest)
-    legend: bool = True  # False: drawn, named elsewhere (a total in the chart's title)
-
-
-@dataclass(frozen=True)
-class ChartData:
-    title: str
-    x_lo: float  # seconds since the first event
-    x_hi: float
-    y_lo: float
-    y_hi: float
-    y_unit: str  # "" or "mib" (shown as GiB/MiB)
-    traces: tuple[Trace, ...]
-    note: str = ""
-    empty: str = "no data yet"  # said across the plot while no trace has a point
 
 
 @dataclass(frozen=True)
@@ -81,7 +43,8 @@ class Header:
     phase_message: str | None = None  # what the trainer says of its phase ("building DeepSpeed CPU ops ...")
     activity: str = ""  # what is under way, in words: "loading the model: layer 3 of 8"; "" once ended
     eta_note: str = ""  # what the ETA leaves out or waits for: "+ eval", "eval next"
-    resume_hint: str | None = None  # an ended run that can go on: "cockpit resume RUN continues from step N"
+    resume_hint: str | None = None  # an ended run that can go on: "cockpit resume RUN"
+    resume_from: int | None = None  # ... from its checkpoint of this step
     catching_up: bool = False  # the fold is still on its way to the clock (a jump to the end of a replay)
 
     @property
@@ -126,11 +89,10 @@ class Snapshot:
     report_due: bool = False  # the record, as of the clock, has an evaluation report (see `report_due`)
     prediction_due: bool = False  # the record, as of the clock, has a rehearsal's prediction
     has_gpus: bool = False  # the record has GPU telemetry: the GPU chart's axis can be switched
+    has_val_tenants: bool = False  # the record has each tenant's validation loss: `v` shows them
     gpu_axis: str = "total"  # `total`: the GPU chart's axis runs to the GPU's memory; `run`: the run's range
 
 
-CHARTS = ("loss", "throughput", "gpu", "host")
-GPU_AXES = ("total", "run")
 PHASE_WORDS = {
     "starting": "starting the trainer (launcher, imports)",
     "setup": "setting up",
@@ -160,230 +122,16 @@ def compact_log_line(line: str) -> str:
     return _SITE_PACKAGES.sub("", line, count=1)
 
 
-def _fmt(value: float | None, spec: str) -> str:
-    return "-" if value is None else format(value, spec)
-
-
-def fmt_mib(mib: float | None) -> str:
-    """Memory for a legend: `23.5G`, `743M` (GiB and MiB)."""
-    if mib is None:
-        return "-"
-    return f"{mib / 1024:.1f}G" if abs(mib) >= 1024 else f"{mib:.0f}M"
-
-
-def _envelope(series: Series, lo: float, hi: float, n: int) -> tuple[np.ndarray, np.ndarray]:
-    b: Buckets = series.buckets(lo, hi, n)
-    return b.ymin, b.ymax
-
-
-def _line(series: Series, lo: float, hi: float, n: int) -> tuple[np.ndarray, np.ndarray]:
-    b = series.buckets(lo, hi, n)
-    return b.ymean, b.ymean
-
-
-def _range(traces: list[Trace], floor_zero: bool, pad: float = 0.05) -> tuple[float, float]:
-    lows = [np.nanmin(t.ymin) for t in traces if np.any(~np.isnan(t.ymin))]
-    highs = [np.nanmax(t.ymax) for t in traces if np.any(~np.isnan(t.ymax))]
-    if not lows:
-        return 0.0, 1.0
-    lo, hi = float(min(lows)), float(max(highs))
-    if floor_zero:
-        lo = min(0.0, lo)
-    if hi - lo < 1e-9:
-        hi = lo + (abs(lo) * 0.1 or 1.0)
-    span = hi - lo
-    return (lo if floor_zero else lo - span * pad), hi + span * pad
-
-
-def loss_chart(
-    s: Any,
-    lo: float,
-    hi: float,
-    k: int,
-    x_hi: float,
-    val_tenants: bool = False,
-    empty: str = "no data yet",
-    best: str = "",
-) -> ChartData:
-    """Training loss (raw and smoothed) beside the validation loss (mean over tenants), and each tenant's
-    validation loss when `val_tenants` is on; `best` (the best adapter's words) goes in the note."""
-    raw = Trace("loss", LOSS_RAW, *_envelope(s.loss, lo, hi, k), value=_fmt(s.loss.last, ".4f"))
-    smooth = Trace(
-        "smoothed", LOSS_SMOOTH, *_line(s.loss_smooth, lo, hi, k), value=_fmt(s.loss_smooth.last, ".4f")
-    )
-    traces = [raw, smooth]
-    if len(s.val_loss):
-        traces.append(
-            Trace("val", LOSS_VAL, *_line(s.val_loss, lo, hi, k), value=_fmt(s.val_loss.last, ".4f"))
-        )
-    if val_tenants:
-        for i, (tenant, series) in enumerate(sorted(s.val_tenant_loss.items())):
-            color = TENANT_COLORS[i % len(TENANT_COLORS)]
-            traces.append(
-                Trace(f"val {tenant}", color, *_line(series, lo, hi, k), value=_fmt(series.last, ".3f"))
-            )
-    y_lo, y_hi = _range(traces, floor_zero=False)
-    ranges = [r for r in (s.loss.y_range(lo, hi), s.val_loss.y_range(lo, hi)) if r is not None]
-    if ranges and min(r[0] for r in ranges) >= 0:
-        y_lo = max(y_lo, 0.0)  # a loss is not negative: do not pad below zero
-    hint = "" if val_tenants or not s.val_tenant_loss else "v: validation loss per tenant"
-    note = " · ".join(part for part in (best, hint) if part)
-    return ChartData("loss", 0.0, x_hi, y_lo, y_hi, "", tuple(traces), note=note, empty=empty)
-
-
-def best_note(v: Any) -> str:
-    """The loss chart's word on the adapter validation picks: `best val 0.3980 at 120` while training;
-    `adapter: val 0.3980 at 120 of 160` once saved (the run's adapter is the best one, of step 120)."""
-    if v.best_step is None or v.best_val_loss is None:
-        return ""
-    if v.adapter is None:
-        return f"best val {v.best_val_loss:.4f} at {v.best_step}"
-    last = v.adapter.get("last_step")
-    of = f" of {last}" if last is not None and last != v.best_step else ""
-    return f"adapter: val {v.best_val_loss:.4f} at {v.best_step}{of}"
-
-
-def build_charts(
-    pb: Playback, dots: dict[str, int], gpu_axis: str = "total", waiting: str = "", val_tenants: bool = False
-) -> dict[str, ChartData]:
-    """The four charts, bucketed to `dots` columns each. `gpu_axis` is the GPU chart's axis (`total`:
-    to the GPU's memory; `run`: the run's own range); `waiting` says why a chart of steps is empty;
-    `val_tenants` adds each tenant's validation loss to the loss chart."""
-    s = pb.series
-    v = pb.view
-    first = pb.first_t
-    shown = pb.shown_t
-    if first is None:
-        first = shown = 0.0
-    lo = first
-    hi = max(shown or first, first + 1.0)
-    x_hi = hi - first
-    no_steps = f"no steps yet: {waiting}" if waiting else "no steps yet"
-    no_telemetry = "no telemetry yet" if pb.live else "no telemetry in this record"
-
-    def n(name: str) -> int:
-        return max(2, dots.get(name, DEFAULT_DOTS))
-
-    charts: dict[str, ChartData] = {}
-
-    # loss: raw (min..max per column), smoothed (EMA, averaged per column), validation
-    charts["loss"] = loss_chart(s, lo, hi, n("loss"), x_hi, val_tenants, empty=no_steps, best=best_note(v))
-
-    # throughput: the legend gives the header's figure (the median of the last steps) and the run's mean
-    k = n("throughput")
-    tps = Trace(
-        "tokens/s", THROUGHPUT, *_envelope(s.tokens_per_s, lo, hi, k), value=_fmt(v.tokens_per_s, ",.0f")
-    )
-    mean = Trace(
-        "mean", THROUGHPUT_MEAN, *_line(s.tokens_per_s, lo, hi, k), value=_fmt(v.mean_tokens_per_s, ",.0f")
-    )
-    y_lo, y_hi = _range([tps], floor_zero=True)
-    charts["throughput"] = ChartData(
-        "tokens/s",
-        0.0,
-        x_hi,
-        y_lo,
-        y_hi,
-        "",
-        (tps, mean),
-        note=f"median of last {TOKENS_WINDOW}",
-        empty=no_steps,
-    )
-
-    # GPU memory: used (NVML) and the trainer's CUDA peak per rank, against the GPU's total or on their own
-    k = n("gpu")
-    traces: list[Trace] = []
-    # Several nodes: each rank's line by its host and index; the sampler's GPUs are its own host's.
-    label, several = pb.view.rank_label, pb.view.nodes > 1
-    here = f"{(pb.manifest.get('host') or {}).get('hostname', '?')} " if several else ""
-    peaks = [
-        Trace(
-            f"peak {label(r)}",
-            PEAK_COLORS[r % len(PEAK_COLORS)],
-            *_line(peak, lo, hi, k),
-            value=fmt_mib(peak.last),
-        )
-        for r, peak in sorted(s.rank_peak.items())
-    ]
-    if len(peaks) > 2:  # one legend entry for every rank's peak: the GPUs' own entries keep their room
-        known = [p.last for p in s.rank_peak.values() if p.last is not None]
-        span = f"{fmt_mib(min(known))}–{fmt_mib(max(known))}" if known else "-"
-        peaks = [
-            dataclasses.replace(t, label=f"peak r0–{len(peaks) - 1}", value=span)
-            if i == 0
-            else dataclasses.replace(t, legend=False)
-            for i, t in enumerate(peaks)
-        ]
-    if s.has_gpus:
-        for i, used in sorted(s.gpu_used.items()):
-            color = GPU_COLORS[i % len(GPU_COLORS)]
-            traces.append(
-                Trace(f"{here}GPU{i}", color, *_envelope(used, lo, hi, k), value=fmt_mib(used.last))
-            )
-        traces += peaks
-        totals = [t for t in s.gpu_total.values() if len(t)]
-        title = "GPU memory"
-        if totals:
-            total = max(totals, key=lambda t: t.last or 0)
-            title = f"GPU memory · {fmt_mib(total.last)} each"
-            if gpu_axis == "total":
-                traces.insert(0, Trace("total", MUTED, *_line(total, lo, hi, k), legend=False))
-        if gpu_axis == "total":
-            y_lo, y_hi = _range(traces, floor_zero=True, pad=0.02)
-            gpu_note = "g: the run's range"
-        else:
-            y_lo, y_hi = _range(traces, floor_zero=False, pad=0.1)
-            y_lo = max(0.0, y_lo)
-            gpu_note = "g: to the GPU's total"
-        gpu_empty = no_telemetry
-    else:
-        for r, rss in sorted(s.rank_rss.items()):
-            color = GPU_COLORS[r % len(GPU_COLORS)]
-            name = f"{label(r)} RSS" if several else f"rank{r} RSS"
-            traces.append(Trace(name, color, *_envelope(rss, lo, hi, k), value=fmt_mib(rss.last)))
-        traces += peaks
-        y_lo, y_hi = _range(traces, floor_zero=True)
-        info = s.telemetry_info or {}
-        nvml = str(info.get("nvml", ""))
-        gpu_note = (
-            "no NVML: each rank's RSS" if nvml.startswith("not available") else "no GPU: each rank's RSS"
-        )
-        title = "GPU memory · no GPU"
-        gpu_empty = no_steps
-    charts["gpu"] = ChartData(
-        title, 0.0, x_hi, y_lo, y_hi, "mib", tuple(traces), note=gpu_note, empty=gpu_empty
-    )
-
-    # host RAM: used against total (in the title), the run's process tree RSS, swap
-    k = n("host")
-    host = [
-        Trace("total", MUTED, *_line(s.ram_total, lo, hi, k), legend=False),
-        Trace("used", RAM_USED, *_envelope(s.ram_used, lo, hi, k), value=fmt_mib(s.ram_used.last)),
-        Trace("run RSS", RAM_RSS, *_envelope(s.run_rss, lo, hi, k), value=fmt_mib(s.run_rss.last)),
-    ]
-    if s.swap_used.last:
-        host.append(
-            Trace("swap", RAM_SWAP, *_envelope(s.swap_used, lo, hi, k), value=fmt_mib(s.swap_used.last))
-        )
-    y_lo, y_hi = _range(host, floor_zero=True, pad=0.02)
-    cpu = s.last_host.get("cpu_pct")
-    note = "" if cpu is None else f"CPU {cpu:.0f}%"
-    title = f"host RAM · {fmt_mib(s.ram_total.last)} total" if s.ram_total.last else "host RAM"
-    charts["host"] = ChartData(
-        title, 0.0, x_hi, y_lo, y_hi, "mib", tuple(host), note=note, empty=no_telemetry
-    )
-    return charts
-
-
-def activity(pb: Playback) -> str:
-    """What the run is doing as of the clock, in words; "" once it has ended (its diagnosis says)."""
+def activity(pb: Playback, stop_requested: bool = False) -> str:
+    """What the run is doing as of the clock, in words; "" once it has ended (its diagnosis says).
+    `stop_requested`: a stop was asked for (the record may not say so yet)."""
     v = pb.view
     status = pb.status()
     if status in TERMINAL_STATUSES:
         return ""
     if status == "planned" and not v.events_seen:
         return "waiting for the supervisor to start"
-    if pb.series.stop_requested:
+    if pb.series.stop_requested or stop_requested:
         if v.trainer_outcome == "stopped" or v.phase == "stopped":
             saved = " with a checkpoint" if v.checkpoints and v.checkpoints[-1] == v.step else ""
             return f"stopped at step {v.step}{saved}; closing"
@@ -411,14 +159,16 @@ def activity(pb: Playback) -> str:
     return words
 
 
-def build_header(pb: Playback, lost: str | None = None) -> Header:
+def build_header(pb: Playback, lost: str | None = None, stop_sent: bool = False) -> Header:
+    """The header's figures as of the clock; `stop_sent`: this viewer asked for a stop (the record
+    says so once the supervisor has read the request: the header says STOPPING from the asking on)."""
     v = pb.view
     m = pb.manifest
     status = pb.status()
     ended = status in TERMINAL_STATUSES
     epoch = v.steps[-1].epoch if v.steps else None
     run_id = str(m.get("run_id") or pb.paths.run_id)
-    stop_requested = pb.series.stop_requested
+    stop_requested = pb.series.stop_requested or (stop_sent and status == "running")
     eval_next = (
         m.get("mode", "train") == "train"
         and bool(((m.get("profile") or {}).get("eval") or {}).get("enabled"))
@@ -432,9 +182,9 @@ def build_header(pb: Playback, lost: str | None = None) -> Header:
         elif eta is not None:
             eta_note = "+ eval"
     training_figures = ended or v.phase not in ("eval", "report")
-    resume_hint = None
+    resume_hint, resume_from = None, None
     if status in ("stopped", "failed", "stalled") and v.checkpoints and m.get("mode", "train") == "train":
-        resume_hint = f"cockpit resume {run_id} continues from step {v.checkpoints[-1]}"
+        resume_hint, resume_from = f"cockpit resume {run_id}", v.checkpoints[-1]
     return Header(
         run_id=run_id,
         profile=str(m.get("profile_name") or "?"),
@@ -462,9 +212,10 @@ def build_header(pb: Playback, lost: str | None = None) -> Header:
             if v.phase == "eval" and v.eval_total
             else None
         ),
-        activity=activity(pb),
+        activity=activity(pb, stop_requested),
         eta_note=eta_note,
         resume_hint=resume_hint,
+        resume_from=resume_from,
         catching_up=pb.catching_up,
     )
 
@@ -512,12 +263,13 @@ def build_snapshot(
     plan: dict[str, Any] | None = None,
     gpu_axis: str = "total",
     val_tenants: bool = False,
+    stop_sent: bool = False,
 ) -> Snapshot:
     """Everything the run screen shows, from the Playback as it stands (call on the Playback's thread);
     `plan` is the run's plan.json, to check the audit against; `gpu_axis` the GPU chart's axis;
-    `val_tenants` adds each tenant's validation loss to the loss chart."""
+    `val_tenants` shows each tenant's validation loss in the loss chart; `stop_sent`: see `build_header`."""
     t0 = time.perf_counter()
-    header = build_header(pb, lost)
+    header = build_header(pb, lost, stop_sent)
     charts = build_charts(pb, dots, gpu_axis, waiting=header.activity, val_tenants=val_tenants)
     audit = build_audit(pb, plan)
     log = tuple(compact_log_line(line) for line in pb.output_tail(log_lines))
@@ -534,5 +286,6 @@ def build_snapshot(
         report_due=due,
         prediction_due=predicted,
         has_gpus=pb.series.has_gpus,
+        has_val_tenants=bool(pb.series.val_tenant_loss),
         gpu_axis=gpu_axis,
     )

@@ -366,7 +366,8 @@ class Playback:
         return str(self.manifest.get("status", "planned"))
 
     def elapsed_s(self) -> float:
-        """Seconds from the first event to the clock (live: to now, until the run ends)."""
+        """Seconds from the first event to the clock (live: to now, until the run ends), less the time
+        between a stop and its resume (`RunView.pauses`)."""
         first = self._first_t
         if first is None:
             return 0.0
@@ -376,18 +377,16 @@ class Playback:
             end = self.now()
         else:
             end = self.shown_t or first
-        return max(0.0, end - first)
+        return max(0.0, end - first - self.view.paused_s(end))
 
     def output_tail(self, max_lines: int = 200) -> list[str]:
-        """The last lines of `output.log` (in replay before the end: up to the step shown)."""
+        """The last lines of `output.log` printed by the clock (`printed_bytes`)."""
         path = self.paths.output_log
         try:
             with open(path, "rb") as f:
                 f.seek(0, 2)
                 size = f.tell()
-                limit = size
-                if not self.at_end:
-                    limit = self._log_offset_after(f, self.view.step_events, size)
+                limit = self.printed_bytes(f, size)
                 f.seek(max(0, limit - OUTPUT_TAIL_BYTES))
                 data = f.read(limit - max(0, limit - OUTPUT_TAIL_BYTES))
         except OSError:
@@ -396,6 +395,18 @@ class Playback:
         if limit > OUTPUT_TAIL_BYTES:
             lines = lines[1:]
         return [line for line in lines if line.strip()][-max_lines:]
+
+    def printed_bytes(self, f: Any, size: int) -> int:
+        """How much of `output.log` (open as `f`, `size` bytes) had been printed by the clock: all of it at
+        the end; else its size at the last telemetry sample (`output_log_bytes`); in an older record
+        without it, up to the step shown (`_log_offset_after`), nothing before the sampler started."""
+        if self.at_end:
+            return size
+        if self.series.output_log_bytes is not None:
+            return min(size, self.series.output_log_bytes)
+        if self.series.telemetry_info is None and not self.view.step_events:
+            return 0  # the sampler starts before the trainer: nothing was printed yet
+        return self._log_offset_after(f, self.view.step_events, size)
 
     def _log_offset_after(self, f: Any, steps: int, size: int) -> int:
         """Byte offset just past the trainer's `steps`-th `step N/` line; before the first, its start.

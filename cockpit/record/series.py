@@ -68,6 +68,7 @@ class RunSeries(Fold):
         self.last_host: dict[str, float | None] = {}
         self.telemetry_info: dict[str, Any] | None = None
         self.telemetry_samples = 0
+        self.output_log_bytes: int | None = None  # output.log's size at the last sample (None: not recorded)
         self.status: str | None = None  # from the supervisor's events: running, then the final status
         self.diagnosis: str | None = None
         self.end_t: float | None = None
@@ -120,6 +121,8 @@ class RunSeries(Fold):
                 f: _value(c[last]) if (c := cols.get(f"{f}[{i}]")) is not None else None for f in GPU_FIELDS
             }
         self.last_host = {f: _value(cols[f][last]) for f in HOST_FIELDS if f in cols}
+        if "output_log_bytes" in cols:
+            self._note_output(cols["output_log_bytes"][last])
         for name, series in (
             ("ram_used_mib", self.ram_used),
             ("ram_total_mib", self.ram_total),
@@ -140,6 +143,12 @@ class RunSeries(Fold):
 
     def _on_telemetry_start(self, e: Event) -> None:
         self.telemetry_info = e
+        self._note_output(e.get("output_log_bytes"))
+
+    def _note_output(self, size: Any) -> None:
+        value = _value(size)
+        if value is not None:
+            self.output_log_bytes = int(value)
 
     def _on_supervisor_start(self, e: Event) -> None:
         self.status, self.diagnosis, self.end_t, self.stop_requested = "running", None, None, False

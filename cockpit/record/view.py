@@ -93,6 +93,10 @@ class RunView(Fold):
     load_t: float | None = None  # when rank 0 said its latest `load_progress`
     load_first: tuple[int, float] | None = None  # its first `load_progress` of this load: layer and time
     resumed: bool = False  # the supervisor of this attempt was started to resume from a checkpoint
+    # The time between an attempt's end and the next supervisor's start (a resume, a later evaluation):
+    # (end, start) each. Elapsed time and the charts' time axes leave it out.
+    pauses: list[tuple[float, float]] = field(default_factory=list)
+    _ended_t: float | None = None
     _tps_sum: float = 0.0  # tokens/s summed over `steps` (for the mean), and how many had one
     _tps_n: int = 0
     _eval_first: tuple[float, int] | None = None  # (t, done) of the current system's first progress event
@@ -218,6 +222,12 @@ class RunView(Fold):
 
     def _on_supervisor_start(self, e: Event) -> None:
         self.resumed = bool(e.get("resume"))
+        if self._ended_t is not None and e["t"] > self._ended_t:
+            self.pauses.append((self._ended_t, e["t"]))
+        self._ended_t = None
+
+    def _on_end(self, e: Event) -> None:
+        self._ended_t = e["t"]
 
     def _on_train_begin(self, e: Event) -> None:
         if e.get("rank", 0) != 0:
@@ -402,8 +412,13 @@ class RunView(Fold):
             words += f", about {_about(left)} left"
         return words
 
+    def paused_s(self, t: float) -> float:
+        """Seconds of `pauses` before record time `t`."""
+        return sum(min(b, t) - a for a, b in self.pauses if t > a)
+
     def elapsed_s(self, now: float) -> float:
-        return 0.0 if self.first_t is None else max(0.0, now - self.first_t)
+        """Seconds the run has run by `now`: from its first event, less its `pauses`."""
+        return 0.0 if self.first_t is None else max(0.0, now - self.first_t - self.paused_s(now))
 
     def loss_trend(self, fraction: float = 0.1) -> tuple[float, float] | None:
         """Mean loss over the first and the last `fraction` of steps."""

@@ -17,8 +17,8 @@ from textual.css.query import NoMatches
 from textual.screen import Screen
 from textual.widgets import Footer, Static
 
+from cockpit.app.charts import fmt_mib
 from cockpit.app.compare_charts import AXES, COMPARE_CHARTS, TITLES, build_charts, run_color
-from cockpit.app.model import fmt_mib
 from cockpit.app.widgets.compare_chart import CompareChart
 from cockpit.compare import Comparison, f1_rows, summary_rows
 

@@ -10,9 +10,11 @@ from textual.css.query import NoMatches
 from textual.screen import Screen
 from textual.widgets import Footer
 
-from cockpit.app.model import CHARTS, Snapshot
+from cockpit.app.charts import CHARTS
+from cockpit.app.model import Snapshot
 from cockpit.app.widgets.chart import BrailleChart
-from cockpit.app.widgets.panels import AuditPanel, LogPane, RunHeader
+from cockpit.app.widgets.header import RunHeader
+from cockpit.app.widgets.panels import AuditPanel, LogPane
 
 TITLES = {"loss": "loss", "throughput": "tokens/s", "gpu": "GPU memory", "host": "host RAM"}
 

@@ -17,7 +17,8 @@ from textual.geometry import Size
 from textual.strip import Strip
 from textual.widget import Widget
 
-from cockpit.app.model import ChartData
+from cockpit.app.charts import ChartData
+from cockpit.app.legend import MARK, Entry, layout
 from cockpit.record.units import clock
 
 GUTTER = 8  # y-axis labels
@@ -90,6 +91,22 @@ def raster(chart: ChartData, cols: int, rows: int) -> tuple[np.ndarray, np.ndarr
     return codes, owner
 
 
+RESUME_MARK = "┊"  # down an empty plot column where the run resumed
+MARK_OWNER = -3
+
+
+def mark_columns(data: ChartData, cols: int) -> set[int]:
+    """The plot columns of `data.marks`."""
+    span = data.x_hi - data.x_lo
+    if span <= 0 or cols <= 0:
+        return set()
+    return {min(cols - 1, max(0, int((m - data.x_lo) / span * cols))) for m in data.marks}
+
+
+def _style(styles: list[Style], owner: int) -> Style | None:
+    return styles[owner] if owner >= 0 else _AXIS if owner == MARK_OWNER else None
+
+
 class BrailleChart(Widget):
     """A titled chart: legend line, braille plot with a y-axis gutter, elapsed-time axis."""
 
@@ -130,7 +147,8 @@ class BrailleChart(Widget):
             self._strips = [blank] * height
             return
         data = self.data
-        strips = self._legend(data, width, max_lines=2 if height >= 10 else 1)
+        # A second legend line where the plot keeps three rows at least (a short terminal keeps one).
+        strips = self._legend(data, width, max_lines=2 if height >= 6 else 1)
         cols, rows = width - GUTTER, height - 1 - len(strips)
         codes, owner = raster(data, cols, rows)
         empty = not np.any(owner >= 0)
@@ -146,6 +164,7 @@ class BrailleChart(Widget):
             wrapped = wrapped[:rows]
             top = max(0, (rows - len(wrapped)) // 2)
             notes = {top + i: line for i, line in enumerate(wrapped)}
+        marked = mark_columns(data, cols)
         for r in range(rows):
             label = labels.get(r, "")
             segments = [
@@ -155,16 +174,16 @@ class BrailleChart(Widget):
             ]
             row_codes, row_owner = codes[r].tolist(), owner[r].tolist()
             run_owner, run_chars = -2, []
-            for code, who in zip(row_codes, row_owner, strict=True):
+            for c, (code, who) in enumerate(zip(row_codes, row_owner, strict=True)):
+                if not code and c in marked:
+                    who = MARK_OWNER
                 if who != run_owner and run_chars:
-                    segments.append(
-                        Segment("".join(run_chars), styles[run_owner] if run_owner >= 0 else None)
-                    )
+                    segments.append(Segment("".join(run_chars), _style(styles, run_owner)))
                     run_chars = []
                 run_owner = who
-                run_chars.append(chr(0x2800 + code) if code else " ")
+                run_chars.append(chr(0x2800 + code) if code else RESUME_MARK if who == MARK_OWNER else " ")
             if run_chars:
-                segments.append(Segment("".join(run_chars), styles[run_owner] if run_owner >= 0 else None))
+                segments.append(Segment("".join(run_chars), _style(styles, run_owner)))
             if r in notes:
                 segments = [segments[0], Segment(notes[r].center(cols)[:cols], _NOTE)]
             strips.append(Strip(segments, width))
@@ -172,23 +191,21 @@ class BrailleChart(Widget):
         self._strips = strips
 
     def _legend(self, data: ChartData, width: int, max_lines: int = 2) -> list[Strip]:
-        """One line of `━ label value` entries, or up to `max_lines`; `+N` says how many did not fit."""
-        lines: list[list[Segment]] = [[Segment(" ")]]
-        used = 1
-        entries = [t for t in data.traces if t.legend]
-        for i, t in enumerate(entries):
-            text = f"{t.label} {t.value}".rstrip() + "  "
-            left = len(entries) - i - 1  # entries after this one
-            room = width - (len(f"+{left + 1}") + 1 if left and len(lines) == max_lines else 0)
-            if used + len(text.rstrip()) + 2 > room:
-                if len(lines) == max_lines:
-                    lines[-1].append(Segment(f"+{len(entries) - i}", _NOTE))
-                    break
-                lines.append([Segment(" ")])
-                used = 1
-            lines[-1] += [Segment("━ ", Style(color=t.color, bold=True)), Segment(text)]
-            used += len(text) + 2
-        return [Strip(segs).crop(0, width).extend_cell_length(width) for segs in lines]
+        """`━ label value` entries in up to `max_lines` lines (`cockpit.app.legend`: every line named where
+        it can be, values as room allows; `+N` says how many did not fit)."""
+        entries = [Entry(t.label, t.value, t.color, t.keep) for t in data.traces if t.legend]
+        legend = layout(entries, width, max_lines)
+        strips = []
+        for i, line in enumerate(legend.lines or [[]]):
+            segments = [Segment(" ")]
+            for j, (entry, text) in enumerate(line):
+                if j:
+                    segments.append(Segment(" " * legend.gap))
+                segments += [Segment(MARK, Style(color=entry.color, bold=True)), Segment(text)]
+            if legend.hidden and i == len(legend.lines) - 1:
+                segments.append(Segment(f"{' ' if line else ''}+{legend.hidden}", _NOTE))
+            strips.append(Strip(segments).crop(0, width).extend_cell_length(width))
+        return strips
 
     def _x_axis(self, data: ChartData, width: int) -> Strip:
         cols = width - GUTTER

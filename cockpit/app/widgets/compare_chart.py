@@ -6,7 +6,7 @@ from rich.segment import Segment
 from rich.style import Style
 from textual.strip import Strip
 
-from cockpit.app.model import ChartData
+from cockpit.app.charts import ChartData
 from cockpit.app.widgets.chart import GUTTER, BrailleChart
 
 _AXIS = Style(color="#8a8a8a")

@@ -1,96 +1,12 @@
-"""The run header, the audit panel and the output-log pane: each draws one part of a Snapshot."""
+"""The audit panel and the output-log pane: each draws one part of a Snapshot."""
 
 from __future__ import annotations
 
-from rich.cells import chop_cells
-from rich.console import Group, RenderableType
+from rich.console import Console
 from rich.text import Text
 from textual.widget import Widget
-from textual.widgets import Static
 
-from cockpit.app.model import Audit, Header
-from cockpit.record.units import clock
-
-STATUS_STYLE = {
-    "running": "bold green",
-    "stopping": "bold yellow",
-    "finished": "bold cyan",
-    "planned": "bold",
-    "failed": "bold red",
-    "stopped": "bold yellow",
-    "stalled": "bold red",
-}
-MODE_BADGE = {  # what the viewer is doing, and its colour
-    "live": ("LIVE", "bold reverse green"),
-    "paused": ("LIVE · PAUSED", "bold reverse yellow"),
-    "ended": ("ENDED", "bold reverse"),
-}
-
-
-def header_text(h: Header) -> Text:
-    """Two lines: which run and how far it is; what the viewer shows and what the run is doing."""
-    text = Text(no_wrap=True, overflow="ellipsis")
-    text.append(" cockpit ", "bold reverse")
-    text.append(f" {h.run_id} ", "bold")
-    text.append("· ")
-    status = "stopping" if h.stopping else h.status
-    text.append(status.upper(), STATUS_STYLE.get(status, "bold"))
-    total = f"/{h.max_steps}" if h.max_steps else ""
-    text.append(" · step ")
-    text.append(f"{h.step}{total}", "bold")
-    if h.epoch is not None:
-        text.append(f" · epoch {h.epoch:.2f}")
-    if h.profile not in h.run_id:  # run ids carry their profile's name: say it only when they do not
-        text.append(f" · profile {h.profile}")
-    text.append("\n")
-    mode = h.mode
-    if mode == "replay":
-        state = "PAUSED" if h.paused else "END" if h.following else "PLAYING"
-        badge, style = f"REPLAY {h.speed:g}× · {state}", "bold reverse magenta"
-    elif mode == "behind":
-        badge, style = f"LIVE · BEHIND, {h.speed:g}×", "bold reverse yellow"
-    else:
-        badge, style = MODE_BADGE[mode]
-        if mode == "ended":
-            style = f"{style} {STATUS_STYLE.get(h.status, '').replace('bold', '').strip()}".strip()
-    text.append(f" {badge} ", style)
-    if h.catching_up:
-        text.append(" jumping to the end…", "italic yellow")
-    text.append(" elapsed ")
-    text.append(clock(h.elapsed_s), "bold")
-    if not h.ended and (h.eta_s is not None or h.eta_note):  # an unknown ETA leaves room for the rest
-        text.append(" · ETA ")
-        text.append(clock(h.eta_s), "bold")
-        if h.eta_note:
-            text.append(f" {h.eta_note}")
-    if h.warning:
-        text.append(f" · ⚠ {h.warning}", "bold yellow")
-    if h.activity:
-        text.append(" · ")
-        text.append(h.activity, "" if h.activity == "training" else "italic yellow")
-    if h.loss is not None:
-        text.append(f" · loss {h.loss:.4f}")
-    if h.tokens_per_s is not None:
-        text.append(f" · {h.tokens_per_s:,.0f} tok/s")
-    if h.loading is not None:
-        text.append(f" · reading history {h.loading:.0%}", "italic yellow")
-    return text
-
-
-def ending_text(h: Header) -> Text:
-    """An ended run's diagnosis, whole (it wraps), and how to go on from it."""
-    text = Text(" ")
-    text.append(h.diagnosis or h.status, STATUS_STYLE.get(h.status, ""))
-    if h.resume_hint:
-        text.append(" · next: ")
-        text.append(h.resume_hint, "bold")
-    return text
-
-
-def header_renderable(h: Header) -> RenderableType:
-    """The header: its two lines (cut at the width, never wrapped), and an ended run's diagnosis under
-    them (wrapped: it is said whole)."""
-    return Group(header_text(h), ending_text(h)) if h.ended else Group(header_text(h))
+from cockpit.app.model import Audit
 
 
 def _rows(a: Audit) -> list[tuple[str, object, object]]:
@@ -221,14 +137,6 @@ def audit_lines(a: Audit, width: int = 1000, height: int = 1000) -> list[Text]:
     return lines
 
 
-class RunHeader(Static):
-    """Run id, profile, status, step/total, epoch, elapsed, ETA; the viewer's mode; an ended run's
-    diagnosis."""
-
-    def show(self, header: Header) -> None:
-        self.update(header_renderable(header))
-
-
 class AuditPanel(Widget):
     """The trainer's audit: applied against asked, dropped settings as warnings. Where the whole text does
     not fit, one line an item (`audit_lines`), so nothing needs scrolling."""
@@ -262,6 +170,24 @@ class AuditPanel(Widget):
         return text
 
 
+CONTINUED = "  "  # a folded line's next rows are indented: where a line goes on reads at a glance
+
+
+def fold_log_line(line: str, width: int, console: Console) -> list[str]:
+    """A log line in rows of `width` cells: broken at spaces, so that a number stays whole (`1,862
+    tok/s`, not `18` / `62 tok/s`); a word longer than a row is folded. Rows after the first are
+    indented."""
+    rows = Text(line).wrap(console, width, overflow="fold")
+    if len(rows) <= 1:
+        return [line]
+    first = rows[0].plain
+    rest = line[len(first) :].lstrip() if line.startswith(first) else ""
+    if not rest or width <= 2 * len(CONTINUED):
+        return [row.plain.rstrip() for row in rows]
+    tail = Text(rest).wrap(console, width - len(CONTINUED), overflow="fold")
+    return [first.rstrip(), *(CONTINUED + row.plain.rstrip() for row in tail)]
+
+
 class LogPane(Widget):
     """The tail of `output.log`: as many of the last lines as fit."""
 
@@ -276,14 +202,15 @@ class LogPane(Widget):
             self.refresh()
 
     def render(self) -> Text:
-        """The last lines that fit, each folded over as many rows as it needs (nothing is cut off)."""
+        """The last lines that fit, each folded over as many rows as it needs (nothing is cut off, no
+        number broken: `fold_log_line`)."""
         width, height = max(1, self.size.width), max(1, self.size.height)
         rows: list[tuple[str, str]] = []
         for line in reversed(self.lines):
             style = (
                 "yellow" if "WARNING" in line else "red" if ("Error" in line or "Traceback" in line) else ""
             )
-            parts = chop_cells(line, width) or [""]
+            parts = fold_log_line(line, width, self.app.console) or [""]
             rows[:0] = [(part, style) for part in parts]
             if len(rows) >= height:
                 break

@@ -589,9 +589,9 @@ def check_runnable(profile: Profile, source: str) -> None:
     """What a run needs here before it starts: the model (config, weights, tokenizer), the data, and the
     trackers of `training.report_to` able to start. Every missing piece is named, in one line."""
     problems = _model_problems(profile.model.path) + _data_problems(profile.data.source)
-    problems += tracker_problems(profile.training.report_to)
-    if problems:
-        raise ProfileError(f"{source}: " + "; ".join(problems) + " (set them with --set KEY=PATH)")
+    paths = " (set them with --set KEY=PATH)" if problems else ""
+    if problems := problems + tracker_problems(profile.training.report_to):
+        raise ProfileError(f"{source}: " + "; ".join(problems) + paths)
     check_hosts(profile, source)
 
 

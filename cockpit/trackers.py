@@ -9,6 +9,8 @@ and `doctor` call). Transformers is imported only when a tracker is named.
 
 from __future__ import annotations
 
+import logging
+import warnings
 from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator
@@ -55,8 +57,13 @@ def tracker_problems(report_to: list[str]) -> list[str]:
     named = [name for name in report_to if name in AVAILABLE]
     if not named:
         return []
-    from transformers.integrations import integration_utils
-
+    logging.disable(logging.WARNING)  # the libraries transformers loads talk as they import (bitsandbytes)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            from transformers.integrations import integration_utils
+    finally:
+        logging.disable(logging.NOTSET)
     missing = [name for name in named if not getattr(integration_utils, AVAILABLE[name][0])()]
     return [
         f"training.report_to: {name} needs {AVAILABLE[name][1]}, not here (install it, or leave {name} out)"

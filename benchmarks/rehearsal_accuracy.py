@@ -3,7 +3,7 @@
 For each configuration (NF4 or 16-bit experts, parameter offload or none) the story's architecture is
 rehearsed at 1, 2 and 4 layers, or the depths `--depths` names (random weights, the story profile's
 settings, `cockpit.rehearse`'s depth brackets in the record). The models fitted over depths 1 and 2
-(`cockpit.rehearse.predict.fit_all`, as the rehearsal's forecast fits them) are read at the deepest
+(`cockpit.rehearse.figures.fit_all`, as the rehearsal's forecast fits them) are read at the deepest
 depth and set beside what it measured: GPU peak at load and in training, host RSS at load and in
 training, median step time. The deepest depth's figures are out of sample: they took no part in the fit.
 
@@ -65,18 +65,20 @@ def config_overrides(config: str, gpu: bool, ranks: int | None = None) -> list[s
     return overrides
 
 
-def models(config: str, profile_name: str, gpu: bool, ranks: int | None = None) -> tuple[Any, Any]:
-    """The configuration's gathered-layers term and offload copies (`cockpit.rehearse.predict.gathered_for`
-    and `copies_for`) on `ranks` ranks (else one), from its plan's bytes and the plan's host-to-device
-    bandwidth, exactly as the rehearsal's forecast makes them."""
+def models(config: str, profile_name: str, gpu: bool, ranks: int | None = None) -> Any:
+    """The configuration's shape terms on `ranks` ranks (else one): its prefetch window and a layer's
+    copies, the knee of its gathered layers and the plan's growth a layer past it
+    (`cockpit.rehearse.figures.terms_for`), from its plan's bytes and the plan's host-to-device bandwidth,
+    exactly as the rehearsal's forecast makes them."""
     from cockpit.plan import Assumptions, build_plan
     from cockpit.profiles import load_profile
-    from cockpit.rehearse.predict import copies_for, gathered_for, model_facts
+    from cockpit.rehearse.figures import terms_for
+    from cockpit.rehearse.forecast import model_facts
 
     profile, _ = load_profile(profile_name, config_overrides(config, gpu, ranks))
-    facts = model_facts(build_plan(profile).to_dict())
-    copies = copies_for(profile, facts.layer_bytes, facts.other_bytes, ranks or 1, Assumptions().h2d_gbps)
-    return gathered_for(profile, facts.layer_bytes), copies
+    plan = build_plan(profile).to_dict()
+    facts = model_facts(plan)
+    return terms_for(profile, plan, facts.layers, facts.layer_bytes, ranks or 1, Assumptions().h2d_gbps)
 
 
 def rehearse(
@@ -126,16 +128,16 @@ def rehearse(
     return {"run_dir": str(run_dir), "measures": [m.to_dict() for m in measures]}
 
 
-def compare(result: dict[str, Any], terms: tuple[Any, Any] = (None, None)) -> list[dict[str, Any]]:
-    """Per figure: the rehearsal's models over FIT_DEPTHS (`cockpit.rehearse.predict.fit_all` with the
-    configuration's gathered layers and offload copies, `terms`) read at the deepest depth measured
-    beyond them, beside its measurement."""
+def compare(result: dict[str, Any], terms: Any = None) -> list[dict[str, Any]]:
+    """Per figure: the rehearsal's fits over FIT_DEPTHS (`cockpit.rehearse.figures.fit_all` with the
+    configuration's shape terms, `terms`) read at the deepest depth measured beyond them, beside its
+    measurement."""
+    from cockpit.rehearse.figures import Terms, fit_all
     from cockpit.rehearse.measure import DepthMeasure
-    from cockpit.rehearse.predict import fit_all
 
     measures = [DepthMeasure.from_dict(m) for m in result["measures"]]
     by_depth = {m.layers: m for m in measures if m.complete}
-    fits = fit_all([by_depth[d] for d in FIT_DEPTHS if d in by_depth], *terms)
+    fits = fit_all([by_depth[d] for d in FIT_DEPTHS if d in by_depth], terms or Terms(full=max(by_depth)))
     check = max((d for d in by_depth if d not in FIT_DEPTHS), default=0)
     rows = []
     for key, label in FIGURES:
@@ -167,7 +169,7 @@ def table(results: dict[str, dict[str, Any]], note: str, terms: dict[str, Any] |
     total = inside = 0
     for config, result in results.items():
         cells, ok = [], 0
-        rows = compare(result, (terms or {}).get(config, (None, None)))
+        rows = compare(result, (terms or {}).get(config))
         for row in rows:
             if row["error"] is None:
                 cells.append("-")

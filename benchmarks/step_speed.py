@@ -532,7 +532,7 @@ def offload_slopes(rows: list[Row]) -> list[str]:
         if r.offload and r.result.get("step_s") and r.seq == 4096 and r.mb == 1 and not r.profile:
             groups.setdefault((r.copy_class(), r.ga), []).append(r)
     from benchmarks.fit_speed import copy_bytes
-    from cockpit.rehearse.predict import fit
+    from cockpit.rehearse.fit import fit
 
     # a further layer's two fetches a micro-batch, as the planner counts them (`Weights.moved_bytes`)
     layer_bytes = copy_bytes(2) - copy_bytes(1) if groups else 0.0
@@ -591,7 +591,7 @@ def per_layer(rows: list[Row], offload: bool) -> float | None:
         and r.mean_tokens == STORY_MEAN_TOKENS
         and r.name not in EARLIER_OFFLOAD
     ]
-    from cockpit.rehearse.predict import fit
+    from cockpit.rehearse.fit import fit
 
     line = fit(pts)  # None with fewer than two depths
     return line.per_layer if line else None

@@ -4,7 +4,7 @@ Reads the depth measurements `benchmarks/rehearsal_accuracy.py` made (the story'
 4, 8 and 16 layers (16 with offload only), random weights, one H200, the story profile as shipped: 4
 packed rows of 4096 tokens a micro-batch, gradient accumulation 2, 3 layers prefetched) and predicts the
 whole 94-layer run on the story profile's own machine (4 x H100-80GB) with
-`cockpit.rehearse.predict.forecast`, every assumption printed. The step count comes from the profile's
+`cockpit.rehearse.forecast.forecast`, every assumption printed. The step count comes from the profile's
 data (3,600 examples of about 2,000 tokens, two epochs: an assumption, the data file is not here).
 Beside it: what `cockpit plan` says for the same profile, and the story's 26 hours. No GPU needed.
 
@@ -40,8 +40,8 @@ def main(argv: list[str] | None = None) -> int:
     from benchmarks.rehearsal_accuracy import merged
     from cockpit.plan import build_plan
     from cockpit.profiles import load_profile
+    from cockpit.rehearse.forecast import Scaling, forecast
     from cockpit.rehearse.measure import DepthMeasure
-    from cockpit.rehearse.predict import Scaling, forecast
     from cockpit.rehearse.render import render
 
     parser = argparse.ArgumentParser(

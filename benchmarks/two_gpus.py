@@ -25,7 +25,7 @@ table says so (a later, cheaper unit may still run):
   ranks 0 and 1, one GPU each, against one node of two GPUs.
 - `rehearsal` (issue 12, "On two H200s, the same"): the four configurations (NF4 or 16-bit experts x
   parameter offload or none) at depths 1, 2 and 4 on two GPUs, depth 4 predicted from 1 and 2 by
-  `cockpit.rehearse.predict.fit_all` with `gathered_for` and `copies_for` for two ranks
+  `cockpit.rehearse.figures.fit_all` with the shape terms for two ranks (`terms_for`)
   (`rehearsal_accuracy.compare`); `nf4-none` is the `slice-2` run itself.
 - `load-share` (issue 13, part 4): `load_share.py --gpus 2 --profile <story> --layers 4 --repeats 2`.
 

@@ -39,6 +39,13 @@ LOSS_CHUNK_BYTES = 256 * 1024**2
 #   = 6 layers (a larger live budget keeps one more across the turn). At the story's 94 layers the turn
 #   is noise: two fetches a layer.
 ZERO3_LAYER_FETCHES = 2
+# Layers kept gathered in training beyond the computing one and those prefetched, on one rank with the
+# overlapped fetch (`trainer/zero3_fetch.py`): the host runs ahead to DeepSpeed's live-parameter budget,
+# and a released layer's memory is held until the kernels that read it are done. Measured on the story's
+# slice (one H200, prefetch 3): the training peak grows by a whole layer up to about 6 layers (1.30 GiB
+# a layer from 1 to 4, 0.75 from 4 to 8), then by 0.159 GiB a layer (8 to 48 layers) - the rehearsal's
+# knee for the GPU peak (`cockpit.rehearse.figures.gathered_knee`).
+GATHERED_BEYOND_PREFETCH = 2
 
 
 def keeps_embeddings(embeddings_on_gpu: bool, stage: int, offload_param: str, gpus: int) -> bool:

@@ -131,7 +131,7 @@ def start_rehearsal(
 ) -> Launch:
     """A rehearsal: the profile's architecture sliced to each depth, random weights, on the GPUs at hand.
 
-    `layers` None: the profile's default depths (`cockpit.rehearse.predict.default_depths`), those past
+    `layers` None: the profile's default depths (`cockpit.rehearse.figures.default_depths`), those past
     the prefetch window left out where they would not fit here. Refused before anything loads
     (`LifecycleError`) when a depth's slice does not fit this machine, when the model's config.json is
     not here, or when the loader cannot take random weights.
@@ -139,7 +139,7 @@ def start_rehearsal(
     from cockpit.plan.planner import PlanError, resolve_geometry
     from cockpit.profiles import profile_to_dict
     from cockpit.rehearse.measure import WARMUP_STEPS
-    from cockpit.rehearse.predict import default_depths
+    from cockpit.rehearse.figures import default_depths
     from cockpit.rehearse.run import RehearsalError, preflight, rehearsal_profile
 
     profile, path = load_profile(profile_ref, list(overrides))

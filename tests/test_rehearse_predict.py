@@ -6,17 +6,12 @@ from dataclasses import replace
 
 import pytest
 
+from cockpit.contract import GATHERED_BEYOND_PREFETCH
 from cockpit.profiles import load_profile
+from cockpit.rehearse.figures import Terms, copy_per_layer_s, default_depths, fit_all, terms_for
+from cockpit.rehearse.fit import fit
+from cockpit.rehearse.forecast import Scaling, disagreements, forecast
 from cockpit.rehearse.measure import BEGIN, END, DepthMeasure, depth_measures
-from cockpit.rehearse.predict import (
-    CopyBound,
-    Scaling,
-    copies_for,
-    disagreements,
-    fit,
-    fit_all,
-    forecast,
-)
 
 GIB_MIB = 1024.0
 
@@ -165,33 +160,28 @@ def _offload_profile(prefetch: float = 1.0, grad_accum: int = 2):
     return profile
 
 
-def _steps(depths: list[int], fixed: float, copy: float, compute: float, window: int) -> list[DepthMeasure]:
-    """Depths whose step is serial inside the window and max(copy, compute) a layer past it."""
+def _steps(
+    depths: list[int], fixed: float, extra: float, per_layer: float, window: int
+) -> list[DepthMeasure]:
+    """Depths whose step costs `per_layer` a layer, and `extra` more for each layer inside the window
+    (its copy partly exposed while the prefetch fills)."""
     out = []
     for d in depths:
-        step = fixed + min(d, window) * (copy + compute) + max(0, d - window) * max(copy, compute)
+        step = fixed + per_layer * d + extra * min(d, window)
         out.append(DepthMeasure(layers=d, status="ok", step_s=step, steps_timed=6, rss_train_gib={0: 1.0}))
     return out
 
 
-@pytest.mark.parametrize("compute", [0.02, 0.09])  # copy-bound and compute-bound past the window
-def test_offload_steps_are_serial_inside_the_prefetch_window_and_overlap_past_it(compute: float) -> None:
+def _terms(profile, layers: int = 10, layer_bytes: float = 2 * 1024**3, ranks: int = 1) -> Terms:
+    return terms_for(profile, _plan(layers), layers, layer_bytes, ranks, 55.0)
+
+
+def test_a_layer_copy_is_its_two_crossings_a_micro_batch_over_the_link() -> None:
     profile = _offload_profile(prefetch=1.0, grad_accum=2)
-    copies = copies_for(profile, layer_bytes=1.1e9, other_bytes=2.2e9, ranks=1, h2d_gbps=55.0)
-    assert copies is not None and copies.window == 2
-    assert copies.layer_s == pytest.approx(
-        2 * 2 * 1.1e9 / 55e9
-    )  # two crossings a micro-batch, two micro-batches
-    fits = fit_all(_steps([1, 2], 0.1, copies.layer_s, compute, 2), copies=copies)
-    model = fits["step_s"]
-    assert isinstance(model, CopyBound)
-    assert model.compute_s == pytest.approx(compute)
-    expected = 0.1 + 2 * (copies.layer_s + compute) + 4 * max(copies.layer_s, compute)
-    assert model.at(6) == pytest.approx(expected)
-    # a plain line through depths 1 and 2 would have said more: every layer serial
-    assert (
-        fit([(m.layers, m.step_s) for m in _steps([1, 2], 0.1, copies.layer_s, compute, 2)]).at(6) > expected
-    )
+    assert copy_per_layer_s(profile, 1.1e9, 1, 55.0) == pytest.approx(2 * 2 * 1.1e9 / 55e9)
+    assert copy_per_layer_s(profile, 1.1e9, 2, 55.0) == pytest.approx(2 * 1.1e9 / 55e9)
+    terms = _terms(profile)
+    assert terms.window == 2 and terms.knee == 2 + GATHERED_BEYOND_PREFETCH
 
 
 def test_offload_depths_past_the_window_are_read_directly_and_bound_compute() -> None:
@@ -199,14 +189,12 @@ def test_offload_depths_past_the_window_are_read_directly_and_bound_compute() ->
     there, and its slope is compute's upper bound, so a target with a faster link is not assumed faster."""
     profile = _offload_profile()
     plan = _plan(10)
-    copies = copies_for(profile, 2 * 1024**3, 2 * 1024**3, 1, 55.0)
-    measures = _steps([1, 2], 0.1, copies.layer_s, 0.03, 2)
-    two = measures[1].step_s
-    deep = 1.05 * copies.layer_s
-    measures += [replace(measures[1], layers=d, step_s=two + deep * (d - 2)) for d in (4, 6)]
-    model = fit_all(measures, copies=copies)["step_s"]
-    assert model.past is not None and model.at(8) == pytest.approx(two + deep * 6)
-    assert model.compute_s == pytest.approx(deep)
+    copy = copy_per_layer_s(profile, 2 * 1024**3, 1, 55.0)
+    deep = 1.05 * copy
+    measures = _steps([1, 2, 4, 6], 0.1, 0.05, deep, 2)
+    model = fit_all(measures, _terms(profile))["step_s"]
+    assert model.says and model.per_layer == pytest.approx(deep)
+    assert model.at(8) == pytest.approx(0.1 + 0.05 * 2 + deep * 8)
     faster_link = Scaling(1, "NVIDIA H200", 1, "H200", 141, 960, 1.0, 55, 110, 150, 2)
     f = forecast(measures, profile, plan, faster_link)
     assert f.target["step_s"] == pytest.approx(f.here["step_s"])
@@ -215,7 +203,7 @@ def test_offload_depths_past_the_window_are_read_directly_and_bound_compute() ->
 def test_a_rehearsal_on_the_target_itself_predicts_its_own_line() -> None:
     """Nothing changes from the measuring machine to the target (two ranks each, the same GPUs and links,
     the embeddings crossing the link, a negative intercept past the window): the target is the line as
-    measured, inside the window and past it."""
+    measured."""
     profile, _ = load_profile(
         "tiny-cpu",
         [
@@ -229,29 +217,24 @@ def test_a_rehearsal_on_the_target_itself_predicts_its_own_line() -> None:
     )
     plan = _plan(10)
     same = Scaling(2, "NVIDIA H200", 2, "H200", 141, 960, 1.0, 55, 55, 150, 2)
-    copies = copies_for(profile, 2 * 1024**3, 3 * 1024**3, 2, 55.0)
-    inside = _steps([1, 2], 0.1, copies.layer_s, 0.03, 2)
-    f = forecast(inside, profile, plan, same)
-    assert f.target["step_s"] == pytest.approx(f.here["step_s"])
-    deep = inside + [replace(inside[1], layers=d, step_s=0.5 * d - 0.7) for d in (4, 6)]  # intercept < 0
+    deep = [
+        DepthMeasure(layers=d, status="ok", step_s=0.5 * d - 0.7, steps_timed=6, rss_train_gib={0: 1.0})
+        for d in (2, 4, 6)
+    ]  # the intercept below zero
     g = forecast(deep, profile, plan, same)
-    assert g.fits["step_s"].past.fixed < 0
+    assert g.fits["step_s"].fixed < 0
     assert g.target["step_s"] == pytest.approx(g.here["step_s"]) == pytest.approx(g.fits["step_s"].at(10))
 
 
 def test_a_compute_bound_slope_past_the_window_is_computes_own() -> None:
-    """The overlapped fetch hides copies inside the window too, so the serial slope less the copy says
-    too little compute; past the window, a slope well above the copy is compute's, and the target scales
-    it (a plain copy-and-compute-in-turn reading would have said 0.03 s)."""
+    """Past the window a slope well above the copy is compute's, and the target scales it."""
     profile = _offload_profile()
     plan = _plan(10)  # layers of 2 GiB
-    copies = copies_for(profile, 2 * 1024**3, 2 * 1024**3, 1, 55.0)
-    measures = _steps([1, 2], 0.1, copies.layer_s, 0.03, 2)
-    two = measures[1].step_s
-    measures += [replace(measures[1], layers=d, step_s=two + 0.2 * (d - 2)) for d in (4, 6)]
-    model = fit_all(measures, copies=copies)["step_s"]
-    assert copies.layer_s < 0.2 / 1.15
-    assert model.compute_s == pytest.approx(0.2)
+    copy = copy_per_layer_s(profile, 2 * 1024**3, 1, 55.0)
+    measures = _steps([1, 2, 4, 6], 0.1, 0.04, 0.2, 2)
+    model = fit_all(measures, _terms(profile))["step_s"]
+    assert copy < 0.2 / 1.15
+    assert model.per_layer == pytest.approx(0.2)
 
     def scaled(ratio: float) -> float:
         machine = Scaling(1, "NVIDIA H200", 1, "H200", 141, 960, ratio, 55, 55, 150, 2)
@@ -262,49 +245,51 @@ def test_a_compute_bound_slope_past_the_window_is_computes_own() -> None:
         return f.target["step_s"]
 
     # compute twice as fast: a layer now costs its copy (0.156 s), longer than its compute (0.1 s); the
-    # fixed part's compute halves too
-    assert scaled(0.5) == pytest.approx(model.past.fixed * 0.5 + 10 * max(copies.layer_s, 0.1))
+    # fixed part's compute halves too (the embeddings and head are no larger than a layer: no copies of theirs)
+    expected = model.fixed * 0.5 + 10 * max(copy, 0.1)
+    assert scaled(0.5) == pytest.approx(expected)
     assert scaled(0.5) < scaled(1.0)
 
 
-def test_default_depths_reach_past_the_prefetch_window_with_offload() -> None:
-    from cockpit.rehearse.predict import default_depths
-
-    assert default_depths(_offload_profile(prefetch=3.0), 94) == [1, 2, 4, 8]
-    assert default_depths(_offload_profile(prefetch=1.0), 94) == [1, 2, 4]  # window 2: 2 and 4 are past it
+def test_default_depths_reach_two_past_every_knee() -> None:
+    # window 4 and the gathered layers' knee 6: doublings until two depths are at or past 6
+    assert default_depths(_offload_profile(prefetch=3.0), 94) == [1, 2, 4, 8, 16]
+    assert default_depths(_offload_profile(prefetch=1.0), 94) == [1, 2, 4, 8]  # window 2, knee 4
     assert default_depths(_offload_profile(prefetch=3.0), 6) == [1, 2, 4]  # no deeper than the model
     none, _ = load_profile("tiny-cpu", ['deepspeed.offload_param="none"', "deepspeed.prefetch_layers=3"])
     assert default_depths(none, 94) == [1, 2, 4]
     story, _ = load_profile("qwen3-235b-a22b-thinking-4xh100")
-    assert default_depths(story, 94) == [1, 2, 4, 8]
+    assert default_depths(story, 94) == [1, 2, 4, 8, 16]
 
 
 def test_nothing_overlaps_without_offload_or_prefetch() -> None:
-    assert copies_for(_offload_profile(prefetch=0.0), 1e9, 1e9, 1, 55.0) is None
+    assert _terms(_offload_profile(prefetch=0.0)).window is None
     none, _ = load_profile("tiny-cpu", ['deepspeed.offload_param="none"'])
-    assert copies_for(none, 1e9, 1e9, 1, 55.0) is None
+    assert _terms(none).window is None and copy_per_layer_s(none, 1e9, 1, 55.0) == 0.0
 
 
 def test_an_offloaded_step_scales_by_its_parts() -> None:
-    """Same machine: the target is the model read at full depth. Four ranks: each copies a quarter of a
-    layer and all-gathers the rest, and compute stays; the serial window and the overlap as measured."""
+    """Same machine: the target is the line read at full depth. Four ranks: each copies a quarter of a
+    layer and all-gathers the rest, and compute stays; every layer the longer of transfer and compute."""
     profile = _offload_profile()
     plan = _plan(10)
     layer, other = 2 * 1024**3, 2 * 1024**3
-    copies = copies_for(profile, layer, other, 1, 55.0)
-    measures = _steps([1, 2], 0.3, copies.layer_s, 0.05, 2)
+    copy = copy_per_layer_s(profile, layer, 1, 55.0)
+    other_s = 2 * (other - layer + 1024**3 * 0) / 55e9  # embeddings and head beyond one layer's bytes
+    measures = _steps([2, 4, 6], 0.3, 0.0, 0.05 + copy, 2)  # a slope above the copy: compute-bound
     one = forecast(
         measures, profile, plan, Scaling(1, "NVIDIA H200", 1, "H200", 141, 960, 1.0, 55, 55, 150, 2)
     )
     assert one.target["step_s"] == pytest.approx(one.here["step_s"])
-    assert one.here["step_s"] == pytest.approx(0.3 + 2 * (copies.layer_s + 0.05) + 8 * copies.layer_s)
+    assert one.here["step_s"] == pytest.approx(0.3 + 10 * (0.05 + copy))
     four = forecast(
         measures, profile, plan, Scaling(1, "NVIDIA H200", 4, "H200", 141, 960, 1.0, 55, 55, 150, 2)
     )
     gather = 2 * 2 * layer * 3 / 4 / 150e9
-    move = copies.layer_s / 4 + gather
-    fixed = (0.3 - copies.other_s) + copies.other_s / 4 + 2 * (other - layer) * 3 / 4 / 150e9
-    assert four.target["step_s"] == pytest.approx(fixed + 2 * (move + 0.05) + 8 * max(move, 0.05))
+    move = copy / 4 + gather
+    compute = 0.05 + copy
+    fixed = (0.3 - other_s) + other_s / 4 + 2 * (other - layer) * 3 / 4 / 150e9
+    assert four.target["step_s"] == pytest.approx(fixed + 10 * max(move, compute))
 
 
 def test_the_wall_clock_counts_the_validation_passes() -> None:
@@ -323,7 +308,7 @@ def test_the_wall_clock_counts_the_validation_passes() -> None:
     assert w["validations"] == validation_passes(steps, 20) > 2
     expected = validation_time(profile, steps, 4, f.target["step_s"] / profile.training.grad_accum)
     assert w["validation_s"] == pytest.approx(expected.total_s) and w["validation_s"] > 0
-    parts = ("load_s", "train_s", "save_s", "validation_s", "eval_s")
+    parts = ("load_s", "start_s", "train_s", "save_s", "validation_s", "eval_s")
     assert w["total_s"] == pytest.approx(sum(w[k] for k in parts))
     assert any(
         n.startswith("validation loss (not rehearsed): ") and "of a micro-batch step" in n for n in f.notes
@@ -364,15 +349,17 @@ def test_what_the_measured_ranks_gathered_is_fitted_out_and_the_targets_added() 
 
 
 def test_a_forecast_from_depths_inside_the_window_says_to_measure_past_it() -> None:
-    """Depths 1 and 2 of a profile prefetching 1 layer (window 2): the step past the window is inferred,
-    and on one rank the forecast says which depths would measure it."""
+    """Depths 1 and 2 of a profile prefetching 1 layer (window 2, one inside it): the step past the window
+    is bounded, not measured, and the forecast says which depths would measure it."""
     profile = _offload_profile()
     plan = _plan(10)
-    copies = copies_for(profile, 2 * 1024**3, 2 * 1024**3, 1, 55.0)
     one_rank = Scaling(1, "NVIDIA H200", 4, "H100-80GB", 80, 960, 1.0, 55, 55, 150, 2)
-    inside = forecast(_steps([1, 2], 0.1, copies.layer_s, 0.03, 2), profile, plan, one_rank)
-    assert any("two depths at or past it as well (--layers 1,2,4)" in n for n in inside.notes)
-    measures = _steps([1, 2], 0.1, copies.layer_s, 0.03, 2)
-    measures += [replace(measures[1], layers=d, step_s=measures[1].step_s + 0.2 * (d - 2)) for d in (4,)]
-    past = forecast(measures, profile, plan, one_rank)
-    assert not any("at or past it as well" in n for n in past.notes)
+    inside = forecast(_steps([1, 2], 0.1, 0.05, 0.2, 2), profile, plan, one_rank)
+    assert not inside.measured("step_s")
+    assert any(
+        "only one depth at or past the prefetch window (2 layers)" in n and "--layers 1,2,4" in n
+        for n in inside.notes
+    )
+    past = forecast(_steps([1, 2, 4], 0.1, 0.05, 0.2, 2), profile, plan, one_rank)
+    assert past.measured("step_s")
+    assert not any("prefetch window" in n and "--layers" in n for n in past.notes)

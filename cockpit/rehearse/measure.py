@@ -9,6 +9,7 @@ warm-up steps, the tokens a step and the time to save a checkpoint.
 
 from __future__ import annotations
 
+import itertools
 import statistics
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,6 +35,9 @@ class DepthMeasure:
     rss_train_gib: dict[int, float] = field(default_factory=dict)
     step_s: float | None = None
     steps_timed: int = 0
+    step_sd_s: float | None = None  # the timed steps' standard deviation (older records: none)
+    load_layer_s: float | None = None  # median seconds a layer of the layer-by-layer load (its progress)
+    start_s: float | None = None  # start to first step, less the load (imports, data, engine)
     tokens_per_step: float | None = None
     save_s: float | None = None
     data: dict[str, Any] = field(default_factory=dict)
@@ -51,6 +55,13 @@ class DepthMeasure:
         values = getattr(self, f"{what}_gib")
         return max(values.values()) if values else None
 
+    @property
+    def step_error_s(self) -> float | None:
+        """The median step's own uncertainty: the timed steps' spread over the square root of their count."""
+        if self.step_sd_s is None or self.steps_timed < 2:
+            return None
+        return self.step_sd_s / self.steps_timed**0.5
+
     def to_dict(self) -> dict[str, Any]:
         out = dict(self.__dict__)
         for key in ("gpu_load_gib", "gpu_train_gib", "rss_load_gib", "rss_train_gib"):
@@ -59,7 +70,8 @@ class DepthMeasure:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> DepthMeasure:
-        values = dict(data)
+        known = set(cls.__dataclass_fields__)
+        values = {k: v for k, v in data.items() if k in known}  # a newer record's extra fields are skipped
         for key in ("gpu_load_gib", "gpu_train_gib", "rss_load_gib", "rss_train_gib"):
             values[key] = {int(k): float(v) for k, v in values.get(key, {}).items()}
         return cls(**values)
@@ -69,7 +81,9 @@ def _gib(mib: Any) -> float | None:
     return None if mib is None else float(mib) / MIB_PER_GIB
 
 
-def _measure(layers: int, status: str, message: str, events: list[dict[str, Any]]) -> DepthMeasure:
+def _measure(
+    layers: int, status: str, message: str, events: list[dict[str, Any]], begin_t: float | None = None
+) -> DepthMeasure:
     gpu_load: dict[int, float] = {}
     rss_load: dict[int, float] = {}
     gpu_train: dict[int, float] = {}
@@ -79,6 +93,8 @@ def _measure(layers: int, status: str, message: str, events: list[dict[str, Any]
     data: dict[str, Any] = {}
     ranks = 1
     first_step: int | None = None
+    progress: list[float] = []
+    train_t: float | None = None
     for e in events:
         rank, kind = int(e.get("rank", 0) or 0), e["kind"]
         if kind == "load_peak":
@@ -96,6 +112,9 @@ def _measure(layers: int, status: str, message: str, events: list[dict[str, Any]
         elif kind == "train_begin" and rank == 0:
             ranks = int(e.get("world_size") or 1)
             first_step = int(e.get("start_step", 0))
+            train_t = float(e["t"])
+        elif kind == "load_progress" and rank == 0:
+            progress.append(float(e["t"]))
         elif kind == "loaded" and rank == 0:
             load_s = e.get("load_s")
         elif kind == "checkpoint" and rank == 0:
@@ -104,6 +123,11 @@ def _measure(layers: int, status: str, message: str, events: list[dict[str, Any]
             data = {k: e.get(k) for k in ("source", "examples", "tokens", "rows", "fill", "target_fraction")}
     start = first_step or 0
     timed = [s for s in steps if s["step"] > start + WARMUP_STEPS and s.get("step_time_s")]
+    times = [float(s["step_time_s"]) for s in timed]
+    gaps = [b - a for a, b in itertools.pairwise(progress) if b > a]
+    start_s = None
+    if begin_t is not None and train_t is not None:
+        start_s = max(0.0, train_t - begin_t - float(load_s or 0.0))
     return DepthMeasure(
         layers=layers,
         status=status,
@@ -115,6 +139,9 @@ def _measure(layers: int, status: str, message: str, events: list[dict[str, Any]
         rss_train_gib=rss_train,
         step_s=statistics.median(s["step_time_s"] for s in timed) if timed else None,
         steps_timed=len(timed),
+        step_sd_s=statistics.stdev(times) if len(times) >= 2 else None,
+        load_layer_s=statistics.median(gaps) if gaps else None,
+        start_s=start_s,
         tokens_per_step=statistics.median(s["tokens"] for s in timed if s.get("tokens")) if timed else None,
         save_s=save_s,
         data=data,
@@ -131,15 +158,16 @@ def depth_measures(events: list[dict[str, Any]]) -> list[DepthMeasure]:
         kind = e.get("kind")
         if kind == BEGIN:
             if current is not None:  # a depth that never ended (the supervisor died)
-                out.append(_measure(int(current["layers"]), "failed", "no end recorded", inside))
+                out.append(
+                    _measure(int(current["layers"]), "failed", "no end recorded", inside, current.get("t"))
+                )
             current, inside = e, []
         elif kind == END and current is not None:
-            out.append(
-                _measure(int(current["layers"]), e.get("status", "failed"), e.get("message", ""), inside)
-            )
+            status, message = e.get("status", "failed"), e.get("message", "")
+            out.append(_measure(int(current["layers"]), status, message, inside, current.get("t")))
             current, inside = None, []
         elif current is not None and kind not in (BEGIN, END):
             inside.append(e)
     if current is not None:
-        out.append(_measure(int(current["layers"]), "running", "", inside))
+        out.append(_measure(int(current["layers"]), "running", "", inside, current.get("t")))
     return out

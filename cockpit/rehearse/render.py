@@ -9,7 +9,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from cockpit.rehearse.predict import LABELS
+from cockpit.rehearse.forecast import LABELS
 
 MEMORY = (
     ("gpu_load", "GPU load"),
@@ -41,37 +41,59 @@ def depths_table(data: dict[str, Any]) -> Table:
     return table
 
 
+def _range(r: Any, fmt: str) -> str:
+    return "" if not r else f"{format(r[0], fmt)}-{format(r[1], fmt)}"
+
+
 def prediction_table(data: dict[str, Any]) -> Table:
-    """The whole model: fitted at full depth here, scaled to the profile's machine, beside the plan."""
+    """The whole model: fitted at full depth here, scaled to the profile's machine (with its range, and
+    whether the depths measured it or only bound it), beside the plan."""
     table = Table(title=f"predicted at {data['layers']} layers", header_style="bold")
-    for col in ("figure", "this machine", "the profile's machine", "plan (modelled)", ""):
-        table.add_column(col, justify="left" if col == "figure" else "right")
+    for col in ("figure", "this machine", "the profile's machine", "range", "how", "plan (modelled)", ""):
+        table.add_column(col, justify="left" if col in ("figure", "how") else "right")
     flagged = {line.split(":")[0] for line in data.get("disagreements", [])}
+    ranges = (data.get("ranges") or {}).get("target", {})
+    measured = data.get("measured") or {}
     for key, label in LABELS.items():
         here, there, plan = data["here"].get(key), data["target"].get(key), data["plan"].get(key)
         mark = Text("differs > 15%", style="yellow") if label in flagged else Text("")
         fmt = ",.0f" if key == "tokens_per_s" else ".3g"
-        table.add_row(label, _num(here, fmt), _num(there, fmt), _num(plan, fmt), mark)
+        source = "step_s" if key == "tokens_per_s" else ("rss_train" if key == "host_gib" else key)
+        how = "" if source not in measured else ("measured" if measured[source] else "bound/modelled")
+        table.add_row(
+            label, _num(here, fmt), _num(there, fmt), _range(ranges.get(key), fmt), how, _num(plan, fmt), mark
+        )
     return table
 
 
+def _hours(seconds: Any) -> str:
+    return "-" if seconds is None else f"{seconds / 3600:.2f} h"
+
+
 def wall_lines(data: dict[str, Any]) -> list[str]:
+    """The wall clock on the profile's machine, part by part, with its range and what dominates it."""
     w = data["wall"]
-
-    def hours(seconds: Any) -> str:
-        return "-" if seconds is None else f"{seconds / 3600:.2f} h"
-
+    wall_range = (data.get("ranges") or {}).get("wall", {})
+    total = wall_range.get("total_s")
+    span = f" ({total[0] / 3600:.2f}-{total[1] / 3600:.2f} h)" if total else ""
     # A rehearsal from before the validation term has none: say nothing of it rather than a blank.
     validation = (
-        f"{_num(w.get('validations'), '.0f')} validations {hours(w.get('validation_s'))} + "
+        f"{_num(w.get('validations'), '.0f')} validations {_hours(w.get('validation_s'))} + "
         if "validation_s" in w
         else ""
     )
-    return [
-        f"wall clock on the profile's machine: {hours(w.get('total_s'))} = load {hours(w.get('load_s'))} + "
-        f"{_num(w.get('steps'), '.0f')} steps {hours(w.get('train_s'))} + {_num(w.get('saves'), '.0f')} "
-        f"checkpoint saves {hours(w.get('save_s'))} + {validation}evaluation {hours(w.get('eval_s'))}",
+    start = f"start-up {_hours(w.get('start_s'))} + " if w.get("start_s") else ""
+    lines = [
+        f"wall clock on the profile's machine: {_hours(w.get('total_s'))}{span} = load "
+        f"{_hours(w.get('load_s'))} + {start}{_num(w.get('steps'), '.0f')} steps "
+        f"{_hours(w.get('train_s'))} + "
+        f"{_num(w.get('saves'), '.0f')} checkpoint saves {_hours(w.get('save_s'))} + {validation}evaluation "
+        f"{_hours(w.get('eval_s'))}",
     ]
+    top = data.get("dominant")
+    if top:
+        lines.append(f"what dominates it: {top['part']}, {top['share']:.0%} of the wall clock")
+    return lines
 
 
 def render(data: dict[str, Any]) -> RenderableType:

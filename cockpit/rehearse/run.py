@@ -17,8 +17,8 @@ from cockpit.plan.model import Assumptions, GiB, datasheet_tflops
 from cockpit.profiles import LauncherSpec, Profile
 from cockpit.record import RunPaths, load_manifest, read_events
 from cockpit.record.atomic import write_json_atomic
+from cockpit.rehearse.forecast import Forecast, Scaling, forecast
 from cockpit.rehearse.measure import depth_measures
-from cockpit.rehearse.predict import Forecast, Scaling, forecast
 
 ASSUMED_DISK_GBPS = 2.0  # reading the 16-bit checkpoint at load
 

@@ -1,0 +1,513 @@
+"""The whole run predicted from a rehearsal: each figure's fit read at full depth, scaled to the target.
+
+The fits (`cockpit.rehearse.figures`) give each figure at the model's full depth on the machine the
+rehearsal ran on, with its range and whether the depths measured it (`says`). Scaling to the profile's
+GPUs (their count and model) uses the plan's exact weight bytes (`cockpit.plan`, checked against the
+trainer by `tests/test_contract.py`) and states every assumption it makes (`Scaling.lines`). The wall
+clock a user books is a range, and the forecast names what dominates it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from cockpit.contract import EVAL_BATCH_SIZE, ZERO3_LAYER_FETCHES
+from cockpit.plan.model import GiB
+from cockpit.plan.run_length import data_size, run_steps
+from cockpit.plan.validation_time import validation_time
+from cockpit.rehearse.figures import fit_all, gathered_knee, gathers, terms_for
+from cockpit.rehearse.fit import Fit
+from cockpit.rehearse.measure import DepthMeasure
+
+TOLERANCE = 0.15
+WALL_PARTS = {
+    "load_s": "load",
+    "start_s": "start-up",
+    "train_s": "training",
+    "save_s": "checkpoint saves",
+    "validation_s": "validation",
+    "eval_s": "evaluation",
+}
+
+
+@dataclass(frozen=True)
+class Scaling:
+    """From the machine the rehearsal ran on to the profile's: every assumption, with its value."""
+
+    measured_gpus: int
+    measured_gpu: str
+    target_gpus: int  # every rank of the target: nodes x GPUs a node
+    target_gpu: str
+    target_gpu_mem_gib: float
+    target_host_ram_gib: float
+    compute_ratio: float  # target step compute time / measured (datasheet bf16 rates; 1.0 when unknown)
+    h2d_gbps_measured: float
+    h2d_gbps_target: float
+    gpu2gpu_gbps: float
+    disk_gbps: float
+    target_nodes: int = 1  # hosts of the target, each with target_gpus / target_nodes ranks
+    internode_gbps: float = 0.0  # what each node's network carries of an all-gather (several nodes)
+
+    @property
+    def target_machine(self) -> str:
+        """`4 x H100-80GB`, or `2 nodes x 4 x H100-80GB` when the target spans several hosts."""
+        gpu = self.target_gpu or self.measured_gpu or "CPU"
+        if self.target_nodes > 1:
+            return f"{self.target_nodes} nodes x {self.target_gpus // self.target_nodes} x {gpu}"
+        return f"{self.target_gpus} x {gpu}"
+
+    def lines(self) -> list[str]:
+        network = (
+            [
+                f"between nodes: {self.internode_gbps:g} GB/s a node for the other nodes' partitions (the "
+                "network, assumed: no run over several nodes measured yet); host RAM is a node's"
+            ]
+            if self.target_nodes > 1
+            else []
+        )
+        return [
+            f"GPUs: measured on {self.measured_gpus} x {self.measured_gpu or 'CPU'}, predicted for "
+            f"{self.target_machine}",
+            f"bf16 rate: target compute time = measured x {self.compute_ratio:.2f} (datasheet dense bf16 "
+            "rates; the H100 and the H200 share one chip, so 1.00 between them)",
+            f"GPU memory: {self.target_gpu_mem_gib or 'unknown'} GiB a GPU on the target; host RAM "
+            f"{self.target_host_ram_gib or 'unknown'} GiB",
+            f"host-to-device: {self.h2d_gbps_measured:g} GB/s here, {self.h2d_gbps_target:g} GB/s "
+            "a GPU on the target (pinned copies, each GPU its own link; 55 GB/s measured on the H200 hosts); "
+            f"a layer crosses {ZERO3_LAYER_FETCHES} times a micro-batch; with offload, past the prefetch "
+            "window every further layer costs the longer of its copy and its compute (as measured here)",
+            f"GPU-to-GPU: ZeRO-3 gathers {self.gpu2gpu_gbps:g} GB/s a GPU (NVLink all-gather, assumed); "
+            "prefetch hides them under compute when shorter",
+            f"disk: the 16-bit checkpoint read once at {self.disk_gbps:g} GB/s at load (random weights read "
+            "nothing); each layer's load work as measured on one rank here (its share on several ranks "
+            "not counted: an upper bound)",
+            "ZeRO-3 partitions: weights (GPU without offload, pinned host memory with it) divide by the "
+            "rank count; activations and the gathered working set do not (one rank's layers in flight, "
+            "as measured here, an upper bound where several ranks keep fewer)",
+            *network,
+        ]
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """What the plan knows exactly about the whole model (bytes from the contract-checked formats)."""
+
+    layers: int
+    layer_bytes: float  # stored weight bytes of one decoder layer (what ZeRO-3 partitions and gathers)
+    other_bytes: float  # embeddings, final norm, head
+    checkpoint_bytes: float  # the 16-bit checkpoint on disk
+    decode_bytes_per_token: float  # weights a batched decode step reads (eval estimate)
+
+
+def model_facts(plan: dict[str, Any]) -> ModelFacts:
+    """ModelFacts from a plan's dict (`Plan.to_dict()`: `model.layers`, `zero3.blocks`, `disk`)."""
+    blocks = plan.get("zero3", {}).get("blocks", {})
+    layer_blocks = [v for k, v in blocks.items() if k.startswith("layer.")]
+    layers = int(plan.get("model", {}).get("layers") or len(layer_blocks) or 1)
+    layer_bytes = sum(layer_blocks) / max(1, len(layer_blocks))
+    other = sum(v for k, v in blocks.items() if not k.startswith("layer."))
+    return ModelFacts(
+        layers=layers,
+        layer_bytes=layer_bytes,
+        other_bytes=other,
+        checkpoint_bytes=float(plan.get("weights_bytes", {}).get("checkpoint") or 0.0),
+        decode_bytes_per_token=layer_bytes * layers + other,
+    )
+
+
+Range = tuple[float, float]
+
+
+@dataclass
+class Forecast:
+    """The whole run, predicted: each figure with its range, and which the depths measured."""
+
+    layers: int
+    fits: dict[str, Fit | None]
+    here: dict[str, float | None]  # at full depth, on the measured machine (per rank)
+    target: dict[str, float | None]  # on the profile's machine (per rank; host_gib for all ranks)
+    wall: dict[str, float | None]
+    plan: dict[str, float | None]
+    disagreements: list[str]
+    scaling: Scaling
+    notes: list[str] = field(default_factory=list)
+    depths: list[dict[str, Any]] = field(default_factory=list)  # the measured depths (DepthMeasure.to_dict)
+    ranges: dict[str, dict[str, Range]] = field(default_factory=dict)  # here, target, wall: key -> lo, hi
+
+    def measured(self, key: str) -> bool:
+        """Whether the depths measured the figure (rather than bound it or take the plan's term)."""
+        fit = self.fits.get(key)
+        return fit is not None and fit.says
+
+    def dominant(self) -> tuple[str, float] | None:
+        """The part of the wall clock that weighs most, and its share."""
+        total = self.wall.get("total_s")
+        parts = {k: self.wall.get(k) or 0.0 for k in WALL_PARTS}
+        if not total:
+            return None
+        key = max(parts, key=lambda k: parts[k])
+        return WALL_PARTS[key], parts[key] / total
+
+    def summary(self) -> str:
+        """One line: the whole run's wall clock (a range) and speed on the profile's machine."""
+        machine = self.scaling.target_machine
+        total, step, tps = (
+            self.wall.get("total_s"),
+            self.target.get("step_s"),
+            self.target.get("tokens_per_s"),
+        )
+        if total is None or step is None:
+            return f"rehearsal: not enough depths measured to predict ({len(self.depths)} depth(s))"
+        lo, hi = self.ranges.get("wall", {}).get("total_s", (total, total))
+        top = self.dominant()
+        share = f", {top[0]} {top[1]:.0%} of it" if top else ""
+        bound = "" if self.measured("step_s") else " (the step is a bound: see the notes)"
+        return (
+            f"predicted on {machine}: {total / 3600:.2f} h ({lo / 3600:.2f}-{hi / 3600:.2f} h) for the whole "
+            f"run{share} ({self.wall['steps']:.0f} steps of {step:.2f} s, {tps or 0:,.0f} tokens/s){bound}"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        top = self.dominant()
+        return {
+            "summary": self.summary(),
+            "depths": self.depths,
+            "layers": self.layers,
+            "fits": {k: None if v is None else v.to_dict(self.layers) for k, v in self.fits.items()},
+            "here": self.here,
+            "target": self.target,
+            "wall": self.wall,
+            "ranges": {part: {k: list(v) for k, v in r.items()} for part, r in self.ranges.items()},
+            "measured": {k: self.measured(k) for k in self.fits},
+            "dominant": {"part": top[0], "share": top[1]} if top else None,
+            "plan": self.plan,
+            "disagreements": self.disagreements,
+            "assumptions": self.scaling.lines(),
+            "notes": self.notes,
+        }
+
+
+def gather_s(moved_bytes: float, scaling: Scaling) -> float:
+    """Seconds the target's ranks spend all-gathering `moved_bytes` of weights (each rank receives the
+    others' partitions over NVLink, and over the network those of other nodes)."""
+    nt, nodes = scaling.target_gpus or 1, scaling.target_nodes
+    seconds = moved_bytes * (nt - 1) / nt / (scaling.gpu2gpu_gbps * 1e9)
+    if nodes > 1 and scaling.internode_gbps:
+        seconds += moved_bytes * (nodes - 1) / nodes / (scaling.internode_gbps * 1e9)
+    return seconds
+
+
+def _offload_parts(
+    fixed: float, per_layer: float, facts: ModelFacts, profile: Any, machine: Scaling
+) -> float:
+    """The offloaded step part by part on `machine` (its target fields), from the line past the prefetch
+    window measured on its measuring ranks: each rank copies its share of a layer over its own link and
+    all-gathers the rest; compute scales by the bf16 rate; every layer costs the longer of its transfer
+    and its compute (the line's slope: compute's, or an upper bound on it where the copy set it). The
+    measuring ranks' all-gathers are taken out of the measured line first."""
+    nm = max(1, machine.measured_gpus or 1)
+    micro = profile.training.grad_accum
+    per_second = nm * machine.h2d_gbps_measured * 1e9
+    copy = ZERO3_LAYER_FETCHES * micro * facts.layer_bytes / per_second
+    other = micro * max(0.0, facts.other_bytes - facts.layer_bytes) / per_second
+    link = (nm / (machine.target_gpus or 1)) * (machine.h2d_gbps_measured / machine.h2d_gbps_target)
+    measured = replace(machine, target_gpus=nm, target_nodes=1)
+    layer_gather = ZERO3_LAYER_FETCHES * micro * facts.layer_bytes
+    other_gather = micro * max(0.0, facts.other_bytes - facts.layer_bytes)
+    layer_move = link * copy + gather_s(layer_gather, machine)
+    compute = max(0.0, per_layer - gather_s(layer_gather, measured)) * machine.compute_ratio
+    rest = (fixed - other - gather_s(other_gather, measured)) * machine.compute_ratio
+    rest += link * other + gather_s(other_gather, machine)
+    return rest + facts.layers * max(layer_move, compute)
+
+
+def offload_step_target(fixed: float, per_layer: float, facts: ModelFacts, profile: Any, s: Scaling) -> float:
+    """The offloaded step on the target: the measured line at full depth plus what the modelled parts
+    change from this machine to the target (a rehearsal on the target itself predicts its own line)."""
+    here = replace(
+        s,
+        target_gpus=s.measured_gpus or 1,
+        target_nodes=1,
+        compute_ratio=1.0,
+        h2d_gbps_target=s.h2d_gbps_measured,
+    )
+    change = _offload_parts(fixed, per_layer, facts, profile, s) - _offload_parts(
+        fixed, per_layer, facts, profile, here
+    )
+    return max(0.0, fixed + per_layer * facts.layers + change)
+
+
+def _step_target(fit: Fit, facts: ModelFacts, profile: Any, s: Scaling) -> tuple[float, Range]:
+    """The target's optimizer step and its range, from the step's fit."""
+    full = facts.layers
+    ds = profile.deepspeed
+    offload = ds.offload_param != "none"
+    nm, nt = s.measured_gpus or 1, s.target_gpus or 1
+    weights = facts.layer_bytes * full + facts.other_bytes
+
+    def target(fixed: float, per_layer: float) -> float:
+        if fit.knee:  # the offloaded step past its prefetch window
+            return offload_step_target(fixed, per_layer, facts, profile, s)
+        step = fixed + per_layer * full
+        moved = ZERO3_LAYER_FETCHES * profile.training.grad_accum * weights  # a step's gathered bytes
+        h2d_here = moved / nm / (s.h2d_gbps_measured * 1e9) if offload else 0.0
+        h2d_target = moved / nt / (s.h2d_gbps_target * 1e9) if offload else 0.0
+        compute = max(0.0, step - h2d_here) * s.compute_ratio
+        return max(compute, gather_s(moved, s)) + h2d_target
+
+    value = target(fit.fixed, fit.per_layer)
+    ends = [value]
+    if fit.used:
+        anchor = max(fit.used, key=lambda p: p.layers)
+        ends += [target(anchor.value - slope * anchor.layers, slope) for slope in fit.bounds]
+    here = fit.at(full)
+    band = fit.band(full) * (value / here if here > 0 else 1.0)
+    return value, (max(0.0, min(ends) - band), max(ends) + band)
+
+
+def _shift(r: Range | None, delta: float) -> Range | None:
+    return None if r is None else (r[0] + delta, r[1] + delta)
+
+
+def forecast(
+    measures: list[DepthMeasure],
+    profile: Any,
+    plan: dict[str, Any],
+    scaling: Scaling,
+    eval_examples: int = 0,
+) -> Forecast:
+    """Fit the depths, read them at full depth, scale to the profile's machine, add the wall clock."""
+    facts = model_facts(plan)
+    nm, nt = scaling.measured_gpus or 1, scaling.target_gpus or 1
+    full = facts.layers
+    terms = terms_for(profile, plan, full, facts.layer_bytes, nm, scaling.h2d_gbps_measured)
+    fits = fit_all(measures, terms)
+    # A cost cannot be negative: a fit that extrapolates below zero (a save of ~0 s) reads as zero.
+    here: dict[str, float | None] = {k: (max(0.0, v.at(full)) if v else None) for k, v in fits.items()}
+    here_range: dict[str, Range] = {k: v.range(full) for k, v in fits.items() if v}
+    notes: list[str] = [v.note for v in fits.values() if v is not None and v.note]
+    done = [m for m in measures if m.complete]
+    if len(done) < 2:
+        notes.append("fewer than two depths measured: nothing can be fitted")
+    ds = profile.deepspeed
+    offload = ds.offload_param != "none"
+    weights = facts.layer_bytes * full + facts.other_bytes
+    moved = weights * (1 / nm - 1 / nt) / GiB  # partitions each rank no longer holds
+    target: dict[str, float | None] = dict(here)
+    target_range: dict[str, Range] = dict(here_range)
+
+    def shift(key: str, delta: float) -> None:
+        if target[key] is not None:
+            target[key] = target[key] + delta
+            target_range[key] = _shift(target_range.get(key), delta) or (target[key], target[key])
+
+    if not offload and ds.stage == 3:
+        for key in ("gpu_load", "gpu_train"):
+            shift(key, -moved)
+        # one rank without offload holds every layer whole and gathers none; several gather a window
+        extra = (gathered_knee(profile, nt) or 0) - (gathered_knee(profile, nm) or 0)
+        if gathers(profile, nt) and not gathers(profile, nm) and extra > 0:
+            shift("gpu_train", extra * facts.layer_bytes / GiB)
+    if offload and ds.stage == 3:
+        for key in ("rss_load", "rss_train"):
+            shift(key, -moved)
+    rss_here = [v for v in (here["rss_load"], here["rss_train"]) if v is not None]
+    here["host_gib"] = max(rss_here) * nm if rss_here else None
+    per_node = nt // max(1, scaling.target_nodes)
+    rss = [v for v in (target["rss_load"], target["rss_train"]) if v is not None]
+    target["host_gib"] = max(rss) * per_node if rss else None  # a node's
+    if rss:
+        key = max((k for k in ("rss_load", "rss_train") if target[k] is not None), key=lambda k: target[k])
+        lo, hi = target_range.get(key, (target[key], target[key]))
+        target_range["host_gib"] = (lo * per_node, hi * per_node)
+    pages = ((plan.get("configured") or {}).get("load") or {}).get("rss_terms", {}).get("checkpoint pages")
+    if pages and target["rss_load"] is not None:
+        # Random weights map no checkpoint; the real load maps it, and its pages count in each rank's RSS
+        # (shared page cache, not more RAM: host_gib leaves them out).
+        shift("rss_load", pages / GiB)
+        notes.append(
+            f"host RSS at load adds the plan's {pages / GiB:.1f} GiB of mapped checkpoint pages a rank "
+            "(random weights map none; shared page cache, not counted in host RAM)"
+        )
+    step_fit = fits.get("step_s")
+    if step_fit is not None:
+        target["step_s"], target_range["step_s"] = _step_target(step_fit, facts, profile, scaling)
+        if step_fit.knee and step_fit.says:
+            notes.append(
+                f"step with offload: {step_fit.per_layer:.3f} s a further layer here, the line of the depths "
+                f"at or past the prefetch window ({step_fit.knee} layers); its slope stands for compute when "
+                f"scaled (copy {terms.copy_s:.3f} s a layer an optimizer step here), an upper bound where "
+                "the copy sets it"
+            )
+    tokens_step = statistics_tokens(done)
+    step = here.get("step_s")
+    here["tokens_per_s"] = tokens_step / step if tokens_step and step else None
+    # tokens a step are every rank's (the trainer's count is gathered): per rank, times the target's ranks
+    target_step = target.get("step_s")
+    target["tokens_per_s"] = tokens_step / nm * nt / target_step if tokens_step and target_step else None
+    if tokens_step and "step_s" in target_range:
+        lo, hi = target_range["step_s"]
+        target_range["tokens_per_s"] = (
+            tokens_step / nm * nt / hi if hi else 0.0,
+            tokens_step / nm * nt / lo if lo else 0.0,
+        )
+    data = next((m.data for m in reversed(done) if m.data), {})
+    size = data_size(profile, data)
+    steps, how = run_steps(profile, size, nt)
+    notes.append(f"training tokens: {how}")
+    wall, wall_range = _wall(
+        profile, facts, scaling, target, target_range, here, here_range, steps, size, eval_examples, notes
+    )
+    plan_values = plan_figures(plan)
+    return Forecast(
+        layers=full,
+        fits=fits,
+        here=here,
+        target=target,
+        wall=wall,
+        plan=plan_values,
+        disagreements=disagreements(target, plan_values),
+        scaling=scaling,
+        notes=notes,
+        depths=[m.to_dict() for m in measures],
+        ranges={"here": here_range, "target": target_range, "wall": wall_range},
+    )
+
+
+def _wall(
+    profile: Any,
+    facts: ModelFacts,
+    scaling: Scaling,
+    target: dict[str, float | None],
+    target_range: dict[str, Range],
+    here: dict[str, float | None],
+    here_range: dict[str, Range],
+    steps: int,
+    size: Any,
+    eval_examples: int,
+    notes: list[str],
+) -> tuple[dict[str, float | None], dict[str, Range]]:
+    """The run's wall clock on the target, part by part, each with its range."""
+    nt = scaling.target_gpus or 1
+    disk = facts.checkpoint_bytes / (scaling.disk_gbps * 1e9)
+    load = (target["load_s"] or 0.0) + disk
+    load_r = _shift(target_range.get("load_s"), disk) or (load, load)
+    start = target.get("start_s") or 0.0
+    step = target.get("step_s")
+    train = steps * step if step and steps else None
+    step_lo, step_hi = target_range.get("step_s", (step or 0.0, step or 0.0))
+    train_r = (steps * step_lo, steps * step_hi) if train is not None else (0.0, 0.0)
+    saves = steps // profile.training.save_steps if profile.training.save_steps else 0
+    save = (saves + 1) * (target["save_s"] or 0.0)
+    save_lo, save_hi = target_range.get("save_s", (target["save_s"] or 0.0,) * 2)
+    save_r = ((saves + 1) * save_lo, (saves + 1) * save_hi)
+    eval_s = eval_estimate(profile, facts, eval_examples, scaling)
+    micro_step = step / profile.training.grad_accum if step else None
+    validation = validation_time(profile, steps, nt, micro_step, size)
+    validation_s = validation.total_s if validation is not None and validation.total_s is not None else 0.0
+    scale = (lambda x: validation_s * x / step) if step else (lambda x: validation_s)
+    validation_r = (scale(step_lo), scale(step_hi))
+    wall: dict[str, float | None] = {
+        "load_s": load,
+        "start_s": start,
+        "steps": float(steps),
+        "train_s": train,
+        "saves": float(saves + 1),
+        "save_s": save,
+        "validations": float(validation.passes) if validation is not None else 0.0,
+        "validation_s": validation_s,
+        "eval_s": eval_s,
+        "total_s": None if train is None else load + start + train + save + validation_s + eval_s,
+    }
+    parts = {
+        "load_s": load_r,
+        "start_s": (start, start),
+        "train_s": train_r,
+        "save_s": save_r,
+        "validation_s": validation_r,
+        "eval_s": (eval_s, eval_s),
+    }
+    wall_range = dict(parts)
+    if train is not None:
+        wall_range["total_s"] = (sum(r[0] for r in parts.values()), sum(r[1] for r in parts.values()))
+    if validation is not None:
+        notes.append(f"validation loss (not rehearsed): {validation.words()}")
+    elif profile.validation.eval_steps:
+        notes.append("validation loss not counted: the validation sample's size is unknown here")
+    if not eval_examples:
+        notes.append("evaluation not counted: the held-out split is not on this machine")
+    else:
+        notes.append(
+            f"evaluation not rehearsed: {eval_examples} examples x {profile.eval.max_think_tokens} thinking "
+            "tokens, each decode step reading every weight once at the target's memory bandwidth (estimate)"
+        )
+    return wall, wall_range
+
+
+def statistics_tokens(done: list[DepthMeasure]) -> float | None:
+    values = [m.tokens_per_step for m in done if m.tokens_per_step]
+    return sum(values) / len(values) if values else None
+
+
+HBM_GBPS = {"H200": 4800.0, "H100": 3350.0, "A100": 2039.0}
+
+
+def eval_estimate(profile: Any, facts: ModelFacts, examples: int, scaling: Scaling) -> float:
+    """Seconds of evaluation: for the base model and the fine-tuned one, every example's thinking decoded
+    token by token, EVAL_BATCH_SIZE examples a batch. One process, its layers in blocks over the GPUs and
+    run in turn: a decode step reads every weight once at one GPU's bandwidth."""
+    if not examples:
+        return 0.0
+    bandwidth = next((v for k, v in HBM_GBPS.items() if k in scaling.target_gpu), 3000.0) * 1e9
+    per_token = facts.decode_bytes_per_token / bandwidth
+    systems = 2
+    return systems * math.ceil(examples / EVAL_BATCH_SIZE) * profile.eval.max_think_tokens * per_token
+
+
+def plan_figures(plan: dict[str, Any]) -> dict[str, float | None]:
+    """The plan's own figures for the configured setup, in the forecast's units."""
+    c = plan.get("configured") or {}
+    load, train = c.get("load") or {}, c.get("train") or {}
+
+    def gib(v: Any) -> float | None:
+        return None if not v else float(v) / GiB  # 0: nothing planned there (no GPUs)
+
+    return {
+        "gpu_load": gib(load.get("gpu_peak")),
+        "gpu_train": gib(train.get("gpu_peak")),
+        "rss_load": gib(load.get("rss_peak")),
+        "rss_train": gib(train.get("rss_peak")),
+        "host_gib": gib(max(load.get("host_peak") or 0, train.get("host_peak") or 0) or None),
+        # The plan's step is a micro-batch's; the forecast's an optimizer step's.
+        "step_s": (plan.get("run") or {}).get("optimizer_step_s") or c.get("step_s"),
+        "tokens_per_s": c.get("tokens_per_s"),
+    }
+
+
+LABELS = {
+    "gpu_load": "GPU peak at load, GiB a GPU",
+    "gpu_train": "GPU peak in training, GiB a GPU",
+    "rss_load": "host RSS at load, GiB a rank",
+    "rss_train": "host RSS in training, GiB a rank",
+    "host_gib": "host RAM, GiB all ranks",
+    "step_s": "optimizer step, s",
+    "tokens_per_s": "tokens/s, all GPUs",
+}
+
+
+def disagreements(target: dict[str, float | None], plan: dict[str, float | None]) -> list[str]:
+    """Figures where the plan and the rehearsal differ by more than 15% (the rehearsal's is measured)."""
+    out = []
+    for key, label in LABELS.items():
+        mine, theirs = target.get(key), plan.get(key)
+        if mine is None or theirs is None or mine == 0:
+            continue
+        error = (theirs - mine) / abs(mine)
+        if abs(error) > TOLERANCE:
+            out.append(
+                f"{label}: plan {theirs:.3g}, rehearsal {mine:.3g} ({error:+.0%}); the rehearsal's is "
+                "measured (fitted over the depths and scaled), the plan's is modelled"
+            )
+    return out

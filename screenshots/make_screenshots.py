@@ -17,11 +17,18 @@
 - `run-val.svg`: the run screen over a finished tiny run with validation loss, each tenant's shown (`v`);
 - `run-load-80x24.svg`, `run-eval-80x24.svg`, `run-stopped-80x24.svg`, `report-micro-80x24.svg`: an
   80x24 terminal while the model loads, during the evaluation, once stopped, and the report with micro
-  F1 chosen (`r`, `m`), over synthetic records (`tests/synthetic_run.py`, the snapshot tests' records).
+  F1 chosen (`r`, `m`), over synthetic records (`tests/synthetic_run.py`, the snapshot tests' records);
+- the walk through the app at 80x24 (`tests/walk_scenes.py`, the snapshot tests' scenes):
+  `run-val-80x24.svg` (the validation loss in the legend), `run-val-tenants-80x24.svg` (`v`: each
+  tenant named), `replay-log-clock-80x24.svg` (the log pane on the replay clock),
+  `run-stopping-80x24.svg` (a stop confirmed), `compare-80x24.svg` and `compare-f1-80x24.svg` (whole run
+  ids, a run still going, `f`: F1 per tenant), `run-resumed-80x24.svg` (the time stopped left out, the
+  resume marked), `run-finished-80x24.svg` (the diagnosis on one line).
 
     python screenshots/make_screenshots.py                         # all of them
     python screenshots/make_screenshots.py compare                 # compare.svg only
     python screenshots/make_screenshots.py data.svg run-val.svg    # only these two
+    python screenshots/make_screenshots.py walk                    # the walk's 80x24 scenes only
     python screenshots/make_screenshots.py run-2xh200.svg --record runs/RUN --out /tmp/two-gpus.svg
 """
 
@@ -42,6 +49,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "benchmarks")]
 from replay_large import generate  # noqa: E402
 from synthetic_run import make_run  # noqa: E402
 from tui_helpers import FIXTURE, add_report, copy_until, fixture_times  # noqa: E402
+from walk_scenes import SCENES, SMALL, build  # noqa: E402
 
 from cockpit.app.app import CockpitApp, make_app  # noqa: E402
 from cockpit.app.compare import make_compare_app  # noqa: E402
@@ -186,10 +194,28 @@ async def app_pictures() -> None:
         app = make_app(reported.root, live=True, now=lambda: reported.now + 0.5)
         await shoot(app, OUT / "report-micro-80x24.svg", ("r", "m"), size=small)
 
+        await shoot_walk(Path(tmp) / "walk")
+
         big = Path(tmp) / "20260101-000000-qwen3-235b-4xh100-0000"
         generate(big, steps=100_000, ranks=4, gpus=4, samples=100_000)
         await shoot(make_app(big, live=True), OUT / "run-4gpu-26h.svg")
         shutil.rmtree(big, ignore_errors=True)
+
+
+async def shoot_walk(tmp: Path) -> None:
+    """The walk's scenes at 80x24, as the snapshot tests build them."""
+    for scene in SCENES:
+        app, before = build(scene, tmp / scene)
+        async with app.run_test(size=SMALL) as pilot:
+            await before(pilot)
+            await pilot.pause()
+            app.save_screenshot(f"{scene}.svg", str(OUT))
+        print(f"wrote {shown(OUT / f'{scene}.svg')}")
+
+
+async def walk() -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        await shoot_walk(Path(tmp))
 
 
 async def shoot_compare() -> None:
@@ -227,6 +253,8 @@ if __name__ == "__main__":
         asyncio.run(shoot_record(args.record, args.out or OUT / "run-2xh200.svg"))
     elif names == {"compare"}:
         asyncio.run(shoot_compare())
+    elif names == {"walk"}:
+        asyncio.run(walk())
     elif names:
         asyncio.run(main(names))
     else:

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from synthetic_run import make_run
 from tui_helpers import settle, wait_for
+from walk_scenes import SCENES, SMALL, build
 
 from cockpit.app.app import make_app
 from cockpit.report import METRICS
@@ -49,3 +50,11 @@ def test_report_screen(snap_compare, tmp_path: Path, metric: str, size: str) -> 
         await pilot.pause()
 
     assert snap_compare(app, terminal_size=SIZES[size], run_before=run_before)
+
+
+@pytest.mark.parametrize("scene", SCENES)
+def test_walk_at_80x24(snap_compare, tmp_path: Path, scene: str) -> None:
+    """What the walk through the app at 80x24 found wrong, each fixed (issue 27, items 28-35; see
+    `tests/walk_scenes.py`): the same scenes are the README's `screenshots/*-80x24.svg`."""
+    app, before = build(scene, tmp_path)
+    assert snap_compare(app, terminal_size=SMALL, run_before=before)

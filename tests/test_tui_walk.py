@@ -5,6 +5,7 @@ time between a stop and its resume. Each test failed before its fix."""
 from __future__ import annotations
 
 import io
+import json
 import re
 from pathlib import Path
 
@@ -12,8 +13,11 @@ import pytest
 from rich.console import Console
 from synthetic_run import T0, TENANTS, SyntheticRun, make_run
 from tui_helpers import region_text, screen_text, settle, sync, wait_for
+from walk_scenes import LR_RUNS, late_warning_run, resumed_run, still_running
 
 from cockpit.app.app import CockpitApp, make_app
+from cockpit.app.compare import CompareApp
+from cockpit.app.screens.report import ReportScreen
 from cockpit.app.widgets.chart import BrailleChart
 from cockpit.headless import HeadlessViewer, step_line
 from cockpit.record import RunReader
@@ -83,16 +87,6 @@ async def test_the_log_pane_keeps_numbers_whole(tmp_path: Path) -> None:
 
 
 # --- 30: replay's log pane on the replay clock ----------------------------------------------------------
-def late_warning_run(parent: Path) -> SyntheticRun:
-    """A run that prints a warning 30 s in, long before its first step."""
-    run = SyntheticRun(parent).start().setup()
-    run.wait(22.0)
-    run.say("WARNING late: printed 30 s in")
-    run.wait(5.0)
-    run.load(4).begin_training().train(3)
-    return run
-
-
 def test_a_replays_log_shows_only_what_was_printed_by_its_clock(tmp_path: Path) -> None:
     """Before: at `elapsed 0:10` the log pane already showed the warning printed at 0:30 (a record's log
     followed its steps only, and there were none yet)."""
@@ -141,14 +135,6 @@ def test_the_progress_bar_shows_what_the_evaluation_has(tmp_path: Path) -> None:
 
 
 # --- 35: the time between a stop and its resume ------------------------------------------------------------
-def resumed_run(parent: Path) -> SyntheticRun:
-    """Stopped at step 121 a minute and three quarters in; resumed ten minutes later; 40 more steps."""
-    run = make_run(parent, "stopped")
-    run.resume(after_s=600.0).setup()
-    run.load(4).begin_training().train(40)
-    return run
-
-
 def test_elapsed_time_leaves_out_the_time_between_stop_and_resume(tmp_path: Path) -> None:
     run = resumed_run(tmp_path)
     pb = Playback(run.root, live=True, now=lambda: run.now + 0.5)
@@ -172,3 +158,77 @@ async def test_the_charts_leave_out_the_gap_and_mark_the_resume(tmp_path: Path) 
         assert len(loss.marks) == 1 and 0 < loss.marks[0] < loss.x_hi
         text = screen_text(app)
         assert "┊" in text and "resumed" in text
+
+
+# --- 32: the report at 80x24 ---------------------------------------------------------------------------
+@sync
+async def test_the_reports_delta_bars_fit_80x24_and_the_cost_is_one_key_away(tmp_path: Path) -> None:
+    """Before: the Δ/CI bars were below the serving cost, reachable only by scrolling (a one-cell
+    scrollbar the only hint), and the title was cut (`95% CI: paired …`)."""
+    run = make_run(tmp_path, "report")
+    app = live(run)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot, app)
+        await wait_for(pilot, lambda: app.report is not None)
+        await pilot.press("r")
+        await wait_for(pilot, lambda: isinstance(app.screen, ReportScreen))
+        await pilot.pause()
+        deltas = app.screen.query_one("#report-deltas").region
+        assert deltas.height > 0 and deltas.bottom <= 23, deltas  # above the footer, without scrolling
+        text = screen_text(app).splitlines()
+        assert not any("…" in line for line in text[:2]), text[:2]
+        assert any("mean" in line and "├" in line for line in text[: deltas.bottom])  # the mean's bar
+        assert any("serving cost (c)" in line for line in text[:23])  # what is below, named
+        await pilot.press("c")
+        await pilot.pause()
+        serving = app.screen.query_one("#report-serving").region
+        assert serving.y >= 2 and serving.bottom <= 23, serving
+        assert "cheaper per generated token" in screen_text(app)
+
+
+# --- 33: compare at 80x24 ------------------------------------------------------------------------------
+async def compared(pilot, app: CompareApp) -> None:
+    await wait_for(
+        pilot, lambda: app.comparison is not None and all(c.data for c in app.screen.query("CompareChart"))
+    )
+    await pilot.pause()
+
+
+@sync
+async def test_compare_at_80x24_has_whole_run_ids_and_the_f1_per_tenant(tmp_path: Path) -> None:
+    """Before: the title cut the second run id (`■ B 20261201-07…`) and the per-tenant F1 was dropped."""
+    app = CompareApp(LR_RUNS)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await compared(pilot, app)
+        title = "\n".join(screen_text(app).splitlines()[:3])
+        assert all(run.name in title for run in LR_RUNS), title
+        await pilot.press("f")
+        await pilot.pause()
+        f1 = app.screen.query_one("#compare-f1")
+        assert f1.region.height > 0 and f1.region.bottom <= 23
+        shown = "\n".join(region_text(app, f1))
+        assert all(tenant in shown for tenant in TENANTS) and "mean" in shown, shown
+        await pilot.press("f")
+        await pilot.pause()
+        assert app.screen.query_one("#compare-table").region.height > 0
+
+
+@sync
+async def test_compare_marks_and_follows_a_run_that_is_still_going(tmp_path: Path) -> None:
+    """Before: read once, a running run looked like an ended one."""
+    from cockpit.record import EventWriter, RunPaths
+
+    going = still_running(tmp_path)
+    app = CompareApp([LR_RUNS[0], going], follow_s=0.2)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await compared(pilot, app)
+        text = screen_text(app)
+        assert "● running" in text and "following B" in text
+        assert app.comparison.summaries[1].steps == 150
+        events = RunPaths(going).events("trainer-rank0")
+        last_t = max(json.loads(line)["t"] for line in events.read_text().splitlines())
+        with EventWriter(events, rank=0) as w:  # the run goes on: a step a second after its last event
+            w.write("step", at=last_t + 1.0, step=151, max_steps=300, loss=0.5, tokens_per_s=2000.0)
+        await wait_for(pilot, lambda: app.comparison.summaries[1].steps == 151)
+        await pilot.pause()
+        assert re.search(r"■ B lr 0\.001 ●\s+151 ", screen_text(app))

@@ -18,6 +18,7 @@ from cockpit.report import (
     Delta,
     Report,
     Row,
+    Scale,
     Serving,
     bar_cells,
     ci_text,
@@ -45,9 +46,9 @@ def delta_text(d: Delta | None) -> Text:
     return text
 
 
-def metric_table(report: Report, metric: str = "macro_f1") -> Table:
+def metric_table(report: Report, metric: str = "macro_f1", compact: bool = False) -> Table:
     """Per tenant: every system's `metric` (points), the tuned model's delta of that metric against each
-    other system with its 95% interval; then the mean over tenants."""
+    other system with its 95% interval; then the mean over tenants (`compact`: right under them)."""
     table = Table(box=box.SIMPLE_HEAD, header_style="bold", pad_edge=False, expand=True, show_edge=False)
     table.add_column("tenant", min_width=10)
     table.add_column("n", justify="right", style=MUTED)
@@ -64,7 +65,8 @@ def metric_table(report: Report, metric: str = "macro_f1") -> Table:
         return out
 
     for i, t in enumerate(report.tenants):
-        table.add_row(Text(t.name), str(t.n or ""), *cells(t), end_section=i == len(report.tenants) - 1)
+        last = i == len(report.tenants) - 1 and not compact
+        table.add_row(Text(t.name), str(t.n or ""), *cells(t), end_section=last)
     table.add_row(Text("mean", "bold"), "", *cells(report.mean), style="bold")
     return table
 
@@ -83,9 +85,10 @@ def delta_rows(report: Report, metric: str) -> list[tuple[str, Delta]]:
     return [(t.name, d) for t in report.tenants if (d := t.delta(other, metric)) is not None]
 
 
-def delta_chart(report: Report, width: int, metric: str = "macro_f1") -> Text:
+def delta_chart(report: Report, width: int, metric: str = "macro_f1", compact: bool = False) -> Text:
     """One row per tenant and the mean: a bar from 0 to the tuned model's delta of `metric` against the
-    reference system, its 95% interval drawn over it as a whisker, the value beside it; a scale underneath."""
+    reference system, its 95% interval drawn over it as a whisker, the value beside it; a scale underneath
+    (`compact`: the mean right under the tenants, the scale's values on its line)."""
     other = report.reference
     text = Text(no_wrap=True, overflow="crop")
     if other is None:
@@ -117,9 +120,13 @@ def delta_chart(report: Report, width: int, metric: str = "macro_f1") -> Text:
     for name, d in rows:
         bar(name, d)
     if mean is not None:
-        if rows:
+        if rows and not compact:
             text.append("\n")
         bar("mean", mean, "bold")
+    text.append(" " * LABEL_WIDTH)
+    if compact:
+        text.append(scale_line(scale), MUTED)
+        return text
     # The scale: tick marks on a line, their values (points) under them.
     axis = [" "] * field
     labels = [" "] * (field + 6)
@@ -130,11 +137,25 @@ def delta_chart(report: Report, width: int, metric: str = "macro_f1") -> Text:
         start = min(max(0, c - len(label) // 2), field - len(label))
         if all(ch == " " for ch in labels[max(0, start - 1) : start + len(label) + 1]):
             labels[start : start + len(label)] = label
-    text.append(" " * LABEL_WIDTH)
     text.append("".join(axis).replace(" ", "─"), MUTED)
     text.append("\n" + " " * LABEL_WIDTH)
     text.append("".join(labels).rstrip(), MUTED)
     return text
+
+
+def scale_line(scale: Scale) -> str:
+    """The scale in one line: the zero mark and each tick's value (points) on the rule, where they fit."""
+    line = ["─"] * scale.width
+    line[scale.col(0.0)] = "┼"
+    for tick in scale.ticks():
+        if abs(tick) < 1e-9:
+            continue
+        label = f"{100 * tick:+g}"
+        c = scale.col(tick)
+        start = min(max(0, c - len(label) // 2), scale.width - len(label))
+        if all(ch == "─" for ch in line[max(0, start - 1) : start + len(label) + 1]):
+            line[start : start + len(label)] = label
+    return "".join(line)
 
 
 def serving_text(s: Serving | None, width: int = 100) -> Text:
@@ -214,7 +235,8 @@ class DeltaChart(Widget):
         super().__init__(id=id, classes=classes)
         self.report = report
         self.metric = "macro_f1"
-        self._drawn: dict[tuple[str, int], Text] = {}  # (metric, width) -> the bars: `m` cycles back at once
+        self.compact = False  # a short terminal: the mean under the tenants, the scale on one line
+        self._drawn: dict[tuple[str, int, bool], Text] = {}  # the bars drawn: `m` cycles back at once
 
     def show(self, metric: str) -> None:
         """Draw `metric`'s bars; the layout is redone only when the number of rows changes."""
@@ -222,16 +244,21 @@ class DeltaChart(Widget):
         self.metric = metric
         self.refresh(layout=len(delta_rows(self.report, metric)) != rows)
 
+    def set_compact(self, compact: bool) -> None:
+        if compact != self.compact:
+            self.compact = compact
+            self.refresh(layout=True)
+
     def get_content_height(self, container: Size, viewport: Size, width: int) -> int:
         other = self.report.reference
         rows = len(delta_rows(self.report, self.metric))
         if other is None or not rows:
             return 1
-        mean = 2 if self.report.mean.delta(other, self.metric) is not None else 0
-        return rows + mean + 2
+        mean = self.report.mean.delta(other, self.metric) is not None
+        return rows + (mean + 1 if self.compact else 2 * mean + 2)
 
     def render(self) -> Text:
-        key = (self.metric, self.size.width)
+        key = (self.metric, self.size.width, self.compact)
         if key not in self._drawn:
-            self._drawn[key] = delta_chart(self.report, self.size.width, self.metric)
+            self._drawn[key] = delta_chart(self.report, self.size.width, self.metric, self.compact)
         return self._drawn[key]

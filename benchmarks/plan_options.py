@@ -128,7 +128,9 @@ def table(results: dict[str, dict[str, Any]]) -> tuple[str, list[dict[str, Any]]
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--run", action="store_true", help="measure the options (needs the GPU)")
     parser.add_argument("--options", default=",".join(OPTIONS), help="comma-separated option keys")
     parser.add_argument("--budget-s", type=float, default=480)

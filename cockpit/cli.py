@@ -669,11 +669,29 @@ def cmd_plan(args: argparse.Namespace) -> int:
         check_packable(plan.geometry, profile)  # what the loader would refuse
     except (ProfileError, PlanError, GeometryError) as exc:
         raise UsageError(str(exc)) from None
+    measured = _calibration(args, plan, profile)
     if args.format == "json":
-        print(json.dumps(plan.to_dict(), indent=2))
+        from cockpit.plan.measured import to_dict
+
+        print(json.dumps({**plan.to_dict(), "measured": to_dict(measured)}, indent=2))
     else:
-        _stdout_console().print(render(plan))
+        _stdout_console().print(render(plan, measured))
     return 0
+
+
+def _calibration(args: argparse.Namespace, plan: Any, profile: Any) -> dict[str, Any]:
+    """The plan rows the `--rehearsal` records measured (none without them)."""
+    if not args.rehearsal:
+        return {}
+    from cockpit.rehearse.calibrate import CalibrationError, calibrate
+
+    runs = [
+        _find(argparse.Namespace(runs_dir=args.runs_dir, run=r), latest=("rehearse",)) for r in args.rehearsal
+    ]
+    try:
+        return calibrate(plan, profile, runs)
+    except CalibrationError as exc:
+        raise UsageError(str(exc)) from None
 
 
 # --- data --------------------------------------------------------------------------------------------
@@ -985,6 +1003,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     plan.add_argument("--host-ram-gib", type=amount(0, MAX_HOST_RAM_GIB), help="host RAM in GiB (0: unknown)")
     plan.add_argument("--format", choices=("text", "json"), default="text", help="text tables or JSON")
+    plan.add_argument(
+        "--rehearsal",
+        action="append",
+        default=[],
+        metavar="RUN",
+        help="a rehearsal of this profile (or of one of its options) that calibrates the plan: its measured "
+        "figures replace the modelled ones on its row, and the fastest that fits is chosen from measured "
+        "rows (repeatable; `latest` for the newest rehearsal)",
+    )
     plan.set_defaults(func=cmd_plan)
 
     data = sub.add_parser(

@@ -229,4 +229,4 @@ def test_the_text_says_the_verdict_and_the_hours_first(capsys: pytest.CaptureFix
     first = " ".join(lines[2:4])
     assert first.startswith(f"In short: {plan['verdict'][:40]}")
     hours = (plan["run"]["train_s"] + plan["run"]["validation"]["total_s"]) / 3600
-    assert f"training and validation ~{hours:.2f} h (details below)" in first
+    assert f"training and validation ~{hours:.2f} h (modelled) (details below)" in first

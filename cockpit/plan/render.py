@@ -8,8 +8,9 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
+from cockpit.plan.measured import CONFIGURED, Measured, fastest_measured
 from cockpit.plan.model import Estimate, GiB
-from cockpit.plan.planner import Plan
+from cockpit.plan.planner import Plan, overrides_for
 from cockpit.plan.units import common_unit, size
 
 
@@ -41,7 +42,7 @@ def _speed(e: Estimate, ref: Estimate) -> str:
     return f"{e.tokens_per_s:,.0f}{rel}"
 
 
-def header(plan: Plan) -> Text:
+def header(plan: Plan, measured: dict[str, Measured] | None = None) -> Text:
     g, hw = plan.geometry, plan.hardware
     arch = f"{g.model_type}, {g.layers} layers, hidden {g.hidden}"
     if g.is_moe:
@@ -57,19 +58,25 @@ def header(plan: Plan) -> Text:
         )
     )
     t.append("\n")
-    t.append_text(in_short(plan))
+    t.append_text(in_short(plan, measured))
     return t
 
 
-def in_short(plan: Plan) -> Text:
-    """The verdict and the run's hours in one line, first (the tables and the reasons come after)."""
+def in_short(plan: Plan, measured: dict[str, Measured] | None = None) -> Text:
+    """The verdict and the run's hours in one line, first (the tables and the reasons come after); the
+    hours from a rehearsal's measured step where one calibrated the configuration."""
     verdict = plan.verdict()
     style = "green" if verdict.startswith("FITS") else "yellow" if verdict.startswith("NOT") else "red"
     run = plan.run
     hours = ""
+    mine = (measured or {}).get(CONFIGURED)
     if run is not None and run.train_s and run.with_validation_s is not None:
         both = " and validation" if run.validation_s else ""
-        hours = f"; training{both} ~{run.with_validation_s / 3600:.2f} h"
+        seconds, how = run.with_validation_s, "modelled"
+        if mine is not None and run.optimizer_step_s:
+            seconds *= mine.step_s / run.optimizer_step_s
+            how = f"step measured by {mine.source}"
+        hours = f"; training{both} ~{seconds / 3600:.2f} h ({how})"
     line = Text("In short: ", style="bold")
     line.append(verdict, style=style)
     line.append(f"{hours} (details below)")
@@ -231,8 +238,10 @@ def phases_table(plan: Plan) -> Table:
     return table
 
 
-def options_table(plan: Plan) -> Table:
+def options_table(plan: Plan, measured: dict[str, Measured] | None = None) -> Table:
     ref = plan.configured
+    measured = measured or {}
+    mine = measured.get(CONFIGURED)
     table = Table(
         title="Options (each row: its fastest variant that fits, else the closest)",
         title_justify="left",
@@ -242,7 +251,7 @@ def options_table(plan: Plan) -> Table:
     )
     loaders = {o.estimate.setup.loader for o in plan.options}
     columns = ["option", "loader", "fits", "GPU\nload", "GPU\ntrain", "host\nload", "host\ntrain"]
-    columns += ["copies\ns/step", "tokens/s"]
+    columns += ["copies\ns/step", "tokens/s", "speed"]
     if len(loaders) <= 1:  # said once in the caption instead
         columns.remove("loader")
     for col in columns:
@@ -251,7 +260,7 @@ def options_table(plan: Plan) -> Table:
             col,
             justify="left" if text else "right",
             no_wrap=col not in ("option", "fits", "tokens/s"),  # tokens/s: its ratio below when narrow
-            min_width={"option": 14, "fits": 4, "tokens/s": 7}.get(col),
+            min_width={"option": 14, "fits": 4, "tokens/s": 7, "speed": 8}.get(col),
         )
     name, unit = common_unit(
         v
@@ -270,6 +279,8 @@ def options_table(plan: Plan) -> Table:
     for o in plan.options:
         e = o.estimate
         s, b = e.setup, e.binding
+        row = CONFIGURED if s == ref.setup else o.label
+        m = measured.get(row) or measured.get(o.label)
         fits = "[green]yes[/]" if e.fits else f"[red]no[/]: {b.name}" if b else "[red]no[/]"
         # an offload mode's own row is named for it; the others say which mode their fastest uses
         cells = [o.label if o.label == s.offload else f"{o.label}, {s.offload}"]
@@ -282,7 +293,8 @@ def options_table(plan: Plan) -> Table:
             fig(e.load.host_peak),
             fig(e.train.host_peak),
             f"{e.transfer_s:.2f}" if e.transfer_s is not None else "-",
-            _speed(e, ref),
+            _speed(e, ref) if m is None else _measured_speed(m, mine),
+            "modelled" if m is None else ("measured" if m.step_measured else "bound"),
         ]
         table.add_row(*cells)
     a = plan.inputs.assumptions
@@ -301,18 +313,66 @@ def options_table(plan: Plan) -> Table:
         "layer moves twice a step, the embeddings and lm_head "
         + ("not at all (kept on the GPU). " if ref.setup.keeps_embeddings else "once. ")
         + "copies: host-to-device and all-gather seconds a step. tokens/s relative to the configuration "
-        "as written."
+        "as written. speed: modelled, or measured by a rehearsal (cockpit plan --rehearsal RUN)"
+        + "".join(f"; {label}: {m.source}" for label, m in measured.items())
+        + "."
         + (f" Loader: {_loader(next(iter(loaders)))} in every row." if len(loaders) == 1 else "")
     )
     table.caption_justify = "left"
     return table
 
 
+def _measured_speed(m: Measured, mine: Measured | None) -> str:
+    """A measured row's tokens/s, relative to the measured configuration where there is one."""
+    rel = f" ({m.tokens_per_s / mine.tokens_per_s:.2f}x)" if mine is not None else ""
+    return f"{m.tokens_per_s:,.0f}{rel}"
+
+
 def _loader(loader: str) -> str:
     return "layer by layer" if loader == "layerwise" else "from_pretrained"
 
 
-def verdict_text(plan: Plan) -> Text:
+def _fastest_lines(plan: Plan, measured: dict[str, Measured]) -> list[str]:
+    """The fastest that fits: from measured rows only; the plan's modelled pick is named as a guess."""
+    e, bs = plan.configured, plan.best
+    lines = []
+    accum = plan.run.micro_batches if plan.run else 1
+    found = fastest_measured(plan, measured)
+    if found is not None:
+        label, m = found
+        row = next((o.estimate for o in plan.options if o.label == label), e)
+        lines.append(
+            f"[bold]Fastest that fits, measured[/] ({escape(m.source)}): {row.setup.describe()}: "
+            f"~{m.tokens_per_s:,.0f} tokens/s, {m.step_s:.2f} s an optimizer step"
+            + (f", GPU {m.gpu_train_gib:.1f} GiB in training" if m.gpu_train_gib else "")
+        )
+        sets = overrides_for(e.setup, row.setup, accum)
+        if sets:
+            lines.append("  take it: " + escape(" ".join(f"--set '{x}'" for x in sets)))
+    if bs is None or any(o.estimate is bs and o.label in measured for o in plan.options):
+        return lines
+    if found is not None and bs.setup == next(
+        (o.estimate.setup for o in plan.options if o.label == found[0]), e.setup
+    ):
+        return lines
+    sets = plan.best_overrides()
+    guess = "a guess: modelled, not rehearsed" + (
+        "; measure it with `cockpit rehearse " + " ".join(f"--set '{x}'" for x in sets) + "`" if sets else ""
+    )
+    unknown = f" (not checked: {' and '.join(e.unchecked)})" if e.unchecked else ""
+    lines.append(
+        f"[bold]Fastest that fits{unknown}[/] ({escape(guess)}): {bs.setup.describe()}: "
+        f"GPU {size(bs.load.gpu_peak)} at load, "
+        f"{size(bs.train.gpu_peak)} in training; host {size(bs.load.host_peak)} at load, "
+        f"{size(bs.train.host_peak)} in training; ~{bs.tokens_per_s:,.0f} tokens/s"
+    )
+    lines.extend(f"  note: {n}" for n in bs.notes)
+    if sets and found is None:
+        lines.append("  take it: " + escape(" ".join(f"--set '{x}'" for x in sets)))
+    return lines
+
+
+def verdict_text(plan: Plan, measured: dict[str, Measured] | None = None) -> Text:
     e = plan.configured
     colour = "yellow" if e.fits and e.unchecked else "green" if e.fits else "red"
     lines = [f"[bold {colour}]{escape(plan.verdict())}[/]"]
@@ -325,26 +385,19 @@ def verdict_text(plan: Plan) -> Text:
     for r in plan.requirements:
         lines.append(f"[bold]Required:[/] {r}.")
     if plan.best is not None:
-        bs = plan.best
-        unknown = f" (not checked: {' and '.join(e.unchecked)})" if e.unchecked else ""
-        lines.append(
-            f"[bold]Fastest that fits{unknown}:[/] {bs.setup.describe()}: "
-            f"GPU {size(bs.load.gpu_peak)} at load, "
-            f"{size(bs.train.gpu_peak)} in training; host {size(bs.load.host_peak)} at load, "
-            f"{size(bs.train.host_peak)} in training; ~{bs.tokens_per_s:,.0f} tokens/s"
-        )
-        lines.extend(f"  note: {n}" for n in bs.notes)
-        sets = plan.best_overrides()
-        if sets:
-            lines.append("  take it: " + escape(" ".join(f"--set '{x}'" for x in sets)))
+        lines += _fastest_lines(plan, measured or {})
     elif e.setup.gpus and not e.fits:
         lines.append("[bold red]No option fits on this hardware.[/]")
     run = plan.run
+    mine = (measured or {}).get(CONFIGURED)
     if run is not None and run.train_s:
+        step, how = run.optimizer_step_s, "modelled"
+        if mine is not None:
+            step, how = mine.step_s, f"measured by {mine.source}, the plan's {run.optimizer_step_s:.2f} s"
         lines.append(
             f"[bold]Training time for the data, as configured:[/] {run.steps:,} optimizer steps x "
-            f"{run.optimizer_step_s:.2f} s ({run.micro_batches} micro-batch(es) a rank each) = "
-            f"{run.train_s / 3600:.2f} h, without load, saves and evaluation; tokens: {escape(run.how)}"
+            f"{step:.2f} s ({escape(how)}; {run.micro_batches} micro-batch(es) a rank each) = "
+            f"{run.steps * step / 3600:.2f} h, without load, saves and evaluation; tokens: {escape(run.how)}"
         )
     elif run is not None and e.setup.gpus:
         lines.append(f"Training time for the data: unknown ({escape(run.how)})")
@@ -404,11 +457,12 @@ def experts_text(plan: Plan) -> Text | None:
     return Text.from_markup(head + "; ".join(parts) + ".")
 
 
-def render(plan: Plan) -> Group:
-    parts = [header(plan), weights_table(plan), facts_table(plan), phases_table(plan)]
+def render(plan: Plan, measured: dict[str, Measured] | None = None) -> Group:
+    """Everything `cockpit plan` prints; `measured`: the rows rehearsals measured (`--rehearsal`)."""
+    parts = [header(plan, measured), weights_table(plan), facts_table(plan), phases_table(plan)]
     if plan.options:
-        parts.append(options_table(plan))
-    parts.append(verdict_text(plan))
+        parts.append(options_table(plan, measured))
+    parts.append(verdict_text(plan, measured))
     experts = experts_text(plan)
     if experts is not None:
         parts.append(experts)

@@ -8,7 +8,7 @@ growth a layer past it (the GPU peak in training), and what the load pays a laye
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from cockpit.contract import GATHERED_BEYOND_PREFETCH, ZERO3_LAYER_FETCHES
@@ -124,15 +124,34 @@ def _points(done: list[DepthMeasure], metric: str) -> list[Point]:
 
 
 def load_fit(done: list[DepthMeasure]) -> Fit | None:
-    """The load on this machine: the line through the depths' load times (what is fixed, what a layer
-    adds), its range widened to the per-layer costs the layer-by-layer load's progress showed at each
-    depth (the least and the most of their medians: the host's pinning and copies vary from run to run,
-    0.73 to 1.10 s a layer on the story's slice), read past the deepest depth."""
+    """The load on this machine: what a layer costs and what is fixed. A layer costs at least what the
+    layer-by-layer load's progress shows between two layers (the median at each depth, pooled: robust to
+    one slow run), and the line through the depths' totals can show more (work a layer does after its
+    progress event); the larger is taken. What is fixed is the median of each depth's total less its
+    layers. The range reaches the least and the most per-layer cost the depths showed (the host's pinning
+    and copies vary from run to run: 0.73 to 1.10 s a layer on the story's slice), read past the deepest
+    depth. Records without the progress take the line through the totals."""
     line = fit_line(_points(done, "load_s"), floor=0.0)
-    per_layer = [m.load_layer_s for m in done if m.load_layer_s]
-    if line is None or not per_layer:
+    seen = sorted(m.load_layer_s for m in done if m.load_layer_s)
+    totals = [m for m in done if m.load_s is not None]
+    if line is None or not seen:
         return line
-    return replace(line, bounds=(min(per_layer), max(per_layer)))
+    pooled = seen[len(seen) // 2] if len(seen) % 2 else (seen[len(seen) // 2 - 1] + seen[len(seen) // 2]) / 2
+    per_layer = max(pooled, line.per_layer)
+    fixed_each = sorted(float(m.load_s) - per_layer * m.layers for m in totals)
+    fixed = max(0.0, fixed_each[len(fixed_each) // 2])
+    deepest = max(totals, key=lambda m: m.layers)
+    misses = [float(m.load_s) - fixed - per_layer * m.layers for m in totals]
+    spread = (sum(x * x for x in misses) / max(1, len(misses) - 1)) ** 0.5 if len(misses) > 1 else 0.0
+    anchor = Point(deepest.layers, fixed + per_layer * deepest.layers, spread)
+    return Fit(
+        fixed,
+        per_layer,
+        line.points,
+        (anchor,),
+        slope_given=True,
+        bounds=(min(seen[0], line.per_layer), max(seen[-1], line.per_layer)),
+    )
 
 
 def fit_all(measures: list[DepthMeasure], terms: Terms) -> dict[str, Fit | None]:

@@ -83,9 +83,10 @@ class Scaling:
             f"disk: the 16-bit checkpoint read once at {self.disk_gbps:g} GB/s at load (random weights read "
             "nothing); each layer's load work as measured on one rank here (its share on several ranks "
             "not counted: an upper bound)",
-            "ZeRO-3 partitions: weights (GPU without offload, pinned host memory with it) divide by the "
-            "rank count; activations and the gathered working set do not (one rank's layers in flight, "
-            "as measured here, an upper bound where several ranks keep fewer)",
+            "ZeRO-3 partitions: weights (GPU without offload, pinned host memory with it: what a layer "
+            "adds to a rank's RSS here, the allocator's rounding included) divide by the rank count; "
+            "activations and the gathered working set do not (one rank's layers in flight, as measured "
+            "here, an upper bound where several ranks keep fewer)",
             *network,
         ]
 
@@ -311,8 +312,12 @@ def forecast(
         if gathers(profile, nt) and not gathers(profile, nm) and extra > 0:
             shift("gpu_train", extra * facts.layer_bytes / GiB)
     if offload and ds.stage == 3:
+        # Each rank pins its partitions of every layer: what a layer adds to a rank's RSS here (the pinned
+        # allocator's rounding included) is shared by the target's ranks.
         for key in ("rss_load", "rss_train"):
-            shift(key, -moved)
+            fit = fits.get(key)
+            if fit is not None:
+                shift(key, -fit.per_layer * full * (1 - nm / nt))
     rss_here = [v for v in (here["rss_load"], here["rss_train"]) if v is not None]
     here["host_gib"] = max(rss_here) * nm if rss_here else None
     per_node = nt // max(1, scaling.target_nodes)

@@ -14,6 +14,7 @@ Imports torch and DeepSpeed lazily.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import hashlib
@@ -149,7 +150,17 @@ def extensions_dir(name: str) -> Path:
     return Path(_get_build_directory(name, verbose=False))
 
 
+def _quiet_import() -> None:
+    """Import DeepSpeed with its logger writing to stderr. It logs to stdout (its accelerator's "Setting
+    accelerator to CPU" warning), which mixed into a command's answer: `cockpit doctor --format json`
+    printed a log line before its JSON. In the trainer both streams go to `output.log` alike."""
+    if "deepspeed" not in sys.modules:
+        with contextlib.redirect_stdout(sys.stderr):
+            import deepspeed  # noqa: F401
+
+
 def _builder() -> Any:  # the accelerator's CPUAdamBuilder
+    _quiet_import()
     from deepspeed.ops.op_builder import CPUAdamBuilder
 
     return CPUAdamBuilder()
@@ -157,6 +168,7 @@ def _builder() -> Any:  # the accelerator's CPUAdamBuilder
 
 def _shm_builder() -> Any | None:
     """The accelerator's shared-memory communication op: the CPU accelerator's; None elsewhere."""
+    _quiet_import()
     from deepspeed.accelerator import get_accelerator
 
     return get_accelerator().create_op_builder("ShareMemCommBuilder")
@@ -176,6 +188,7 @@ def shm_comm_state() -> OpState | None:
 def op_state(builder: Any) -> OpState:
     """What DeepSpeed's loader will do with the op `builder` makes: load it from its wheel, load this
     environment's build as it is, or compile it (not built, or outdated); and any build lock in its way."""
+    _quiet_import()
     from deepspeed.git_version_info import installed_ops
 
     cpu_info_once()

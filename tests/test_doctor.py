@@ -98,6 +98,19 @@ def test_json_format_and_exit_0(tmp_path: Path, capsys: pytest.CaptureFixture[st
     assert code == (1 if answer["counts"]["fail"] else 0)
 
 
+def test_the_json_answer_is_all_that_goes_to_stdout(tmp_path: Path) -> None:
+    """DeepSpeed logs its accelerator's choice to stdout on import: it went before the JSON."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-m", "cockpit", "doctor", "--runs-dir", str(tmp_path), "--format", "json"],
+        capture_output=True,
+        text=True,
+    )
+    assert json.loads(done.stdout)["profile"] == "tiny-cpu", done.stdout[:300]
+
+
 def test_bad_input_exits_2(tmp_path: Path) -> None:
     assert cli.main(["doctor", "--runs-dir", str(tmp_path), "--profile", str(tmp_path / "nope.toml")]) == 2
 

@@ -118,6 +118,20 @@ def test_no_nvml_means_no_gpu_fields(monkeypatch: pytest.MonkeyPatch, tmp_path: 
     assert sample["run_processes"] == 1 and sample["run_rss_mib"] > 1  # the stand-in run process
 
 
+def test_each_sample_says_how_much_the_run_has_printed(tmp_path: Path) -> None:
+    """`output_log_bytes`: output.log's size as the sampler saw it (0 before the file exists), so that a
+    replay shows the log as it stood by its clock (issue 27, item 30)."""
+    sampler = Sampler(tmp_path, root_pid=None, interval_s=0.01)
+    start = sampler.start_event()
+    (tmp_path / "output.log").write_text("phase setup\n")
+    first = sampler.sample()
+    with open(tmp_path / "output.log", "a") as log:
+        log.write("WARNING a later line\n")
+    second = sampler.sample()
+    sampler.writer.close()
+    assert (start["output_log_bytes"], first["output_log_bytes"], second["output_log_bytes"]) == (0, 12, 33)
+
+
 def test_process_tree_counts_children_not_itself() -> None:
     child = running_child()
     try:

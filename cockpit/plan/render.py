@@ -357,7 +357,11 @@ def _fastest_lines(plan: Plan, measured: dict[str, Measured]) -> list[str]:
         return lines
     sets = plan.best_overrides()
     guess = "a guess: modelled, not rehearsed" + (
-        "; measure it with `cockpit rehearse " + " ".join(f"--set '{x}'" for x in sets) + "`" if sets else ""
+        f"; measure it with `cockpit rehearse --profile {plan.profile_name} "
+        + " ".join(f"--set '{x}'" for x in sets)
+        + "`"
+        if sets
+        else ""
     )
     unknown = f" (not checked: {' and '.join(e.unchecked)})" if e.unchecked else ""
     lines.append(

@@ -74,15 +74,16 @@ def step_line(view: RunView) -> str:
 
 def bar_fields(view: RunView, now: float) -> dict[str, object]:
     """The progress bar's figures for what the run is doing now: an evaluation's examples, or training's
-    steps with its loss and tokens/s (training's figures are not shown beside an evaluation's progress);
-    durations by the app's clock (`0:24`, `1:02:03`)."""
+    steps with its loss and tokens/s once it has steps (training's figures are not shown beside an
+    evaluation's progress); durations by the app's clock (`0:24`, `1:02:03`)."""
     v = view
     evaluating = v.phase in ("eval", "report") and v.eval_total > 0
     if evaluating:
         phase, total, done, detail = f"eval {v.eval_system or ''}".rstrip(), v.eval_total, v.eval_done, ""
-    else:
+    else:  # training's figures once it has them (before its first step, the phase's message says)
         phase, total, done = v.phase, v.max_steps, v.step
-        detail = f"loss {_fmt(v.last_loss, '.4f')}  {_fmt(v.tokens_per_s, ',.0f')} tok/s"
+        figures = f"loss {_fmt(v.last_loss, '.4f')}  {_fmt(v.tokens_per_s, ',.0f')} tok/s"
+        detail = figures if v.steps else ""
     return {
         "phase": phase,
         "total": total,

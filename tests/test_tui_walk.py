@@ -19,7 +19,7 @@ from cockpit.app.app import CockpitApp, make_app
 from cockpit.app.compare import CompareApp
 from cockpit.app.screens.report import ReportScreen
 from cockpit.app.widgets.chart import BrailleChart
-from cockpit.headless import HeadlessViewer, step_line
+from cockpit.headless import HeadlessViewer, bar_fields, step_line
 from cockpit.record import RunReader
 from cockpit.record.manifest import update_manifest
 from cockpit.record.playback import Playback
@@ -132,6 +132,19 @@ def test_the_progress_bar_shows_what_the_evaluation_has(tmp_path: Path) -> None:
     assert "eval finetuned" in bar and "96/200" in bar, bar
     assert "loss" not in bar and "tok/s" not in bar, bar
     assert re.search(r"ETA 0:\d\d\b", bar) and not re.search(r"\b0:0\d:\d\d\b|\b00:", bar), bar
+
+
+def test_the_progress_bar_before_the_first_step_has_no_training_figures(tmp_path: Path) -> None:
+    """Before: `loss -  - tok/s` through the setup, the load and the engine's build."""
+
+    def fields(moment: str) -> dict[str, object]:
+        run = make_run(tmp_path / moment, moment)
+        view = RunView()
+        view.apply(RunReader(run.root).poll())
+        return bar_fields(view, run.now)
+
+    assert fields("load")["detail"] == ""
+    assert str(fields("training")["detail"]).startswith("loss 0.")
 
 
 # --- 35: the time between a stop and its resume ------------------------------------------------------------

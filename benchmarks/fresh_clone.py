@@ -117,7 +117,14 @@ def doctor_line(py: str, clone: Path, env: dict[str, str], log: Path) -> str:
 
 
 def table(rows: list[tuple[str, float, str]]) -> list[str]:
-    return ["| step | seconds | note |", "|---|---|---|", *[f"| {n} | {s:.0f} | {w} |" for n, s, w in rows]]
+    def seconds(s: float) -> str:
+        return f"{s:.0f}" if s >= 10 else f"{s:.1f}"
+
+    return [
+        "| step | seconds | note |",
+        "|---|---|---|",
+        *[f"| {n} | {seconds(s)} | {w} |" for n, s, w in rows],
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -218,6 +225,7 @@ def measure(args: argparse.Namespace, work: Path, log: Path, env: dict[str, str]
         "before_first_step": [{"step": n, "s": round(s, 1), "note": w} for n, s, w in setup],
         "second_run": {
             "whole_s": round(second_s, 1),
+            "before_first_step_s": round(sum(s for _, s, _ in second), 1),
             "before_first_step": [{"step": n, "s": round(s, 1), "note": w} for n, s, w in second],
             "diagnosis": load_manifest(second_run).get("diagnosis", ""),
         },

@@ -213,6 +213,10 @@ def measure(args: argparse.Namespace, work: Path, log: Path, env: dict[str, str]
     rows += after_first_step(first_run)
     rows.append(("clone to report", time.time() - start, ""))
     doctor_after = doctor_line(py, clone, env, log)
+    # This checkout's own environment asked about the new one's build: another environment's commands
+    built = next((work / "cache" / "torch_extensions").iterdir(), None)
+    other_env = {**env, "TORCH_EXTENSIONS_DIR": str(built)} if built else env
+    doctor_other = doctor_line(sys.executable, ROOT, other_env, log)
     short = ["--set", "training.max_steps=3", "--set", "eval.enabled=false"]
     second_s = timed([py, "-m", "cockpit", "run", "--no-ui", *short], clone, env, log, check=False)
     second_run = sorted(runs.iterdir())[-1]
@@ -229,7 +233,7 @@ def measure(args: argparse.Namespace, work: Path, log: Path, env: dict[str, str]
             "before_first_step": [{"step": n, "s": round(s, 1), "note": w} for n, s, w in second],
             "diagnosis": load_manifest(second_run).get("diagnosis", ""),
         },
-        "doctor": {"before": doctor_before, "after": doctor_after},
+        "doctor": {"before": doctor_before, "after": doctor_after, "another_environment": doctor_other},
         "diagnosis": manifest.get("diagnosis", ""),
         "finished": manifest.get("status") == "finished",
     }
@@ -290,6 +294,9 @@ def report(result: dict[str, Any], busy: int) -> str:
         f"`cockpit doctor` before it: {result['doctor']['before']}",
         "",
         f"`cockpit doctor` after it: {result['doctor']['after']}",
+        "",
+        "`cockpit doctor` of this checkout's environment, pointed at the new environment's build "
+        f"(`TORCH_EXTENSIONS_DIR`): {result['doctor']['another_environment']}",
         "",
         f"## Before the first step (a second run, {second['whole_s']:.0f} s in all, 3 steps)",
         "",

@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from cockpit.faults import REPO, wait_for
+from cockpit.faults import QUIET_S, REPO, Watch, communicate_watched, wait_for
 from cockpit.profiles import load_profile
 from cockpit.record import read_events
 from cockpit.runs import create_run
@@ -24,7 +24,9 @@ def guard(run_dir: Path, rank: int) -> subprocess.Popen[bytes]:
 
 def test_an_exit_code_is_recorded_and_passed_on(tmp_path: Path) -> None:
     """No run.json: the trainer fails at once with exit code 1."""
-    assert guard(tmp_path, 1).wait(timeout=60) == 1
+    proc = guard(tmp_path, 1)
+    communicate_watched(proc, Watch())
+    assert proc.returncode == 1
     (exit_,) = read_events(tmp_path, "rank_exit")
     assert (exit_["rank"], exit_["exit_code"], exit_["signal"], exit_["node_rank"]) == (1, 1, None, 1)
 
@@ -35,10 +37,15 @@ def test_a_trainer_killed_by_a_signal_is_recorded_and_the_guard_dies_of_it(tmp_p
     proc = guard(run_dir, 0)
     try:
         start = wait_for(
-            lambda: read_events(run_dir, "rank_start"), 60, "the trainer's rank_start", every=0.1
+            lambda: read_events(run_dir, "rank_start"),
+            QUIET_S,
+            "the trainer's rank_start",
+            0.1,
+            Watch(pid=proc.pid),
         )
         os.kill(start[0]["pid"], signal.SIGKILL)
-        assert proc.wait(timeout=60) == -signal.SIGKILL, "the launcher must see the rank killed"
+        communicate_watched(proc, Watch())
+        assert proc.returncode == -signal.SIGKILL, "the launcher must see the rank killed"
     finally:
         proc.kill()
     (exit_,) = read_events(run_dir, "rank_exit")

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from packaging.requirements import Requirement
 
+from cockpit.faults import Watch, run_watched
 from cockpit.profiles import PROFILES_DIR, load_profile
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -52,9 +53,7 @@ def _build_wheel(tmp_path: Path) -> Path:
             shutil.copytree(ROOT / name, src / name, ignore=shutil.ignore_patterns("__pycache__"))
     out = tmp_path / "dist"
     build = f"from setuptools import build_meta; print(build_meta.build_wheel({str(out)!r}))"
-    done = subprocess.run(
-        [sys.executable, "-c", build], cwd=src, capture_output=True, text=True, timeout=120, check=False
-    )
+    done = run_watched([sys.executable, "-c", build], Watch(), cwd=src)
     assert done.returncode == 0, done.stderr[-2000:]
     (wheel,) = out.glob("*.whl")
     return wheel
@@ -105,10 +104,9 @@ def test_a_wheel_installed_outside_the_checkout_plans_and_checks(tmp_path: Path)
     env_dir = tmp_path / "venv"
     venv.create(env_dir, with_pip=True)
     python = env_dir / "bin" / "python"
-    installed = subprocess.run(
-        [python, "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(wheel)],
-        capture_output=True, text=True, timeout=300, check=False,
-    )  # fmt: skip
+    installed = run_watched(
+        [str(python), "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(wheel)], Watch()
+    )
     assert installed.returncode == 0, installed.stderr[-2000:]
     # The dependencies are this environment's (nothing is downloaded in CI): its site-packages as a plain
     # path entry, after the new venv's own, so its editable finder for the checkout never runs.
@@ -123,10 +121,7 @@ def test_a_wheel_installed_outside_the_checkout_plans_and_checks(tmp_path: Path)
     env["COCKPIT_RUNS_DIR"] = str(tmp_path / "runs")
 
     def cockpit(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [env_dir / "bin" / "cockpit", *args], cwd=away, env=env, capture_output=True, text=True,
-            timeout=300, check=False,
-        )  # fmt: skip
+        return run_watched([str(env_dir / "bin" / "cockpit"), *args], Watch(), cwd=away, env=env)
 
     where = subprocess.run(
         [python, "-c", "import cockpit, trainer; print(cockpit.__file__); print(trainer.__file__)"],

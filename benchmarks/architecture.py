@@ -47,7 +47,7 @@ def in_layer(module: str, prefixes: tuple[str, ...]) -> bool:
 
 
 def figures(root: Path) -> dict:
-    from cockpit.import_graph import graph, modules
+    from devtools.import_graph import graph, modules
 
     mods = modules(root, ("cockpit", "trainer"))
     lines = {name: len(path.read_text(encoding="utf-8").splitlines()) for name, path in mods.items()}

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from cockpit.import_graph import cycles, graph, modules
+from devtools.import_graph import cycles, graph, modules
 
 ROOT = Path(__file__).resolve().parent.parent
 # (importer prefix, imported prefixes it must never reach): lazy imports count too.

@@ -1,8 +1,9 @@
 """The project's own import graph, read from the source (lazy imports inside functions included).
 
-Used by the architecture test (the layers' one-way arrows, no loops) and by
+Used by the architecture test (the layers' one-way arrows, no loops; `devtools.checks`) and by
 `benchmarks/architecture.py` (who imports each layer). Pure `ast`: nothing is imported to read it.
-Imports under `if TYPE_CHECKING:` are left out: they never run.
+Imports under `if TYPE_CHECKING:` never run: they are left out unless asked for (`type_checking=True`,
+what the layers' rules read: a module that names another's types knows its shape).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import ast
 from collections.abc import Iterable
 from pathlib import Path
 
-PACKAGES = ("cockpit", "trainer", "benchmarks", "tests")
+PACKAGES = ("cockpit", "trainer", "benchmarks", "tests", "devtools")
 
 
 def module_name(root: Path, path: Path) -> str:
@@ -40,11 +41,11 @@ def _resolve(current: str, is_package: bool, node: ast.ImportFrom) -> str:
     return ".".join([*base, node.module] if node.module else base)
 
 
-def imports_of(name: str, path: Path, known: set[str]) -> set[str]:
+def imports_of(name: str, path: Path, known: set[str], type_checking: bool = False) -> set[str]:
     """The project modules `name` imports (a `from package import submodule` counts the submodule)."""
     tree = ast.parse(path.read_text(encoding="utf-8"))
     found: set[str] = set()
-    for node in _runtime_nodes(tree):
+    for node in ast.walk(tree) if type_checking else _runtime_nodes(tree):
         if isinstance(node, ast.Import):
             targets = [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -78,11 +79,13 @@ def _runtime_nodes(tree: ast.AST) -> Iterable[ast.AST]:
         todo.extend(ast.iter_child_nodes(node))
 
 
-def graph(root: Path, packages: Iterable[str] = ("cockpit", "trainer")) -> dict[str, set[str]]:
-    """Module -> the project modules it imports."""
+def graph(
+    root: Path, packages: Iterable[str] = ("cockpit", "trainer"), type_checking: bool = False
+) -> dict[str, set[str]]:
+    """Module -> the project modules it imports (with `type_checking`, those under `if TYPE_CHECKING:`)."""
     mods = modules(root, packages)
     known = set(mods)
-    return {name: imports_of(name, path, known) for name, path in mods.items()}
+    return {name: imports_of(name, path, known, type_checking) for name, path in mods.items()}
 
 
 def cycles(edges: dict[str, set[str]]) -> list[list[str]]:

@@ -1,0 +1,80 @@
+"""The one table of layers: each folder (or loose module) of the cockpit and the rank of its floor.
+
+A module may import its own floor and the floors below it, never a higher one. `tests/test_architecture.py`
+holds the code to it (lazy and type-checking imports included, no loop between rooms, no module that no
+layer claims, processes only from the service), and `benchmarks/architecture.py` reports from it.
+ARCHITECTURE.md draws the same picture in words.
+"""
+
+from __future__ import annotations
+
+# (layer, rank, module prefixes): the lower the rank, the lower the floor. A prefix claims the module of
+# that name and every module under it.
+LAYERS: tuple[tuple[str, int, tuple[str, ...]], ...] = (
+    ("ground: the run record", 0, ("cockpit.record", "cockpit.units")),
+    (
+        "shared facts",
+        1,
+        (
+            "cockpit.contract",
+            "cockpit.profiles",
+            "cockpit.launcher",
+            "cockpit.hostinfo",
+            "cockpit.cache",
+            "cockpit.limits",
+            "cockpit.textfile",
+            "cockpit.trackers",
+            "cockpit.downsample",
+        ),
+    ),
+    ("the user's data and DeepSpeed's ops", 2, ("cockpit.data", "cockpit.ops")),
+    (
+        "models",
+        3,
+        (
+            "cockpit.plan",
+            "cockpit.report",
+            "cockpit.rehearse",
+            "cockpit.importers",
+            "cockpit.compare",
+            "cockpit.export",
+            "cockpit.predictions",
+        ),
+    ),
+    ("the trainer (a process of its own)", 4, ("trainer",)),
+    ("service: every process", 5, ("cockpit.service",)),
+    ("front ends", 6, ("cockpit.cli", "cockpit.headless", "cockpit.app", "cockpit.__main__")),
+)
+# Modules claimed by name alone (a prefix of theirs would claim everything under them).
+FACES = {"cockpit": ("the package's face", 0)}
+# Rooms no other room may import at all, whatever its floor: the trainer is started as a process.
+STARTED_NOT_IMPORTED = ("trainer",)
+# Where processes are started or signalled: `subprocess`, `os.kill`, `os.killpg` nowhere else in cockpit/.
+PROCESS_OWNERS = ("cockpit.service",)
+# Above every layer: they may import any of it (through its public names; see the test).
+TOOLS = ("benchmarks", "devtools", "screenshots", "tests")
+
+
+def claims(prefix: str, module: str) -> bool:
+    return module == prefix or module.startswith(prefix + ".")
+
+
+def layer_of(module: str) -> tuple[str, int] | None:
+    """The layer and rank of `module` (the longest prefix that claims it), or None."""
+    if module in FACES:
+        return FACES[module]
+    best: tuple[int, str, int] | None = None
+    for name, rank, prefixes in LAYERS:
+        for prefix in prefixes:
+            if claims(prefix, module) and (best is None or len(prefix) > best[0]):
+                best = (len(prefix), name, rank)
+    return None if best is None else (best[1], best[2])
+
+
+def room_of(module: str) -> str:
+    """The room a module lives in: its folder under cockpit/ (`cockpit.plan`), a loose module of cockpit/
+    (`cockpit.compare`), or the top package (`trainer`)."""
+    parts = module.split(".")
+    if parts[0] != "cockpit" or len(parts) == 1:
+        return parts[0]
+    return ".".join(parts[:2])

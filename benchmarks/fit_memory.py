@@ -6,8 +6,8 @@ every row with the profile and overrides it ran with (`cockpit.plan.estimate` on
 one H200). Offload rows measured before the overlapped fetch ran with the embeddings on the host and are
 planned so.
 
-One constant is fitted: `cockpit.plan.model.WORKING_LAYERS_FAST`, what a layer's recompute and backward
-hold in units of what autograd saves for it, on the trainer's fast paths (chunked loss, fused NF4
+One constant is fitted: `cockpit.plan.activations.WORKING_LAYERS_FAST`, what a layer's recompute and
+backward hold in units of what autograd saves for it, on the trainer's fast paths (chunked loss, fused NF4
 expert GEMMs, varlen attention). It is fitted on the IN_SAMPLE rows (no offload, 4 layers, 4,096 and
 8,192 tokens a micro-batch) as the largest that any of them needs, so that the plan bounds the peak
 rather than splits the difference. Every other row is out of sample: 1 and 2 layers, 1,024 tokens, two
@@ -16,7 +16,7 @@ layers). Rows of the unfused paths (`before-*`) are planned with the unfused ter
 Rows that gather each expert block as its own ZeRO-3 leaf (a lever measured and dropped) are left out:
 the planner gathers whole layers, as the trainer does.
 
-    python benchmarks/fit_memory.py     # prints the table and the constant for cockpit/plan/model.py
+    python benchmarks/fit_memory.py     # prints the table and the constant for cockpit/plan/activations.py
 
 Writes plan_memory_fit.md and .json under $OUT (else benchmarks/results/). No GPU needed.
 """
@@ -40,9 +40,9 @@ GiB = 1024**3
 def planned(row: Any) -> Any:
     """The plan's training phase for a step_speed row, configured as the row ran."""
     from benchmarks.step_speed import EARLIER_OFFLOAD, EMB_HOST, STORY_PROFILE
+    from cockpit.plan.estimator import estimate
     from cockpit.plan.hardware import Hardware
-    from cockpit.plan.model import estimate
-    from cockpit.plan.planner import inputs_for, resolve_geometry, setup_for
+    from cockpit.plan.inputs import inputs_for, resolve_geometry, setup_for
     from cockpit.profiles import load_profile
 
     overrides = row.overrides(gpu=True) + (list(EMB_HOST) if row.name in EARLIER_OFFLOAD else [])
@@ -110,8 +110,8 @@ def report(constant: float, fitted: float, lines: list[dict[str, Any]]) -> str:
         "# The planner's GPU training peak against measured (story geometry, one H200)",
         "",
         f"`WORKING_LAYERS_FAST` fitted on {', '.join(IN_SAMPLE)}: {fitted:.2f} "
-        f"(cockpit/plan/model.py has {constant:.2f}). Measured: `torch.cuda.max_memory_allocated` over the "
-        "training steps of each step_speed row; planned: `cockpit.plan.estimate` for the row's profile "
+        f"(cockpit/plan/activations.py has {constant:.2f}). Measured: `torch.cuda.max_memory_allocated` over "
+        "the training steps of each step_speed row; planned: `cockpit.plan.estimate` for the row's profile "
         "and overrides on the sliced geometry.",
         "",
         "| row | layers | tokens x accum | offload (prefetch, embeddings) | paths | sample | measured GiB "
@@ -169,7 +169,7 @@ def summary(lines: list[dict[str, Any]]) -> list[str]:
 
 
 def main() -> int:
-    from cockpit.plan.model import WORKING_LAYERS_FAST
+    from cockpit.plan.activations import WORKING_LAYERS_FAST
 
     data = json.loads(RESULTS.read_text())
     fitted = fit(data)

@@ -53,8 +53,8 @@ def copy_bytes(layers: int) -> float:
     """Host-to-device bytes of a micro-batch with parameter offload, as the planner counts them for the
     story profile on one GPU."""
     from cockpit.plan.hardware import Hardware
-    from cockpit.plan.model import Weights
-    from cockpit.plan.planner import inputs_for, resolve_geometry, setup_for
+    from cockpit.plan.inputs import inputs_for, resolve_geometry, setup_for
+    from cockpit.plan.weights import Weights
     from cockpit.profiles import load_profile
 
     profile, _ = load_profile(STORY)

@@ -2,7 +2,7 @@
 story's 8-layer slice, beside the plan's own ratio.
 
 Each option is the story profile with the `--set` overrides the plan would print for it
-(`cockpit.plan.planner.overrides_for`), rehearsed at 8 layers (random weights, one H200, `STEPS` optimizer
+(`cockpit.plan.options.overrides_for`), rehearsed at 8 layers (random weights, one H200, `STEPS` optimizer
 steps, the median of those after the warm-up), in one record a option, bracketed as `cockpit rehearse`
 brackets a depth. The ratio is tokens/s against the configuration as written (param + optimizer
 offload, 4 rows of 4,096 tokens a micro-batch, 2 a step), measured at the same depth.

@@ -486,8 +486,8 @@ def derive(row: Row, result: dict[str, Any], profile_name: str, ceilings: dict[s
         ran = len(result["losses"])  # read_row's rule over the steps the run recorded
         result.setdefault("timed_steps", ran - WARMUP_STEPS - (3 if row.profile else 0))
     from cockpit.plan.flops import token_flops
-    from cockpit.plan.model import lora_params
-    from cockpit.plan.planner import resolve_geometry
+    from cockpit.plan.inputs import resolve_geometry
+    from cockpit.plan.weights import lora_params
     from cockpit.profiles import load_profile
 
     profile, _ = load_profile(profile_name)

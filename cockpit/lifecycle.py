@@ -136,10 +136,10 @@ def start_rehearsal(
     (`LifecycleError`) when a depth's slice does not fit this machine, when the model's config.json is
     not here, or when the loader cannot take random weights.
     """
-    from cockpit.plan.planner import PlanError, resolve_geometry
+    from cockpit.plan.inputs import PlanError, resolve_geometry
     from cockpit.profiles import profile_to_dict
-    from cockpit.rehearse.measure import WARMUP_STEPS
     from cockpit.rehearse.figures import default_depths
+    from cockpit.rehearse.measure import WARMUP_STEPS
     from cockpit.rehearse.run import RehearsalError, preflight, rehearsal_profile
 
     profile, path = load_profile(profile_ref, list(overrides))

@@ -12,8 +12,8 @@ from cockpit.contract import TINY_MODEL
 from cockpit.plan.formats import packed_experts
 from cockpit.plan.geometry import geometry_from_config
 from cockpit.plan.hardware import Hardware
-from cockpit.plan.model import Precision, Weights
-from cockpit.plan.planner import inputs_for, setup_for
+from cockpit.plan.inputs import inputs_for, setup_for
+from cockpit.plan.weights import Precision, Weights
 from cockpit.profiles import PROFILES_DIR, load_profile
 from trainer import quant
 from trainer.experts4bit import NF4Experts

@@ -99,8 +99,8 @@ def test_the_planning_model_holds_the_bytes_the_loader_holds(tiny_dir: str) -> N
 def test_the_planning_model_agrees_with_the_plan_on_the_story(loader: str) -> None:
     """Every decoder layer, the embeddings and the head of the story's 94-layer model, as `cockpit plan`
     stores them; under `from_pretrained` the experts are still 16-bit when the model is placed."""
-    from cockpit.plan.model import Weights
-    from cockpit.plan.planner import inputs_for, resolve_geometry
+    from cockpit.plan.inputs import inputs_for, resolve_geometry
+    from cockpit.plan.weights import Weights
 
     profile = with_loader(load_profile(STORY)[0], loader)
     as_planned = with_experts(profile, loader == "layerwise")

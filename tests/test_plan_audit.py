@@ -9,7 +9,7 @@ import pytest
 
 from cockpit.plan import Hardware, build_plan
 from cockpit.plan.audit import compare_audit, plan_warnings
-from cockpit.plan.model import GiB
+from cockpit.plan.inputs import GiB
 from cockpit.profiles import load_profile
 from cockpit.record.view import RunView
 

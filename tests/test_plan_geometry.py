@@ -11,7 +11,7 @@ import transformers
 
 from cockpit.contract import TINY_MODEL, kind_of
 from cockpit.plan.geometry import geometry_from_config
-from cockpit.plan.model import Precision
+from cockpit.plan.weights import Precision
 from cockpit.profiles import PROFILES_DIR
 
 STORY_CONFIG = PROFILES_DIR / "models/qwen3-235b-a22b-thinking-2507/config.json"

@@ -10,8 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from cockpit.plan.configuration import Setup
+from cockpit.plan.estimator import estimate
 from cockpit.plan.geometry import geometry_from_config
-from cockpit.plan.model import Assumptions, GiB, Inputs, Precision, Setup, estimate
+from cockpit.plan.inputs import Assumptions, GiB, Inputs
+from cockpit.plan.weights import Precision
 from cockpit.profiles import PROFILES_DIR
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -225,7 +228,7 @@ def test_chunked_loss_holds_one_chunk_not_the_logits() -> None:
     """The trainer's chunked loss holds one chunk's fp32 logits and their 16-bit copy, plus the hidden
     states' gradient: a few hundred MiB at any length, where whole logits grow with the tokens."""
     from cockpit.contract import LOSS_CHUNK_BYTES, loss_chunk_rows
-    from cockpit.plan.model import activations
+    from cockpit.plan.activations import activations
 
     g = geometry_from_config(CONFIG).with_layers(4)
     rows = loss_chunk_rows(V)
@@ -245,7 +248,7 @@ def test_memory_constant_is_the_committed_fit_and_bounds_the_fast_rows() -> None
     """WORKING_LAYERS_FAST equals benchmarks/fit_memory.py over the committed step_speed results, and
     with it the plan bounds every no-offload row of the fast paths, in sample or out, within 16%."""
     from benchmarks import fit_memory as script
-    from cockpit.plan.model import WORKING_LAYERS_FAST
+    from cockpit.plan.activations import WORKING_LAYERS_FAST
 
     data = json.loads(script.RESULTS.read_text())
     assert script.fit(data) == pytest.approx(WORKING_LAYERS_FAST)

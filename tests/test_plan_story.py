@@ -13,7 +13,7 @@ import pytest
 
 from cockpit.plan import Hardware, build_plan
 from cockpit.plan.formats import four_bit, pow2_ceil
-from cockpit.plan.model import GiB
+from cockpit.plan.inputs import GiB
 from cockpit.profiles import PROFILES_DIR, load_profile
 
 STORY = "qwen3-235b-a22b-thinking-4xh100"
@@ -206,8 +206,8 @@ def test_step_time_comes_from_the_measured_costs() -> None:
     scaled by datasheet rates to the target GPU; a slower GPU only slows the FLOPs term."""
     from dataclasses import replace
 
-    from cockpit.plan.model import Assumptions, datasheet_tflops, micro_batch_flops
-    from cockpit.plan.planner import inputs_for, resolve_geometry, setup_for
+    from cockpit.plan.estimator import micro_batch_flops
+    from cockpit.plan.inputs import Assumptions, datasheet_tflops, inputs_for, resolve_geometry, setup_for
     from cockpit.plan.speed import MeasuredSpeed
 
     profile, _ = load_profile(STORY)

@@ -25,8 +25,8 @@ def layer_elements(profile: Profile) -> int:
 def _gathered_elements(profile: Profile) -> tuple[int, int]:
     """Stored elements of the largest decoder layer and of the lm_head, from the plan (ZeRO-3 counts
     elements of the 16-bit storage dtype)."""
-    from cockpit.plan.model import Weights
-    from cockpit.plan.planner import inputs_for, resolve_geometry
+    from cockpit.plan.inputs import inputs_for, resolve_geometry
+    from cockpit.plan.weights import Weights
 
     inputs = inputs_for(profile, resolve_geometry(profile))
     weights = Weights.of(inputs.geometry, inputs.precision)

@@ -3,10 +3,13 @@
 Pure arithmetic from the model's config.json (no torch, no Textual): `build_plan(profile)`.
 """
 
+from cockpit.plan.configuration import Setup
+from cockpit.plan.estimator import Estimate, estimate
 from cockpit.plan.geometry import ModelGeometry, geometry_from_config, load_geometry
 from cockpit.plan.hardware import Hardware, resolve_hardware
-from cockpit.plan.model import Assumptions, Estimate, Inputs, Precision, Setup, estimate
-from cockpit.plan.planner import Plan, PlanError, build_plan
+from cockpit.plan.inputs import Assumptions, Inputs, PlanError
+from cockpit.plan.planner import Plan, build_plan
+from cockpit.plan.weights import Precision
 
 __all__ = [
     "Assumptions",

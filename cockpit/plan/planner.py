@@ -6,118 +6,25 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
-from pathlib import Path
+from dataclasses import dataclass, field
 from typing import Any
 
-from cockpit.contract import LOADERS, TINY_MODEL, experts_storage_dtype, loader_of
+from cockpit.plan.estimator import Estimate, estimate
 from cockpit.plan.formats import bytes_per_param_4bit, four_bit, plain
-from cockpit.plan.geometry import KINDS, GeometryError, ModelGeometry, geometry_from_config, load_geometry
+from cockpit.plan.geometry import KINDS, ModelGeometry
 from cockpit.plan.hardware import Hardware, resolve_hardware
-from cockpit.plan.model import (
-    OFFLOAD_MODES,
-    Assumptions,
-    Estimate,
-    GiB,
-    Inputs,
-    Precision,
-    Setup,
-    estimate,
-    lora_params,
-)
+from cockpit.plan.inputs import Assumptions, Inputs, inputs_for, resolve_geometry, setup_for
+from cockpit.plan.options import Option, OptionSet, options, overrides_for
 from cockpit.plan.units import size
 from cockpit.plan.validation_time import ValidationTime
-from cockpit.profiles import BUILTIN_PREFIX, Profile
-
-
-class PlanError(ValueError):
-    """A profile that cannot be planned (no readable config.json)."""
-
-
-def resolve_geometry(profile: Profile) -> ModelGeometry:
-    """The model's geometry: `model.config`, else `model.path`/config.json, else the built-in config."""
-    name = profile.model.name or Path(profile.model.path).name
-    try:
-        if profile.model.config:
-            return load_geometry(profile.model.config, name)
-        if profile.model.path.startswith(BUILTIN_PREFIX):
-            return geometry_from_config({"model_type": "qwen3_moe", **TINY_MODEL}, name)
-        return load_geometry(profile.model.path, name)
-    except GeometryError as exc:
-        raise PlanError(
-            f"{exc} (set model.config to the model's config.json to plan without the weights)"
-        ) from None
-
-
-def inputs_for(profile: Profile, geometry: ModelGeometry, assumptions: Assumptions | None = None) -> Inputs:
-    q = profile.quantization
-    return Inputs(
-        geometry=geometry,
-        precision=Precision(
-            load_in_4bit=q.load_in_4bit,
-            quant_type=q.quant_type,
-            double_quant=q.double_quant,
-            storage_dtype=q.storage_dtype,
-            compute_dtype=q.compute_dtype,
-            experts_4bit=q.quantize_experts,
-            experts_storage_dtype=experts_storage_dtype(profile.training.bf16, q.storage_dtype),
-        ),
-        lora_targets=tuple(profile.lora.target_modules),
-        lora_r=profile.lora.r,
-        assumptions=assumptions or Assumptions(),
-    )
-
-
-def setup_for(profile: Profile, hw: Hardware) -> Setup:
-    """The profile's own configuration, loaded the way the trainer loads it."""
-    ds, t = profile.deepspeed, profile.training
-    return Setup(
-        gpus=hw.gpus,
-        nodes=hw.nodes,
-        stage=ds.stage,
-        offload_param=ds.offload_param,
-        offload_optimizer=ds.offload_optimizer,
-        loader=loader_of(profile.model.loader, profile.model.trust_remote_code),
-        seq_len=t.seq_len,
-        micro_batch=t.micro_batch_size,
-        grad_ckpt=t.gradient_checkpointing,
-        gpu_mem_gib=hw.gpu_mem_gib,
-        host_ram_gib=hw.host_ram_gib,
-        gpu_name=hw.gpu_name,
-        packing=t.packing,
-        doc_tokens=profile.data.mean_tokens,
-        prefetch_layers=ds.prefetch_layers if ds.stage == 3 else 0.0,
-        embeddings_on_gpu=ds.embeddings_on_gpu,
-        chunked_loss=t.chunked_loss,
-        attention=t.attention,
-    )
-
-
-def _rank(e: Estimate) -> tuple:
-    """Sort key for fitting options: fastest first; then what the trainer does today, then less offload."""
-    s = e.setup
-    offload = ("none", "cpu", "nvme").index(s.offload_param) * 2 + ("none", "cpu", "nvme").index(
-        s.offload_optimizer
-    )
-    return (-(e.tokens_per_s or 0.0), s.loader != "layerwise", offload)
-
-
-def pick(estimates: list[Estimate]) -> Estimate:
-    """The fastest that fits; if none fits, the one closest to fitting."""
-    fitting = [e for e in estimates if e.fits]
-    if fitting:
-        return min(fitting, key=_rank)
-    return min(estimates, key=lambda e: e.binding.ratio if e.binding else 0.0)
-
-
-@dataclass
-class Option:
-    label: str
-    estimate: Estimate
+from cockpit.plan.weights import lora_params
+from cockpit.profiles import Profile
 
 
 @dataclass
 class Plan:
+    """A profile's plan: its model and hardware, the configured estimate, the options and the run."""
+
     profile_name: str
     geometry: ModelGeometry
     hardware: Hardware
@@ -132,14 +39,17 @@ class Plan:
 
     @property
     def options(self) -> list[Option]:
+        """The options table's rows."""
         return self.found.rows
 
     @property
     def best(self) -> Estimate | None:
+        """The fastest configuration that fits, if any does."""
         return self.found.best
 
     @property
     def requirements(self) -> list[str]:
+        """What any configuration that fits here requires."""
         return self.found.requirements
 
     def best_overrides(self) -> list[str]:
@@ -198,9 +108,11 @@ class Plan:
 
     @property
     def lora_params(self) -> int:
+        """LoRA parameters of the profile's targets and rank."""
         return lora_params(self.geometry, self.inputs.lora_targets, self.inputs.lora_r)
 
     def verdict(self) -> str:
+        """One line: fits, does not fit (and by what), or not checked."""
         e = self.configured
         b = e.binding
         if e.fits and e.unchecked:
@@ -220,6 +132,7 @@ class Plan:
         )
 
     def to_dict(self) -> dict[str, Any]:
+        """The plan as `cockpit plan --format json` prints it and `plan.json` keeps it."""
         g, hw, prec = self.geometry, self.hardware, self.inputs.precision
         acts = self.inputs.activations(self.configured.setup)
         w = self.inputs.weights
@@ -322,6 +235,7 @@ def gib(n: float) -> str:
 
 
 def estimate_dict(e: Estimate) -> dict[str, Any]:
+    """An estimate as `plan.json` and `cockpit plan --format json` carry it."""
     s = e.setup
     return {
         "setup": {
@@ -364,113 +278,6 @@ def estimate_dict(e: Estimate) -> dict[str, Any]:
     }
 
 
-# --- options -----------------------------------------------------------------------------------
-def _variants(inputs: Inputs, base: Setup, gpus: int, seq_len: int) -> list[Estimate]:
-    """Every offload mode and loader for one GPU count and sequence length."""
-    out = []
-    for param, opt in OFFLOAD_MODES:
-        for loader in LOADERS:
-            setup = replace(
-                base,
-                gpus=gpus,
-                seq_len=seq_len,
-                stage=3,
-                offload_param=param,
-                offload_optimizer=opt,
-                loader=loader,
-            )
-            out.append(estimate(inputs, setup))
-    return out
-
-
-def shorter(seq_len: int) -> list[int]:
-    return [s for s in (seq_len // 2, seq_len // 4) if s >= 256]
-
-
-def other_gpus(gpus: int) -> list[int]:
-    return [n for n in (gpus // 2, gpus * 2) if 1 <= n <= 16 and n != gpus]
-
-
-def overrides_for(configured: Setup, other: Setup, grad_accum: int) -> list[str]:
-    """The `--set` overrides that turn the configured setup into `other` (what a user types to take an
-    option); more rows a micro-batch divide the accumulation so the optimizer step keeps its rows."""
-    sets = []
-    for field_name, key in (
-        ("offload_param", "deepspeed.offload_param"),
-        ("offload_optimizer", "deepspeed.offload_optimizer"),
-        ("loader", "model.loader"),
-    ):
-        if getattr(other, field_name) != getattr(configured, field_name):
-            sets.append(f'{key}="{getattr(other, field_name)}"')
-    if other.gpus != configured.gpus:
-        sets.append(f"hardware.gpus={other.gpus}")
-    if other.seq_len != configured.seq_len:
-        sets.append(f"training.seq_len={other.seq_len}")
-    if other.micro_batch != configured.micro_batch:
-        sets.append(f"training.micro_batch_size={other.micro_batch}")
-        accum = grad_accum * configured.micro_batch // other.micro_batch
-        if accum != grad_accum and accum >= 1:
-            sets.append(f"training.grad_accum={accum}")
-    return sets
-
-
-@dataclass
-class OptionSet:
-    rows: list[Option]
-    best: Estimate | None  # the fastest that fits: on the profile's GPUs and sequence length if possible
-    closest: Estimate | None  # when nothing fits: the configuration nearest to fitting
-    requirements: list[str]
-
-
-def options(inputs: Inputs, base: Setup, grad_accum: int = 1) -> OptionSet:
-    """Rows to show, the recommended configuration, and what any configuration that fits requires.
-
-    With an even gradient accumulation, twice the rows a micro-batch and half the accumulation is the
-    same optimizer step (the same rows, the same update) for fewer micro-batches: its fixed host work
-    (hooks, launches, the step's bookkeeping) is paid half as often. Measured on the story's slice:
-    35.6% of the bf16 rate against 29.7% (`benchmarks/results/step_speed_h200.md`, story rows)."""
-    if not base.gpus:
-        return OptionSet([], None, None, [])
-    n, t = base.gpus, base.seq_len
-    here = _variants(inputs, base, n, t)
-    rows = [
-        Option(name, pick([e for e in here if e.setup.offload == name])) for name in OFFLOAD_MODES.values()
-    ]
-    if grad_accum >= 2 and grad_accum % 2 == 0:
-        wider = _variants(inputs, replace(base, micro_batch=2 * base.micro_batch), n, t)
-        rows.append(
-            Option(f"{2 * base.micro_batch} rows a micro-batch, accumulation {grad_accum // 2}", pick(wider))
-        )
-        here = here + wider
-    by_gpus = {m: _variants(inputs, base, m, t) for m in other_gpus(n)}
-    rows += [Option(f"{'fewer' if m < n else 'more'} GPUs ({m})", pick(ests)) for m, ests in by_gpus.items()]
-    by_seq = {s: _variants(inputs, base, n, s) for s in shorter(t)}
-    rows += [Option(f"shorter sequences ({s})", pick(ests)) for s, ests in by_seq.items()]
-
-    groups = [here, *by_seq.values(), *by_gpus.values()]
-    best = next((pick(group) for group in groups if any(e.fits for e in group)), None)
-    closest = None if best else pick([e for group in groups for e in group])
-
-    requirements = []
-    fit_here = [e for e in here if e.fits]
-    if fit_here and all(e.setup.loader == "layerwise" for e in fit_here):
-        whole = min(e.load.gpu_peak for e in here if e.setup.loader == "transformers")
-        now = "as configured" if base.loader == "layerwise" else "not what the profile says"
-        requirements.append(
-            f'the layer-by-layer loader (model.loader = "layerwise", {now}): from_pretrained would '
-            "put each rank's whole model on its GPU before ZeRO-3 partitions it"
-            + (" (the experts still in 16 bit)" if inputs.precision.experts_4bit else "")
-            + f", {whole / GiB:,.1f} GiB of {base.gpu_mem_gib:g} GiB"
-        )
-    if fit_here and all(e.setup.offload_param != "none" for e in fit_here):
-        no_off = min((e.train.gpu_peak for e in here if e.setup.offload_param == "none"), default=0)
-        requirements.append(
-            f"CPU offload of the parameters in training: without it each GPU needs "
-            f"{no_off / GiB:,.1f} GiB of {base.gpu_mem_gib:g} GiB"
-        )
-    return OptionSet(rows, best, closest, requirements)
-
-
 @dataclass(frozen=True)
 class RunLength:
     """Optimizer steps for the profile's data and epochs, and their training time as configured."""
@@ -493,6 +300,7 @@ class RunLength:
         return None if self.train_s is None else self.train_s + (self.validation_s or 0.0)
 
     def to_dict(self) -> dict[str, Any]:
+        """The run's length as the plan's JSON carries it."""
         out = dict(vars(self))
         out["validation"] = self.validation.to_dict() if self.validation else None
         return out

@@ -8,9 +8,11 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
+from cockpit.plan.estimator import Estimate
+from cockpit.plan.inputs import GiB
 from cockpit.plan.measured import CONFIGURED, Measured, fastest_measured
-from cockpit.plan.model import Estimate, GiB
-from cockpit.plan.planner import Plan, overrides_for
+from cockpit.plan.options import overrides_for
+from cockpit.plan.planner import Plan
 from cockpit.plan.units import common_unit, size
 
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cockpit.contract import GATHERED_BEYOND_PREFETCH, ZERO3_LAYER_FETCHES
-from cockpit.plan.model import GiB
+from cockpit.plan.inputs import GiB
 from cockpit.rehearse.fit import (
     PEAK_FLOOR,
     STEP_FLOOR,

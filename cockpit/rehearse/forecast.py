@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cockpit.contract import EVAL_BATCH_SIZE, ZERO3_LAYER_FETCHES
-from cockpit.plan.model import GiB
+from cockpit.plan.inputs import GiB
 from cockpit.plan.run_length import data_size, run_steps
 from cockpit.plan.validation_time import validation_time
 from cockpit.rehearse.figures import fit_all, gathered_knee, gathers, terms_for

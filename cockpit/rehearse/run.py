@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from cockpit.plan.geometry import ModelGeometry
-from cockpit.plan.model import Assumptions, GiB, datasheet_tflops
+from cockpit.plan.inputs import Assumptions, GiB, datasheet_tflops
 from cockpit.profiles import LauncherSpec, Profile
 from cockpit.record import RunPaths, load_manifest, read_events
 from cockpit.record.atomic import write_json_atomic
@@ -38,9 +38,9 @@ def rehearsal_profile(profile: Profile, gpus: int) -> Profile:
 
 def preflight(profile_here: Profile, geometry: ModelGeometry, depths: list[int]) -> None:
     """Refuse (RehearsalError) a rehearsal with a slice, at any of its depths, that does not fit here."""
+    from cockpit.plan.estimator import estimate
     from cockpit.plan.hardware import resolve_hardware
-    from cockpit.plan.model import estimate
-    from cockpit.plan.planner import inputs_for, setup_for
+    from cockpit.plan.inputs import inputs_for, setup_for
 
     hw = resolve_hardware(profile_here)  # this machine, probed once
     setup = setup_for(profile_here, hw)

@@ -25,7 +25,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT)]
 
-from cockpit.faults import (  # noqa: E402
+from devtools.faults import (  # noqa: E402
     kill,
     rank0_steps,
     start_detached,

@@ -2,7 +2,7 @@
 (`trainer.load_share`) against every rank loading all of it (`COCKPIT_LOAD_SHARE=0`, the old path).
 
 Each job is the cockpit's trainer started as `cockpit run` starts it (DeepSpeed's runner with the
-profile's launcher options, every rank under `trainer.guard`), N ranks, one optimizer step, no
+profile's launcher options, every rank under `cockpit.service.guard`), N ranks, one optimizer step, no
 evaluation. The jobs alternate between the two ways, `--repeats` times each. From each rank's record:
 `load_s` (the `loaded` event: the layer-by-layer load, ZeRO-3 partitioning, LoRA), the loader's own
 `load_quantize_s`, the checkpoint tensors it read, the process's RSS peak when the load ended
@@ -41,7 +41,7 @@ WAYS = {"every rank loads all": "0", "each rank its share": "1"}
 
 def run_job(args: argparse.Namespace, runs: Path, way: str, repeat: int) -> Path:
     """One job of N ranks, the load done `way`; returns its run directory."""
-    from cockpit.supervisor import rehearsal_args
+    from cockpit.service.supervisor import rehearsal_args
 
     overrides = [
         f"hardware.gpus={args.ranks}",

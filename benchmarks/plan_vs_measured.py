@@ -42,7 +42,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-STORY_CONFIG = ROOT / "cockpit/profiles_data/models/qwen3-235b-a22b-thinking-2507/config.json"
+STORY_CONFIG = ROOT / "profiles/models/qwen3-235b-a22b-thinking-2507/config.json"
 # A small Qwen3-MoE for CPU runs: the same shape of model, a few hundred MB.
 CPU_CONFIG = {
     "architectures": ["Qwen3MoeForCausalLM"],
@@ -249,8 +249,8 @@ def run_case(
     case: Case, model: Path, data: Path, runs: Path, gpu: bool, seq_len: int, steps: int, timeout: float
 ) -> None:
     from cockpit.profiles import parse_profile
-    from cockpit.runs import create_run
-    from cockpit.supervisor import child_env, free_port, trainer_argv
+    from cockpit.service.runs import create_run
+    from cockpit.service.supervisor import child_env, free_port, trainer_argv
 
     profile = parse_profile(profile_for(case, model, data, gpu, seq_len, steps), case.name)
     run_dir = create_run(runs, profile, Path(__file__), [sys.executable, *sys.argv])

@@ -1,6 +1,6 @@
 """Launching the cockpit's own trainer for benchmarks: a run record, a rehearsal depth, one rank or N.
 
-The benchmarks measure the product's code path: a run directory made by `cockpit.runs.create_run` from
+The benchmarks measure the product's code path: a run directory made by `cockpit.service.runs.create_run` from
 a profile with overrides, and `python -m trainer --rehearse-layers N` (the architecture sliced to N
 layers, random weights) with the environment of a single DeepSpeed rank (`run_depth`), or the trainer
 as `cockpit run` launches it, through DeepSpeed's runner, `hardware.gpus` ranks (`run_ranks`).
@@ -43,7 +43,7 @@ def single_rank_env() -> dict[str, str]:
 def new_run(profile_name: str, overrides: list[str], runs: Path, name: str) -> tuple[Path, Any]:
     """A run directory for the profile with `overrides`, renamed `name`; returns it and the profile."""
     from cockpit.profiles import load_profile
-    from cockpit.runs import create_run
+    from cockpit.service.runs import create_run
 
     profile, path = load_profile(profile_name, overrides)
     profile = profile.model_copy(update={"name": name})
@@ -60,7 +60,7 @@ def run_depth(
     sampler: bool = False,
 ) -> int | str:
     """Train `steps` steps of the `layers`-layer slice in `run_dir` as one rank: exit code or "timeout"."""
-    from cockpit.supervisor import child_env, rehearsal_args
+    from cockpit.service.supervisor import child_env, rehearsal_args
 
     full_env = {**child_env(), **(env or {}), **single_rank_env()}
     argv = [
@@ -82,10 +82,12 @@ def run_ranks(
     timeout: float = 600,
     sampler: bool = False,
 ) -> int | str:
-    """The trainer in `run_dir` as `cockpit run` launches it (`cockpit.supervisor.trainer_argv`: DeepSpeed's
-    runner with the profile's launcher options, `hardware.gpus` ranks, each under `trainer.guard`), with
+    """The trainer in `run_dir` as `cockpit run` launches it (`cockpit.service.supervisor.trainer_argv`:
+    DeepSpeed's
+    runner with the profile's launcher options, `hardware.gpus` ranks, each under
+    `cockpit.service.guard`), with
     `extra` trainer arguments (a rehearsal depth: `rehearsal_args`); no supervisor. Exit code or "timeout"."""
-    from cockpit.supervisor import child_env, trainer_argv
+    from cockpit.service.supervisor import child_env, trainer_argv
 
     argv = trainer_argv(profile, run_dir, False, free_port(), extra or [])
     full_env = {**child_env(), "PYTHONUNBUFFERED": "1", **(env or {})}
@@ -105,7 +107,14 @@ def run_logged(
         telemetry = None
         if sampler:
             telemetry = subprocess.Popen(
-                [sys.executable, "-m", "cockpit.telemetry", str(run_dir), "--root-pid", str(proc.pid)],
+                [
+                    sys.executable,
+                    "-m",
+                    "cockpit.service.telemetry",
+                    str(run_dir),
+                    "--root-pid",
+                    str(proc.pid),
+                ],
                 cwd=ROOT,
                 env=env,
                 stdout=subprocess.DEVNULL,
@@ -138,7 +147,7 @@ def prepare_ops(profile_name: str) -> float:
     run is timed; returns the seconds it took (0 where they are built or cannot be). On a fresh GPU
     machine the JIT build takes about two minutes, inside the first offload run's time limit otherwise;
     the runs then load it from the extensions cache."""
-    from cockpit import dsops
+    from cockpit.ops import dsops
     from cockpit.profiles import load_profile
 
     def announce(state: dsops.OpState, words: str) -> None:

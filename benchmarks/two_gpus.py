@@ -371,7 +371,7 @@ def prebuild(ctx: Ctx) -> dict[str, Any]:
 
 def tiny_run(ctx: Ctx, ranks: int) -> dict[str, Any]:
     from benchmarks.two_nodes import figures
-    from cockpit.faults import start_detached, wait_end
+    from devtools.faults import start_detached, wait_end
 
     runs = ctx.runs / f"tiny-{ranks}"
     gpus = ranks if ctx.gpu else (2 if ranks == 2 else 0)  # on the CPU: hardware.gpus=2 is two CPU ranks

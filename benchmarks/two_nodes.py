@@ -30,9 +30,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT)]
 
-from cockpit.faults import env_for, start_detached, wait_end  # noqa: E402
 from cockpit.record import read_events  # noqa: E402
 from cockpit.record.view import RunView  # noqa: E402
+from devtools.faults import env_for, start_detached, wait_end  # noqa: E402
 
 
 def launch_one_node(runs: Path, cache: Path, args: argparse.Namespace, ranks: int) -> Path:

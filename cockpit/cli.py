@@ -1,4 +1,4 @@
-"""The `cockpit` command: parses arguments, calls the run's lifecycle (`cockpit.lifecycle`), prints.
+"""The `cockpit` command: parses arguments, calls the run's lifecycle (`cockpit.service.lifecycle`), prints.
 
 Exit codes: 0 the run finished; 1 it failed; 2 bad input (profile, arguments, unknown run, a damaged
 record); 3 it was stopped; 4 it stalled.
@@ -20,11 +20,9 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from cockpit import __version__, lifecycle
-from cockpit.diagnosis import describe_exit
+from cockpit import __version__
 from cockpit.export import ExportError
 from cockpit.importers.model import ForeignLogError
-from cockpit.lifecycle import LifecycleError, StopOutcome
 from cockpit.profiles import (
     DEFAULT_PROFILE,
     MAX_GPU_MEM_GIB,
@@ -35,7 +33,10 @@ from cockpit.profiles import (
     load_profile,
 )
 from cockpit.record import RecordError, RunPaths, check_record
-from cockpit.runs import TRAINING, default_runs_dir, runs_dir_problem
+from cockpit.service import lifecycle
+from cockpit.service.diagnosis import describe_exit
+from cockpit.service.lifecycle import LifecycleError, StopOutcome
+from cockpit.service.runs import TRAINING, default_runs_dir, runs_dir_problem
 
 EXIT_CODES = {"finished": 0, "failed": 1, "stopped": 3, "stalled": 4}
 EXIT_BAD_INPUT = 2
@@ -244,7 +245,7 @@ def _use_app(command: str, *, no_ui: bool = False, refusal: str | None = None) -
 
 def cmd_attach(args: argparse.Namespace) -> int:
     if args.run is None:  # the latest running run, named
-        from cockpit.runs import latest_running
+        from cockpit.service.runs import latest_running
 
         found = latest_running(_runs_dir(args))
         if found is None:
@@ -369,7 +370,7 @@ def _ls_row(run_dir: Path, now: float) -> dict[str, Any]:
 
 
 def cmd_ls(args: argparse.Namespace) -> int:
-    from cockpit.runs import list_run_dirs
+    from cockpit.service.runs import list_run_dirs
 
     run_dirs = list_run_dirs(_runs_dir(args), every_folder=True)
     now = time.time()
@@ -398,8 +399,9 @@ def cmd_ls(args: argparse.Namespace) -> int:
 
 
 def _find(args: argparse.Namespace, latest: tuple[str, ...] | None = None) -> Path:
-    """`args.run` among the runs; `latest` the modes `latest` names, if not `cockpit.runs.LATEST_MODES`."""
-    from cockpit.runs import LATEST_MODES, find_run
+    """`args.run` among the runs; `latest` the modes `latest` names, if not
+    `cockpit.service.runs.LATEST_MODES`."""
+    from cockpit.service.runs import LATEST_MODES, find_run
 
     try:
         return find_run(_runs_dir(args), args.run, latest or LATEST_MODES)
@@ -570,9 +572,10 @@ def _say_imported(source: Path, imported: Any, run_id: str) -> None:
 
 
 def _run_or_log(ref: str, runs_dir: Path, latest: tuple[str, ...] | None = None) -> Path:
-    """A run by id, prefix, path or `latest` (of the modes `latest` names: `cockpit.runs.find_run`); else
+    """A run by id, prefix, path or `latest` (of the modes `latest` names:
+    `cockpit.service.runs.find_run`); else
     a foreign log at the path `ref`, imported into the cache once (`cockpit.importers.cached_import`)."""
-    from cockpit.runs import LATEST_MODES, find_run
+    from cockpit.service.runs import LATEST_MODES, find_run
 
     try:
         return find_run(runs_dir, ref, latest or LATEST_MODES)
@@ -751,7 +754,7 @@ DOCTOR_MARKS = {"ok": "[green]ok  [/]", "warn": "[yellow]warn[/]", "fail": "[red
 
 def cmd_doctor(args: argparse.Namespace) -> int:
     """Is this environment ready for the profile's run: one ok/warn/fail line a check; exit 1 on a fail."""
-    from cockpit import doctor
+    from cockpit.service import doctor
 
     profile, path = load_profile(args.profile, args.overrides)
     checks = []

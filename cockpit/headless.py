@@ -191,7 +191,7 @@ class HeadlessViewer:
         self.every_steps, self.every_s = every_steps, every_s  # plain lines' pace, with no terminal
 
     def _supervisor_alive(self) -> bool:
-        from cockpit.liveness import supervisor_alive
+        from cockpit.service.liveness import supervisor_alive
 
         try:
             manifest = load_manifest(self.paths.root)
@@ -282,7 +282,7 @@ class HeadlessViewer:
                 time.sleep(REFRESH_S)  # the owner may have written its last words just now
                 status = self._status()
                 if status not in TERMINAL_STATUSES:
-                    from cockpit.lifecycle import reconcile
+                    from cockpit.service.lifecycle import reconcile
 
                     lost = reconcile(self.paths.root) or "supervisor lost"
                     self.console.print(f"[bold red]{escape(lost)}[/]")

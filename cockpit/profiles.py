@@ -20,8 +20,23 @@ from cockpit.limits import DataLimits
 from cockpit.textfile import NotUtf8, read_utf8
 from cockpit.trackers import Trackers, tracker_problems
 
-# The shipped profiles (and the story's config.json beside them) are package data: a wheel carries them.
-PROFILES_DIR = Path(__file__).resolve().parent / "profiles_data"
+
+def shipped_profiles_dir() -> Path:
+    """The shipped profiles (and the story's config.json beside them): the package data
+    `cockpit.shipped_profiles` where the cockpit is installed (a wheel, or editable: the checkout's
+    `profiles/`), else a checkout's `profiles/` beside `cockpit/` (run from the source, unbuilt)."""
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec("cockpit.shipped_profiles")
+    except ImportError:
+        spec = None
+    if spec is not None and spec.submodule_search_locations:
+        return Path(next(iter(spec.submodule_search_locations))).resolve()
+    return Path(__file__).resolve().parent.parent / "profiles"
+
+
+PROFILES_DIR = shipped_profiles_dir()
 DEFAULT_PROFILE = "tiny-cpu"
 BUILTIN_PREFIX = "builtin:"
 BUILTIN_MODELS = ("builtin:tiny-qwen3-moe",)
@@ -203,7 +218,8 @@ class TrainingSpec(_Section):
         default=1800.0,
         description="Stop a run with no step for this long (or ten median steps, if longer). Before its "
         "first step a run is stopped only when nothing progresses (no event, its processes idle) for this or "
-        "10 min, whichever is longer, or no event comes for 4 times this or 1 h (cockpit.stall.SetupLimits).",
+        "10 min, whichever is longer, or no event comes for 4 times this or 1 h "
+        "(cockpit.service.stall.SetupLimits).",
     )
 
 

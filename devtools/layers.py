@@ -24,7 +24,6 @@ LAYERS: tuple[tuple[str, int, tuple[str, ...]], ...] = (
             "cockpit.limits",
             "cockpit.textfile",
             "cockpit.trackers",
-            "cockpit.downsample",
         ),
     ),
     ("the user's data and DeepSpeed's ops", 2, ("cockpit.data", "cockpit.ops")),

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from cockpit.faults import Watch, env_for, run_watched
+from devtools.faults import Watch, env_for, run_watched
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -40,7 +40,7 @@ def run_cockpit(
     args: list[str], cache: Path, record: Path | None = None, **extra: str
 ) -> subprocess.CompletedProcess[str]:
     """Run `python -m cockpit ARGS` for real and capture its output, as long as it makes progress: the
-    records under `record` (else its `--runs-dir`) grow or its processes work (`cockpit.faults.Watch`);
+    records under `record` (else its `--runs-dir`) grow or its processes work (`devtools.faults.Watch`);
     never for a fixed time. `extra`: environment variables."""
     if record is None and "--runs-dir" in args:
         record = Path(args[args.index("--runs-dir") + 1])

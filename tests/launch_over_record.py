@@ -12,7 +12,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from cockpit import cli, lifecycle
+from cockpit import cli
+from cockpit.service import lifecycle
 
 
 def main(argv: list[str]) -> int:

@@ -14,15 +14,21 @@ ROOT = Path(__file__).resolve().parent.parent
 FORBIDDEN = [
     (
         "cockpit.record",
-        ("cockpit.plan", "cockpit.report", "cockpit.rehearse", "cockpit.app", "cockpit.lifecycle"),
+        ("cockpit.plan", "cockpit.report", "cockpit.rehearse", "cockpit.app", "cockpit.service.lifecycle"),
     ),
     ("cockpit.contract", ("cockpit.", "trainer")),
-    ("cockpit.plan", ("trainer", "cockpit.report", "cockpit.rehearse", "cockpit.app", "cockpit.lifecycle")),
-    ("cockpit.report", ("trainer", "cockpit.plan", "cockpit.app", "cockpit.lifecycle")),
+    (
+        "cockpit.plan",
+        ("trainer", "cockpit.report", "cockpit.rehearse", "cockpit.app", "cockpit.service.lifecycle"),
+    ),
+    ("cockpit.report", ("trainer", "cockpit.plan", "cockpit.app", "cockpit.service.lifecycle")),
     ("cockpit.rehearse", ("trainer", "cockpit.app")),
-    ("cockpit.importers", ("cockpit.app", "cockpit.lifecycle", "cockpit.plan", "cockpit.report", "trainer")),
-    ("cockpit.export", ("cockpit.app", "cockpit.lifecycle", "trainer")),
-    ("cockpit.compare", ("cockpit.app", "cockpit.lifecycle", "trainer")),
+    (
+        "cockpit.importers",
+        ("cockpit.app", "cockpit.service.lifecycle", "cockpit.plan", "cockpit.report", "trainer"),
+    ),
+    ("cockpit.export", ("cockpit.app", "cockpit.service.lifecycle", "trainer")),
+    ("cockpit.compare", ("cockpit.app", "cockpit.service.lifecycle", "trainer")),
     (
         "cockpit.data",
         (
@@ -30,12 +36,12 @@ FORBIDDEN = [
             "cockpit.report",
             "cockpit.rehearse",
             "cockpit.app",
-            "cockpit.lifecycle",
+            "cockpit.service.lifecycle",
             "cockpit.cli",
         ),
     ),
     ("cockpit", ("benchmarks", "tests")),
-    ("trainer", ("cockpit.app", "cockpit.lifecycle", "cockpit.cli", "benchmarks", "tests")),
+    ("trainer", ("cockpit.app", "cockpit.service.lifecycle", "cockpit.cli", "benchmarks", "tests")),
 ]
 CORE_EXCEPT = "cockpit.app"
 

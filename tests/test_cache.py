@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from cockpit import dsops
 from cockpit.cli import main
+from cockpit.ops import dsops
 
 
 def _mode(path: Path) -> int:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from cockpit.cli import main
-from cockpit.runs import DEFAULT_RUNS_DIR, RUNS_DIR_ENV, user_runs_dir
+from cockpit.service.runs import DEFAULT_RUNS_DIR, RUNS_DIR_ENV, user_runs_dir
 
 
 def test_the_runs_dir_defaults_to_the_environment_then_runs(

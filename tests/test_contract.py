@@ -120,9 +120,9 @@ def test_an_expert_geometry_the_loader_refuses_is_refused_by_plan_and_doctor_by_
     """Experts of 96 x 96 (and 192 x 96): 144 and 288 NF4 blocks an expert, which no nested block size
     divides. The loader refused them at load, after plan and doctor had passed them; now all three say the
     contract's words (`packed_expert_problem`), and plan and doctor before anything loads."""
-    from cockpit import doctor
     from cockpit.cli import main
     from cockpit.contract import packed_expert_problem
+    from cockpit.service import doctor
 
     assert (
         packed_expert_problem(2 * TINY_MODEL["moe_intermediate_size"], TINY_MODEL["hidden_size"], "bfloat16")

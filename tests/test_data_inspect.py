@@ -120,7 +120,7 @@ def test_histogram_bins_and_truncation() -> None:
 def test_a_missing_data_source_names_the_profile_the_field_and_where_it_was_looked_for(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    shipped = Path(__file__).resolve().parent.parent / "cockpit" / "profiles_data" / "tiny-cpu.toml"
+    shipped = Path(__file__).resolve().parent.parent / "profiles" / "tiny-cpu.toml"
     mine = tmp_path / "profiles" / "mine.toml"
     mine.parent.mkdir()
     lines = shipped.read_text().splitlines()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from cockpit.diagnosis import (
+from cockpit.service.diagnosis import (
     EndFacts,
     describe_exit,
     diagnose,

@@ -9,11 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from cockpit import cli, doctor, dsops
+from cockpit import cli
 from cockpit.headless import PlainLog
+from cockpit.ops import dsops
 from cockpit.profiles import load_profile
 from cockpit.record import EventWriter, RunReader
 from cockpit.record.view import RunView
+from cockpit.service import doctor
 
 
 @pytest.fixture
@@ -79,7 +81,7 @@ def test_a_profile_that_wants_gpus_fails_where_nvml_sees_none_and_exits_1(
 
 def _profile(tmp_path: Path, **sections: str) -> str:
     """The tiny profile with `hardware.gpus = 1` and any extra lines, as a file."""
-    text = (Path(cli.__file__).parent / "profiles_data" / "tiny-cpu.toml").read_text()
+    text = (Path(cli.__file__).parent.parent / "profiles" / "tiny-cpu.toml").read_text()
     text = text.replace("[hardware]\ngpus = 0", "[hardware]\ngpus = 1")
     for old, new in sections.items():
         assert old in text

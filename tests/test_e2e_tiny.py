@@ -143,7 +143,7 @@ def test_eval_only_run_compares_several_base_models(tmp_path: Path, asset_cache:
     """`cockpit eval --profile P --model NAME=PATH`: open models side by side, before any fine-tuning."""
     import sys
 
-    from cockpit.faults import Watch, env_for, run_watched
+    from devtools.faults import Watch, env_for, run_watched
 
     other = tmp_path / "other-model"
     build = (
@@ -154,7 +154,7 @@ def test_eval_only_run_compares_several_base_models(tmp_path: Path, asset_cache:
     runs = tmp_path / "runs"
     # Ten held-out examples a tenant (the default job's 40 are scored by the tests above): the same code.
     profile = tmp_path / "tiny-small-eval.toml"
-    text = (REPO / "cockpit" / "profiles_data" / "tiny-cpu.toml").read_text()
+    text = (REPO / "profiles" / "tiny-cpu.toml").read_text()
     profile.write_text(text.replace("eval_examples_per_tenant = 40", "eval_examples_per_tenant = 10"))
     result = run_cockpit(
         ["eval", "--profile", str(profile), "--model", f"seed1={other}", "--runs-dir", str(runs)], asset_cache

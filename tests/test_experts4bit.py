@@ -20,8 +20,8 @@ import torch
 if not torch.cuda.is_available():  # the Triton kernels run on the CPU only in Triton's interpreter
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from cockpit.faults import Watch, run_watched
 from cockpit.profiles import ProfileError, load_profile, parse_profile, profile_to_dict
+from devtools.faults import Watch, run_watched
 from trainer import experts4bit
 from trainer.audit import EngineFacts, build_audit
 from trainer.experts4bit import (
@@ -401,7 +401,7 @@ def test_profile_guards():
 
 @pytest.mark.e2e
 def test_tiny_run_trains_with_experts_in_4bit(tmp_path, tiny_dir):
-    text = (REPO / "cockpit" / "profiles_data" / "tiny-cpu.toml").read_text()
+    text = (REPO / "profiles" / "tiny-cpu.toml").read_text()
     text = text.replace('name = "tiny-cpu"', 'name = "tiny-experts4bit-e2e"')
     if "quantize_experts" not in text:
         text = text.replace("[quantization]\n", "[quantization]\nquantize_experts = true\n")

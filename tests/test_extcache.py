@@ -13,8 +13,9 @@ from typing import Any
 
 import pytest
 
-from cockpit import doctor, dsops, extcache
+from cockpit.ops import dsops, extcache
 from cockpit.profiles import load_profile
+from cockpit.service import doctor
 
 SOURCE = 'extern "C" int cockpit_tiny_op() { return 7; }\n'
 
@@ -195,7 +196,7 @@ def test_prebuild_compiles_what_deepspeed_would_compile_again(
 
 
 def test_each_environment_builds_into_its_own_folder(monkeypatch: pytest.MonkeyPatch) -> None:
-    from cockpit.supervisor import child_env
+    from cockpit.service.supervisor import child_env
 
     monkeypatch.delenv("TORCH_EXTENSIONS_DIR", raising=False)
     mine = extcache.keyed_root()

@@ -12,7 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from cockpit.faults import (
+from cockpit.record import load_manifest, read_events
+from cockpit.record.view import RunView
+from devtools.faults import (
     env_for,
     kill,
     rank0_steps,
@@ -25,8 +27,6 @@ from cockpit.faults import (
     wait_for,
     wait_step,
 )
-from cockpit.record import load_manifest, read_events
-from cockpit.record.view import RunView
 
 pytestmark = pytest.mark.e2e
 
@@ -114,7 +114,7 @@ def test_sigkill_of_one_of_two_ranks_names_that_rank(tmp_path: Path, asset_cache
     assert exits == {0: "SIGTERM", 1: "SIGKILL"}, "rank 0 was ended by the launcher, after rank 1"
     assert_record_readable(run_dir)
     # DeepSpeed's CPU all-reduce buffers (66 MiB of RAM each in /dev/shm) are gone with the launch.
-    from cockpit.shm import allreduce_buffers
+    from cockpit.service.shm import allreduce_buffers
 
     launch = next(e for e in read_events(run_dir, "launch") if e.get("stage") == "train")["argv"]
     assert allreduce_buffers(int(launch[launch.index("--master_port") + 1])) == []

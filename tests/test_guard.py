@@ -1,4 +1,5 @@
-"""Each rank's guard (`python -m trainer.guard`): it records how its trainer ended, and ends the same way,
+"""Each rank's guard (`python -m cockpit.service.guard`): it records how its trainer ended, and ends the
+same way,
 so the launcher sees what it always saw. Real processes, stopped before any model loads."""
 
 from __future__ import annotations
@@ -9,16 +10,16 @@ import subprocess
 import sys
 from pathlib import Path
 
-from cockpit.faults import QUIET_S, REPO, Watch, communicate_watched, wait_for
 from cockpit.profiles import load_profile
 from cockpit.record import read_events
-from cockpit.runs import create_run
+from cockpit.service.runs import create_run
+from devtools.faults import QUIET_S, REPO, Watch, communicate_watched, wait_for
 
 
 def guard(run_dir: Path, rank: int) -> subprocess.Popen[bytes]:
     env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": "0", "WORLD_SIZE": "2", "CROSS_RANK": "1"}
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
-    argv = [sys.executable, "-m", "trainer.guard", "--run-dir", str(run_dir), "--local_rank=0"]
+    argv = [sys.executable, "-m", "cockpit.service.guard", "--run-dir", str(run_dir), "--local_rank=0"]
     return subprocess.Popen(argv, env=env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 

@@ -25,7 +25,7 @@ from cockpit.app.app import CockpitApp
 from cockpit.importers import ForeignLogError, read_foreign
 from cockpit.record import load_manifest, read_events
 from cockpit.record.playback import Playback
-from cockpit.runs import find_run
+from cockpit.service.runs import find_run
 
 HERE = Path(__file__).resolve().parent
 LLAMAFACTORY = HERE / "fixtures" / "imports" / "llamafactory" / "trainer_log.jsonl"

@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 
 from cockpit.cli import main
-from cockpit.node import node_argv
 from cockpit.profiles import load_profile
 from cockpit.record import load_manifest, write_manifest
-from cockpit.runs import create_run
-from cockpit.supervisor import trainer_argv
+from cockpit.service.node import node_argv
+from cockpit.service.runs import create_run
+from cockpit.service.supervisor import trainer_argv
 
 
 def a_run(tmp_path: Path, *overrides: str) -> Path:

@@ -20,7 +20,7 @@ from cockpit.launcher import (
     select_hosts,
 )
 from cockpit.profiles import Profile, ProfileError, check_hosts, load_profile
-from cockpit.supervisor import trainer_argv
+from cockpit.service.supervisor import trainer_argv
 
 HOSTS = """# four hosts
 gpu-a slots=4
@@ -63,7 +63,10 @@ def test_the_runner_parses_every_option_as_the_profile_gave_it(tmp_path: Path) -
     assert args.master_port == 29500, "ssh starts node 0 elsewhere: DeepSpeed's port, not one free here"
     assert (args.launcher, args.launcher_args, args.ssh_port) == ("openmpi", "--mca btl tcp", 2222)
     assert (args.bind_core_list, args.save_pid, args.module) == ("0-3", True, True)
-    assert (args.user_script, args.user_args[:2]) == ("trainer.guard", ["--run-dir", str(tmp_path / "run")])
+    assert (args.user_script, args.user_args[:2]) == (
+        "cockpit.service.guard",
+        ["--run-dir", str(tmp_path / "run")],
+    )
 
     no_ssh = profile(
         f"launcher.hostfile={hostfile}", "hardware.nodes=2", "launcher.no_ssh=true",

@@ -19,11 +19,12 @@ from typing import Any
 import psutil
 import pytest
 
-from cockpit import cli, lifecycle, liveness
-from cockpit.lifecycle import LifecycleError, StopOutcome
+from cockpit import cli
 from cockpit.profiles import ProfileError
 from cockpit.record import EventWriter, RunPaths, load_manifest
 from cockpit.record.manifest import update_manifest
+from cockpit.service import lifecycle, liveness
+from cockpit.service.lifecycle import LifecycleError, StopOutcome
 
 BLOCK = [sys.executable, "-c", "import sys; sys.stdin.read()"]
 
@@ -36,9 +37,9 @@ def spawned(monkeypatch: pytest.MonkeyPatch) -> list[tuple[Path, dict[str, Any]]
     def spawn_detached(run_dir: Path, **how: Any) -> None:
         calls.append((Path(run_dir), how))
 
-    import cockpit.supervisor
+    import cockpit.service.supervisor
 
-    monkeypatch.setattr(cockpit.supervisor, "spawn_detached", spawn_detached)
+    monkeypatch.setattr(cockpit.service.supervisor, "spawn_detached", spawn_detached)
     return calls
 
 
@@ -230,7 +231,9 @@ def test_stop_refuses_a_run_that_has_ended(run_dir: Path) -> None:
 
 
 def test_stop_asks_the_supervisor_then_a_second_stop_kills(run_dir: Path, blocked: list) -> None:
-    supervisor = start_blocked(blocked, "cockpit.supervisor", str(run_dir))  # looks like its supervisor
+    supervisor = start_blocked(
+        blocked, "cockpit.service.supervisor", str(run_dir)
+    )  # looks like its supervisor
     update_manifest(run_dir, status="running", supervisor_pid=supervisor.pid)
     paths = RunPaths(run_dir)
     assert lifecycle.stop(run_dir) is StopOutcome.STOP_REQUESTED
@@ -292,7 +295,7 @@ def test_a_group_of_the_run_that_started_before_its_supervisor_is_not_taken_for_
 def test_a_supervisor_is_known_by_its_pid_and_its_start_time(run_dir: Path, blocked: list) -> None:
     """A live process whose command line looks like the run's supervisor, but which started at another
     time than run.json says (a reused PID), is not the supervisor; the one that did start then is."""
-    look_alike = start_blocked(blocked, "cockpit.supervisor", str(run_dir))
+    look_alike = start_blocked(blocked, "cockpit.service.supervisor", str(run_dir))
     started = liveness.started_at(look_alike.pid)
     manifest = {"status": "running", "supervisor_pid": look_alike.pid}
     assert liveness.supervisor_alive({**manifest, "supervisor_started_at": started}, run_dir)
@@ -324,7 +327,13 @@ def test_the_cli_starts_and_signals_no_process_itself() -> None:
     tree = ast.parse(Path(cli.__file__).read_text(encoding="utf-8"))
     imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
     imported |= {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module}
-    assert not imported & {"os", "subprocess", "cockpit.supervisor", "cockpit.control", "cockpit.liveness"}
+    assert not imported & {
+        "os",
+        "subprocess",
+        "cockpit.service.supervisor",
+        "cockpit.record.control",
+        "cockpit.service.liveness",
+    }
     called = {node.attr for node in ast.walk(tree) if isinstance(node, ast.Attribute)}
     assert not called & {"killpg", "Popen", "spawn_detached"}
 
@@ -383,7 +392,7 @@ def test_resume_is_refused_in_one_line_when_the_disk_lacks_room(
 ) -> None:
     import shutil
 
-    from cockpit import disk_space
+    from cockpit.service import disk_space
 
     ended(run_dir)
     (checkpoint(run_dir, 5) / "weights.bin").write_bytes(b"\0" * 2**20)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from cockpit.faults import Watch, communicate_watched
+from devtools.faults import Watch, communicate_watched
 from trainer import tiny
 from trainer.load_share import Share
 from trainer.loader import _unit_of

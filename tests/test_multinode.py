@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from cockpit.app.model import build_charts
-from cockpit.faults import start_detached, wait_end
 from cockpit.record import read_events
 from cockpit.record.playback import Playback
 from cockpit.record.view import RunView
+from devtools.faults import start_detached, wait_end
 from tests.conftest import run_cockpit
 
 pytestmark = pytest.mark.e2e

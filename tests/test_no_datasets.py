@@ -9,7 +9,7 @@ import json
 import sys
 from pathlib import Path
 
-from cockpit.faults import Watch, env_for, run_watched
+from devtools.faults import Watch, env_for, run_watched
 
 # Run first in a fresh interpreter: `datasets` and `pyarrow` cannot be found or imported, as on a machine
 # where they are not installed (Transformers then never asks for them either).

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from packaging.requirements import Requirement
 
-from cockpit.faults import Watch, run_watched
 from cockpit.profiles import PROFILES_DIR, load_profile
+from devtools.faults import Watch, run_watched
 
 ROOT = Path(__file__).resolve().parent.parent
 STORY = "qwen3-235b-a22b-thinking-4xh100"
@@ -48,9 +48,8 @@ def _build_wheel(tmp_path: Path) -> Path:
     src.mkdir()
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(ROOT / name, src / name)
-    for name in ("cockpit", "trainer", "profiles"):  # `profiles`: the old layout, copied where it exists
-        if (ROOT / name).is_dir():
-            shutil.copytree(ROOT / name, src / name, ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("cockpit", "trainer", "profiles", "devtools"):  # devtools: there, and left out
+        shutil.copytree(ROOT / name, src / name, ignore=shutil.ignore_patterns("__pycache__"))
     out = tmp_path / "dist"
     build = f"from setuptools import build_meta; print(build_meta.build_wheel({str(out)!r}))"
     done = run_watched([sys.executable, "-c", build], Watch(), cwd=src)
@@ -65,17 +64,23 @@ def _wheel_files(tmp_path: Path) -> set[str]:
         return set(archive.namelist())
 
 
-def test_wheel_carries_the_shipped_profiles(tmp_path: Path) -> None:
+def test_wheel_carries_the_shipped_profiles_and_no_development_tools(tmp_path: Path) -> None:
+    """The checkout's profiles/ install as the package data `cockpit.shipped_profiles` (a package-dir
+    mapping, not a copy); devtools/, benchmarks/ and tests/ never ship."""
     shipped = sorted(p for p in PROFILES_DIR.rglob("*") if p.is_file() and "__pycache__" not in p.parts)
     names = {p.relative_to(PROFILES_DIR).as_posix() for p in shipped}
     assert {"tiny-cpu.toml", f"{STORY}.toml", "models/qwen3-235b-a22b-thinking-2507/config.json"} <= names
+    assert PROFILES_DIR == ROOT / "profiles"  # at the top of the checkout, as the design card has it
     in_wheel = _wheel_files(tmp_path)
-    missing = [
-        p.relative_to(ROOT).as_posix() for p in shipped if p.relative_to(ROOT).as_posix() not in in_wheel
-    ]
+    missing = [name for name in names if f"cockpit/shipped_profiles/{name}" not in in_wheel]
     assert not missing, f"not in the wheel: {missing}"
-    # Inside the package, so an installed `cockpit` finds them beside its own modules.
-    assert PROFILES_DIR.is_relative_to(ROOT / "cockpit")
+    tools = sorted(n for n in in_wheel if n.split("/")[0] in ("devtools", "benchmarks", "tests", "profiles"))
+    assert not tools, f"development files in the wheel: {tools[:5]}"
+    modules = {
+        p.relative_to(ROOT).as_posix() for d in ("cockpit", "trainer") for p in (ROOT / d).rglob("*.py")
+    }
+    left_out = sorted(m for m in modules if m not in in_wheel and "__pycache__" not in m)
+    assert not left_out, f"modules a package list left out of the wheel: {left_out[:5]}"
 
 
 def test_shipped_profile_by_name_from_another_directory(
@@ -131,6 +136,12 @@ def test_a_wheel_installed_outside_the_checkout_plans_and_checks(tmp_path: Path)
     plan = cockpit("plan", "--profile", "tiny-cpu")
     assert plan.returncode == 0, plan.stderr[-2000:]
     assert "FITS" in plan.stdout
+    listed = cockpit("profiles")
+    assert listed.returncode == 0 and "tiny-cpu" in listed.stdout and STORY in listed.stdout, listed.stdout
+    no_tools = subprocess.run(
+        [python, "-c", "import devtools"], cwd=away, env=env, capture_output=True, text=True
+    )
+    assert no_tools.returncode != 0 and "No module named 'devtools'" in no_tools.stderr
     doctor = cockpit("doctor", "--profile", "tiny-cpu")
     assert doctor.returncode == 0, doctor.stdout[-2000:] + doctor.stderr[-2000:]
     assert "cockpit doctor: profile tiny-cpu" in doctor.stdout

@@ -139,7 +139,7 @@ def test_viewers_add_plan_warnings_to_the_trainer_ones(plan) -> None:
 
 def test_a_new_run_stores_its_plan(tmp_path: Path) -> None:
     from cockpit.plan.store import load_plan
-    from cockpit.runs import create_run
+    from cockpit.service.runs import create_run
 
     profile, path = load_profile("tiny-cpu")
     run_dir = create_run(tmp_path / "runs", profile, path, ["cockpit", "run"])

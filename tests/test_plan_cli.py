@@ -91,7 +91,7 @@ def test_the_transformers_loader_does_not_fit_the_story(
     """model.loader = "transformers": every rank's whole model on its GPU at load, more than 80 GiB."""
     from pathlib import Path
 
-    src = Path(__file__).resolve().parent.parent / "cockpit" / "profiles_data" / f"{STORY}.toml"
+    src = Path(__file__).resolve().parent.parent / "profiles" / f"{STORY}.toml"
     text = src.read_text().replace('loader = "layerwise"', 'loader = "transformers"')
     assert 'loader = "transformers"' in text
     text = text.replace('config = "models/', f'config = "{src.parent}/models/')

@@ -110,7 +110,7 @@ def test_relative_paths_are_the_files_own_or_where_the_user_stands(
     (not to the shipped profile's folder inside the package)."""
     folder = tmp_path / "profiles"
     folder.mkdir()
-    shipped = (Path(__file__).parent.parent / "cockpit/profiles_data/tiny-cpu.toml").read_text()
+    shipped = (Path(__file__).parent.parent / "profiles/tiny-cpu.toml").read_text()
     (folder / "mine.toml").write_text(
         shipped.replace('source = "builtin:tiny-tenants"', 'source = "data/d.jsonl"')
     )
@@ -134,7 +134,7 @@ def test_a_profile_that_is_not_utf8_is_one_line_naming_the_file_and_the_byte(
 ) -> None:
     from cockpit.cli import main
 
-    shipped = (Path(__file__).parent.parent / "cockpit/profiles_data/tiny-cpu.toml").read_bytes()
+    shipped = (Path(__file__).parent.parent / "profiles/tiny-cpu.toml").read_bytes()
     path = tmp_path / "latin1.toml"
     path.write_bytes(shipped + '\ndescription = "café"\n'.encode("latin-1"))
     line = shipped.count(b"\n") + 2

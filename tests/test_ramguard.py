@@ -6,12 +6,12 @@ from pathlib import Path
 
 import pytest
 
-from cockpit.diagnosis import EndFacts, diagnose
 from cockpit.profiles import load_profile
-from cockpit.ramguard import default_margin_mib, ram_limit_mib, ram_verdict
 from cockpit.record import read_events
-from cockpit.runs import create_run
-from cockpit.supervisor import Supervisor
+from cockpit.service.diagnosis import EndFacts, diagnose
+from cockpit.service.ramguard import default_margin_mib, ram_limit_mib, ram_verdict
+from cockpit.service.runs import create_run
+from cockpit.service.supervisor import Supervisor
 
 GIB = 1024.0
 

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from cockpit.diagnosis import EndFacts, culprit, diagnose, main_stack, stall_where
 from cockpit.record import EventWriter, RunPaths, read_events
 from cockpit.record.view import RunView
+from cockpit.service.diagnosis import EndFacts, culprit, diagnose, main_stack, stall_where
 
 GLOO = "[gloo/transport/tcp/pair.cc:537] Read error [127.0.0.1]:55203: Connection reset by peer."
 

@@ -21,7 +21,7 @@ from cockpit.record import (
     read_events,
     write_manifest,
 )
-from cockpit.runs import create_run, find_run, list_run_dirs
+from cockpit.service.runs import create_run, find_run, list_run_dirs
 
 
 def test_writer_lines_are_json_with_time_kind_rank(tmp_path: Path) -> None:

@@ -67,8 +67,8 @@ def test_default_depths_past_the_window_are_dropped_deepest_first_where_they_do_
 ) -> None:
     """Without --layers: the offload defaults (the window and twice it) lose their deepest depths until
     the slices fit here; the shallow defaults stay for the preflight to refuse on its own terms."""
-    from cockpit import lifecycle
     from cockpit.rehearse import run
+    from cockpit.service import lifecycle
 
     def fits_up_to(deepest: int):
         def preflight(here, geometry, depths) -> None:

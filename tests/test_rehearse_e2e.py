@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from cockpit.faults import QUIET_S, Watch, communicate_watched, env_for, wait_for
 from cockpit.record import load_manifest, read_events
+from devtools.faults import QUIET_S, Watch, communicate_watched, env_for, wait_for
 from tests.conftest import REPO, run_cockpit
 
 pytestmark = pytest.mark.e2e
@@ -104,7 +104,7 @@ def test_a_profile_that_cannot_fit_one_layer_is_refused_before_anything_loads(
     (tmp_path / "giant").mkdir()
     (tmp_path / "giant" / "config.json").write_text(json.dumps(config))
     profile = (
-        (REPO / "cockpit" / "profiles_data" / "tiny-cpu.toml")
+        (REPO / "profiles" / "tiny-cpu.toml")
         .read_text()
         .replace('path = "builtin:tiny-qwen3-moe"', f'path = "{tmp_path / "giant"}"')
     )

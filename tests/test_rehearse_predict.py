@@ -245,7 +245,8 @@ def test_a_compute_bound_slope_past_the_window_is_computes_own() -> None:
         return f.target["step_s"]
 
     # compute twice as fast: a layer now costs its copy (0.156 s), longer than its compute (0.1 s); the
-    # fixed part's compute halves too (the embeddings and head are no larger than a layer: no copies of theirs)
+    # fixed part's compute halves too (the embeddings and head are no larger than a layer: no copies of
+    # theirs)
     expected = model.fixed * 0.5 + 10 * max(copy, 0.1)
     assert scaled(0.5) == pytest.approx(expected)
     assert scaled(0.5) < scaled(1.0)

@@ -64,7 +64,7 @@ def test_a_tracker_without_its_package_stops_run_and_doctor_before_anything_star
     import subprocess
     import sys
 
-    from cockpit import doctor
+    from cockpit.service import doctor
 
     name = _missing_tracker()
     runs = tmp_path / "runs"

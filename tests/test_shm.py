@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from cockpit.shm import PREFIX, allreduce_buffers, remove_allreduce_buffers
+from cockpit.service.shm import PREFIX, allreduce_buffers, remove_allreduce_buffers
 
 
 def test_only_the_launch_s_own_buffers_are_removed(tmp_path: Path) -> None:

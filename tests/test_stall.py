@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from cockpit.diagnosis import EndFacts, diagnose
-from cockpit.stall import BUSY_CPU_PCT, SetupLimits, StallChange, StallDetector
+from cockpit.service.diagnosis import EndFacts, diagnose
+from cockpit.service.stall import BUSY_CPU_PCT, SetupLimits, StallChange, StallDetector
 
 TIMEOUT = 60.0
 SETUP = SetupLimits.for_timeout(TIMEOUT)

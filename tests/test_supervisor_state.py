@@ -8,8 +8,8 @@ import pytest
 
 from cockpit.profiles import load_profile
 from cockpit.record.view import RunView
-from cockpit.runs import create_run
-from cockpit.supervisor import Evaluation, Outcome, Supervisor
+from cockpit.service.runs import create_run
+from cockpit.service.supervisor import Evaluation, Outcome, Supervisor
 
 
 def event(kind: str, t: float, **fields) -> dict:
@@ -130,7 +130,7 @@ def test_evaluating_an_ended_run_keeps_its_training_status(
 
 
 def test_children_wait_passively_unless_the_user_says_otherwise(monkeypatch) -> None:
-    from cockpit.supervisor import child_env
+    from cockpit.service.supervisor import child_env
 
     monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
     assert child_env()["OMP_WAIT_POLICY"] == "PASSIVE"
@@ -147,7 +147,7 @@ def test_children_find_the_ninja_beside_their_interpreter_first(monkeypatch, tmp
     import shutil
     import sys
 
-    from cockpit.supervisor import child_env
+    from cockpit.service.supervisor import child_env
 
     monkeypatch.setenv("COCKPIT_CACHE", str(tmp_path / "cache"))
     venv = tmp_path / "venv" / "bin"

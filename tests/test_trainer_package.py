@@ -7,11 +7,12 @@ from typing import Any
 
 import pytest
 
-import cockpit.supervisor
-from cockpit import cli, lifecycle
+import cockpit.service.supervisor
+from cockpit import cli
 from cockpit.profiles import load_profile
-from cockpit.runs import create_run
-from cockpit.supervisor import Supervisor, trainer_problem
+from cockpit.service import lifecycle
+from cockpit.service.runs import create_run
+from cockpit.service.supervisor import Supervisor, trainer_problem
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -20,7 +21,9 @@ ROOT = Path(__file__).resolve().parent.parent
 def spawned(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
     """Supervisors the lifecycle would start (none for real)."""
     calls: list[Path] = []
-    monkeypatch.setattr(cockpit.supervisor, "spawn_detached", lambda run_dir, **how: calls.append(run_dir))
+    monkeypatch.setattr(
+        cockpit.service.supervisor, "spawn_detached", lambda run_dir, **how: calls.append(run_dir)
+    )
     return calls
 
 

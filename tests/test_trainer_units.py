@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from trainer.checkpoints import last_complete_checkpoint
+from cockpit.record.checkpoints import last_complete_checkpoint
 from trainer.evaluate import cut_at_end
 
 

@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 from tui_helpers import FIXTURE, copy_until, fixture_times
 
-from cockpit.downsample import Series, bucketize, ema, minmax_points
 from cockpit.record import RunReader
 from cockpit.record.bulk import parse_lines, read_file, read_record
 from cockpit.record.columns import parse_uniform
+from cockpit.record.downsample import Series, bucketize, ema, minmax_points
 from cockpit.record.playback import Playback
 from cockpit.record.view import RunView
 

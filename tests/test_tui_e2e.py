@@ -14,9 +14,9 @@ import pytest
 
 from cockpit.app.app import make_app
 from cockpit.app.model import build_charts
-from cockpit.faults import Watch, wait_end
 from cockpit.record import load_manifest, read_events
 from cockpit.record.playback import Playback
+from devtools.faults import Watch, wait_end
 from tests.conftest import run_cockpit
 
 pytestmark = pytest.mark.e2e

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from cockpit import telemetry
-from cockpit.telemetry import Nvml, ProcessTree, Sampler
+from cockpit.service import telemetry
+from cockpit.service.telemetry import Nvml, ProcessTree, Sampler
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -149,7 +149,7 @@ def test_process_tree_counts_children_not_itself() -> None:
 def test_module_entry_point(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     proc = subprocess.run(
-        [sys.executable, "-m", "cockpit.telemetry", str(tmp_path), "--root-pid", str(os.getpid()),
+        [sys.executable, "-m", "cockpit.service.telemetry", str(tmp_path), "--root-pid", str(os.getpid()),
          "--samples", "2", "--interval", "0.05"],
         env=env, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
@@ -164,7 +164,7 @@ def test_module_entry_point(tmp_path: Path) -> None:
 def test_supervisor_starts_and_stops_the_sampler(tmp_path: Path) -> None:
     """The supervisor's two telemetry methods, on a stand-in supervisor (no run launched)."""
     from cockpit.record import EventWriter, RunPaths
-    from cockpit.supervisor import Supervisor
+    from cockpit.service.supervisor import Supervisor
 
     sup = Supervisor.__new__(Supervisor)
     sup.paths = RunPaths(tmp_path)
@@ -187,8 +187,8 @@ def test_supervisor_starts_and_stops_the_sampler(tmp_path: Path) -> None:
 def test_supervisor_reads_gpu_utilization_from_telemetry(tmp_path: Path) -> None:
     """The stall check's 'GPUs idle' comes from the sampler's per-GPU utilization lists."""
     from cockpit.profiles import load_profile
-    from cockpit.runs import create_run
-    from cockpit.supervisor import Supervisor
+    from cockpit.service.runs import create_run
+    from cockpit.service.supervisor import Supervisor
 
     profile, path = load_profile("tiny-cpu")
     sup = Supervisor(create_run(tmp_path, profile, path, ["cockpit", "run"]))

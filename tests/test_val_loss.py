@@ -13,12 +13,12 @@ from tui_helpers import sync, wait_for
 from cockpit.app.app import make_app
 from cockpit.app.model import build_charts
 from cockpit.app.widgets.chart import BrailleChart
-from cockpit.diagnosis import EndFacts, diagnose
 from cockpit.headless import step_line
 from cockpit.record import EventWriter, RunPaths, write_manifest
 from cockpit.record.playback import Playback
 from cockpit.record.series import RunSeries
 from cockpit.record.view import RunView
+from cockpit.service.diagnosis import EndFacts, diagnose
 
 T0 = 1_000_000.0
 STEPS = 320

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from cockpit.faults import Watch, communicate_watched
+from devtools.faults import Watch, communicate_watched
 from tests.test_loss import _model
 from trainer.loss import grouped_cross_entropy, use_chunked_loss
 from trainer.packing import PackedCollator

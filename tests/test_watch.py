@@ -1,4 +1,4 @@
-"""End-to-end waits go by progress, not by a fixed time (`cockpit.faults.Watch`): a command that keeps
+"""End-to-end waits go by progress, not by a fixed time (`devtools.faults.Watch`): a command that keeps
 writing its record, or keeps working, is waited for however long it takes; an idle one is a hang."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from cockpit.faults import Watch, record_bytes, run_watched
+from devtools.faults import Watch, record_bytes, run_watched
 
 # Writes a line into its record every tenth of a second, `sys.argv[2]` lines in all.
 WRITER = """

@@ -449,7 +449,7 @@ class Recipe:
 
     def train(self) -> str:
         """Train to the end or to a stop request; returns `finished` or `stopped`."""
-        from trainer.checkpoints import last_complete_checkpoint
+        from cockpit.record.checkpoints import last_complete_checkpoint
 
         checkpoint = None
         if self.resume:
@@ -554,7 +554,7 @@ def build_ops(profile: Profile, phase: Callable[..., None]) -> list[str]:
     inside another phase: each compile, a wait for another process's build or a stale lock removed is its
     own `build` phase, said before it happens. Returns the ops compiled. DeepSpeed then reuses the loaded
     ops."""
-    from cockpit import dsops
+    from cockpit.ops import dsops
 
     def announce(state: dsops.OpState, words: str) -> None:
         phase("build", ops=[state.name], message=words, cache=state.where)

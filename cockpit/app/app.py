@@ -3,7 +3,7 @@
 The follow worker (`@work(thread=True, exclusive=True)`) owns the Playback: it reads the record,
 moves the clock, folds, builds a frozen `Snapshot` and posts it; it never touches a widget. The UI
 thread only shows snapshots and turns keys into commands (queued on the Playback, or written as a
-request file through `cockpit.control` by another worker). Live and replay are the same app: only
+request file through `cockpit.record.control` by another worker). Live and replay are the same app: only
 the Playback's clock differs.
 """
 
@@ -166,7 +166,7 @@ class CockpitApp(App[str]):
         if not pb.live or now - self._owner_checked < OWNER_CHECK_S or pb.status() != "running":
             return
         self._owner_checked = now
-        from cockpit.liveness import supervisor_alive
+        from cockpit.service.liveness import supervisor_alive
 
         alive = supervisor_alive(pb.manifest, pb.paths.root) or not pb.manifest.get("supervisor_pid")
         self._lost = None if alive else "supervisor lost: nothing will diagnose this run (see `cockpit ls`)"
@@ -333,7 +333,7 @@ class CockpitApp(App[str]):
     @work(thread=True, exclusive=True, group="control", name="send-stop")
     def send_stop(self) -> None:
         """Write the stop request (a file in the run's control folder)."""
-        from cockpit.control import request_stop
+        from cockpit.record.control import request_stop
 
         try:
             first = request_stop(self.run_dir)

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from cockpit.downsample import Buckets, Series, bucketize
+from cockpit.record.downsample import Buckets, Series, bucketize
 from cockpit.record.playback import Playback
 from cockpit.record.view import TOKENS_WINDOW
 

@@ -14,7 +14,7 @@ import numpy as np
 from cockpit.app.charts import GPU_COLORS, ChartData, Trace, fmt_mib
 from cockpit.app.widgets.chart import GUTTER
 from cockpit.compare import ComparedRun, Comparison, Curve
-from cockpit.downsample import bucketize
+from cockpit.record.downsample import bucketize
 
 COMPARE_CHARTS = ("loss", "val_loss", "tokens", "memory")
 TITLES = {"loss": "loss", "val_loss": "validation loss", "tokens": "tokens/s", "memory": "memory"}

@@ -82,7 +82,7 @@ class RunPaths:
         return self.root / f"output-node{node_rank}.log"
 
     def node_supervisor_log(self, node_rank: int) -> Path:
-        """Node N's supervisor's own messages (`cockpit.node`)."""
+        """Node N's supervisor's own messages (`cockpit.service.node`)."""
         return self.root / f"supervisor-node{node_rank}.log"
 
     @property

@@ -14,9 +14,9 @@ from typing import Any
 
 import numpy as np
 
-from cockpit.downsample import DEFAULT_CAPACITY, Series, ema
 from cockpit.record.bulk import Block
 from cockpit.record.columns import list_width
+from cockpit.record.downsample import DEFAULT_CAPACITY, Series, ema
 from cockpit.record.fold import Fold
 from cockpit.record.reader import Event
 

@@ -1,7 +1,7 @@
 """A braille line chart: each cell is 2×4 dots, each dot column one bucket of the data.
 
 The data arrives already bucketed to the widget's width (min/max per dot column, see
-`cockpit.downsample`), so drawing costs the same for a 4-minute run and a 26-hour one. Strips are
+`cockpit.record.downsample`), so drawing costs the same for a 4-minute run and a 26-hour one. Strips are
 built once per snapshot or resize and served from a cache in `render_line`.
 """
 

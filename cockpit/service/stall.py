@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from cockpit.diagnosis import setup_stall_verdict, stall_verdict
+from cockpit.service.diagnosis import setup_stall_verdict, stall_verdict
 
 MEDIAN_WINDOW = 50  # steps the median step time is taken over (as the viewers' ETA)
 GPU_IDLE_PCT = 5.0  # every GPU below this utilization: idle

@@ -168,7 +168,9 @@ class EndFacts:
     output_tail: str
     stop_requested: bool = False
     stop_reason: str = "user"
-    ram_guard: str = ""  # the host RAM guard's diagnosis when it asked for the stop (cockpit.ramguard)
+    ram_guard: str = (
+        ""  # the host RAM guard's diagnosis when it asked for the stop (cockpit.service.ramguard)
+    )
     stalled: bool = False
     disk_full: bool = False
     disk_free_mib: float | None = None

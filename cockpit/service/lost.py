@@ -1,6 +1,6 @@
 """How a run ended when its supervisor did not live to say: from the trainer's own last words.
 
-`cockpit.lifecycle.reconcile` asks this once the supervisor and the training processes are both gone.
+`cockpit.service.lifecycle.reconcile` asks this once the supervisor and the training processes are both gone.
 A trainer that stopped cleanly (a stop asked for after the supervisor was lost: `cockpit stop` writes
 the request the trainer polls) or finished has said so in its `trainer_end` event, with the checkpoint
 it saved: that run stopped or finished, it did not fail. Otherwise nothing is known of its end.
@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from cockpit.diagnosis import EndFacts, diagnose
 from cockpit.record import RunPaths, RunReader
 from cockpit.record.view import RunView
+from cockpit.service.diagnosis import EndFacts, diagnose
 
 LOST = "supervisor lost: the supervisor and the training processes are gone"
 NOT_EVALUATED = "the supervisor was lost before the evaluation"

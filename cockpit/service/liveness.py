@@ -1,7 +1,7 @@
 """Is a run's owner still there, and which processes are its own? Checks for a supervisor that died
 without its last words, and for the training process group `run.json` names.
 
-Read only: `cockpit.lifecycle` acts on what it finds, and signals a group only once it is proven the
+Read only: `cockpit.service.lifecycle` acts on what it finds, and signals a group only once it is proven the
 run's own here (a stale record, after a reboot or with a reused PID or group id, names processes of
 something else).
 
@@ -70,7 +70,7 @@ def _pid(value: Any) -> int | None:
 
 
 def supervisor_alive(manifest: dict[str, Any], run_dir: Path) -> bool:
-    """The manifest's supervisor PID is a live `cockpit.supervisor` process for this run, started when
+    """The manifest's supervisor PID is a live `cockpit.service.supervisor` process for this run, started when
     the manifest says it did (`supervisor_started_at`, where the record has one)."""
     pid = _pid(manifest.get("supervisor_pid"))
     if pid is None:
@@ -83,7 +83,7 @@ def supervisor_alive(manifest: dict[str, Any], run_dir: Path) -> bool:
         created = proc.create_time()
     except (psutil.NoSuchProcess, psutil.AccessDenied):
         return False
-    if "cockpit.supervisor" not in cmdline or run_dir.name not in cmdline:
+    if "cockpit.service.supervisor" not in cmdline or run_dir.name not in cmdline:
         return False
     started = manifest.get("supervisor_started_at")
     return not _number(started) or abs(created - started) <= START_SLACK_S

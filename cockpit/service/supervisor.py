@@ -6,8 +6,8 @@ straight into `output.log` (a file, not a pipe: nothing can fill up and block th
 trainer keeps writing even if the supervisor dies), watches for stop requests, and writes the
 final status and a one-line diagnosis into `run.json`.
 
-Usage: `python -m cockpit.supervisor RUN_DIR [--resume | --eval [--model NAME=PATH ...]]`. Started by
-`cockpit.lifecycle`, never by hand.
+Usage: `python -m cockpit.service.supervisor RUN_DIR [--resume | --eval [--model NAME=PATH ...]]`. Started by
+`cockpit.service.lifecycle`, never by hand.
 """
 
 from __future__ import annotations
@@ -30,19 +30,19 @@ from typing import Any
 
 import psutil
 
-from cockpit.control import request_stop
-from cockpit.diagnosis import EndFacts, culprit, describe_exit, diagnose, last_error_line, stall_where
-from cockpit.dsops import ninja_first
-from cockpit.extcache import use_keyed_root
 from cockpit.launcher import RUNNER, master_port, runner_options
-from cockpit.liveness import started_at
+from cockpit.ops.dsops import ninja_first
+from cockpit.ops.extcache import use_keyed_root
 from cockpit.profiles import Profile, parse_profile
-from cockpit.ramguard import ram_limit_mib, ram_verdict
 from cockpit.record import EventWriter, RunPaths, RunReader, load_manifest, write_manifest
+from cockpit.record.control import request_stop
 from cockpit.record.view import RunView
-from cockpit.shm import remove_allreduce_buffers
-from cockpit.stall import StallDetector
-from cockpit.telemetry import ProcessTree
+from cockpit.service.diagnosis import EndFacts, culprit, describe_exit, diagnose, last_error_line, stall_where
+from cockpit.service.liveness import started_at
+from cockpit.service.ramguard import ram_limit_mib, ram_verdict
+from cockpit.service.shm import remove_allreduce_buffers
+from cockpit.service.stall import StallDetector
+from cockpit.service.telemetry import ProcessTree
 
 POLL_S = 0.5
 TAIL_BYTES = 256 * 1024
@@ -104,12 +104,12 @@ def trainer_argv(
     node_rank: int | None = None,
 ) -> list[str]:
     """The launch command, as an argv list (never a shell string): DeepSpeed's runner with the profile's
-    launcher options (`cockpit.launcher`), each rank the trainer under its guard (`trainer.guard`);
+    launcher options (`cockpit.launcher`), each rank the trainer under its guard (`cockpit.service.guard`);
     `extra` goes to the trainer, `node_rank` is this node's in a launch without ssh."""
     argv = [
         sys.executable, "-m", RUNNER,
         *runner_options(profile, port, node_rank),
-        "--module", "trainer.guard",
+        "--module", "cockpit.service.guard",
         "--run-dir", str(run_dir),
     ]  # fmt: skip
     if resume:
@@ -316,7 +316,7 @@ class Supervisor:
         self.ending.signal(self.proc, sig, time.time())
 
     def _check_stall(self) -> None:
-        """Say when a stall is suspected or cleared; stop a stalled run (see `cockpit.stall`)."""
+        """Say when a stall is suspected or cleared; stop a stalled run (see `cockpit.service.stall`)."""
         change = self.stall.check()
         if change is None:
             return
@@ -337,7 +337,7 @@ class Supervisor:
 
     def _stalled_rank(self) -> str:
         """With several ranks: ask this host's ranks for their Python stacks (SIGUSR1, `trainer/__main__.py`)
-        and say which one is stuck outside a collective (`cockpit.diagnosis.stall_where`)."""
+        and say which one is stuck outside a collective (`cockpit.service.diagnosis.stall_where`)."""
         if self.profile.world_size <= 1:
             return ""
         here = socket.gethostname()
@@ -366,7 +366,8 @@ class Supervisor:
 
     def _check_host_ram(self) -> None:
         """Once, when the stage's processes reach the RAM limit: ask for a checkpoint and a stop
-        (`cockpit.ramguard`). A stop already asked for (by the user, a signal) is left to run its course."""
+        (`cockpit.service.ramguard`). A stop already asked for (by the user, a signal) is left to run
+        its course."""
         if self.ram_stop is not None or self.tree is None or self.stop_requested_at is not None:
             return
         if self.paths.stop_request.exists():
@@ -396,7 +397,7 @@ class Supervisor:
         """Start the sampler (its own process, its own event file) for the whole run: its root is this
         supervisor, so the process tree it measures holds every stage's processes (train, eval)."""
         root = str(os.getpid())
-        argv = [sys.executable, "-m", "cockpit.telemetry", str(self.paths.root), "--root-pid", root]
+        argv = [sys.executable, "-m", "cockpit.service.telemetry", str(self.paths.root), "--root-pid", root]
         log = open(self.paths.telemetry_log, "ab")  # noqa: SIM115 - handed to the child
         try:
             self.telemetry = subprocess.Popen(
@@ -492,7 +493,7 @@ class Supervisor:
         return status, diagnosis, returncode
 
     def _culprit(self) -> Any:
-        """With several ranks, the one that failed first on its own (`cockpit.diagnosis.culprit`)."""
+        """With several ranks, the one that failed first on its own (`cockpit.service.diagnosis.culprit`)."""
         if self.profile.world_size <= 1:
             return None
         view = self.view
@@ -692,7 +693,7 @@ def supervisor_argv(
     run_dir: Path, resume: bool = False, eval_models: Sequence[str] | None = None
 ) -> list[str]:
     """The supervisor's command line: a new run, a resume, or an ended run evaluated (`NAME=PATH` models)."""
-    argv = [sys.executable, "-m", "cockpit.supervisor", str(run_dir)]
+    argv = [sys.executable, "-m", "cockpit.service.supervisor", str(run_dir)]
     if resume:
         argv.append("--resume")
     if eval_models is not None:
@@ -727,7 +728,7 @@ def popen_detached(argv: list[str], log_path: Path) -> subprocess.Popen[bytes]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m cockpit.supervisor", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m cockpit.service.supervisor", description=__doc__)
     parser.add_argument("run_dir", type=Path)
     parser.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
     parser.add_argument("--eval", action="store_true", help="evaluate the ended run (base, adapter, models)")

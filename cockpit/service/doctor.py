@@ -16,8 +16,9 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Literal
 
-from cockpit import dsops, hostinfo
+from cockpit import hostinfo
 from cockpit.hostinfo import library_versions
+from cockpit.ops import dsops
 from cockpit.profiles import Profile
 
 Status = Literal["ok", "warn", "fail"]

@@ -38,7 +38,8 @@ SHORT = [
 
 
 # Nothing written to the record and the processes idle for this long: a hang. Longer than the supervisor's
-# own limit before a first step (`cockpit.stall.SetupLimits`), so that the cockpit judges a slow run first.
+# own limit before a first step (`cockpit.service.stall.SetupLimits`), so that the cockpit judges a slow
+# run first.
 QUIET_S = 1200.0
 BUSY_SHARE = 0.1  # the processes used at least this share of one core since the last progress: working
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cockpit import extcache
+from cockpit.ops import extcache
 from cockpit.profiles import Profile
 
 CPU_ADAM = "cpu_adam"

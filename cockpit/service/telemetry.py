@@ -9,7 +9,7 @@ is absent: nothing here raises because of a missing or old driver. The host (psu
 available and total, swap, CPU utilization, and the resident memory and CPU of the run's process
 tree (the root pid and all its descendants: the launcher and every rank).
 
-Usage: `python -m cockpit.telemetry RUN_DIR --root-pid PID [--interval 1.0]`.
+Usage: `python -m cockpit.service.telemetry RUN_DIR --root-pid PID [--interval 1.0]`.
 """
 
 from __future__ import annotations
@@ -227,7 +227,7 @@ class Sampler:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m cockpit.telemetry", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m cockpit.service.telemetry", description=__doc__)
     parser.add_argument("run_dir", type=Path)
     parser.add_argument(
         "--root-pid", type=int, default=None, help="the run's root process (its tree's RSS is sampled)"

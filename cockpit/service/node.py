@@ -1,6 +1,6 @@
 """The supervisor of a node that joined a run launched without ssh (`cockpit join RUN --node-rank N`).
 
-With `launcher.no_ssh`, node 0's supervisor (`cockpit.supervisor`) owns the run: its manifest, its
+With `launcher.no_ssh`, node 0's supervisor (`cockpit.service.supervisor`) owns the run: its manifest, its
 diagnosis, the evaluation. Every other node runs one of these on that node, over the same run
 directory (a file system both see). It waits for node 0's training launch, starts this node's ranks
 with the very same runner arguments but `--node_rank N`, and says in its own event file
@@ -13,7 +13,7 @@ It follows node 0: a kill request kills its ranks at once; once node 0's ranks h
 waiting in a collective. A later training launch of node 0 (a rehearsal's next depth) is joined too,
 until the run ends.
 
-Usage: `python -m cockpit.node RUN_DIR --node-rank N`. Started by `cockpit.lifecycle.join`.
+Usage: `python -m cockpit.service.node RUN_DIR --node-rank N`. Started by `cockpit.service.lifecycle.join`.
 """
 
 from __future__ import annotations
@@ -29,11 +29,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from cockpit.diagnosis import describe_exit
 from cockpit.record import EventWriter, RunPaths, RunReader, load_manifest
 from cockpit.record.format import TERMINAL_STATUSES
-from cockpit.shm import remove_allreduce_buffers
-from cockpit.supervisor import KILL_GRACE_S, POLL_S, GroupEnd, popen_detached, read_tail
+from cockpit.service.diagnosis import describe_exit
+from cockpit.service.shm import remove_allreduce_buffers
+from cockpit.service.supervisor import KILL_GRACE_S, POLL_S, GroupEnd, popen_detached, read_tail
 
 # How long a node waits for node 0's training launch before it gives up.
 JOIN_WAIT_S = 600.0
@@ -154,13 +154,13 @@ class NodeSupervisor:
 def spawn_node(run_dir: Path, node_rank: int) -> subprocess.Popen[bytes]:
     """Start node `node_rank`'s supervisor for `run_dir` in its own session (`supervisor-node<N>.log`)."""
     return popen_detached(
-        [sys.executable, "-m", "cockpit.node", str(run_dir), "--node-rank", str(node_rank)],
+        [sys.executable, "-m", "cockpit.service.node", str(run_dir), "--node-rank", str(node_rank)],
         RunPaths(Path(run_dir)).node_supervisor_log(node_rank),
     )
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m cockpit.node", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m cockpit.service.node", description=__doc__)
     parser.add_argument("run_dir", type=Path)
     parser.add_argument("--node-rank", type=int, required=True, help="this node's index in the hostfile")
     args = parser.parse_args(argv)

@@ -1,7 +1,7 @@
 """The run's lifecycle: start, stop, kill, resume, evaluate, and reconciling a lost supervisor.
 
 The one place that creates run records, starts the detached supervisor and signals a run's
-processes. Every training or evaluation process is launched by the supervisor (`cockpit.supervisor`),
+processes. Every training or evaluation process is launched by the supervisor (`cockpit.service.supervisor`),
 never from here. Refusals are `LifecycleError`s whose message is for the user.
 """
 
@@ -19,9 +19,6 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
-from cockpit import control, liveness, supervisor
-from cockpit.disk_space import room_problem
-from cockpit.lost import LOST, lost_verdict
 from cockpit.profiles import (
     Profile,
     anchor_set_paths,
@@ -31,10 +28,13 @@ from cockpit.profiles import (
     parse_profile,
     profile_to_dict,
 )
-from cockpit.record import RunPaths, load_manifest, write_manifest
+from cockpit.record import RunPaths, control, load_manifest, write_manifest
 from cockpit.record.manifest import update_manifest
-from cockpit.runs import create_run
-from cockpit.supervisor import Evaluation
+from cockpit.service import liveness, supervisor
+from cockpit.service.disk_space import room_problem
+from cockpit.service.lost import LOST, lost_verdict
+from cockpit.service.runs import create_run
+from cockpit.service.supervisor import Evaluation
 
 ACTIVE = ("planned", "running")
 
@@ -224,9 +224,9 @@ def _default_depths_here(here: Any, geometry: Any, depths: list[int]) -> list[in
 
 # --- join (a launch without ssh over several nodes) -----------------------------------------------------
 def join(run_dir: Path, node_rank: int) -> Launch:
-    """Start node `node_rank`'s supervisor (`cockpit.node`) on this machine for a run whose node 0 was
+    """Start node `node_rank`'s supervisor (`cockpit.service.node`) on this machine for a run whose node 0 was
     started without ssh; it launches this node's ranks once node 0 has launched its own."""
-    from cockpit.node import spawn_node
+    from cockpit.service.node import spawn_node
 
     manifest = load_manifest(run_dir)
     profile = parse_profile(manifest["profile"], str(RunPaths(run_dir).manifest))
@@ -312,7 +312,7 @@ SCHEDULE_FIELDS = ("training.max_steps", "training.epochs")
 
 def last_checkpoint(run_dir: Path) -> str | None:
     """The newest complete checkpoint of a run (the one a resume starts from), if any."""
-    from trainer.checkpoints import last_complete_checkpoint
+    from cockpit.record.checkpoints import last_complete_checkpoint
 
     return last_complete_checkpoint(RunPaths(run_dir).checkpoints)[0]
 
@@ -347,7 +347,7 @@ def resume(run_dir: Path, overrides: Sequence[str] = (), from_scratch: bool = Fa
     Refused (`LifecycleError`, saying why) when there is no complete checkpoint, unless `from_scratch`
     (the run starts over from step 0), and for a finished run unless `overrides` extend its schedule
     (`training.max_steps` or `training.epochs`), and when the disk lacks the room its next checkpoint
-    needs (`cockpit.disk_space`). `overrides` (`section.key=value`) change the profile
+    needs (`cockpit.service.disk_space`). `overrides` (`section.key=value`) change the profile
     the run continues with; the fields they changed are returned.
     """
     ended(run_dir, "; only an ended run can be resumed")

@@ -3,10 +3,10 @@
 A rank killed by a signal (SIGKILL from the kernel's OOM killer, a segfault) cannot say so itself, and
 the DeepSpeed launcher reports only that some rank ended; the guard, a small process around each rank,
 waits for it and writes its exit status, host and node into `events/guard-rank<R>.jsonl`. That is how
-the supervisor names the rank that failed (`cockpit.diagnosis.culprit`). The guard exits as its
+the supervisor names the rank that failed (`cockpit.service.diagnosis.culprit`). The guard exits as its
 trainer did (the same code, or the same signal), so the launcher sees what it always saw.
 
-Launched by the DeepSpeed launcher as `python -m trainer.guard --run-dir DIR [trainer arguments]`,
+Launched by the DeepSpeed launcher as `python -m cockpit.service.guard --run-dir DIR [trainer arguments]`,
 once per rank, in place of `python -m trainer`; signals it receives go on to the trainer.
 """
 
@@ -47,7 +47,7 @@ def exit_fields(returncode: int) -> dict[str, object]:
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
-    parser = argparse.ArgumentParser(prog="python -m trainer.guard", add_help=False)
+    parser = argparse.ArgumentParser(prog="python -m cockpit.service.guard", add_help=False)
     parser.add_argument("--run-dir", required=True, type=Path)
     known, _ = parser.parse_known_args(args)
     me = rank_identity()

@@ -1,0 +1,1 @@
+"""The shipped profiles: package data, installed as `cockpit.shipped_profiles`."""

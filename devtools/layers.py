@@ -24,6 +24,7 @@ LAYERS: tuple[tuple[str, int, tuple[str, ...]], ...] = (
             "cockpit.limits",
             "cockpit.textfile",
             "cockpit.trackers",
+            "cockpit.ranks",
         ),
     ),
     ("the user's data and DeepSpeed's ops", 2, ("cockpit.data", "cockpit.ops")),

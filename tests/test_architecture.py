@@ -1,4 +1,11 @@
-"""The layers' one-way arrows (ARCHITECTURE.md), checked on the source: no import loops, no forbidden edge."""
+"""The layers, held by the code: one table (`devtools/layers.py`), its rules (`devtools/checks.py`).
+
+Every module of cockpit/ and trainer/ belongs to a layer; a module imports its own floor or lower (lazy
+and type-checking imports count); no loop between modules or between rooms (folders); nothing in cockpit/
+imports the trainer, which is started as a process; only the service starts or signals processes; the
+core never imports Textual; the ground floor and the shared facts never import torch; benchmarks use
+the product's public names. Each rule is also shown to fail on a tree planted with what it forbids.
+"""
 
 from __future__ import annotations
 
@@ -7,67 +14,44 @@ from pathlib import Path
 
 import pytest
 
-from devtools.import_graph import cycles, graph, modules
+from devtools import checks
+from devtools.import_graph import modules
+from devtools.layers import LAYERS, claims, layer_of
 
 ROOT = Path(__file__).resolve().parent.parent
-# (importer prefix, imported prefixes it must never reach): lazy imports count too.
-FORBIDDEN = [
-    (
-        "cockpit.record",
-        ("cockpit.plan", "cockpit.report", "cockpit.rehearse", "cockpit.app", "cockpit.service.lifecycle"),
-    ),
-    ("cockpit.contract", ("cockpit.", "trainer")),
-    (
-        "cockpit.plan",
-        ("trainer", "cockpit.report", "cockpit.rehearse", "cockpit.app", "cockpit.service.lifecycle"),
-    ),
-    ("cockpit.report", ("trainer", "cockpit.plan", "cockpit.app", "cockpit.service.lifecycle")),
-    ("cockpit.rehearse", ("trainer", "cockpit.app")),
-    (
-        "cockpit.importers",
-        ("cockpit.app", "cockpit.service.lifecycle", "cockpit.plan", "cockpit.report", "trainer"),
-    ),
-    ("cockpit.export", ("cockpit.app", "cockpit.service.lifecycle", "trainer")),
-    ("cockpit.compare", ("cockpit.app", "cockpit.service.lifecycle", "trainer")),
-    (
-        "cockpit.data",
-        (
-            "cockpit.plan",
-            "cockpit.report",
-            "cockpit.rehearse",
-            "cockpit.app",
-            "cockpit.service.lifecycle",
-            "cockpit.cli",
-        ),
-    ),
-    ("cockpit", ("benchmarks", "tests")),
-    ("trainer", ("cockpit.app", "cockpit.service.lifecycle", "cockpit.cli", "benchmarks", "tests")),
-]
-CORE_EXCEPT = "cockpit.app"
+EDGES = checks.edges_of(ROOT)
 
 
-def forbidden_edges(edges: dict[str, set[str]]) -> list[tuple[str, str]]:
-    found = []
-    for importer, targets in edges.items():
-        for source, banned in FORBIDDEN:
-            if importer == source or importer.startswith(source + "."):
-                found += [(importer, t) for t in targets if any(t == b or t.startswith(b) for b in banned)]
-    return sorted(set(found))
+def test_every_module_belongs_to_a_layer() -> None:
+    assert checks.unclaimed(ROOT) == []
 
 
-def test_no_import_loops() -> None:
-    assert cycles(graph(ROOT, ("cockpit", "trainer", "benchmarks"))) == []
+def test_no_import_reaches_a_higher_floor() -> None:
+    assert checks.upward(EDGES) == []
 
 
-def test_no_forbidden_edges() -> None:
-    assert forbidden_edges(graph(ROOT, ("cockpit", "trainer", "benchmarks"))) == []
+def test_nothing_imports_the_trainer_which_is_started_as_a_process() -> None:
+    assert checks.into_started(EDGES) == []
+
+
+def test_no_loops_between_modules_or_between_rooms() -> None:
+    assert checks.module_loops(EDGES) == []
+    assert checks.room_loops(EDGES) == []
+
+
+def test_only_the_service_starts_or_signals_processes() -> None:
+    assert checks.process_calls(ROOT) == []
+
+
+def test_benchmarks_use_the_products_public_names() -> None:
+    assert checks.private_imports(ROOT) == []
 
 
 def test_the_core_imports_no_textual() -> None:
     """Only cockpit.app may import Textual (lazy imports included)."""
     offenders = []
     for name, path in modules(ROOT, ("cockpit",)).items():
-        if name == CORE_EXCEPT or name.startswith(CORE_EXCEPT + "."):
+        if claims("cockpit.app", name):
             continue
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
@@ -77,34 +61,70 @@ def test_the_core_imports_no_textual() -> None:
     assert offenders == []
 
 
-def test_the_checks_can_fail(tmp_path: Path) -> None:
-    """A planted loop and a planted forbidden edge are found."""
-    for package, files in {
-        "cockpit": {
-            "__init__.py": "",
-            "record/__init__.py": "",
-            "record/view.py": "from cockpit.plan.model import x\n",
-            "plan/__init__.py": "",
-            "plan/model.py": "def f():\n    from cockpit.plan import other\n",
-            "plan/other.py": "from cockpit.plan.model import f\n",
-        },
-        "trainer": {"__init__.py": ""},
-    }.items():
-        for rel, text in files.items():
-            path = tmp_path / package / rel
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(text)
-    edges = graph(tmp_path)
-    assert cycles(edges) == [["cockpit.plan.model", "cockpit.plan.other"]]
-    assert forbidden_edges(edges) == [("cockpit.record.view", "cockpit.plan.model")]
-
-
-@pytest.mark.parametrize("layer", ["cockpit.record", "cockpit.contract", "cockpit.profiles"])
-def test_the_ground_floor_imports_no_torch(layer: str) -> None:
-    """The record, the contract and the profiles are read by viewers that never load torch."""
+@pytest.mark.parametrize("floor", [0, 1])
+def test_the_lowest_floors_import_no_torch(floor: int) -> None:
+    """The record and the shared facts are read by viewers that never load torch."""
     for name, path in modules(ROOT, ("cockpit",)).items():
-        if name == layer or name.startswith(layer + "."):
-            tree = ast.parse(path.read_text(encoding="utf-8"))
-            imported = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
-            imported |= {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
-            assert not any(m.split(".")[0] == "torch" for m in imported), name
+        if (layer_of(name) or ("", 99))[1] != floor:
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        imported = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+        imported |= {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+        assert not any(m.split(".")[0] == "torch" for m in imported), name
+
+
+def test_the_table_names_each_folder_once() -> None:
+    prefixes = [p for _, _, ps in LAYERS for p in ps]
+    assert len(prefixes) == len(set(prefixes))
+    ranks = [rank for _, rank, _ in LAYERS]
+    assert ranks == sorted(ranks)
+
+
+def _plant(root: Path, files: dict[str, str]) -> Path:
+    for rel, text in {"cockpit/__init__.py": "", "trainer/__init__.py": "", **files}.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return root
+
+
+def test_each_rule_fails_on_a_planted_tree(tmp_path: Path) -> None:
+    """An import up a floor (a type-checking one, a lazy one), a loop between rooms that no two modules
+    close, a module no layer claims, a process started from a model, the trainer imported, a benchmark's
+    reach into a private name: each is found and named."""
+    root = _plant(
+        tmp_path,
+        {
+            "cockpit/record/__init__.py": "",
+            "cockpit/record/view.py": (
+                "from typing import TYPE_CHECKING\n"
+                "if TYPE_CHECKING:\n    from cockpit.plan.inputs import Setup\n"
+            ),
+            "cockpit/plan/__init__.py": "",
+            "cockpit/plan/inputs.py": "def f():\n    from cockpit.service.runs import find_run\n",
+            "cockpit/plan/speed.py": "from cockpit.report.model import Report\n",
+            "cockpit/report/__init__.py": "",
+            "cockpit/report/model.py": "import subprocess\n",
+            "cockpit/report/bars.py": "from cockpit.plan.inputs import f\n",
+            "cockpit/service/__init__.py": "",
+            "cockpit/service/runs.py": "import os\ndef stop(p):\n    os.kill(p, 9)\n",
+            "cockpit/loose.py": "",
+            "cockpit/compare.py": "from trainer import evaluate\n",
+            "trainer/evaluate.py": "def _row_logprobs():\n    pass\n",
+            "benchmarks/__init__.py": "",
+            "benchmarks/score.py": "from trainer.evaluate import _row_logprobs\n",
+        },
+    )
+    edges = checks.edges_of(root)
+    assert checks.upward(edges) == [
+        ("cockpit.plan.inputs", "cockpit.service.runs"),
+        ("cockpit.record.view", "cockpit.plan.inputs"),
+    ]
+    assert checks.room_loops(edges) == [["cockpit.plan", "cockpit.report"]]
+    assert checks.module_loops(edges) == []  # the loop is between rooms only
+    assert checks.unclaimed(root) == ["cockpit.loose"]
+    assert checks.process_calls(root) == [
+        "cockpit.report.model: import subprocess"
+    ]  # the service's is its own
+    assert checks.into_started(edges) == [("cockpit.compare", "trainer.evaluate")]
+    assert checks.private_imports(root) == ["benchmarks.score: trainer.evaluate._row_logprobs"]

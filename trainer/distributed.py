@@ -1,52 +1,13 @@
-"""Where this rank stands in the job: its global rank, node, local index and host; and the CPU ranks' setup.
-
-The DeepSpeed launcher (`deepspeed.launcher.launch`) sets `RANK`, `LOCAL_RANK`, `WORLD_SIZE`,
-`CROSS_RANK` (the node's rank) and `CROSS_SIZE` (the number of nodes) in every rank's environment.
-"""
+"""The CPU ranks' setup and what the ranks agree on; where a rank stands is `cockpit.ranks`."""
 
 from __future__ import annotations
 
 import os
-import socket
-from dataclasses import asdict, dataclass
 from typing import Any
 
+from cockpit.ranks import RankIdentity, env_int, rank_identity
 
-def _env_int(name: str, default: int) -> int:
-    try:
-        return int(os.environ.get(name, default))
-    except ValueError:
-        return default
-
-
-@dataclass(frozen=True)
-class RankIdentity:
-    """One rank of the job, as the launcher placed it."""
-
-    rank: int
-    local_rank: int
-    world_size: int
-    node_rank: int
-    nodes: int
-    host: str
-
-    def fields(self) -> dict[str, Any]:
-        """The `rank_start` event's fields (the event writer adds `rank` itself)."""
-        fields = asdict(self)
-        fields.pop("rank")
-        return fields
-
-
-def rank_identity() -> RankIdentity:
-    """This process's place in the job, from the launcher's environment (rank 0 of 1 without one)."""
-    return RankIdentity(
-        rank=_env_int("RANK", 0),
-        local_rank=_env_int("LOCAL_RANK", 0),
-        world_size=_env_int("WORLD_SIZE", 1),
-        node_rank=_env_int("CROSS_RANK", 0),
-        nodes=_env_int("CROSS_SIZE", 1),
-        host=socket.gethostname(),
-    )
+__all__ = ["RankIdentity", "cpu_ranks_accelerator_config", "rank0_says", "rank_identity"]
 
 
 def cpu_ranks_accelerator_config() -> dict[str, Any] | None:
@@ -58,7 +19,7 @@ def cpu_ranks_accelerator_config() -> dict[str, Any] | None:
     """
     import torch
 
-    if _env_int("WORLD_SIZE", 1) <= 1 or torch.cuda.is_available():
+    if env_int("WORLD_SIZE", 1) <= 1 or torch.cuda.is_available():
         return None
     from accelerate import PartialState
 

@@ -21,8 +21,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from cockpit.ranks import rank_identity
 from cockpit.record import EventWriter, RunPaths
-from trainer.distributed import rank_identity
 
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2)
 PR_SET_PDEATHSIG = 1

@@ -6,17 +6,15 @@ them into its argv, unchanged. `parse_hostfile` and `select_hosts` read a hostfi
 (same syntax, same errors, same order of hosts), so a run is checked before it starts: the hosts the
 runner will use must be `hardware.nodes` hosts with `hardware.gpus` slots each, the run's plan.
 
-Pure: reads text, returns values; imports nothing of the project at run time.
+Pure: reads text, returns values; imports nothing of the project. It takes what it needs (the
+`[launcher]` section, as `Spec` reads it, the nodes and the ranks a node), not a whole profile.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from cockpit.profiles import Profile
+from typing import Protocol
 
 RUNNER = "deepspeed.launcher.runner"
 DEFAULT_PORT = 29500  # DeepSpeed's own, for ssh launches whose master is another host
@@ -40,6 +38,33 @@ EXTRA_OPTIONS = (
 _NODE_SPEC = r"[^@:,\s]+(?::\d+(?:,\d+)*)?"
 NODE_SPECS = re.compile(rf"^{_NODE_SPEC}(?:@{_NODE_SPEC})*$")
 _HOST_LINE = re.compile(r"^(\S+)\s+slots=(\d+)")
+
+
+class Spec(Protocol):
+    """What the launcher reads of a profile's `[launcher]` section (`cockpit.profiles.LauncherSpec`)."""
+
+    @property
+    def hostfile(self) -> str: ...
+    @property
+    def include(self) -> str: ...
+    @property
+    def exclude(self) -> str: ...
+    @property
+    def master_addr(self) -> str: ...
+    @property
+    def master_port(self) -> int: ...
+    @property
+    def no_ssh(self) -> bool: ...
+    @property
+    def node_rank(self) -> int: ...
+    @property
+    def backend(self) -> str: ...
+    @property
+    def launcher_args(self) -> str: ...
+    @property
+    def ssh_port(self) -> int: ...
+    @property
+    def extra_args(self) -> Sequence[str]: ...
 
 
 class HostfileError(ValueError):
@@ -101,10 +126,9 @@ def select_hosts(
     return {h: list(range(per_node)) if per_node > 0 else slots[h] for h in hosts}
 
 
-def selection_problem(profile: Profile, hostfile_text: str) -> str | None:
-    """Why the hostfile's selection is not the profile's `hardware.nodes` x GPUs a node (one line naming
+def selection_problem(spec: Spec, nodes: int, per_node: int, hostfile_text: str) -> str | None:
+    """Why the hostfile's selection is not `nodes` (`hardware.nodes`) x `per_node` ranks (one line naming
     the field), or None when the runner will start exactly the ranks the run is planned for."""
-    spec, nodes, per_node = profile.launcher, profile.hardware.nodes, profile.ranks_per_node
     try:
         pool = parse_hostfile(hostfile_text)
         filtered = bool(spec.include or spec.exclude)
@@ -124,24 +148,25 @@ def selection_problem(profile: Profile, hostfile_text: str) -> str | None:
     return None
 
 
-def master_port(profile: Profile, free_port: int) -> int:
-    """The rendezvous port: the profile's; else a free port here when the master is this host (one host,
+def master_port(spec: Spec, nodes: int, free_port: int) -> int:
+    """The rendezvous port: the spec's; else a free port here when the master is this host (one host,
     or node 0 of a launch without ssh), DeepSpeed's default when ssh starts the master elsewhere."""
-    spec = profile.launcher
     if spec.master_port:
         return spec.master_port
-    if profile.hardware.nodes > 1 and not spec.no_ssh:
+    if nodes > 1 and not spec.no_ssh:
         return DEFAULT_PORT
     return free_port
 
 
-def runner_options(profile: Profile, port: int, node_rank: int | None = None) -> list[str]:
-    """The runner's options for a profile, before `--module trainer`: what it names, passed unchanged.
+def runner_options(
+    spec: Spec, nodes: int, per_node: int, port: int, node_rank: int | None = None
+) -> list[str]:
+    """The runner's options for `nodes` hosts of `per_node` ranks, before `--module trainer`: what the
+    spec names, passed unchanged.
 
     One host without a hostfile keeps the launch of old: `--num_gpus` ranks here. `node_rank` is this
-    node's, for a launch without ssh (default: the profile's).
+    node's, for a launch without ssh (default: the spec's).
     """
-    spec = profile.launcher
     argv: list[str] = []
     if spec.hostfile:
         argv += ["--hostfile", spec.hostfile]
@@ -149,14 +174,14 @@ def runner_options(profile: Profile, port: int, node_rank: int | None = None) ->
         argv += ["--include", spec.include] if spec.include else ["--exclude", spec.exclude]
     else:
         if spec.hostfile:
-            argv += ["--num_nodes", str(profile.hardware.nodes)]
-        argv += ["--num_gpus", str(profile.ranks_per_node)]
+            argv += ["--num_nodes", str(nodes)]
+        argv += ["--num_gpus", str(per_node)]
     if spec.master_addr:
         argv += ["--master_addr", spec.master_addr]
     argv += ["--master_port", str(port)]
     if spec.no_ssh:
         argv += ["--no_ssh", "--node_rank", str(spec.node_rank if node_rank is None else node_rank)]
-    elif profile.hardware.nodes > 1:
+    elif nodes > 1:
         argv += ["--launcher", spec.backend]
         if spec.launcher_args:
             argv += ["--launcher_args", spec.launcher_args]

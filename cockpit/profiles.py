@@ -653,7 +653,7 @@ def check_hosts(profile: Profile, source: str) -> None:
     except (OSError, NotUtf8) as exc:
         why = getattr(exc, "strerror", None) or exc
         raise ProfileError(f"{source}: launcher.hostfile: cannot read {spec.hostfile!r}: {why}") from None
-    problem = selection_problem(profile, text)
+    problem = selection_problem(spec, profile.hardware.nodes, profile.ranks_per_node, text)
     if problem:
         raise ProfileError(f"{source}: {problem} ({spec.hostfile})")
 

@@ -44,8 +44,8 @@ def runner() -> ModuleType:
 
 def test_one_host_keeps_the_launch_of_old() -> None:
     p = profile("hardware.gpus=2")
-    assert runner_options(p, 1234) == ["--num_gpus", "2", "--master_port", "1234"]
-    assert master_port(p, 1234) == 1234  # a free port here
+    assert runner_options(p.launcher, 1, 2, 1234) == ["--num_gpus", "2", "--master_port", "1234"]
+    assert master_port(p.launcher, 1, 1234) == 1234  # a free port here
 
 
 def test_the_runner_parses_every_option_as_the_profile_gave_it(tmp_path: Path) -> None:
@@ -56,7 +56,7 @@ def test_the_runner_parses_every_option_as_the_profile_gave_it(tmp_path: Path) -
         "launcher.backend=openmpi", "launcher.launcher_args=--mca btl tcp", "launcher.ssh_port=2222",
         'launcher.extra_args=["--bind_core_list", "0-3", "--save_pid"]',
     )  # fmt: skip
-    argv = trainer_argv(ssh, tmp_path / "run", False, master_port(ssh, 1234))
+    argv = trainer_argv(ssh, tmp_path / "run", False, master_port(ssh.launcher, 2, 1234))
     assert argv[1:3] == ["-m", "deepspeed.launcher.runner"]
     args = runner().parse_args(argv[3:])
     assert (args.hostfile, args.num_nodes, args.num_gpus) == (str(hostfile), 2, 4)

@@ -108,7 +108,7 @@ def trainer_argv(
     `extra` goes to the trainer, `node_rank` is this node's in a launch without ssh."""
     argv = [
         sys.executable, "-m", RUNNER,
-        *runner_options(profile, port, node_rank),
+        *runner_options(profile.launcher, profile.hardware.nodes, profile.ranks_per_node, port, node_rank),
         "--module", "cockpit.service.guard",
         "--run-dir", str(run_dir),
     ]  # fmt: skip
@@ -453,7 +453,7 @@ class Supervisor:
 
     def train(self, extra: Sequence[str] = ()) -> tuple[str, str, int]:
         """The training stage; returns (status, diagnosis, exit code)."""
-        port = master_port(self.profile, free_port())
+        port = master_port(self.profile.launcher, self.profile.hardware.nodes, free_port())
         self.stall_where = ""
         self.launch(trainer_argv(self.profile, self.paths.root, self.resume, port, extra), "train")
         spec, nodes = self.profile.launcher, self.profile.hardware.nodes

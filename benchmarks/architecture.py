@@ -1,10 +1,12 @@
-"""Architecture figures: the five largest modules by lines, and how many modules import each layer.
+"""The house in figures: modules, layers, loops, imports that run up a floor, the largest rooms, and who
+imports each layer, read from the one table of layers (`devtools/layers.py`).
 
-    python benchmarks/architecture.py                       # this checkout
-    python benchmarks/architecture.py --before REV          # and a revision beside it (via git worktree)
+    python benchmarks/architecture.py                  # this checkout
+    python benchmarks/architecture.py --before REV     # and a revision beside it (a git worktree)
 
-Layers as ARCHITECTURE.md names them; a module counts once per layer it imports (lazy imports included,
-`if TYPE_CHECKING:` imports not). Writes architecture.md and .json under $OUT (else benchmarks/results/).
+A revision from before the moves of issue 28 has its modules at their old names: `RENAMED` maps them to
+where they went, so one table reads both trees. Imports include lazy and type-checking ones (as the
+architecture test reads them). Writes architecture.md and .json under $OUT (else benchmarks/results/).
 """
 
 from __future__ import annotations
@@ -16,56 +18,123 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-LAYERS = {
-    "record": ("cockpit.record",),
-    "contract + profiles": ("cockpit.contract", "cockpit.profiles"),
-    "plan": ("cockpit.plan",),
-    "report": ("cockpit.report", "cockpit.app.report_model"),
-    "rehearse": ("cockpit.rehearse",),
-    "service": (
-        "cockpit.service.lifecycle",
-        "cockpit.service.supervisor",
-        "cockpit.service.runs",
-        "cockpit.service.telemetry",
-        "cockpit.service.stall",
-        "cockpit.service.liveness",
-        "cockpit.record.control",
-        "cockpit.service.diagnosis",
-    ),
-    "cli + headless": ("cockpit.cli", "cockpit.headless"),
-    "app": ("cockpit.app",),
-    "trainer": ("trainer",),
+SERVICE = ("lifecycle", "supervisor", "node", "telemetry", "stall", "liveness", "ramguard", "shm")
+SERVICE += ("diagnosis", "runs", "doctor", "lost", "disk_space")
+# Old module prefix -> its home after issue 28's moves (the before tree read through the same table).
+RENAMED = {
+    **{f"cockpit.{m}": f"cockpit.service.{m}" for m in SERVICE},
+    "trainer.guard": "cockpit.service.guard",
+    "cockpit.control": "cockpit.record.control",
+    "trainer.checkpoints": "cockpit.record.checkpoints",
+    "cockpit.downsample": "cockpit.record.downsample",
+    "cockpit.faults": "devtools.faults",
+    "cockpit.import_graph": "devtools.import_graph",
+    "cockpit.dsops": "cockpit.ops.dsops",
+    "cockpit.extcache": "cockpit.ops.extcache",
 }
+TOP = 5
 
 
-def in_layer(module: str, prefixes: tuple[str, ...]) -> bool:
-    return any(module == p or module.startswith(p + ".") for p in prefixes)
+def renamed(module: str) -> str:
+    for old, new in RENAMED.items():
+        if module == old or module.startswith(old + "."):
+            return new + module[len(old) :]
+    return module
 
 
-def figures(root: Path) -> dict:
-    from devtools.import_graph import graph, modules
+def figures(root: Path) -> dict[str, Any]:
+    """The house at `root`, read through the one table of layers."""
+    from devtools.import_graph import cycles, graph, modules
+    from devtools.layers import LAYERS, STARTED_NOT_IMPORTED, claims, layer_of, room_of
 
-    mods = modules(root, ("cockpit", "trainer"))
+    every = {renamed(name): path for name, path in modules(root, ("cockpit", "trainer")).items()}
+    # development tools that sat in the package before (their home is devtools/ now, not shipped)
+    shipped_tools = sorted(name for name in every if claims("devtools", name))
+    mods = {name: path for name, path in every.items() if name not in shipped_tools}
+    edges = {
+        renamed(name): {renamed(t) for t in targets}
+        for name, targets in graph(root, ("cockpit", "trainer"), type_checking=True).items()
+    }
     lines = {name: len(path.read_text(encoding="utf-8").splitlines()) for name, path in mods.items()}
-    largest = sorted(lines.items(), key=lambda kv: -kv[1])[:5]
-    edges = graph(root, ("cockpit", "trainer", "benchmarks"))
-    importers = {}
-    for layer, prefixes in LAYERS.items():
-        importers[layer] = sorted(
-            m for m, targets in edges.items()
-            if not in_layer(m, prefixes) and any(in_layer(t, prefixes) for t in targets)
-        )  # fmt: skip
+    rank = {name: (layer_of(name) or ("unclaimed", -1)) for name in mods}
+    up = sorted(
+        (a, b)
+        for a, ts in edges.items()
+        if a in rank
+        for b in ts
+        if b in rank and rank[b][1] > rank[a][1] >= 0
+    )
+    raw = graph(root, ("cockpit", "trainer"), type_checking=True)  # the names as they were in that tree
+    trainer_imports = sorted(
+        (a, b)
+        for a, ts in raw.items()
+        for b in ts
+        for started in STARTED_NOT_IMPORTED
+        if claims(started, b) and not claims(started, a)
+    )
+    rooms: dict[str, set[str]] = {}
+    for a, ts in edges.items():
+        rooms.setdefault(room_of(a), set()).update(room_of(b) for b in ts if room_of(b) != room_of(a))
+    per_layer = {name: sorted(m for m in mods if rank[m][0] == name) for name, _, _ in LAYERS}
+    importers = {
+        name: sorted(
+            a
+            for a, ts in edges.items()
+            if rank.get(a, ("", 0))[0] != name and any(rank.get(b, ("",))[0] == name for b in ts)
+        )
+        for name, _, _ in LAYERS
+    }
     return {
         "modules": len(mods),
         "lines": sum(lines.values()),
-        "largest": largest,
-        "importers": {k: len(v) for k, v in importers.items()},
+        "unclaimed": sorted(m for m in mods if rank[m][1] < 0),
+        "over_500": sorted((n, c) for n, c in lines.items() if c > 500),
+        "largest": sorted(lines.items(), key=lambda kv: -kv[1])[:TOP],
+        "module_loops": cycles(edges),
+        "room_loops": cycles(rooms),
+        "upward": up,
+        "trainer_imports": trainer_imports,
+        "shipped_tools": shipped_tools,
+        "layers": {name: len(ms) for name, ms in per_layer.items()},
+        "importers": {name: len(v) for name, v in importers.items()},
         "importer_names": importers,
     }
+
+
+def report(results: dict[str, Any], revs: dict[str, str]) -> str:
+    out = ["# The house in figures (devtools/layers.py)", ""]
+    for when, fig in results.items():
+        out += [
+            f"## {when} ({revs[when]}): {fig['modules']} modules, {fig['lines']:,} lines in cockpit/ and "
+            "trainer/",
+            "",
+            f"- loops between modules: {len(fig['module_loops'])} {fig['module_loops'] or ''}",
+            f"- loops between rooms: {len(fig['room_loops'])} {fig['room_loops'] or ''}",
+            f"- imports that run up a floor: {len(fig['upward'])}"
+            + "".join(f"\n  - {a} -> {b}" for a, b in fig["upward"]),
+            f"- imports of the trainer from cockpit/ (a process): {len(fig['trainer_imports'])}"
+            + "".join(f"\n  - {a} -> {b}" for a, b in fig["trainer_imports"]),
+            f"- modules no layer claims: {len(fig['unclaimed'])} {', '.join(fig['unclaimed'])}",
+            f"- development tools shipped in the package: {len(fig['shipped_tools'])} "
+            + ", ".join(fig["shipped_tools"]),
+            f"- modules over 500 lines: {len(fig['over_500'])} "
+            + ", ".join(f"{n} ({c})" for n, c in fig["over_500"]),
+            "",
+            "| largest module | lines |",
+            "|---|---|",
+            *[f"| {name} | {n} |" for name, n in fig["largest"]],
+            "",
+            "| layer | modules in it | modules importing it (from outside it) |",
+            "|---|---|---|",
+            *[f"| {layer} | {fig['layers'][layer]} | {fig['importers'][layer]} |" for layer in fig["layers"]],
+            "",
+        ]
+    return "\n".join(out)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -76,8 +145,11 @@ def main(argv: list[str] | None = None) -> int:
         "--before", help="a git revision to compare with (checked out in a temporary worktree)"
     )
     args = parser.parse_args(argv)
-    results = {"after": figures(ROOT)}
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    revs = {"after": head.stdout.strip() or "HEAD"}
+    results: dict[str, Any] = {}
     if args.before:
+        revs["before"] = args.before
         with tempfile.TemporaryDirectory() as tmp:
             where = Path(tmp) / "before"
             subprocess.run(
@@ -87,18 +159,8 @@ def main(argv: list[str] | None = None) -> int:
                 results["before"] = figures(where)
             finally:
                 subprocess.run(["git", "worktree", "remove", "--force", str(where)], cwd=ROOT, check=True)
-    out = ["# Architecture figures", ""]
-    for when, fig in results.items():
-        rev = args.before if when == "before" else "HEAD"
-        out.append(
-            f"## {when} ({rev}): {fig['modules']} modules, {fig['lines']:,} lines in cockpit/ and trainer/"
-        )
-        out += ["", "| largest module | lines |", "|---|---|"]
-        out += [f"| {name} | {n} |" for name, n in fig["largest"]]
-        out += ["", "| layer | modules importing it (outside it) |", "|---|---|"]
-        out += [f"| {layer} | {n} |" for layer, n in fig["importers"].items()]
-        out.append("")
-    text = "\n".join(out)
+    results["after"] = figures(ROOT)
+    text = report(results, revs)
     print(text)
     dest = Path(os.environ.get("OUT") or ROOT / "benchmarks/results")
     dest.mkdir(parents=True, exist_ok=True)

@@ -328,7 +328,7 @@ def child_env(smoke: bool) -> dict[str, str]:
     env = dict(os.environ)
     if smoke:  # one thread: CPU step times that shared, busy machines do not scramble
         env["OMP_NUM_THREADS"] = "1"
-    from benchmarks.trainer_runs import single_rank_env
+    from cockpit.service.spawn import single_rank_env
 
     env.update(single_rank_env())
     env.update(

@@ -41,7 +41,7 @@ WAYS = {"every rank loads all": "0", "each rank its share": "1"}
 
 def run_job(args: argparse.Namespace, runs: Path, way: str, repeat: int) -> Path:
     """One job of N ranks, the load done `way`; returns its run directory."""
-    from cockpit.service.supervisor import rehearsal_args
+    from cockpit.service.spawn import rehearsal_args
 
     overrides = [
         f"hardware.gpus={args.ranks}",

@@ -250,7 +250,7 @@ def run_case(
 ) -> None:
     from cockpit.profiles import parse_profile
     from cockpit.service.runs import create_run
-    from cockpit.service.supervisor import child_env, free_port, trainer_argv
+    from cockpit.service.spawn import child_env, free_port, trainer_argv
 
     profile = parse_profile(profile_for(case, model, data, gpu, seq_len, steps), case.name)
     run_dir = create_run(runs, profile, Path(__file__), [sys.executable, *sys.argv])

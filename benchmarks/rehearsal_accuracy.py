@@ -100,7 +100,7 @@ def rehearse(
     from benchmarks.trainer_runs import log_tail, new_run, run_depth, run_ranks
     from cockpit.record import EventWriter, RunPaths, read_events
     from cockpit.rehearse.measure import BEGIN, END, depth_measures
-    from cockpit.service.supervisor import rehearsal_args
+    from cockpit.service.spawn import rehearsal_args
 
     name = f"accuracy-{config}" + (f"-{ranks}r" if ranks else "")
     run_dir, profile = new_run(profile_name, config_overrides(config, gpu, ranks), runs, name)

@@ -2,7 +2,8 @@
 
 The benchmarks measure the product's code path: a run directory made by `cockpit.service.runs.create_run` from
 a profile with overrides, and `python -m trainer --rehearse-layers N` (the architecture sliced to N
-layers, random weights) with the environment of a single DeepSpeed rank (`run_depth`), or the trainer
+layers, random weights) with the environment of a single DeepSpeed rank (`run_depth`,
+`cockpit.service.spawn.single_rank_env`), or the trainer
 as `cockpit run` launches it, through DeepSpeed's runner, `hardware.gpus` ranks (`run_ranks`).
 """
 
@@ -11,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,25 +19,6 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def single_rank_env() -> dict[str, str]:
-    """What a process needs to be DeepSpeed's one and only rank (no launcher)."""
-    return {
-        "RANK": "0",
-        "LOCAL_RANK": "0",
-        "WORLD_SIZE": "1",
-        "LOCAL_WORLD_SIZE": "1",
-        "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": str(free_port()),
-        "PYTHONUNBUFFERED": "1",
-    }
 
 
 def new_run(profile_name: str, overrides: list[str], runs: Path, name: str) -> tuple[Path, Any]:
@@ -60,7 +41,7 @@ def run_depth(
     sampler: bool = False,
 ) -> int | str:
     """Train `steps` steps of the `layers`-layer slice in `run_dir` as one rank: exit code or "timeout"."""
-    from cockpit.service.supervisor import child_env, rehearsal_args
+    from cockpit.service.spawn import child_env, rehearsal_args, single_rank_env
 
     full_env = {**child_env(), **(env or {}), **single_rank_env()}
     argv = [
@@ -82,12 +63,11 @@ def run_ranks(
     timeout: float = 600,
     sampler: bool = False,
 ) -> int | str:
-    """The trainer in `run_dir` as `cockpit run` launches it (`cockpit.service.supervisor.trainer_argv`:
-    DeepSpeed's
-    runner with the profile's launcher options, `hardware.gpus` ranks, each under
-    `cockpit.service.guard`), with
-    `extra` trainer arguments (a rehearsal depth: `rehearsal_args`); no supervisor. Exit code or "timeout"."""
-    from cockpit.service.supervisor import child_env, trainer_argv
+    """The trainer in `run_dir` as `cockpit run` launches it (`cockpit.service.spawn.trainer_argv`:
+    DeepSpeed's runner with the profile's launcher options, `hardware.gpus` ranks, each under
+    `cockpit.service.guard`), with `extra` trainer arguments (a rehearsal depth: `rehearsal_args`); no
+    supervisor. Exit code or "timeout"."""
+    from cockpit.service.spawn import child_env, free_port, trainer_argv
 
     argv = trainer_argv(profile, run_dir, False, free_port(), extra or [])
     full_env = {**child_env(), "PYTHONUNBUFFERED": "1", **(env or {})}

@@ -196,7 +196,7 @@ def test_prebuild_compiles_what_deepspeed_would_compile_again(
 
 
 def test_each_environment_builds_into_its_own_folder(monkeypatch: pytest.MonkeyPatch) -> None:
-    from cockpit.service.supervisor import child_env
+    from cockpit.service.spawn import child_env
 
     monkeypatch.delenv("TORCH_EXTENSIONS_DIR", raising=False)
     mine = extcache.keyed_root()

@@ -10,9 +10,8 @@ import pytest
 from cockpit.cli import main
 from cockpit.profiles import load_profile
 from cockpit.record import load_manifest, write_manifest
-from cockpit.service.node import node_argv
 from cockpit.service.runs import create_run
-from cockpit.service.supervisor import trainer_argv
+from cockpit.service.spawn import node_argv, trainer_argv
 
 
 def a_run(tmp_path: Path, *overrides: str) -> Path:

@@ -20,7 +20,7 @@ from cockpit.launcher import (
     select_hosts,
 )
 from cockpit.profiles import Profile, ProfileError, check_hosts, load_profile
-from cockpit.service.supervisor import trainer_argv
+from cockpit.service.spawn import trainer_argv
 
 HOSTS = """# four hosts
 gpu-a slots=4

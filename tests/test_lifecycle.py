@@ -37,9 +37,9 @@ def spawned(monkeypatch: pytest.MonkeyPatch) -> list[tuple[Path, dict[str, Any]]
     def spawn_detached(run_dir: Path, **how: Any) -> None:
         calls.append((Path(run_dir), how))
 
-    import cockpit.service.supervisor
+    import cockpit.service.spawn
 
-    monkeypatch.setattr(cockpit.service.supervisor, "spawn_detached", spawn_detached)
+    monkeypatch.setattr(cockpit.service.spawn, "spawn_detached", spawn_detached)
     return calls
 
 
@@ -331,6 +331,7 @@ def test_the_cli_starts_and_signals_no_process_itself() -> None:
         "os",
         "subprocess",
         "cockpit.service.supervisor",
+        "cockpit.service.spawn",
         "cockpit.record.control",
         "cockpit.service.liveness",
     }

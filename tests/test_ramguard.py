@@ -84,29 +84,29 @@ def supervisor(tmp_path: Path) -> Supervisor:
 
 
 def test_the_supervisor_asks_for_a_stop_once_at_the_limit(supervisor: Supervisor) -> None:
-    assert supervisor.ram_limit_mib == 2.5 * GIB
+    assert supervisor.runner.ram_limit_mib == 2.5 * GIB
     tree = FakeTree(2.4 * GIB)
-    supervisor.tree = tree  # type: ignore[assignment]
-    supervisor._check_host_ram()
-    assert not supervisor.paths.stop_request.exists() and supervisor.ram_stop is None
+    supervisor.runner.tree = tree  # type: ignore[assignment]
+    supervisor.runner._check_host_ram()
+    assert not supervisor.paths.stop_request.exists() and supervisor.runner.ram_stop is None
     tree.rss_mib = 2.6 * GIB
-    supervisor._check_host_ram()
-    assert supervisor.paths.stop_request.exists() and supervisor.ram_stop == GUARD
-    supervisor._check_requests(0.0)  # the next poll sees the request, as a user's
+    supervisor.runner._check_host_ram()
+    assert supervisor.paths.stop_request.exists() and supervisor.runner.ram_stop == GUARD
+    supervisor.runner._check_requests(0.0)  # the next poll sees the request, as a user's
     tree.rss_mib = 3.0 * GIB  # still growing while the checkpoint is written: no second note
-    supervisor._check_host_ram()
-    supervisor.events.close()
+    supervisor.runner._check_host_ram()
+    supervisor.keeper.events.close()
     notes = [e for e in read_events(supervisor.paths.root, "note") if "host_ram_limit_mib" in e]
     assert [n["message"] for n in notes] == [f"{GUARD}: checkpoint and stop requested"]
     assert notes[0]["run_rss_mib"] == 2.6 * GIB and notes[0]["host_ram_limit_mib"] == 2.5 * GIB
-    assert supervisor.stop_reason == GUARD
+    assert supervisor.runner.stop_reason == GUARD
 
 
 def test_a_stop_already_asked_for_is_not_claimed_by_the_guard(supervisor: Supervisor) -> None:
-    supervisor.request_stop()  # the user's, not yet seen by a poll
-    supervisor.tree = FakeTree(9 * GIB)  # type: ignore[assignment]
-    supervisor._check_host_ram()
-    assert supervisor.ram_stop is None and supervisor.stop_reason == "user"
+    supervisor.runner.request_stop()  # the user's, not yet seen by a poll
+    supervisor.runner.tree = FakeTree(9 * GIB)  # type: ignore[assignment]
+    supervisor.runner._check_host_ram()
+    assert supervisor.runner.ram_stop is None and supervisor.runner.stop_reason == "user"
 
 
 def test_the_default_limit_is_this_hosts_ram_less_the_margin(tmp_path: Path) -> None:
@@ -116,4 +116,4 @@ def test_the_default_limit_is_this_hosts_ram_less_the_margin(tmp_path: Path) -> 
     assert profile.hardware.host_ram_limit_gib == 0.0
     supervisor = Supervisor(create_run(tmp_path, profile, path, ["cockpit", "run"]))
     total = psutil.virtual_memory().total / 2**20
-    assert supervisor.ram_limit_mib == pytest.approx(total - default_margin_mib(total))
+    assert supervisor.runner.ram_limit_mib == pytest.approx(total - default_margin_mib(total))

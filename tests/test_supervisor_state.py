@@ -8,8 +8,9 @@ import pytest
 
 from cockpit.profiles import load_profile
 from cockpit.record.view import RunView
+from cockpit.service.outcome import Evaluation, Outcome
 from cockpit.service.runs import create_run
-from cockpit.service.supervisor import Evaluation, Outcome, Supervisor
+from cockpit.service.supervisor import Supervisor
 
 
 def event(kind: str, t: float, **fields) -> dict:
@@ -34,14 +35,14 @@ def test_a_load_longer_than_the_stall_timeout_is_not_a_stall(run_dir: Path) -> N
     clock = Clock(1000.0)
     supervisor = Supervisor(run_dir, clock=clock)
     timeout = supervisor.profile.training.stall_timeout_s
-    supervisor.stall.begin_stage("train")
+    supervisor.runner.stall.begin_stage("train")
     clock.now += 3 * timeout  # setup and load took three timeouts
-    supervisor.stall.observe([event("phase", clock.now - 5, phase="train", rank=0)])
-    assert supervisor.stall.check() is None
+    supervisor.runner.stall.observe([event("phase", clock.now - 5, phase="train", rank=0)])
+    assert supervisor.runner.stall.check() is None
     clock.now += timeout + 10  # then nothing for longer than the timeout: before the first step, the
-    assert supervisor.stall.check().kind == "suspected"  # setup's own limit (SetupLimits) holds
-    clock.now += supervisor.stall.setup_limits.quiet_s
-    change = supervisor.stall.check()
+    assert supervisor.runner.stall.check().kind == "suspected"  # setup's own limit (SetupLimits) holds
+    clock.now += supervisor.runner.stall.setup_limits.quiet_s
+    change = supervisor.runner.stall.check()
     assert change is not None and change.kind == "stalled" and "in phase train" in change.message
 
 
@@ -52,19 +53,19 @@ def test_a_stall_suspected_in_a_resumes_setup_names_no_step_of_the_attempt_befor
     clock = Clock(1000.0)
     supervisor = Supervisor(run_dir, resume=True, clock=clock)
     earlier = [event("step", 900.0 + n, step=n, rank=0) for n in range(1, 11)]
-    supervisor.view.apply(earlier)
-    supervisor.stall.begin_stage("train")
-    supervisor.stall.observe(
+    supervisor.runner.view.apply(earlier)
+    supervisor.runner.stall.begin_stage("train")
+    supervisor.runner.stall.observe(
         [*earlier, event("phase", clock.now, phase="setup", message="tokenizing", rank=0)]
     )
-    clock.now += supervisor.stall.setup_limits.quiet_s / 2 + 1
-    supervisor._check_stall()
+    clock.now += supervisor.runner.stall.setup_limits.quiet_s / 2 + 1
+    supervisor.runner._check_stall()
     warning = load_manifest(run_dir)["warning"]
     assert warning.startswith("stall suspected before the first step: no progress for")
     assert "phase setup (tokenizing), before the resumed run's first step" in warning
-    supervisor.stall.observe([event("phase", clock.now, phase="load", rank=0)])
-    supervisor._check_stall()
-    supervisor.events.close()
+    supervisor.runner.stall.observe([event("phase", clock.now, phase="load", rank=0)])
+    supervisor.runner._check_stall()
+    supervisor.keeper.events.close()
     notes = [e["message"] for e in read_events(run_dir, "note")]
     assert notes[-1] == "progress again" and load_manifest(run_dir)["warning"] is None
 
@@ -130,7 +131,7 @@ def test_evaluating_an_ended_run_keeps_its_training_status(
 
 
 def test_children_wait_passively_unless_the_user_says_otherwise(monkeypatch) -> None:
-    from cockpit.service.supervisor import child_env
+    from cockpit.service.spawn import child_env
 
     monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
     assert child_env()["OMP_WAIT_POLICY"] == "PASSIVE"
@@ -147,7 +148,7 @@ def test_children_find_the_ninja_beside_their_interpreter_first(monkeypatch, tmp
     import shutil
     import sys
 
-    from cockpit.service.supervisor import child_env
+    from cockpit.service.spawn import child_env
 
     monkeypatch.setenv("COCKPIT_CACHE", str(tmp_path / "cache"))
     venv = tmp_path / "venv" / "bin"

@@ -7,12 +7,13 @@ from typing import Any
 
 import pytest
 
-import cockpit.service.supervisor
+import cockpit.service.spawn
 from cockpit import cli
 from cockpit.profiles import load_profile
 from cockpit.service import lifecycle
 from cockpit.service.runs import create_run
-from cockpit.service.supervisor import Supervisor, trainer_problem
+from cockpit.service.spawn import trainer_problem
+from cockpit.service.supervisor import Supervisor
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -21,9 +22,7 @@ ROOT = Path(__file__).resolve().parent.parent
 def spawned(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
     """Supervisors the lifecycle would start (none for real)."""
     calls: list[Path] = []
-    monkeypatch.setattr(
-        cockpit.service.supervisor, "spawn_detached", lambda run_dir, **how: calls.append(run_dir)
-    )
+    monkeypatch.setattr(cockpit.service.spawn, "spawn_detached", lambda run_dir, **how: calls.append(run_dir))
     return calls
 
 
@@ -86,7 +85,7 @@ def test_supervisor_fails_the_attempt_without_launching(
     monkeypatch.chdir(tmp_path)
     supervisor = Supervisor(run_dir)
     launched: list[Any] = []
-    monkeypatch.setattr(supervisor, "launch", lambda *args: launched.append(args))
+    monkeypatch.setattr(supervisor.runner, "launch", lambda *args: launched.append(args))
     outcome = supervisor.attempt()
     assert (outcome.status, outcome.exit_code) == ("failed", 2)
     assert str(found) in outcome.diagnosis and launched == []

@@ -49,11 +49,11 @@ def test_attach_opens_the_app_live_and_says_the_run_goes_on(
 def test_run_without_no_ui_opens_the_app(
     opened: list, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    import cockpit.service.supervisor
+    import cockpit.service.spawn
 
     spawned: list[Path] = []
     monkeypatch.setattr(
-        cockpit.service.supervisor, "spawn_detached", lambda run_dir, resume=False: spawned.append(run_dir)
+        cockpit.service.spawn, "spawn_detached", lambda run_dir, resume=False: spawned.append(run_dir)
     )
     assert cli.main(["run", "--profile", "tiny-cpu", "--runs-dir", str(tmp_path)]) == 0
     assert len(spawned) == 1 and opened == [(spawned[0], True, 1.0)]
@@ -63,11 +63,11 @@ def test_run_without_no_ui_opens_the_app(
 @pytest.fixture
 def stopped_run(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
     """A stopped tiny-cpu run with a complete checkpoint, its supervisor never started for real."""
-    import cockpit.service.supervisor
+    import cockpit.service.spawn
     from cockpit.record.manifest import update_manifest
     from cockpit.service import lifecycle
 
-    monkeypatch.setattr(cockpit.service.supervisor, "spawn_detached", lambda run_dir, **how: None)
+    monkeypatch.setattr(cockpit.service.spawn, "spawn_detached", lambda run_dir, **how: None)
     run_dir = lifecycle.start(tmp_path, "tiny-cpu", [], ["cockpit", "run"]).run_dir
     checkpoint = run_dir / "checkpoints" / "checkpoint-150"
     checkpoint.mkdir(parents=True)

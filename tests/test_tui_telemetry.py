@@ -162,20 +162,19 @@ def test_module_entry_point(tmp_path: Path) -> None:
 
 
 def test_supervisor_starts_and_stops_the_sampler(tmp_path: Path) -> None:
-    """The supervisor's two telemetry methods, on a stand-in supervisor (no run launched)."""
-    from cockpit.record import EventWriter, RunPaths
+    """The supervisor's two telemetry methods, on a run's supervisor that launches nothing else."""
+    from cockpit.profiles import load_profile
+    from cockpit.service.runs import create_run
     from cockpit.service.supervisor import Supervisor
 
-    sup = Supervisor.__new__(Supervisor)
-    sup.paths = RunPaths(tmp_path)
-    sup.events = EventWriter(sup.paths.events("supervisor"))
-    sup.telemetry = None
+    profile, source = load_profile("tiny-cpu")
+    sup = Supervisor(create_run(tmp_path, profile, source, ["cockpit", "run"]))
     sup._start_telemetry()
     assert sup.telemetry is not None
     import time
 
     deadline = time.time() + 30
-    path = tmp_path / "events" / "telemetry.jsonl"
+    path = sup.paths.events("telemetry")
     while time.time() < deadline and (not path.exists() or '"telemetry"' not in path.read_text()):
         time.sleep(0.1)
     sup._stop_telemetry()
@@ -192,13 +191,14 @@ def test_supervisor_reads_gpu_utilization_from_telemetry(tmp_path: Path) -> None
 
     profile, path = load_profile("tiny-cpu")
     sup = Supervisor(create_run(tmp_path, profile, path, ["cockpit", "run"]))
-    assert sup.stall.gpus_idle is None
-    sup.stall.observe([{"t": 1.0, "kind": "telemetry", "gpu_util_pct": [0.0, 3.0], "ram_used_mib": 1.0}])
-    assert sup.stall.gpus_idle is True
-    sup.stall.observe([{"t": 2.0, "kind": "telemetry", "gpu_util_pct": [0.0, 97.0]}])
-    assert sup.stall.gpus_idle is False
-    sup.stall.observe([{"t": 3.0, "kind": "telemetry", "ram_used_mib": 1.0}])  # no GPU fields: unchanged
-    assert sup.stall.gpus_idle is False
+    stall = sup.runner.stall
+    assert stall.gpus_idle is None
+    stall.observe([{"t": 1.0, "kind": "telemetry", "gpu_util_pct": [0.0, 3.0], "ram_used_mib": 1.0}])
+    assert stall.gpus_idle is True
+    stall.observe([{"t": 2.0, "kind": "telemetry", "gpu_util_pct": [0.0, 97.0]}])
+    assert stall.gpus_idle is False
+    stall.observe([{"t": 3.0, "kind": "telemetry", "ram_used_mib": 1.0}])  # no GPU fields: unchanged
+    assert stall.gpus_idle is False
 
 
 def test_a_full_disk_stops_the_sampler_quietly(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,10 +1,12 @@
 """One line that says why a run ended: from the exit status, the output's tail and the record.
 
-Pure functions over facts the supervisor gathered, so every branch is testable without a run.
+Pure functions over facts the supervisor gathered, so every branch is testable without a run; and
+`read_tail`, the output's tail they read.
 """
 
 from __future__ import annotations
 
+import os
 import re
 import signal
 from collections.abc import Mapping
@@ -20,6 +22,7 @@ NCCL_TIMEOUT = re.compile(
     r"|[Tt]imed out.{0,40}(collective|barrier)"
     r"|DistBackendError.{0,200}[Tt]imeout"
 )
+TAIL_BYTES = 256 * 1024  # of the output, read for its last error and the launcher's exit words
 HOST_OOM_FRACTION = 0.90
 DISK_FULL_MIB = 2.0
 DISK_FULL = re.compile(r"No space left on device|\[Errno 28\]|ENOSPC")
@@ -151,6 +154,17 @@ def culprit(
     several = int(where.get("nodes") or 1) > 1
     node = int(where["node_rank"]) if several and where.get("node_rank") is not None else None
     return RankFault(rank, str(where.get("host") or ""), node, kind, how, number)
+
+
+def read_tail(path: Path, size: int = TAIL_BYTES) -> str:
+    """The last `size` bytes of a file as text ("" when it cannot be read)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - size))
+            return f.read().decode("utf-8", errors="replace")
+    except OSError:
+        return ""
 
 
 def _signal_number(name: str) -> int | None:

@@ -30,11 +30,11 @@ from cockpit.profiles import (
 )
 from cockpit.record import RunPaths, control, load_manifest, write_manifest
 from cockpit.record.manifest import update_manifest
-from cockpit.service import liveness, supervisor
+from cockpit.service import liveness, spawn
 from cockpit.service.disk_space import room_problem
 from cockpit.service.lost import LOST, lost_verdict
+from cockpit.service.outcome import Evaluation
 from cockpit.service.runs import create_run
-from cockpit.service.supervisor import Evaluation
 
 ACTIVE = ("planned", "running")
 
@@ -66,13 +66,13 @@ class StopOutcome(Enum):
 
 def check_trainer() -> None:
     """Refuse (`LifecycleError`) when the ranks would import another project's `trainer` (or none)."""
-    problem = supervisor.trainer_problem()
+    problem = spawn.trainer_problem()
     if problem is not None:
         raise LifecycleError(problem)
 
 
 def _spawn(run_dir: Path, **how: Any) -> Launch:
-    return Launch(run_dir, supervisor.spawn_detached(run_dir, **how))
+    return Launch(run_dir, spawn.spawn_detached(run_dir, **how))
 
 
 # --- start -------------------------------------------------------------------------------------------
@@ -226,8 +226,6 @@ def _default_depths_here(here: Any, geometry: Any, depths: list[int]) -> list[in
 def join(run_dir: Path, node_rank: int) -> Launch:
     """Start node `node_rank`'s supervisor (`cockpit.service.node`) on this machine for a run whose node 0 was
     started without ssh; it launches this node's ranks once node 0 has launched its own."""
-    from cockpit.service.node import spawn_node
-
     manifest = load_manifest(run_dir)
     profile = parse_profile(manifest["profile"], str(RunPaths(run_dir).manifest))
     nodes = profile.hardware.nodes
@@ -243,7 +241,7 @@ def join(run_dir: Path, node_rank: int) -> Launch:
     if manifest.get("status") not in ACTIVE:
         raise LifecycleError(f"{run_dir.name} has ended (status {manifest.get('status')}): nothing to join")
     check_trainer()
-    return Launch(run_dir, spawn_node(run_dir, node_rank))
+    return Launch(run_dir, spawn.spawn_node(run_dir, node_rank))
 
 
 # --- stop --------------------------------------------------------------------------------------------

@@ -31,21 +31,12 @@ from typing import Any
 
 from cockpit.record import EventWriter, RunPaths, RunReader, load_manifest
 from cockpit.record.format import TERMINAL_STATUSES
-from cockpit.service.diagnosis import describe_exit
+from cockpit.service.diagnosis import describe_exit, read_tail
 from cockpit.service.shm import remove_allreduce_buffers
-from cockpit.service.supervisor import KILL_GRACE_S, POLL_S, GroupEnd, popen_detached, read_tail
+from cockpit.service.spawn import KILL_GRACE_S, POLL_S, GroupEnd, node_argv, popen_logged
 
 # How long a node waits for node 0's training launch before it gives up.
 JOIN_WAIT_S = 600.0
-
-
-def node_argv(launch_argv: list[str], node_rank: int) -> list[str]:
-    """Node 0's launch command for this node: this interpreter, and this node's `--node_rank`."""
-    argv = [sys.executable, *launch_argv[1:]]
-    if "--node_rank" not in argv:
-        raise ValueError("node 0's launch has no --node_rank: it was not launched without ssh")
-    argv[argv.index("--node_rank") + 1] = str(node_rank)
-    return argv
 
 
 class NodeSupervisor:
@@ -91,7 +82,7 @@ class NodeSupervisor:
     # --- this node's ranks ----------------------------------------------------------------------------
     def _start(self, launch: dict[str, Any]) -> list[str]:
         argv = node_argv(list(launch["argv"]), self.node_rank)
-        self.proc = popen_detached(argv, self.paths.node_output_log(self.node_rank))
+        self.proc = popen_logged(argv, self.paths.node_output_log(self.node_rank))
         self._ending = GroupEnd()
         self.events.write("node_launch", node_rank=self.node_rank, argv=argv, pid=self.proc.pid)
         return argv
@@ -111,7 +102,7 @@ class NodeSupervisor:
                 ended = self._launch_ended_t or now
                 if now - ended > KILL_GRACE_S:  # node 0's ranks are gone: these would wait for ever
                     self._signal(signal.SIGTERM)
-            elif self._ending.terminated_at is not None and now - self._ending.terminated_at > KILL_GRACE_S:
+            elif self._ending.overdue(now):
                 self._signal(signal.SIGKILL)
             time.sleep(POLL_S)
         return rc
@@ -149,14 +140,6 @@ class NodeSupervisor:
             worst = worst or rc
         self.events.close()
         return 0 if worst == 0 else 1
-
-
-def spawn_node(run_dir: Path, node_rank: int) -> subprocess.Popen[bytes]:
-    """Start node `node_rank`'s supervisor for `run_dir` in its own session (`supervisor-node<N>.log`)."""
-    return popen_detached(
-        [sys.executable, "-m", "cockpit.service.node", str(run_dir), "--node-rank", str(node_rank)],
-        RunPaths(Path(run_dir)).node_supervisor_log(node_rank),
-    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -4,12 +4,14 @@ A measured figure is a link to the result it comes from, its title naming the va
 
     [6 min 30 s](benchmarks/results/fresh_clone.json "rows[step=cockpit run --no-ui (whole)].s")
 
-The path is read from the Markdown file's folder (text moved into docs/ keeps working with `../`); the
-title is a path into the JSON: keys joined by dots, `[3]` an index, `[key=value]` the list item whose
-`key` is `value` (spaces around it ignored). The link's text is read back as a number (a duration in
-h/min/s is seconds) and must be the JSON's value rounded as the text shows it. A command's output quoted
-in a code block, marked `<!-- output of: cockpit ... -->` just above it, is compared with what the command
-prints now, line by line (`...` leaves out the rest of a line).
+The pages are README.md, docs/*.md and benchmarks/README.md. The path is read from the Markdown file's
+folder (`../benchmarks/results/...` from docs/); the title is a path into the JSON: keys joined by dots,
+`[3]` an index, `[key=value]` the list item whose `key` is `value` (spaces around it ignored), and
+optionally a unit the JSON's value is shown in: ` in %` (a fraction shown as a percentage), ` in GiB` or
+` in MiB` (bytes). The link's text is read back as a number (a duration in h/min/s is seconds) and must
+be the JSON's value rounded as the text shows it. A command's output quoted in a code block, marked
+`<!-- output of: cockpit ... -->` just above it, is compared with what the command prints now, line by
+line (`...` leaves out the rest of a line).
 """
 
 from __future__ import annotations
@@ -25,12 +27,13 @@ import pytest
 from cockpit import cli
 
 REPO = Path(__file__).resolve().parent.parent
-PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), REPO / "benchmarks" / "README.md"]
 FIGURE = re.compile(r"\[([^\]]+)\]\(([^)\s]+\.json) \"([^\"]+)\"\)")
 OUTPUT = re.compile(r"<!-- output of: (cockpit [^>]*?) -->\s*\n```[^\n]*\n(.*?)\n```", re.DOTALL)
 DURATION = re.compile(r"(?:(\d+(?:\.\d+)?) h)?\s*(?:(\d+(?:\.\d+)?) min)?\s*(?:(\d+(?:\.\d+)?) s)?")
 NUMBER = re.compile(r"(-?[\d,]*\.?\d+)")
 UNIT_S = {1: 3600.0, 2: 60.0, 3: 1.0}
+SHOWN_IN = {"%": 100.0, "GiB": 1 / 1024**3, "MiB": 1 / 1024**2}  # what the JSON's value is multiplied by
 
 
 def _prose(page: Path) -> str:
@@ -77,10 +80,12 @@ def shown(text: str) -> tuple[float, float]:
 def test_a_linked_figure_is_its_benchmark_result(page: Path, text: str, target: str, where: str) -> None:
     source = (page.parent / target).resolve()
     assert source.is_relative_to(REPO / "benchmarks" / "results"), f"{target}: not a committed result"
-    value = select(json.loads(source.read_text(encoding="utf-8")), where)
+    path, _, unit = where.partition(" in ")
+    assert not unit or unit in SHOWN_IN, f"{where}: units are {', '.join(SHOWN_IN)}"
+    value = float(select(json.loads(source.read_text(encoding="utf-8")), path)) * SHOWN_IN.get(unit, 1.0)
     figure, half = shown(text)
-    assert abs(figure - float(value)) <= half + 1e-9, (
-        f"{page.name}: {text!r} against {target} {where} = {value}: update the text or the result"
+    assert abs(figure - value) <= half + 1e-9, (
+        f"{page.relative_to(REPO)}: {text!r} against {target} {where} = {value}: update the text or result"
     )
 
 
@@ -90,16 +95,15 @@ def test_the_pages_link_their_figures() -> None:
     assert len(quick_start) >= 4
 
 
-def _quick_start_and_development() -> str:
-    text = (REPO / "README.md").read_text(encoding="utf-8")
-    parts = re.split(r"\n(?=## )", text)
-    kept = [p for p in parts if p.startswith(("## Quick start", "## Development"))]
-    return re.sub(r"```.*?```", "", "\n".join(kept), flags=re.DOTALL)  # example output is not a claim
+def _readme_install_and_development() -> str:
+    pages = [REPO / "README.md", REPO / "docs" / "install.md", REPO / "docs" / "development.md"]
+    return "\n".join(_prose(page) for page in pages)  # example output and commands are not claims
 
 
 def test_no_unlinked_time_or_test_count_where_figures_went_stale() -> None:
-    """Before: the quick start's run times and the test counts were from runs long gone."""
-    prose = FIGURE.sub("", _quick_start_and_development())
+    """Before: the quick start's run times and the test counts were from runs long gone. The README, the
+    install page and the development page hold none that is not linked."""
+    prose = FIGURE.sub("", _readme_install_and_development())
     stale = re.findall(r"\d+(?:\.\d+)? (?:min|s|minutes|seconds)\b|\d+ tests\b|\d+ passed", prose)
     assert stale == [], "figures with no benchmark behind them: link them to a result, or drop them"
 

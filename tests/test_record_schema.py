@@ -2,7 +2,7 @@
 
 A field of the wrong type (`"step": null`, `"t": "abc"`, `profile: "nope"` in run.json, a prediction
 without a tenant) is damage that the record check names by file, line and field, on every path a line
-can take (the tail, the bulk reader's fast columns, the check); the records of real runs and the README's
+can take (the tail, the bulk reader's fast columns, the check); the records of real runs and docs/record.md's
 event table agree with the schema; a NaN or infinite number is written as a word JSON allows and read
 back as the number.
 """
@@ -41,8 +41,8 @@ def test_every_real_record_is_well_typed_and_its_fields_are_the_schemas() -> Non
     assert unlisted == set()
 
 
-def test_the_readme_event_table_names_the_schemas_kinds() -> None:
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
+def test_the_record_pages_event_table_names_the_schemas_kinds() -> None:
+    text = (ROOT / "docs" / "record.md").read_text(encoding="utf-8")
     table = text[text.index("| kind | writer | fields |") :].split("\n\n", 1)[0]
     kinds = {k for row in table.splitlines()[2:] for k in re.findall(r"`(\w+)`", row.split("|")[1])}
     assert kinds == set(EVENTS)

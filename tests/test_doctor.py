@@ -81,7 +81,7 @@ def test_a_profile_that_wants_gpus_fails_where_nvml_sees_none_and_exits_1(
 
 def _profile(tmp_path: Path, **sections: str) -> str:
     """The tiny profile with `hardware.gpus = 1` and any extra lines, as a file."""
-    text = (Path(cli.__file__).parent.parent / "profiles" / "tiny-cpu.toml").read_text()
+    text = (Path(cli.__file__).parents[2] / "profiles" / "tiny-cpu.toml").read_text()
     text = text.replace("[hardware]\ngpus = 0", "[hardware]\ngpus = 1")
     for old, new in sections.items():
         assert old in text
@@ -192,8 +192,8 @@ def test_the_trainer_says_it_builds_before_it_builds(
     assert any(line.endswith(f"phase build: {words}") for line in lines)
 
     built = dsops.OpState("cpu_adam", True, True, str(empty_cache / "cpu_adam"))
-    monkeypatch.setattr(dsops, "cpu_adam_state", lambda: built)
-    monkeypatch.setattr(dsops, "shm_comm_state", lambda: None)
+    monkeypatch.setattr(dsops, "cpu_adam_state", lambda check=None: built)
+    monkeypatch.setattr(dsops, "shm_comm_state", lambda check=None: None)
     loaded: list[str] = []
     monkeypatch.setattr(dsops, "build_cpu_adam", lambda: loaded.append("cpu_adam"))
     assert build_ops(profile, lambda name, **f: pytest.fail("no build phase expected")) == []

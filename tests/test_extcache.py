@@ -16,6 +16,11 @@ import pytest
 from cockpit.ops import dsops, extcache
 from cockpit.profiles import load_profile
 from cockpit.service import doctor
+from cockpit.service.ninja_plan import rebuild_reason
+
+# Whether a build would be compiled again: the folder's files (the trainer's build phase), or ninja's dry
+# run (the doctor's, from the service).
+CHECKS = {"files": None, "ninja": rebuild_reason}
 
 SOURCE = 'extern "C" int cockpit_tiny_op() { return 7; }\n'
 
@@ -78,33 +83,52 @@ def _age(path: Path, seconds: float) -> None:
     os.utime(path, (then, then))
 
 
+@pytest.mark.parametrize("how", CHECKS)
 def test_a_build_of_this_environment_is_built_and_another_environments_is_not(
-    ext_dir: Path, tmp_path: Path
+    ext_dir: Path, tmp_path: Path, how: str
 ) -> None:
     """Issue 27, item 3: a `.so` in the folder was taken for built although DeepSpeed would compile it
     again (built by another environment's commands, or older than its sources)."""
+    check = CHECKS[how]
     builder = _built(tmp_path)
     folder = ext_dir / builder.name
     before = {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file()}
-    state = dsops.op_state(builder)
+    state = dsops.op_state(builder, check)
     assert state.built and not state.rebuild and state.where == str(folder)
-    other = dsops.op_state(TinyBuilder(builder.source, flag="-DCOCKPIT_B"))
+    other = dsops.op_state(TinyBuilder(builder.source, flag="-DCOCKPIT_B"), check)
     assert not other.built and other.due and "other compile commands" in other.rebuild
     assert "would be compiled again on first use" in other.describe
     assert {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file()} == before, "asked, not built"
     later = time.time() + 5
     os.utime(builder.source, (later, later))
-    stale = dsops.op_state(builder)
+    stale = dsops.op_state(builder, check)
     assert not stale.built and stale.rebuild == "its sources changed since it was built"
-    assert not dsops.op_state(TinyBuilder(builder.source, name="cockpit_never_built")).built
+    assert not dsops.op_state(TinyBuilder(builder.source, name="cockpit_never_built"), check).built
 
 
-def test_an_empty_so_without_a_build_log_is_not_a_build(ext_dir: Path, tmp_path: Path) -> None:
+def test_only_ninja_sees_a_changed_header(ext_dir: Path, tmp_path: Path) -> None:
+    """The folder's files know the op's sources, not the headers they include (ninja's deps log does): the
+    trainer's build phase then compiles unannounced, the doctor still says it will."""
+    header = tmp_path / "tiny.h"
+    header.write_text("#define COCKPIT_SEVEN 7\n")
+    source = tmp_path / "tiny.cpp"
+    source.write_text('#include "tiny.h"\nextern "C" int cockpit_tiny_op() { return COCKPIT_SEVEN; }\n')
+    builder = TinyBuilder(source)
+    dsops._load(builder, verbose=False)
+    later = time.time() + 5
+    os.utime(header, (later, later))
+    assert dsops.op_state(builder).built
+    ninja = dsops.op_state(builder, rebuild_reason)
+    assert not ninja.built and ninja.rebuild == "its sources changed since it was built"
+
+
+@pytest.mark.parametrize("how", CHECKS)
+def test_an_empty_so_without_a_build_log_is_not_a_build(ext_dir: Path, tmp_path: Path, how: str) -> None:
     source = tmp_path / "tiny.cpp"
     source.write_text(SOURCE)
     (ext_dir / "cockpit_tiny_op").mkdir(parents=True)
     (ext_dir / "cockpit_tiny_op" / "cockpit_tiny_op.so").write_bytes(b"")
-    state = dsops.op_state(TinyBuilder(source))
+    state = dsops.op_state(TinyBuilder(source), CHECKS[how])
     assert not state.built and state.due and state.rebuild
 
 
@@ -148,7 +172,9 @@ def test_the_build_phase_removes_a_stale_lock_and_says_so(
     _age(lock, extcache.LOCK_GRACE_S + 30)
     loaded: list[str] = []
     monkeypatch.setattr(
-        dsops, "run_ops", lambda _p: [(lambda: dsops.op_state(builder), lambda: loaded.append("tiny"))]
+        dsops,
+        "run_ops",
+        lambda _p, check=None: [(lambda: dsops.op_state(builder, check), lambda: loaded.append("tiny"))],
     )
     phases: list[dict[str, Any]] = []
     profile, _ = load_profile("tiny-cpu")
@@ -171,7 +197,9 @@ def test_doctor_names_a_stale_lock_in_one_line_and_prebuild_removes_it(
     check = doctor.check_cpu_adam(profile, state)
     assert check.status == "warn" and len(check.reason.splitlines()) == 1
     assert f"a stale build lock {lock}" in check.reason and check.facts["lock"]["stale"] is True
-    monkeypatch.setattr(dsops, "run_ops", lambda _p: [(lambda: dsops.op_state(builder), builder.load)])
+    monkeypatch.setattr(
+        dsops, "run_ops", lambda _p, check=None: [(lambda: dsops.op_state(builder, check), builder.load)]
+    )
     said: list[str] = []
     result = doctor.prebuild(profile, said.append)
     assert not lock.exists() and result.status == "ok" and result.reason.startswith("nothing to compile")
@@ -186,10 +214,17 @@ def test_prebuild_compiles_what_deepspeed_would_compile_again(
     _built(tmp_path)
     other = TinyBuilder(tmp_path / "tiny.cpp", flag="-DCOCKPIT_B")
     _new_process()
-    monkeypatch.setattr(dsops, "run_ops", lambda _p: [(lambda: dsops.op_state(other), other.load)])
+    checks: list[Any] = []
+
+    def run_ops(_profile: Any, check: Any = None) -> list[Any]:
+        checks.append(check)
+        return [(lambda: dsops.op_state(other, check), other.load)]
+
+    monkeypatch.setattr(dsops, "run_ops", run_ops)
     profile, _ = load_profile("tiny-cpu")
     said: list[str] = []
     result = doctor.prebuild(profile, said.append)
+    assert checks == [rebuild_reason], "the doctor asks ninja"
     assert result.status == "ok" and result.reason.startswith(f"built {other.name} in ")
     assert said[0].startswith(f"compiling DeepSpeed's {other.name} op again: it was built with other")
     assert dsops.op_state(other).built
@@ -224,7 +259,9 @@ def test_a_fresh_lock_is_waited_for_and_removed_once_no_build_holds_it(
 
     wait = extcache.wait_unlocked
     monkeypatch.setattr(extcache, "wait_unlocked", lambda folder: wait(folder, sleep=time_passes))
-    monkeypatch.setattr(dsops, "run_ops", lambda _p: [(lambda: dsops.op_state(builder), builder.load)])
+    monkeypatch.setattr(
+        dsops, "run_ops", lambda _p, check=None: [(lambda: dsops.op_state(builder, check), builder.load)]
+    )
     phases: list[str] = []
     profile, _ = load_profile("tiny-cpu")
     assert build_ops(profile, lambda name, **f: phases.append(f["message"])) == []
@@ -244,7 +281,9 @@ def test_a_lock_its_build_removes_is_waited_for_and_left_to_it(
         [sys.executable, "-c", "import os, time; time.sleep(2); os.remove('lock')"], cwd=lock.parent
     )
     monkeypatch.setattr(extcache, "LOCK_GRACE_S", 0.0)  # no grace: only the process in the folder holds it
-    monkeypatch.setattr(dsops, "run_ops", lambda _p: [(lambda: dsops.op_state(builder), builder.load)])
+    monkeypatch.setattr(
+        dsops, "run_ops", lambda _p, check=None: [(lambda: dsops.op_state(builder, check), builder.load)]
+    )
     said: list[str] = []
     profile, _ = load_profile("tiny-cpu")
     try:

@@ -4,10 +4,14 @@ DeepSpeed compiles its C++ ops (with ninja) into torch's extensions cache the fi
 CPU Adam whenever the optimizer state is offloaded (100 to 330 s on two cores), and on the CPU
 accelerator its shared-memory communication op (35 to 60 s) as soon as its communication starts, both
 with nothing on screen. "Built" means what DeepSpeed's loader will find: a `.so` that another environment
-built, or that its sources outdate, is compiled again (`extcache.rebuild_reason` asks ninja), and a lock
-left by a killed build makes every load wait (`extcache.build_lock`). The trainer's build phase loads
-every op a run uses with `ensure_ops` before anything else, each compile its own `build` phase, so
-nothing compiles later unannounced; `cockpit doctor` reports them and `--prebuild` builds them ahead.
+built, or that its sources outdate, is compiled again, and a lock left by a killed build makes every load
+wait (`extcache.build_lock`). Whether it would compile again is a check the caller chooses
+(`extcache.RebuildCheck`): by default the folder's own files (`extcache.recorded_rebuild_reason`, no
+process started), or ninja's dry run, which the doctor passes from the service
+(`cockpit.service.ninja_plan.rebuild_reason`, which also sees a changed header or another ninja's log).
+The trainer's build phase loads every op a run uses with `ensure_ops` before anything else, each compile
+it foresees its own `build` phase, so nothing compiles later, inside another phase; `cockpit doctor`
+reports them and `--prebuild` builds them ahead.
 The ops are built in this environment's own folder (`extcache.use_keyed_root`).
 Imports torch and DeepSpeed lazily.
 """
@@ -174,20 +178,21 @@ def _shm_builder() -> Any | None:
     return get_accelerator().create_op_builder("ShareMemCommBuilder")
 
 
-def cpu_adam_state() -> OpState:
+def cpu_adam_state(check: extcache.RebuildCheck | None = None) -> OpState:
     """Whether DeepSpeed's CPU Adam is prebuilt in its wheel or already in the extensions cache."""
-    return op_state(_builder())
+    return op_state(_builder(), check)
 
 
-def shm_comm_state() -> OpState | None:
+def shm_comm_state(check: extcache.RebuildCheck | None = None) -> OpState | None:
     """The shared-memory communication op's state, where the accelerator has one (the CPU's)."""
     builder = _shm_builder()
-    return op_state(builder) if builder is not None else None
+    return op_state(builder, check) if builder is not None else None
 
 
-def op_state(builder: Any) -> OpState:
+def op_state(builder: Any, check: extcache.RebuildCheck | None = None) -> OpState:
     """What DeepSpeed's loader will do with the op `builder` makes: load it from its wheel, load this
-    environment's build as it is, or compile it (not built, or outdated); and any build lock in its way."""
+    environment's build as it is, or compile it (not built, or outdated: `check` says, by default
+    `extcache.recorded_rebuild_reason`); and any build lock in its way."""
     _quiet_import()
     from deepspeed.git_version_info import installed_ops
 
@@ -202,7 +207,8 @@ def op_state(builder: Any) -> OpState:
     rebuild = ""
     if compatible and (folder / f"{name}.so").is_file():
         try:
-            rebuild = extcache.rebuild_reason(builder, folder, ninja_first(os.environ.get("PATH", "")))
+            would_rebuild = check or extcache.recorded_rebuild_reason
+            rebuild = would_rebuild(builder, folder, ninja_first(os.environ.get("PATH", "")))
         except Exception as exc:  # cannot tell: a run loads it in its build phase, announced
             rebuild = f"cannot tell whether it is up to date ({type(exc).__name__}: {exc})"
         built = not rebuild
@@ -211,32 +217,37 @@ def op_state(builder: Any) -> OpState:
     return OpState(name, built, compatible, str(folder), reason, rebuild, lock)
 
 
-def run_ops(profile: Profile) -> list[tuple[Callable[[], OpState | None], Callable[[], None]]]:
+def run_ops(
+    profile: Profile, check: extcache.RebuildCheck | None = None
+) -> list[tuple[Callable[[], OpState | None], Callable[[], None]]]:
     """(state, build) of each op a run of `profile` compiles here: CPU Adam when the optimizer state is
-    offloaded, and the CPU accelerator's shared-memory op for several ranks a node (`needs_shm_comm`)."""
+    offloaded, and the CPU accelerator's shared-memory op for several ranks a node (`needs_shm_comm`); each
+    state as `check` tells whether a build would be compiled again (`op_state`)."""
     ops: list[tuple[Callable[[], OpState | None], Callable[[], None]]] = []
     if needs_cpu_adam(profile):
-        ops.append((cpu_adam_state, build_cpu_adam))
+        ops.append((functools.partial(cpu_adam_state, check), build_cpu_adam))
     if needs_shm_comm(profile):
-        ops.append((shm_comm_state, build_shm_comm))
+        ops.append((functools.partial(shm_comm_state, check), build_shm_comm))
     return ops
 
 
 def ensure_ops(
     profile: Profile,
     announce: Callable[[OpState, str], None] | None = None,
+    check: extcache.RebuildCheck | None = None,
 ) -> list[OpState]:
     """Load every op a run of `profile` uses, so that DeepSpeed finds them loaded later and compiles
     nothing unannounced. `announce(state, words)` hears, before it happens, of each op that compiles (not
     built for this environment, or outdated), each on its own, of a wait for another process's build, and
     of a stale lock a killed build left (removed: `extcache.clear_stale_lock`). An incompatible op is left
     to fail in DeepSpeed, with its own words. With one rank a node, DeepSpeed's shared-memory op is turned
-    off (`shm_comm_off`). Returns the states of the ops compiled."""
+    off (`shm_comm_off`). `check` tells whether a build would be compiled again (`op_state`). Returns the
+    states of the ops compiled."""
     say = announce or (lambda _state, _words: None)
     if not needs_shm_comm(profile):
         shm_comm_off()
     compiled: list[OpState] = []
-    for get, load in run_ops(profile):
+    for get, load in run_ops(profile, check):
         state = get()
         if state is None or not state.compatible:
             continue

@@ -11,10 +11,13 @@
   run inside the folder); `clear_stale_lock` removes one that no build holds.
 - **What would rebuild.** Torch's loader writes the op's `build.ninja` for this environment and runs
   ninja, which compiles again whatever its log says was built by another command or is older than its
-  sources. `ninja_plan` asks ninja the same question without building (`ninja -n` over the build file this
-  environment would write), so a `.so` left by another environment is not taken for a build.
+  sources. `write_build_file` writes the build file this environment would write; `recorded_reason` says
+  what the folder's own files tell against it (no record, other compile commands, a newer source), and
+  `recorded_rebuild_reason` is the check made of it, which needs no process: the trainer's build phase
+  announces a compile with it. The service asks ninja itself (`cockpit.service.ninja_plan`, a dry run),
+  which also sees an older ninja's log and changed headers: the doctor passes that check to `dsops`.
 
-Imports torch lazily, and only `ninja_plan` does.
+Imports torch lazily, and only to write a build file.
 """
 
 from __future__ import annotations
@@ -22,12 +25,10 @@ from __future__ import annotations
 import hashlib
 import inspect
 import os
-import shutil
-import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, MutableMapping
+from collections.abc import Callable, Iterable, MutableMapping
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
@@ -40,6 +41,10 @@ LOCK_GRACE_S = 60.0
 # No op build takes this long, even on two busy cores (cpu_adam: 100 to 330 s): a lock this old is stale
 # whoever is in the folder.
 LOCK_MAX_S = 3 * 3600.0
+SOURCES_CHANGED = "its sources changed since it was built"
+# Why torch's loader would compile an op again though its folder holds a build: (its DeepSpeed builder,
+# the folder, the PATH the build finds ninja on) -> the reason in words, "" when it would load it as it is.
+RebuildCheck = Callable[[Any, Path, str], str]
 
 
 def keyed_root(prefix: str | None = None) -> Path:
@@ -221,69 +226,28 @@ def write_build_file(args: dict[str, Any], path: Path) -> None:
     )
 
 
-@dataclass(frozen=True)
-class Plan:
-    """What ninja would do in an op's folder with this environment's build file."""
-
-    commands: int  # compile and link commands it would run (0: up to date)
-    why: str = ""  # in words, when it would run some
-
-
-# What ninja itself keeps in a build folder: copied, so that a dry run cannot change the real ones (a ninja
-# of another version rewrites an older log even with -n). The lock and the build file are not copied.
-NINJA_STATE = (".ninja_log", ".ninja_deps")
-NOT_COPIED = ("build.ninja", "lock", ".ninja_lock")
-
-
-def _shadow(folder: Path, into: Path) -> None:
-    """`into` made a stand-in for `folder`: ninja's state copied, the outputs linked (ninja reads their
-    times through the links)."""
-    for entry in Path(folder).iterdir():
-        if entry.name in NINJA_STATE:
-            shutil.copy2(entry, into / entry.name)
-        elif entry.name not in NOT_COPIED:
-            (into / entry.name).symlink_to(entry)
+def recorded_reason(folder: Path, build_file: Path, sources: Iterable[str] = ()) -> str:
+    """Why the build recorded in `folder` is not what `build_file` (this environment's) would build, as the
+    folder's files tell without asking ninja: no record of a build, other compile commands, or one of
+    `sources` newer than the op's library; "" when they agree."""
+    folder = Path(folder)
+    old = folder / "build.ninja"
+    if not old.is_file() or not (folder / ".ninja_log").is_file():
+        return "no record of its build here (build.ninja, .ninja_log)"
+    if old.read_text() != Path(build_file).read_text():
+        return "it was built with other compile commands (another environment, or other flags)"
+    libraries = [p.stat().st_mtime for p in folder.glob("*.so")]
+    newest_source = max((os.path.getmtime(s) for s in sources if os.path.exists(s)), default=None)
+    if libraries and newest_source is not None and newest_source > min(libraries):
+        return SOURCES_CHANGED
+    return ""
 
 
-def ninja_plan(folder: Path, build_file: Path, path: str) -> Plan:
-    """Ask ninja (the one first on `path`, as the build finds it) what it would run in `folder` for
-    `build_file`, without running it (`-n`) and without touching `folder` (a stand-in of it is asked)."""
-    ninja = shutil.which("ninja", path=path)
-    if ninja is None:
-        raise FileNotFoundError("no ninja on PATH")
-    with tempfile.TemporaryDirectory(prefix="cockpit-ninja-") as tmp:
-        work = Path(tmp)
-        _shadow(folder, work)
-        shutil.copy2(build_file, work / "build.ninja")
-        out = subprocess.run(
-            [ninja, "-n", "-C", str(work)],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
-    text = out.stdout + out.stderr
-    if out.returncode != 0:
-        raise RuntimeError(f"ninja -n failed: {text.strip().splitlines()[-1:] or out.returncode}")
-    commands = sum(1 for line in text.splitlines() if line.startswith("["))
-    if not commands:
-        return Plan(0)
-    old = Path(folder) / "build.ninja"
-    if "starting over" in text:  # ninja's own words for a log it cannot read
-        why = "its build log is another ninja version's"
-    elif not old.is_file() or not (Path(folder) / ".ninja_log").is_file():
-        why = "no record of its build here (build.ninja, .ninja_log)"
-    elif old.read_text() != Path(build_file).read_text():
-        why = "it was built with other compile commands (another environment, or other flags)"
-    else:
-        why = "its sources changed since it was built"
-    return Plan(commands, why)
-
-
-def rebuild_reason(builder: Any, folder: Path, path: str) -> str:
-    """Why torch's loader would compile the op of `builder` again although `folder` holds its `.so`, or ""
-    when it would load it as it is."""
+def recorded_rebuild_reason(builder: Any, folder: Path, path: str = "") -> str:
+    """The `RebuildCheck` that starts no process: `recorded_reason` for the build file this environment
+    would write for `builder`'s op (`path` is not needed: ninja is not asked)."""
     with tempfile.TemporaryDirectory(prefix="cockpit-build-") as tmp:
         build_file = Path(tmp) / "build.ninja"
-        write_build_file(load_arguments(builder), build_file)
-        return ninja_plan(folder, build_file, path).why
+        args = load_arguments(builder)
+        write_build_file(args, build_file)
+        return recorded_reason(folder, build_file, args.get("sources") or ())

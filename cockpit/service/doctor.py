@@ -20,6 +20,7 @@ from cockpit import hostinfo
 from cockpit.hostinfo import library_versions
 from cockpit.ops import dsops
 from cockpit.profiles import Profile
+from cockpit.service.ninja_plan import rebuild_reason
 
 Status = Literal["ok", "warn", "fail"]
 GiB = 2**30
@@ -207,7 +208,7 @@ def check_cpu_adam(profile: Profile, state: dsops.OpState | None, error: str = "
 def cpu_adam_state() -> tuple[dsops.OpState | None, str]:
     """DeepSpeed's answer, or why there is none."""
     try:
-        return dsops.cpu_adam_state(), ""
+        return dsops.cpu_adam_state(rebuild_reason), ""
     except Exception as exc:
         return None, f"{type(exc).__name__}: {exc}"
 
@@ -241,7 +242,7 @@ def prebuild(profile: Profile, progress: Callable[[str], None], every_s: float =
             ticker.start()
 
     try:
-        built = dsops.ensure_ops(profile, announce)
+        built = dsops.ensure_ops(profile, announce, rebuild_reason)
     except Exception as exc:
         return Check(name, "fail", f"build failed after {time.monotonic() - t0:.0f} s: {exc}")
     finally:
@@ -381,7 +382,7 @@ def examine(profile: Profile, runs_dir: Path, source: str = "") -> Examination:
     unbuilt = dsops.needs_cpu_adam(profile) and not (state is not None and state.built)
     checks.append(check_cpu_adam(profile, state, error))
     try:
-        shm_state = dsops.shm_comm_state() if dsops.needs_shm_comm(profile) else None
+        shm_state = dsops.shm_comm_state(rebuild_reason) if dsops.needs_shm_comm(profile) else None
         shm = check_shm_comm(shm_state)
         unbuilt = unbuilt or (shm_state is not None and shm_state.due)
     except Exception as exc:  # DeepSpeed cannot say: the CPU Adam check above says so already

@@ -16,7 +16,7 @@ Writes eval_placement.md and .json under $OUT (else benchmarks/results/).
 With `--run`, on the GPUs here (none: it says so and exits 2): the profile's model is loaded as
 evaluation loads it (`load_base(spread=True)`), from its weights where `model.path` holds them, else with
 random weights of its config sliced to `--layers`; then one scoring forward of SCORE_TOKENS tokens
-(`trainer.evaluate._row_logprobs`) and one thinking batch (`generate`, EVAL_BATCH_SIZE prompts of
+(`trainer.evaluate.row_logprobs`) and one thinking batch (`generate`, EVAL_BATCH_SIZE prompts of
 `--prompt-tokens`, `eval.max_think_tokens` new tokens each). Per GPU: the planned layers and bytes
 against the allocated peak of the load, the scoring forward and the thinking; load time and tokens/s.
 Writes eval_placement_run.md and .json.
@@ -195,7 +195,7 @@ def run_on_gpus(profile_name: str, layers: int | None, prompt_tokens: int) -> di
 
     from cockpit.contract import EVAL_BATCH_SIZE, SCORE_TOKENS
     from cockpit.profiles import load_profile
-    from trainer.evaluate import _row_logprobs
+    from trainer.evaluate import row_logprobs
     from trainer.model import load_base
 
     profile, _ = load_profile(profile_name)
@@ -229,8 +229,8 @@ def run_on_gpus(profile_name: str, layers: int | None, prompt_tokens: int) -> di
     g = torch.Generator().manual_seed(0)
     width = min(profile.training.seq_len, SCORE_TOKENS)
     rows = [torch.randint(1, vocab, (width,), generator=g).tolist() for _ in range(SCORE_TOKENS // width)]
-    _row_logprobs(model, rows[:1], 0)  # warm-up: kernels, caches
-    score_s, score_peak = peaks(lambda: _row_logprobs(model, rows, 0))
+    row_logprobs(model, rows[:1], 0)  # warm-up: kernels, caches
+    score_s, score_peak = peaks(lambda: row_logprobs(model, rows, 0))
     think_tokens = profile.eval.max_think_tokens
     prompts = torch.randint(1, vocab, (EVAL_BATCH_SIZE, prompt_tokens), generator=g).to(model.device)
 

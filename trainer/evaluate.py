@@ -101,7 +101,7 @@ def think(model: Any, tokenizer: Any, prompts: list[str], max_new_tokens: int) -
 
 
 @torch.no_grad()
-def _row_logprobs(model: Any, rows: list[list[int]], pad: int) -> list[torch.Tensor]:
+def row_logprobs(model: Any, rows: list[list[int]], pad: int) -> list[torch.Tensor]:
     """Each row's next-token log-probabilities of its own tokens (one right-padded forward)."""
     width = max(len(r) for r in rows)
     ids = torch.tensor([r + [pad] * (width - len(r)) for r in rows], device=model.device)
@@ -135,7 +135,7 @@ def score_many(
             end += 1
         chunk = jobs[start:end]
         for (n, label, plen, _), lp in zip(
-            chunk, _row_logprobs(model, [j[3] for j in chunk], pad), strict=True
+            chunk, row_logprobs(model, [j[3] for j in chunk], pad), strict=True
         ):
             scores[n][label] = lp[plen - 1 :].sum().item()
         start = end

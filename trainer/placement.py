@@ -36,7 +36,7 @@ from torch import nn
 from cockpit.contract import EVAL_BATCH_SIZE, SCORE_TOKENS
 from cockpit.profiles import Profile
 
-# Bytes a logit of the scoring forward (`trainer.evaluate._row_logprobs`): the fp32 copy of the logits
+# Bytes a logit of the scoring forward (`trainer.evaluate.row_logprobs`): the fp32 copy of the logits
 # (4) and its log-softmax (4) are alive together; the compute-dtype logits are freed before the second.
 LOGIT_BYTES = 8
 # Share of each GPU's free memory the weights and working memory above may take: the rest is for what

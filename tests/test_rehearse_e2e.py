@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from cockpit.record import load_manifest, read_events
+from cockpit.service import lifecycle
 from devtools.faults import QUIET_S, Watch, communicate_watched, env_for, wait_for
 from tests.conftest import REPO, run_cockpit
 
@@ -66,13 +67,13 @@ def test_a_stopped_rehearsal_keeps_the_depths_it_measured(tmp_path: Path, asset_
 
         run_dir = wait_for(first, QUIET_S, "a run record", watch=Watch(pid=proc.pid))
 
-        def second_depth_stepping() -> bool:
-            events = read_events(run_dir)
-            begun = [e for e in events if e["kind"] == "rehearse_begin"]
-            return len(begun) == 2 and any(e["kind"] == "step" and e["step"] > steps + 1 for e in events)
+        def second_depth_begun() -> bool:
+            return len(read_events(run_dir, "rehearse_begin")) == 2
 
-        wait_for(second_depth_stepping, QUIET_S, "the second depth's steps", watch=Watch(record=run_dir))
-        assert run_cockpit(["stop", "--runs-dir", str(runs), run_dir.name], asset_cache).returncode == 0
+        wait_for(second_depth_begun, QUIET_S, "the second depth", watch=Watch(record=run_dir))
+        # `cockpit stop`'s own code, in this process: a new process's start-up could outlast a depth of
+        # 12 tiny steps on a busy machine, and the depth would end before the stop reached it
+        assert lifecycle.stop(run_dir) is not None
         stdout, stderr = communicate_watched(proc, Watch(record=run_dir))
     finally:
         if proc.poll() is None:

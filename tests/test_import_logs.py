@@ -22,6 +22,7 @@ from tui_helpers import sync, wait_for
 
 from cockpit import cli
 from cockpit.app.app import CockpitApp
+from cockpit.cli import common
 from cockpit.importers import ForeignLogError, read_foreign
 from cockpit.record import load_manifest, read_events
 from cockpit.record.playback import Playback
@@ -97,8 +98,8 @@ async def test_replay_opens_the_app_on_a_foreign_log(plain_run, tmp_path, monkey
     """`cockpit replay PATH` imports into the cache once and shows the run: the header's last loss."""
     out, _ = plain_run
     monkeypatch.setenv("COCKPIT_CACHE", str(tmp_path / "cache"))
-    run_dir = cli._run_or_log(str(out), tmp_path / "runs")
-    assert cli._run_or_log(str(out), tmp_path / "runs") == run_dir  # cached: not imported again
+    run_dir = common.run_or_log(str(out), tmp_path / "runs")
+    assert common.run_or_log(str(out), tmp_path / "runs") == run_dir  # cached: not imported again
     app = CockpitApp(playback=Playback(run_dir, live=False, speed=1024.0))
     async with app.run_test(size=(120, 40)) as pilot:
         app.action_jump_end()

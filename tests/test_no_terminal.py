@@ -1,7 +1,8 @@
 """Without a terminal (nohup, a pipe, a CI log) the app is refused, and following prints plain lines.
 
-Every command that can open the app goes through one rule (`cli._use_app`): with no terminal it follows
-the run headless or refuses in one line, and it ends. Its results go to stdout, its progress to stderr.
+Every command that can open the app goes through one rule (`cockpit.cli.follow.use_app`): with no
+terminal it follows the run headless or refuses in one line, and it ends. Its results go to stdout, its
+progress to stderr.
 """
 
 from __future__ import annotations
@@ -137,10 +138,11 @@ def _calls(function: ast.FunctionDef) -> set[str]:
 
 def test_every_command_that_can_open_the_app_is_tested_and_asks_the_rule_first() -> None:
     """The list above is every subcommand whose handler reaches the app through the CLI's own functions,
-    and every function that opens the app asks `_use_app` (the one rule) in its body."""
-    tree = ast.parse(Path(cli.__file__).read_text(encoding="utf-8"))
-    functions = {node.name: node for node in tree.body if isinstance(node, ast.FunctionDef)}
-    openers = {"_open_app", "run_compare_app"}
+    and every function that opens the app asks `use_app` (the one rule) in its body."""
+    sources = sorted(Path(cli.__file__).parent.glob("*.py"))  # the package: every command group
+    trees = [ast.parse(path.read_text(encoding="utf-8")) for path in sources]
+    functions = {node.name: node for tree in trees for node in tree.body if isinstance(node, ast.FunctionDef)}
+    openers = {"open_app", "run_compare_app"}
 
     def reaches(name: str, seen: set[str]) -> bool:
         if name in openers:
@@ -157,7 +159,7 @@ def test_every_command_that_can_open_the_app_is_tested_and_asks_the_rule_first()
     assert can_open == set(APP_COMMANDS)
     for name, function in functions.items():
         if _calls(function) & openers:
-            assert "_use_app" in _calls(function), f"{name} opens the app without asking cli._use_app"
+            assert "use_app" in _calls(function), f"{name} opens the app without asking use_app"
 
 
 @pytest.mark.timeout(300)

@@ -8,6 +8,7 @@ import pytest
 from tui_helpers import FIXTURE, copy_until
 
 from cockpit import cli
+from cockpit.cli import follow
 
 
 @pytest.fixture
@@ -21,7 +22,7 @@ def opened(monkeypatch: pytest.MonkeyPatch) -> list[tuple[Path, bool, float]]:
     import cockpit.app.app
 
     monkeypatch.setattr(cockpit.app.app, "run_app", fake_run_app)
-    monkeypatch.setattr(cli, "_has_terminal", lambda: True)  # the fake app's terminal (pytest has none)
+    monkeypatch.setattr(follow, "_has_terminal", lambda: True)  # the fake app's terminal (pytest has none)
     return calls
 
 
@@ -83,11 +84,11 @@ def headless(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
     """Every headless follow (the progress line): recorded, returning at once."""
     calls: list[Path] = []
 
-    def follow(run_dir: Path, running, **how) -> str:
+    def followed(run_dir: Path, running, **how) -> str:
         calls.append(Path(run_dir))
         return "stopped"
 
-    monkeypatch.setattr(cli, "_follow_headless", follow)
+    monkeypatch.setattr(follow, "follow_headless", followed)
     return calls
 
 
@@ -117,7 +118,7 @@ def test_resume_no_ui_is_the_line_and_detach_is_neither(
 def test_resume_without_a_terminal_follows_with_plain_lines(
     opened: list, headless: list, stopped_run: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(cli, "_has_terminal", lambda: False)
+    monkeypatch.setattr(follow, "_has_terminal", lambda: False)
     cli.main(["resume", stopped_run.name, "--runs-dir", str(stopped_run.parent)])
     assert headless == [stopped_run] and opened == []
 

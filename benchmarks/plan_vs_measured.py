@@ -81,7 +81,7 @@ def build_slice(out: Path, config: dict[str, Any], layers: int, device: str) -> 
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from trainer.tiny import build_tokenizer
+    from cockpit.data.builtin import build_tokenizer
 
     cfg = AutoConfig.for_model(**{**config, "num_hidden_layers": layers})
     torch.manual_seed(0)

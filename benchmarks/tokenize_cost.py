@@ -39,7 +39,7 @@ TARGET_TOKENS = 2000
 
 def long_examples(count: int, fillers: int, seed: int = 0) -> list[dict]:
     """Tiny-tenant examples whose documents carry `fillers` more sentences and whose reasoning is longer."""
-    from trainer.tenants import TENANTS, generate
+    from cockpit.data.tenants import TENANTS, generate
 
     per_tenant = -(-count // len(TENANTS))
     rng = random.Random(seed)
@@ -77,9 +77,10 @@ def main() -> None:
     from transformers import AutoTokenizer
 
     from cockpit.data import load_examples
+    from cockpit.data.builtin import build_tokenizer
+    from cockpit.data.chat import token_lengths
     from cockpit.profiles import DataSpec
-    from trainer.data import prepare_data, token_lengths, tokenize_examples
-    from trainer.tiny import build_tokenizer
+    from trainer.data import prepare_data, tokenize_examples
 
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)

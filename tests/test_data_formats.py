@@ -15,10 +15,10 @@ import pytest
 import torch
 
 from cockpit.data.examples import load_examples, validation_sample
+from cockpit.data.tenants import generate
 from cockpit.profiles import DataSpec
 from trainer.data import prepare_data, rows_fingerprint, tokenize_example, tokenize_examples
 from trainer.packing import PackedCollator, pack_rows
-from trainer.tenants import generate
 
 SEQ_LEN = 192
 FORMATS = ("jsonl", "json", "parquet", "csv", "arrow", "arrow-dict")
@@ -70,7 +70,7 @@ def tokenizer(tmp_path_factory: pytest.TempPathFactory):
     """The tiny model's tokenizer (trained locally in about a second), chat template included."""
     from transformers import AutoTokenizer
 
-    from trainer.tiny import build_tokenizer
+    from cockpit.data.builtin import build_tokenizer
 
     folder = tmp_path_factory.mktemp("tokenizer")
     build_tokenizer(folder, 0, 1024)

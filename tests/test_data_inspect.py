@@ -10,12 +10,12 @@ import pytest
 
 from cockpit.cli import main
 from cockpit.data.inspection import Histogram, Truncation
-from trainer.tenants import generate
+from cockpit.data.tenants import generate
 
 
 @pytest.fixture(scope="module")
 def tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from trainer.tiny import build_tokenizer
+    from cockpit.data.builtin import build_tokenizer
 
     folder = tmp_path_factory.mktemp("tokenizer")
     build_tokenizer(folder, 0, 1024)
@@ -35,7 +35,8 @@ def _inspect(path: Path, tokenizer_dir: Path, capsys, *more: str) -> tuple[int, 
 def test_tenants_splits_labels_and_token_lengths(tmp_path: Path, tokenizer_dir: Path, capsys) -> None:
     from transformers import AutoTokenizer
 
-    from trainer.data import token_lengths, tokenize_examples
+    from cockpit.data.chat import token_lengths
+    from trainer.data import tokenize_examples
 
     examples = generate(0, 12, 3)
     code, found = _inspect(_write(tmp_path / "d.jsonl", examples), tokenizer_dir, capsys,

@@ -27,15 +27,39 @@ def _write_data(tmp_path, texts):
     (tmp_path / "d.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
 
 
+# Each part at about four characters a token: the prompt (37 or 80 characters), the label "g" (one token at
+# least) and the end of the turn (one more).
+ESTIMATED = (round(37 / 4) + 1 + 1) + (round(80 / 4) + 1 + 1)
+
+
 def test_data_file_counted_by_characters_without_a_tokenizer(tmp_path):
     _write_data(tmp_path, ["a" * 37, "b" * 80])
     size = data_size(_profile(tmp_path, "d.jsonl", examples=999, mean_tokens=999))
     assert size.examples == 2  # the eval split is left out; the file wins over the assumption
-    assert size.tokens == round((37 + 80 + 2 * (3 + 1)) / 4)  # four text fields joined by newlines
-    assert "characters a token" in size.how
+    assert size.tokens == ESTIMATED
+    assert "characters a token (no tokenizer in" in size.how
 
 
-def test_data_file_counted_by_the_models_tokenizer(tmp_path):
+def test_data_file_counted_as_the_trainer_tokenizes_it(tmp_path):
+    """The model's tokenizer and chat template: the plan counts the tokens the trainer trains on."""
+    from cockpit.data.builtin import build_tokenizer
+    from cockpit.data.chat import load_tokenizer
+    from cockpit.data.inspection import count_tokens
+    from trainer.data import tokenize_examples
+
+    build_tokenizer(tmp_path / "model", 0, 1024)
+    _write_data(tmp_path, ["one two three", "four five"])
+    size = data_size(_profile(tmp_path, "d.jsonl"))
+    train = [json.loads(line) for line in (tmp_path / "d.jsonl").read_text().splitlines()][:2]
+    rows = tokenize_examples(load_tokenizer(tmp_path / "model"), train, 10**6, None).rows
+    assert size.tokens == sum(len(r["input_ids"]) for r in rows)
+    lengths, how = count_tokens(train, str(tmp_path / "model"))  # what `cockpit data` shows
+    assert size.tokens == sum(map(sum, lengths)) and how in size.how
+    assert "the tokenizer and chat template of" in size.how
+
+
+def test_a_tokenizer_without_a_chat_template_is_not_used(tmp_path):
+    """The trainer could not build the prompt with it: the estimate, saying why."""
     from tokenizers import Tokenizer
     from tokenizers.models import WordLevel
     from tokenizers.pre_tokenizers import WhitespaceSplit
@@ -44,9 +68,9 @@ def test_data_file_counted_by_the_models_tokenizer(tmp_path):
     tok.pre_tokenizer = WhitespaceSplit()
     (tmp_path / "model").mkdir()
     tok.save(str(tmp_path / "model" / "tokenizer.json"))
-    _write_data(tmp_path, ["one two three", "four five"])
+    _write_data(tmp_path, ["a" * 37, "b" * 80])
     size = data_size(_profile(tmp_path, "d.jsonl"))
-    assert size.tokens == 5 + 2 and "tokenizer.json" in size.how  # the gold label is one word more
+    assert size.tokens == ESTIMATED and "has no chat template" in size.how
 
 
 def test_a_trainers_count_wins_and_the_assumption_is_last(tmp_path):
@@ -77,5 +101,5 @@ def test_a_parquet_data_file_counts_as_its_jsonl_twin(tmp_path):
     rows = [json.loads(line) for line in (tmp_path / "d.jsonl").read_text().splitlines()]
     datasets.Dataset.from_list(rows).to_parquet(str(tmp_path / "d.parquet"))
     jsonl, parquet = data_size(_profile(tmp_path, "d.jsonl")), data_size(_profile(tmp_path, "d.parquet"))
-    assert (parquet.examples, parquet.tokens) == (jsonl.examples, jsonl.tokens) == (2, round((117 + 8) / 4))
+    assert (parquet.examples, parquet.tokens) == (jsonl.examples, jsonl.tokens) == (2, ESTIMATED)
     assert "d.parquet" in parquet.how

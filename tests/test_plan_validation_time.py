@@ -70,7 +70,7 @@ def test_the_sample_is_the_trainers_own_from_the_data_file(tmp_path) -> None:
     size = validation_size(profile)
     kept = texts[:3] + texts[5:7]  # a's first three, b's two
     assert size.examples == 5
-    assert size.tokens == round(sum(len("\n".join(["", t, "", "g"])) for t in kept) / 4)
+    assert size.tokens == sum(round(len(t) / 4) + 1 + 1 for t in kept)  # user, label, end of turn
     assert "validation split" in size.how
 
 

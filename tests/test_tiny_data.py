@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 
-from trainer.data import render_answer
-from trainer.tenants import TENANTS, generate
+from cockpit.data.chat import render_answer
+from cockpit.data.tenants import TENANTS, generate
 
 
 def test_tenants_and_label_sets() -> None:

@@ -82,6 +82,7 @@ def test_the_setup_phase_says_when_it_builds_the_built_in_assets(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The first run in an environment builds the tiny model, tokenizer and data: the viewers say so."""
+    from cockpit.data import builtin
     from cockpit.profiles import load_profile
     from trainer import tiny
     from trainer.__main__ import setup_words
@@ -90,8 +91,8 @@ def test_the_setup_phase_says_when_it_builds_the_built_in_assets(
     profile, _ = load_profile("tiny-cpu")
     assert setup_words(profile).startswith("building the built-in model, tokenizer and data")
     d = profile.data
-    tiny._model_dir(0).mkdir(parents=True)  # what the first run leaves in the cache
-    tiny._data_dir(d.seed, d.train_examples_per_tenant, d.eval_examples_per_tenant).mkdir()
+    tiny.model_dir(0).mkdir(parents=True)  # what the first run leaves in the cache
+    builtin.data_dir(d.seed, d.train_examples_per_tenant, d.eval_examples_per_tenant).mkdir()
     assert setup_words(profile) == "reading and tokenizing the training data"
 
 

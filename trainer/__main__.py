@@ -36,6 +36,7 @@ def setup_words(profile: Profile) -> str:
 
 def resolve_assets(profile: Profile) -> tuple[str, Path]:
     """The model directory and data file of a profile, building the built-in ones if needed."""
+    from cockpit.data import builtin
     from trainer import tiny
 
     model_dir = (
@@ -43,7 +44,7 @@ def resolve_assets(profile: Profile) -> tuple[str, Path]:
     )
     data = profile.data
     if data.source.startswith(BUILTIN_PREFIX):
-        return model_dir, tiny.data_path(
+        return model_dir, builtin.data_path(
             data.seed, data.train_examples_per_tenant, data.eval_examples_per_tenant
         )
     return model_dir, Path(data.source)

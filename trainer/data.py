@@ -1,11 +1,12 @@
-"""Examples to chat text to tokens.
+"""Examples to tokens, as the trainer trains on them.
 
 Examples come from `cockpit.data` (any format `datasets` reads, mapped onto the cockpit's fields:
-`{"tenant", "id", "split", "system", "user", "labels": [...], "gold", "reasoning"}`). The prompt is the
-tokenizer's own chat template over system and user; the answer is a thinking section holding the
-reasoning trace, then the label. Loss is taken on the answer only. Tokenization goes through
-`Dataset.map` with a cache file, so the main process tokenizes once and the other ranks read its result.
-`datasets` is imported only where data is tokenized: `synthetic_rows` (rehearsals) never needs it.
+`{"tenant", "id", "split", "system", "user", "labels": [...], "gold", "reasoning"}`); their chat (the
+prompt through the tokenizer's own chat template, the answer a thinking section holding the reasoning
+trace, then the label) is `cockpit.data.chat`'s, the one `cockpit data` and the plan count. Loss is taken
+on the answer only. Tokenization goes through `Dataset.map` with a cache file, so the main process
+tokenizes once and the other ranks read its result. `datasets` is imported only where data is tokenized:
+`synthetic_rows` (rehearsals) never needs it.
 """
 
 from __future__ import annotations
@@ -18,36 +19,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from cockpit.data.chat import THINK_CLOSE, THINK_OPEN, answer_text, chat_texts, prompt_text
 from cockpit.data.examples import DataSet, load_examples
 from cockpit.data.source import DataError
 
 IGNORE = -100  # the label of a position that is not a target (the prompt, padding)
-THINK_OPEN = "<think>\n"
-THINK_CLOSE = "\n</think>\n\n"
 TOKENIZE_VERSION = 1  # bump when the tokenization below changes: cached tokenized data is keyed by it
 
-__all__ = ["DataError", "DataSet", "load_examples"]
-
-
-def render_answer(reasoning: str, label: str) -> str:
-    """The assistant's answer: a thinking section, then the label."""
-    return f"{THINK_OPEN}{reasoning}{THINK_CLOSE}{label}"
-
-
-def prompt_text(tokenizer: Any, example: dict[str, Any]) -> str:
-    """The chat prompt up to where the assistant starts (thinking opened if the template does so)."""
-    messages = [{"role": "user", "content": example["user"]}]
-    if example.get("system"):  # no system turn at all rather than an empty one
-        messages.insert(0, {"role": "system", "content": example["system"]})
-    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-
-
-def answer_text(tokenizer: Any, prompt: str, example: dict[str, Any]) -> str:
-    """The answer that follows `prompt`, ended by the end-of-turn token."""
-    answer = render_answer(example["reasoning"], example["gold"]) + tokenizer.eos_token
-    if prompt.endswith(THINK_OPEN):  # templates like Qwen3-Thinking open the thinking section themselves
-        answer = answer[len(THINK_OPEN) :]
-    return answer
+# The chat's pieces the evaluation reads from here too.
+__all__ = ["THINK_CLOSE", "THINK_OPEN", "DataError", "DataSet", "load_examples", "prompt_text"]
 
 
 @dataclass
@@ -84,8 +64,7 @@ TEXT_FIELDS = ("system", "user", "reasoning", "gold")
 def tokenize_batch(batch: dict[str, list[Any]], tokenizer: Any, seq_len: int) -> dict[str, list[Any]]:
     """`Dataset.map(batched=True)`'s function: columns of examples in, columns of tokenized rows out."""
     examples = [dict(zip(batch, values, strict=True)) for values in zip(*batch.values(), strict=True)]
-    prompts = [prompt_text(tokenizer, e) for e in examples]
-    answers = [answer_text(tokenizer, p, e) for p, e in zip(prompts, examples, strict=True)]
+    prompts, answers = chat_texts(tokenizer, examples)
     prompt_ids = tokenizer(prompts, add_special_tokens=False)["input_ids"]
     answer_ids = tokenizer(answers, add_special_tokens=False)["input_ids"]
     out: dict[str, list[Any]] = {"input_ids": [], "labels": [], "prompt_cut": [], "answer_cut": []}
@@ -175,25 +154,6 @@ def train_dataset(tokenizer: Any, examples: list[dict[str, Any]], seq_len: int) 
     """The train split as tokenized rows (no cache); a list is all HF Trainer's data loader needs."""
     train = [e for e in examples if e["split"] == "train"]
     return tokenize_examples(tokenizer, train, seq_len, None).rows if train else []
-
-
-def token_lengths(tokenizer: Any, examples: Sequence[dict[str, Any]]) -> list[tuple[int, int, int]]:
-    """(prompt, reasoning, answer) tokens of each example as the trainer tokenizes it, before any cut.
-
-    The prompt is the chat template up to the assistant; the answer is the label and the end of the turn;
-    the reasoning is the thinking section between them (prompt + reasoning + answer is the whole example).
-    """
-    examples = list(examples)
-    prompts = [prompt_text(tokenizer, e) for e in examples]
-    answers = [answer_text(tokenizer, p, e) for p, e in zip(prompts, examples, strict=True)]
-    labels = [e["gold"] + tokenizer.eos_token for e in examples]
-    p = tokenizer(prompts, add_special_tokens=False)["input_ids"]
-    a = tokenizer(answers, add_special_tokens=False)["input_ids"]
-    lab = tokenizer(labels, add_special_tokens=False)["input_ids"]
-    return [
-        (len(pi), max(0, len(ai) - len(li)), min(len(li), len(ai)))
-        for pi, ai, li in zip(p, a, lab, strict=True)
-    ]
 
 
 def rows_fingerprint(rows: Sequence[dict[str, list[int]]]) -> str:

@@ -3,7 +3,8 @@
 Tenants with their examples per split, labels per tenant with their counts, token lengths of prompt,
 reasoning and answer (a histogram each, the share over `seq_len` and what truncation would cut), and the
 problems found: repeated ids, gold labels outside their tenant's set, empty reasoning. Pure: the token
-lengths come in from `count_tokens` (the trainer's own tokenization) or an estimate.
+lengths come in, counted by `count_tokens` (`cockpit.data.chat`'s count: the trainer's own tokenization,
+or the estimate where the model's tokenizer is not on this machine).
 """
 
 from __future__ import annotations
@@ -14,11 +15,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cockpit.data.chat import Lengths
 from cockpit.data.examples import DataSet, Problem
 
 PARTS = ("prompt", "reasoning", "answer", "total")
 BINS = 10
-CHARS_PER_TOKEN = 4.0  # the estimate where no tokenizer is at hand
 
 
 @dataclass(frozen=True)
@@ -200,39 +201,14 @@ def tenant_split_problems(path: str, splits: dict[str, Counter[str]]) -> list[Pr
     return out
 
 
-def estimate_lengths(examples: list[dict[str, Any]]) -> list[tuple[int, int, int]]:
-    """(prompt, reasoning, answer) tokens at about four characters a token: no tokenizer at hand."""
+def count_tokens(examples: list[dict[str, Any]], model_path: str) -> tuple[list[Lengths], str]:
+    """Token lengths of `examples` as the trainer tokenizes them with the model at `model_path`
+    (`cockpit.data.chat.token_count`), and how they were counted."""
+    from cockpit.data.builtin import tokenizer_folder
+    from cockpit.data.chat import token_count
 
-    def tokens(text: str) -> int:
-        return max(1, round(len(text) / CHARS_PER_TOKEN)) if text else 0
-
-    return [
-        (tokens(e["system"]) + tokens(e["user"]), tokens(e["reasoning"]), tokens(e["gold"]) + 1)
-        for e in examples
-    ]
-
-
-def count_tokens(examples: list[dict[str, Any]], model_path: str) -> tuple[list[tuple[int, int, int]], str]:
-    """Token lengths as the trainer tokenizes (the model's tokenizer and chat template), or the estimate
-    when the model's tokenizer is not on this machine; and how they were counted."""
-    from cockpit.profiles import BUILTIN_PREFIX
-
-    if model_path.startswith(BUILTIN_PREFIX):
-        from trainer.tiny import model_path as tiny_model_path
-
-        directory, name = tiny_model_path(seed=0), model_path
-    else:
-        directory = Path(model_path).expanduser()
-        name = str(directory)
-    if not any((directory / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json")):
-        how = f"about {CHARS_PER_TOKEN:g} characters a token (no tokenizer in {directory})"
-        return estimate_lengths(examples), how
-    from transformers import AutoTokenizer
-
-    from trainer.data import token_lengths
-
-    tokenizer = AutoTokenizer.from_pretrained(str(directory))
-    return token_lengths(tokenizer, examples), f"the tokenizer and chat template of {name}"
+    count = token_count(tokenizer_folder(model_path), model_path)
+    return count.lengths(examples), count.how
 
 
 def source_path(profile: Any, path: str | None = None) -> Path:
@@ -242,7 +218,7 @@ def source_path(profile: Any, path: str | None = None) -> Path:
 
     source = path or profile.data.source
     if source.startswith(BUILTIN_PREFIX):
-        from trainer.tiny import data_path
+        from cockpit.data.builtin import data_path
 
         d = profile.data
         return data_path(d.seed, d.train_examples_per_tenant, d.eval_examples_per_tenant)

@@ -1,22 +1,20 @@
 """How long a run is: its training tokens and its optimizer steps, and where the token count came from.
 
 The count comes, in order, from what a trainer measured (a run's `data` event), from the profile's data
-(examples of its train split, in any format `cockpit.data` reads; tokens by the model's own
-`tokenizer.json` when it is at `model.path`, else about four characters a token), or from the profile's
-`data.examples` and `data.mean_tokens`. Every answer says which.
+(examples of its train split, in any format `cockpit.data` reads, counted as `cockpit data` counts them:
+`cockpit.data.chat.token_count`, the model's tokenizer and chat template when they are at `model.path`,
+else about four characters a token), or from the profile's `data.examples` and `data.mean_tokens`. Every
+answer says which.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from cockpit.contract import packed_fill
-
-CHARS_PER_TOKEN = 4.0  # a rough English rate, used only where no tokenizer is at hand
 
 
 @dataclass(frozen=True)
@@ -44,10 +42,6 @@ def from_data_event(data: dict[str, Any]) -> DataSize | None:
     )
 
 
-def _text_of(example: dict[str, Any]) -> str:
-    return "\n".join(str(example.get(k, "")) for k in ("system", "user", "reasoning", "gold"))
-
-
 def from_data_file(profile: Any) -> DataSize | None:
     """Count the train split of the profile's data file (any format `cockpit.data` reads), if it is on
     this machine and readable (None otherwise, or where `datasets` is not installed); and its validation
@@ -60,48 +54,29 @@ def from_data_file(profile: Any) -> DataSize | None:
     try:
         from cockpit.cache import cache_root
         from cockpit.data import DataError, load_examples
+        from cockpit.data.builtin import tokenizer_folder
+        from cockpit.data.chat import token_count
         from cockpit.data.examples import validation_sample
 
         data = load_examples(path, profile.data, strict=False, cache_dir=cache_root() / "datasets")
     except (ImportError, DataError):
         return None
-    count = _counter(profile)
+    count = token_count(tokenizer_folder(profile.model.path), profile.model.path)
+    by = count.how if count.tokenizer is None else f"counted with {count.how}"
     train = data.split("train")
-    tokens, by = count(train)
+    tokens = count.total(train)
     validation = None
     v = getattr(profile, "validation", None)
     if v is not None and v.eval_steps:
         sample, split = validation_sample(data, v.examples_per_tenant)
         if sample:
-            val_tokens, _ = count(sample)
+            val_tokens = count.total(sample)
             first = f"its {split} split's first {v.examples_per_tenant} a tenant"
             how = f"{len(sample)} examples of {path} ({first})"
             validation = DataSize(float(len(sample)), float(val_tokens), f"{how}, {by}")
     return DataSize(
         float(len(train)), float(tokens), f"{len(train)} examples of {path}, {by}", validation=validation
     )
-
-
-def _counter(profile: Any) -> Callable[[list[dict[str, Any]]], tuple[int, str]]:
-    """Tokens of some examples, and how they were counted: by the model's own `tokenizer.json` when it
-    is at `model.path`, else about four characters a token."""
-    tokenizer_file = Path(profile.model.path).expanduser() / "tokenizer.json"
-    if tokenizer_file.is_file():
-        from tokenizers import Tokenizer
-
-        tok = Tokenizer.from_file(str(tokenizer_file))
-
-        def by_tokenizer(examples: list[dict[str, Any]]) -> tuple[int, str]:
-            tokens = sum(len(e.ids) for e in tok.encode_batch([_text_of(e) for e in examples]))
-            return tokens, f"counted with {tokenizer_file.name} (chat template left out)"
-
-        return by_tokenizer
-
-    def by_characters(examples: list[dict[str, Any]]) -> tuple[int, str]:
-        tokens = round(sum(len(_text_of(e)) for e in examples) / CHARS_PER_TOKEN)
-        return tokens, f"about {CHARS_PER_TOKEN:g} characters a token (no tokenizer)"
-
-    return by_characters
 
 
 def from_profile(profile: Any) -> DataSize | None:

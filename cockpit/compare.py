@@ -20,7 +20,7 @@ import numpy as np
 
 from cockpit.record import load_manifest
 from cockpit.record.scalars import RunScalars, load_scalars
-from cockpit.record.units import clock
+from cockpit.units import clock, memory
 
 TAGS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
 MAX_RUNS = len(TAGS)
@@ -260,12 +260,6 @@ def fmt(value: float | None, spec: str = ".4f") -> str:
     return "-" if value is None else format(value, spec)
 
 
-def fmt_mib(mib: float | None) -> str:
-    if mib is None:
-        return "-"
-    return f"{mib / 1024:.2f} GiB" if mib >= 1024 else f"{mib:.0f} MiB"
-
-
 SUMMARY_HEADER = (
     "run", "label", "steps", "final loss", "final val loss", "median tok/s", "CUDA peak", "GPU used",
     "RSS peak", "elapsed",
@@ -282,9 +276,9 @@ def summary_rows(comparison: Comparison) -> list[list[str]]:
             fmt(s.final_loss),
             fmt(s.final_val_loss),
             fmt(s.median_tokens_per_s, ",.0f"),
-            fmt_mib(s.cuda_peak_mib),
-            fmt_mib(s.gpu_used_mib),
-            fmt_mib(s.rss_peak_mib),
+            memory(s.cuda_peak_mib, digits=2),
+            memory(s.gpu_used_mib, digits=2),
+            memory(s.rss_peak_mib, digits=2),
             clock(s.elapsed_s, unknown="-"),
         ]
         for s in comparison.summaries

@@ -19,9 +19,9 @@ from cockpit.plan.audit import plan_warnings
 from cockpit.plan.store import load_plan
 from cockpit.record import RunPaths, RunReader, load_manifest
 from cockpit.record.format import TERMINAL_STATUSES
-from cockpit.record.units import clock
 from cockpit.record.view import RunView
 from cockpit.report import macro_f1_table, read_report_json
+from cockpit.units import clock, memory
 
 REFRESH_S = 0.5
 
@@ -44,17 +44,13 @@ PHASE_WORDS = {
 }
 
 
-def format_mib(mib: float) -> str:
-    return f"{mib / 1024:.1f} GiB" if mib >= 1024 else f"{mib:.0f} MiB"
-
-
 def peak_memory(view: RunView) -> str:
     """The highest peak any rank reported at its last step: GPU (allocated) and host RSS."""
     parts = []
     for key, label in (("cuda_peak_alloc_mib", "GPU"), ("rss_peak_mib", "RSS")):
         values = [m[key] for m in view.memory.values() if m.get(key) is not None]
         if values:
-            parts.append(f"{label} {format_mib(max(values))}")
+            parts.append(f"{label} {memory(max(values))}")
     return ", ".join(parts) or "-"
 
 

@@ -16,8 +16,8 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-KIB = 1024
-MIB = 1024**2
+from cockpit.units import MIB, size
+
 LOG_LIMIT_ENV = "COCKPIT_MAX_LOG_MIB"
 DEFAULT_LOG_MIB = 1024
 Positive = Annotated[int, Field(gt=0)]
@@ -49,8 +49,8 @@ def _kind(mode: int) -> str:
 
 
 def size_words(n: float) -> str:
-    """A size against a limit, in the unit the limit is set in."""
-    return f"{n / MIB:,.1f} MiB" if n >= MIB else f"{n / KIB:,.1f} KiB"
+    """A size against a limit, in the unit the limit is set in: MiB at most."""
+    return size(n, largest="MiB")
 
 
 def file_problem(

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cockpit.profiles import Profile
+from cockpit.units import size
 
 # A group this large that is not in 4 bit when 4 bit was asked for is worth a warning.
 LARGE_GROUP_FRACTION = 0.05
@@ -26,15 +27,6 @@ class EngineFacts:
     offload_param: str | None
     offload_optimizer: str | None
     params_partitioned: bool
-
-
-def format_bytes(n: float) -> str:
-    """Bytes in the largest unit that keeps the number readable."""
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024:
-            return f"{n:,.1f} {unit}"
-        n /= 1024
-    return f"{n:,.1f} TiB"
 
 
 def _bytes_16bit_vs_4bit(params: int) -> float:
@@ -65,7 +57,7 @@ def build_audit(
                 continue
             warnings.append(
                 f"{name}: {left / 1e6:,.1f} M parameters are not in 4 bit "
-                f"(+{format_bytes(_bytes_16bit_vs_4bit(left))} in 16 bit against NF4)"
+                f"(+{size(_bytes_16bit_vs_4bit(left))} in 16 bit against NF4)"
             )
     unmatched = [t for t, n in lora_counts.items() if n == 0]
     if unmatched:

@@ -15,6 +15,7 @@ import numpy as np
 from cockpit.record.downsample import Buckets, Series, bucketize
 from cockpit.record.playback import Playback
 from cockpit.record.view import TOKENS_WINDOW
+from cockpit.units import memory
 
 DEFAULT_DOTS = 200  # bucket count before the widget has told us its width
 MUTED = "#8a8a8a"
@@ -59,13 +60,6 @@ GPU_AXES = ("total", "run")
 
 def _fmt(value: float | None, spec: str) -> str:
     return "-" if value is None else format(value, spec)
-
-
-def fmt_mib(mib: float | None) -> str:
-    """Memory for a legend: `23.5G`, `743M` (GiB and MiB)."""
-    if mib is None:
-        return "-"
-    return f"{mib / 1024:.1f}G" if abs(mib) >= 1024 else f"{mib:.0f}M"
 
 
 @dataclass(frozen=True)
@@ -228,13 +222,13 @@ def build_charts(
             f"peak {label(r)}",
             PEAK_COLORS[r % len(PEAK_COLORS)],
             *_line(peak, w, k),
-            value=fmt_mib(peak.last),
+            value=memory(peak.last, short=True),
         )
         for r, peak in sorted(s.rank_peak.items())
     ]
     if len(peaks) > 2:  # one legend entry for every rank's peak: the GPUs' own entries keep their room
         known = [p.last for p in s.rank_peak.values() if p.last is not None]
-        span = f"{fmt_mib(min(known))}–{fmt_mib(max(known))}" if known else "-"
+        span = f"{memory(min(known), short=True)}–{memory(max(known), short=True)}" if known else "-"
         peaks = [
             dataclasses.replace(t, label=f"peak r0–{len(peaks) - 1}", value=span)
             if i == 0
@@ -244,13 +238,15 @@ def build_charts(
     if s.has_gpus:
         for i, used in sorted(s.gpu_used.items()):
             color = GPU_COLORS[i % len(GPU_COLORS)]
-            traces.append(Trace(f"{here}GPU{i}", color, *_envelope(used, w, k), value=fmt_mib(used.last)))
+            traces.append(
+                Trace(f"{here}GPU{i}", color, *_envelope(used, w, k), value=memory(used.last, short=True))
+            )
         traces += peaks
         totals = [t for t in s.gpu_total.values() if len(t)]
         title = "GPU memory"
         if totals:
             total = max(totals, key=lambda t: t.last or 0)
-            title = f"GPU memory · {fmt_mib(total.last)} each"
+            title = f"GPU memory · {memory(total.last, short=True)} each"
             if gpu_axis == "total":
                 traces.insert(0, Trace("total", MUTED, *_line(total, w, k), legend=False))
         if gpu_axis == "total":
@@ -265,7 +261,7 @@ def build_charts(
         for r, rss in sorted(s.rank_rss.items()):
             color = GPU_COLORS[r % len(GPU_COLORS)]
             name = f"{label(r)} RSS" if several else f"rank{r} RSS"
-            traces.append(Trace(name, color, *_envelope(rss, w, k), value=fmt_mib(rss.last)))
+            traces.append(Trace(name, color, *_envelope(rss, w, k), value=memory(rss.last, short=True)))
         traces += peaks
         y_lo, y_hi = _range(traces, floor_zero=True)
         info = s.telemetry_info or {}
@@ -283,15 +279,17 @@ def build_charts(
     k = n("host")
     host = [
         Trace("total", MUTED, *_line(s.ram_total, w, k), legend=False),
-        Trace("used", RAM_USED, *_envelope(s.ram_used, w, k), value=fmt_mib(s.ram_used.last)),
-        Trace("run RSS", RAM_RSS, *_envelope(s.run_rss, w, k), value=fmt_mib(s.run_rss.last)),
+        Trace("used", RAM_USED, *_envelope(s.ram_used, w, k), value=memory(s.ram_used.last, short=True)),
+        Trace("run RSS", RAM_RSS, *_envelope(s.run_rss, w, k), value=memory(s.run_rss.last, short=True)),
     ]
     if s.swap_used.last:
-        host.append(Trace("swap", RAM_SWAP, *_envelope(s.swap_used, w, k), value=fmt_mib(s.swap_used.last)))
+        host.append(
+            Trace("swap", RAM_SWAP, *_envelope(s.swap_used, w, k), value=memory(s.swap_used.last, short=True))
+        )
     y_lo, y_hi = _range(host, floor_zero=True, pad=0.02)
     cpu = s.last_host.get("cpu_pct")
     note = "" if cpu is None else f"CPU {cpu:.0f}%"
-    title = f"host RAM · {fmt_mib(s.ram_total.last)} total" if s.ram_total.last else "host RAM"
+    title = f"host RAM · {memory(s.ram_total.last, short=True)} total" if s.ram_total.last else "host RAM"
     charts["host"] = ChartData(
         title, 0.0, x_hi, y_lo, y_hi, "mib", tuple(host), note=note, empty=no_telemetry, marks=marks
     )

@@ -11,10 +11,11 @@ from dataclasses import replace
 
 import numpy as np
 
-from cockpit.app.charts import GPU_COLORS, ChartData, Trace, fmt_mib
+from cockpit.app.charts import GPU_COLORS, ChartData, Trace
 from cockpit.app.widgets.chart import GUTTER
 from cockpit.compare import ComparedRun, Comparison, Curve
 from cockpit.record.downsample import bucketize
+from cockpit.units import memory
 
 COMPARE_CHARTS = ("loss", "val_loss", "tokens", "memory")
 TITLES = {"loss": "loss", "val_loss": "validation loss", "tokens": "tokens/s", "memory": "memory"}
@@ -62,7 +63,7 @@ def _value(name: str, ys: np.ndarray) -> str:
         return "-"
     last = float(ys[-1])
     if name == "memory":
-        return fmt_mib(last)
+        return memory(last, short=True)
     return f"{last:,.0f}" if name == "tokens" else f"{last:.4f}"
 
 

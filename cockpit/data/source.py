@@ -15,8 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cockpit.limits import KIB, MIB, DataLimits, file_problem, size_words, value_bytes
+from cockpit.limits import DataLimits, file_problem, size_words, value_bytes
 from cockpit.textfile import not_utf8
+from cockpit.units import KIB, MIB
 
 SUFFIXES = {
     ".jsonl": "jsonl",

@@ -11,7 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-GiB = 1024**3
+from cockpit.units import size
+
 # A group whose 4-bit shortfall is below this fraction of the model is not worth a warning.
 MIN_FRACTION = 0.01
 
@@ -21,10 +22,6 @@ class PlanWarning:
     setting: str
     message: str
     cost_bytes: int  # extra bytes where it hurts most (per GPU, or host RAM)
-
-
-def _gib(n: float) -> str:
-    return f"{n / GiB:,.1f} GiB"
 
 
 def _basis(plan: dict[str, Any]) -> dict[str, Any]:
@@ -71,16 +68,16 @@ def compare_audit(audit: dict[str, Any], plan: dict[str, Any]) -> list[PlanWarni
             extra = int(short * b["extra_per_param"])
             where = []
             if b["gpus"] and b["loader"] == "transformers":
-                where.append(f"+{_gib(extra)} per GPU at load (the whole model lands on each GPU)")
+                where.append(f"+{size(extra)} per GPU at load (the whole model lands on each GPU)")
             if b["offload_param"] == "cpu":
-                where.append(f"+{_gib(extra)} of pinned host RAM across the ranks")
+                where.append(f"+{size(extra)} of pinned host RAM across the ranks")
                 where.append(
                     f"+{2 * extra / n / (b['h2d_gbps'] * 1e9):.2f} s a step in host-to-device copies"
                 )
             elif b["gpus"] and b["offload_param"] == "none":
-                where.append(f"+{_gib(extra / n)} per GPU in training")
+                where.append(f"+{size(extra / n)} per GPU in training")
             if not b["gpus"]:
-                where.append(f"+{_gib(extra)} of host RAM")
+                where.append(f"+{size(extra)} of host RAM")
             out.append(
                 PlanWarning(
                     f"4bit:{kind}",
@@ -96,15 +93,15 @@ def compare_audit(audit: dict[str, Any], plan: dict[str, Any]) -> list[PlanWarni
         whole = b["stored"]
         if b["loader"] != "host":
             cost = whole - whole // n
-            text = f"+{_gib(cost)} per GPU at load against a partitioned load"
+            text = f"+{size(cost)} per GPU at load against a partitioned load"
         else:
             cost = (n - 1) * whole
-            text = f"+{_gib(cost)} of host RAM at load against a partitioned load"
+            text = f"+{size(cost)} of host RAM at load against a partitioned load"
         out.append(
             PlanWarning(
                 "partition_at_load",
                 f"ZeRO-3 did not partition at load: each of {n} ranks held the whole model "
-                f"({_gib(whole)}): {text} "
+                f"({size(whole)}): {text} "
                 + (
                     "(the plan counts the whole model: Transformers skips zero.Init for quantized models)"
                     if b["loader"] == "transformers"
@@ -119,7 +116,7 @@ def compare_audit(audit: dict[str, Any], plan: dict[str, Any]) -> list[PlanWarni
         out.append(
             PlanWarning(
                 "gradient_checkpointing",
-                f"gradient checkpointing is off: +{_gib(cost)} of activations per GPU "
+                f"gradient checkpointing is off: +{size(cost)} of activations per GPU "
                 f"at seq {acts['seq_len']}"
                 + (
                     "; with offload, every gathered layer is kept until backward"
@@ -133,7 +130,7 @@ def compare_audit(audit: dict[str, Any], plan: dict[str, Any]) -> list[PlanWarni
         cost = b["stored_data"] // n
         out.append(
             PlanWarning(
-                "offload_param", f"parameter offload is not in effect: +{_gib(cost)} of weights per GPU", cost
+                "offload_param", f"parameter offload is not in effect: +{size(cost)} of weights per GPU", cost
             )
         )
     if b["offload_optimizer"] != "none" and applied.get("offload_optimizer") == "none":
@@ -141,7 +138,7 @@ def compare_audit(audit: dict[str, Any], plan: dict[str, Any]) -> list[PlanWarni
         out.append(
             PlanWarning(
                 "offload_optimizer",
-                f"optimizer offload is not in effect: +{_gib(cost)} of optimizer state per GPU",
+                f"optimizer offload is not in effect: +{size(cost)} of optimizer state per GPU",
                 cost,
             )
         )
@@ -151,7 +148,7 @@ def compare_audit(audit: dict[str, Any], plan: dict[str, Any]) -> list[PlanWarni
         out.append(
             PlanWarning(
                 "zero_stage",
-                f"ZeRO-{stage} in effect, not 3: +{_gib(cost)} of unpartitioned weights per GPU",
+                f"ZeRO-{stage} in effect, not 3: +{size(cost)} of unpartitioned weights per GPU",
                 cost,
             )
         )

@@ -15,10 +15,10 @@ from cockpit.plan.geometry import KINDS, ModelGeometry
 from cockpit.plan.hardware import Hardware, resolve_hardware
 from cockpit.plan.inputs import Assumptions, Inputs, inputs_for, resolve_geometry, setup_for
 from cockpit.plan.options import Option, OptionSet, options, overrides_for
-from cockpit.plan.units import size
 from cockpit.plan.validation_time import ValidationTime
 from cockpit.plan.weights import lora_params
 from cockpit.profiles import Profile
+from cockpit.units import size
 
 
 @dataclass
@@ -123,10 +123,10 @@ class Plan:
             )
         if e.fits:
             head = f"FITS as configured ({e.setup.describe()})"
-            return head + (f"; tightest: {b.name}, {gib(b.need)} of {gib(b.limit)} usable" if b else "")
+            return head + (f"; tightest: {b.name}, {size(b.need)} of {size(b.limit)} usable" if b else "")
         return (
-            f"DOES NOT FIT as configured ({e.setup.describe()}): {b.name} needs {gib(b.need)} "
-            f"of {gib(b.limit)} usable"
+            f"DOES NOT FIT as configured ({e.setup.describe()}): {b.name} needs {size(b.need)} "
+            f"of {size(b.limit)} usable"
             if b
             else "DOES NOT FIT as configured"
         )
@@ -227,11 +227,6 @@ class Plan:
             "adapter": lora * act,
             "model_files": self.inputs.weights.checkpoint_bytes,
         }
-
-
-def gib(n: float) -> str:
-    """Bytes in the unit that fits (GiB for the story's sizes, MiB or KiB for a tiny model's)."""
-    return size(n)
 
 
 def estimate_dict(e: Estimate) -> dict[str, Any]:

@@ -13,11 +13,7 @@ from cockpit.plan.inputs import GiB
 from cockpit.plan.measured import CONFIGURED, Measured, fastest_measured
 from cockpit.plan.options import overrides_for
 from cockpit.plan.planner import Plan
-from cockpit.plan.units import common_unit, size
-
-
-def _gb(n: float) -> str:
-    return size(n, binary=False)
+from cockpit.units import common_unit, size
 
 
 def _in(n: float, unit: int) -> str:
@@ -102,19 +98,19 @@ def weights_table(plan: Plan) -> Table:
         table.add_row(
             r["kind"],
             _params(r["params"]),
-            _gb(r["bf16"]),
-            _gb(r["nf4"]),
-            _gb(r["nf4_dq"]),
-            f"{_gb(r['planned'])} [dim]{fmt}[/]",
+            size(r["bf16"], binary=False),
+            size(r["nf4"], binary=False),
+            size(r["nf4_dq"], binary=False),
+            f"{size(r['planned'], binary=False)} [dim]{fmt}[/]",
         )
     total = {k: sum(r[k] for r in rows) for k in ("params", "bf16", "nf4", "nf4_dq", "planned")}
     table.add_row(
         "[bold]total[/]",
         _params(total["params"]),
-        _gb(total["bf16"]),
-        _gb(total["nf4"]),
-        _gb(total["nf4_dq"]),
-        f"[bold]{_gb(total['planned'])}[/]",
+        size(total["bf16"], binary=False),
+        size(total["nf4"], binary=False),
+        size(total["nf4_dq"], binary=False),
+        f"[bold]{size(total['planned'], binary=False)}[/]",
     )
     table.caption = (
         "NF4 columns: every matrix of the kind in 4 bit (0.5 B/param + absmax: fp32 per 64, or 8-bit per 64 "
@@ -172,7 +168,8 @@ def facts_table(plan: Plan) -> Table:
     disk = plan.disk()
     table.add_row(
         "disk",
-        f"model files {_gb(disk['model_files'])}; each checkpoint {size(disk['per_checkpoint'])} "
+        f"model files {size(disk['model_files'], binary=False)}; "
+        f"each checkpoint {size(disk['per_checkpoint'])} "
         f"(LoRA + optimizer), {plan.save_total_limit} kept: {size(disk['checkpoints_kept'])}",
     )
     return table
@@ -443,7 +440,8 @@ def experts_text(plan: Plan) -> Text | None:
             "[bold yellow]Experts: left in 16 bit[/] (Transformers 5 fuses them into 3-D parameters that "
             "bitsandbytes does not quantize; quantization.quantize_experts = false). In 4 bit instead, "
         )
-    pairs = [("weights", _gb(other), _gb(mine), "")]  # what, theirs, ours, theirs' unit
+    # What, theirs, ours, theirs' unit.
+    pairs = [("weights", size(other, binary=False), size(mine, binary=False), "")]
     if alt.load.gpu_peak or e.load.gpu_peak:  # a CPU plan has no GPU to load onto
         pairs.append(("GPU at load", size(alt.load.gpu_peak), size(e.load.gpu_peak), ""))
     pairs.append(("host in training", size(alt.train.host_peak), size(e.train.host_peak), ""))

@@ -16,6 +16,7 @@ import numpy as np
 from cockpit.record.bulk import Block
 from cockpit.record.fold import Fold
 from cockpit.record.reader import Event
+from cockpit.units import about
 
 TOKENS_WINDOW = 20  # steps the tokens/s figure is the median of (the headless line, the app's header)
 
@@ -409,7 +410,7 @@ class RunView(Fold):
         words = f"layer {self.load_layer} of {self.load_layers}"
         left = self.load_eta_s()
         if left is not None and self.load_layer < self.load_layers:
-            words += f", about {_about(left)} left"
+            words += f", about {about(left)} left"
         return words
 
     def paused_s(self, t: float) -> float:
@@ -432,12 +433,3 @@ class RunView(Fold):
     def warnings(self) -> list[str]:
         """The trainer's own audit warnings (settings it asked for and did not get)."""
         return list(self.audit.get("warnings", [])) if self.audit else []
-
-
-def _about(seconds: float) -> str:
-    """A rough duration: '40 s', '4 min', '1.5 h'."""
-    if seconds < 90:
-        return f"{max(1, round(seconds))} s"
-    if seconds < 90 * 60:
-        return f"{round(seconds / 60)} min"
-    return f"{seconds / 3600:.1f} h"

@@ -10,6 +10,7 @@ from rich.table import Table
 from rich.text import Text
 
 from cockpit.rehearse.forecast import LABELS
+from cockpit.units import hours
 
 MEMORY = (
     ("gpu_load", "GPU load"),
@@ -66,10 +67,6 @@ def prediction_table(data: dict[str, Any]) -> Table:
     return table
 
 
-def _hours(seconds: Any) -> str:
-    return "-" if seconds is None else f"{seconds / 3600:.2f} h"
-
-
 def wall_lines(data: dict[str, Any]) -> list[str]:
     """The wall clock on the profile's machine, part by part, with its range and what dominates it."""
     w = data["wall"]
@@ -78,17 +75,17 @@ def wall_lines(data: dict[str, Any]) -> list[str]:
     span = f" ({total[0] / 3600:.2f}-{total[1] / 3600:.2f} h)" if total else ""
     # A rehearsal from before the validation term has none: say nothing of it rather than a blank.
     validation = (
-        f"{_num(w.get('validations'), '.0f')} validations {_hours(w.get('validation_s'))} + "
+        f"{_num(w.get('validations'), '.0f')} validations {hours(w.get('validation_s'))} + "
         if "validation_s" in w
         else ""
     )
-    start = f"start-up {_hours(w.get('start_s'))} + " if w.get("start_s") else ""
+    start = f"start-up {hours(w.get('start_s'))} + " if w.get("start_s") else ""
     lines = [
-        f"wall clock on the profile's machine: {_hours(w.get('total_s'))}{span} = load "
-        f"{_hours(w.get('load_s'))} + {start}{_num(w.get('steps'), '.0f')} steps "
-        f"{_hours(w.get('train_s'))} + "
-        f"{_num(w.get('saves'), '.0f')} checkpoint saves {_hours(w.get('save_s'))} + {validation}evaluation "
-        f"{_hours(w.get('eval_s'))}",
+        f"wall clock on the profile's machine: {hours(w.get('total_s'))}{span} = load "
+        f"{hours(w.get('load_s'))} + {start}{_num(w.get('steps'), '.0f')} steps "
+        f"{hours(w.get('train_s'))} + "
+        f"{_num(w.get('saves'), '.0f')} checkpoint saves {hours(w.get('save_s'))} + {validation}evaluation "
+        f"{hours(w.get('eval_s'))}",
     ]
     top = data.get("dominant")
     if top:

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from cockpit.units import memory
+
 CUDA_OOM = re.compile(
     r"CUDA out of memory|torch\.OutOfMemoryError|OutOfMemoryError|CUBLAS_STATUS_ALLOC_FAILED"
 )
@@ -246,7 +248,7 @@ def last_error_line(output: str) -> str:
 def _gpu_peaks(facts: EndFacts) -> str:
     if not facts.gpu_peak_mib:
         return ""
-    parts = ", ".join(f"GPU{i} {mib / 1024:.1f} GiB" for i, mib in sorted(facts.gpu_peak_mib.items()))
+    parts = ", ".join(f"GPU{i} {memory(mib)}" for i, mib in sorted(facts.gpu_peak_mib.items()))
     return f" (peak {parts})"
 
 
@@ -289,7 +291,7 @@ def diagnose(facts: EndFacts) -> tuple[str, str]:
         sig = killing_signal(facts)
     if sig is not None:
         if sig == signal.SIGKILL and (facts.host_ram_peak_fraction or 0) >= HOST_OOM_FRACTION:
-            peak = f"{facts.host_ram_peak_mib / 1024:.1f} GiB, " if facts.host_ram_peak_mib else ""
+            peak = f"{memory(facts.host_ram_peak_mib)}, " if facts.host_ram_peak_mib else ""
             return "failed", (
                 f"{who}killed by SIGKILL{after} with host RAM at {peak}{facts.host_ram_peak_fraction:.0%} "
                 "of total: likely host out-of-memory (kernel OOM killer)"

@@ -12,7 +12,7 @@ import shutil
 from pathlib import Path
 
 from cockpit.plan.store import load_plan
-from cockpit.plan.units import size
+from cockpit.units import size
 
 RECORD_MARGIN_BYTES = 64 * 2**20  # the event files, output.log and the supervisor's reserve
 

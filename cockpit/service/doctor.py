@@ -21,6 +21,7 @@ from cockpit.hostinfo import library_versions
 from cockpit.ops import dsops
 from cockpit.profiles import Profile
 from cockpit.service.ninja_plan import rebuild_reason
+from cockpit.units import memory, size
 
 Status = Literal["ok", "warn", "fail"]
 GiB = 2**30
@@ -37,10 +38,6 @@ class Check:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-
-def _size(n: float) -> str:
-    return f"{n / GiB:.1f} GiB" if n >= GiB else f"{n / 2**20:.1f} MiB"
 
 
 def _major(version: str | None) -> int | None:
@@ -272,22 +269,22 @@ def check_gpus(profile: Profile, gpus: list[dict[str, Any]], why: str, gpu_peak:
         need = f"the profile wants {want}" if want else "the profile needs none (hardware.gpus = 0)"
         return Check("GPUs", status, f"no GPUs: {why or 'NVML sees none'}; {need}", facts)
     smallest = min(g["mem_total_mib"] for g in gpus)
-    seen = f"{len(gpus)} x {gpus[0]['name']}, {smallest / 1024:.1f} GiB each"
+    seen = f"{len(gpus)} x {gpus[0]['name']}, {memory(smallest)} each"
     if len(gpus) < want:
         return Check("GPUs", "fail", f"{seen}; the profile wants {want}", facts)
     if gpu_peak and smallest * 2**20 < gpu_peak:
-        return Check("GPUs", "fail", f"{seen}; the plan's GPU peak is {gpu_peak / GiB:.1f} GiB", facts)
-    peak = f"; the plan's GPU peak {gpu_peak / GiB:.1f} GiB" if gpu_peak else ""
+        return Check("GPUs", "fail", f"{seen}; the plan's GPU peak is {size(gpu_peak)}", facts)
+    peak = f"; the plan's GPU peak {size(gpu_peak)}" if gpu_peak else ""
     return Check("GPUs", "ok", seen + peak, facts)
 
 
 def check_host_ram(total: int, available: int, host_peak: int | None) -> Check:
     """This machine's RAM against the plan's host peak (load or training, whichever is larger)."""
     facts = {"total_bytes": total, "available_bytes": available, "plan_host_peak_bytes": host_peak}
-    have = f"{available / GiB:.1f} GiB available of {total / GiB:.1f} GiB"
+    have = f"{size(available)} available of {size(total)}"
     if not host_peak:
         return Check("host RAM", "ok", f"{have} (no plan to compare with)", facts)
-    need = f"the plan's host peak is {host_peak / GiB:.1f} GiB"
+    need = f"the plan's host peak is {size(host_peak)}"
     if total < host_peak:
         return Check("host RAM", "fail", f"{have}; {need}", facts)
     if available < host_peak:
@@ -307,10 +304,10 @@ def check_disk(runs_dir: Path, free: int, need: int | None) -> Check:
     """Free space where the run's record goes against the plan's checkpoints and adapter."""
     where = str(runs_dir)
     facts = {"runs_dir": where, "free_bytes": free, "need_bytes": need}
-    have = f"{_size(free)} free for {where}"
+    have = f"{size(free)} free for {where}"
     if not need:
         return Check("disk", "ok", f"{have} (no plan to compare with)", facts)
-    need_text = f"checkpoints and adapter need {_size(need)}"
+    need_text = f"checkpoints and adapter need {size(need)}"
     return Check("disk", "fail" if free < need else "ok", f"{have}; {need_text}", facts)
 
 

@@ -12,7 +12,7 @@ errs high: the guard stops early rather than late. Pure functions: figures in, d
 
 from __future__ import annotations
 
-from cockpit.plan.units import common_unit
+from cockpit.units import common_unit
 
 GIB_MIB = 1024.0
 MIB = 1024**2

@@ -19,10 +19,10 @@ from textual.css.query import NoMatches
 from textual.screen import Screen
 from textual.widgets import Footer, Static
 
-from cockpit.app.charts import fmt_mib
 from cockpit.app.compare_charts import AXES, COMPARE_CHARTS, TITLES, build_charts, run_color
 from cockpit.app.widgets.compare_chart import CompareChart
 from cockpit.compare import Comparison, f1_rows, summary_rows
+from cockpit.units import memory
 
 COLUMNS = ("run", "steps", "loss", "val loss", "tok/s", "CUDA", "GPU", "RSS", "F1", "time")
 TABLE_NOTE = "tok/s: median · CUDA: trainer's peak · GPU: NVML used · F1: mean, tuned · -: not recorded"
@@ -82,12 +82,12 @@ def summary_table(comparison: Comparison) -> Table:
             ratio=1 if i == 0 else None,
         )
     for i, (s, row) in enumerate(zip(comparison.summaries, summary_rows(comparison), strict=True)):
-        memory = [fmt_mib(v) for v in (s.cuda_peak_mib, s.gpu_used_mib, s.rss_peak_mib)]
+        peaks = [memory(v, short=True) for v in (s.cuda_peak_mib, s.gpu_used_mib, s.rss_peak_mib)]
         run = Text.assemble((f"■ {s.tag} ", f"bold {run_color(i)}"), s.label or s.run)
         if s.status == RUNNING:
             run = Text.assemble(run, (" ●", "yellow"))
         f1 = "-" if s.mean_f1 is None else f"{s.mean_f1 * 100:.1f}"
-        table.add_row(run, *row[2:6], *memory, f1, row[9])
+        table.add_row(run, *row[2:6], *peaks, f1, row[9])
     return table
 
 

@@ -19,7 +19,7 @@ from textual.widget import Widget
 
 from cockpit.app.charts import ChartData
 from cockpit.app.legend import MARK, Entry, layout
-from cockpit.record.units import clock
+from cockpit.units import clock, memory
 
 GUTTER = 8  # y-axis labels
 # Braille dot bits, [row][column] within a cell.
@@ -33,10 +33,9 @@ def fmt_axis(value: float, unit: str, span: float = 0.0) -> str:
     decimals = min(4, max(0, math.ceil(-math.log10(span)) + 1)) if span > 0 else 2
     if value == 0:
         return "0"
-    if unit == "mib":
-        if abs(value) >= 1024 or span >= 1024:
-            return f"{value / 1024:.{1 if span >= 10 * 1024 else 2}f}G"
-        return f"{value:.0f}M"
+    if unit == "mib":  # in GiB once the axis spans one, with the decimals its span needs
+        gib = abs(value) >= 1024 or span >= 1024
+        return memory(value, digits=1 if span >= 10 * 1024 else 2, short=True, in_gib=gib)
     a = abs(value)
     if a >= 1e6:
         return f"{value / 1e6:.1f}M"

@@ -12,7 +12,7 @@ from rich.text import Text
 from textual.widgets import Static
 
 from cockpit.app.model import Header
-from cockpit.record.units import clock
+from cockpit.units import clock
 
 STATUS_STYLE = {
     "running": "bold green",

@@ -19,6 +19,7 @@ from cockpit.plan.audit import plan_warnings
 from cockpit.plan.store import load_plan
 from cockpit.record import RunPaths, RunReader, load_manifest
 from cockpit.record.format import TERMINAL_STATUSES
+from cockpit.record.phases import PHASE_WORDS
 from cockpit.record.view import RunView
 from cockpit.report import macro_f1_table, read_report_json
 from cockpit.units import clock, memory
@@ -32,16 +33,6 @@ def _fmt(value: float | None, spec: str) -> str:
 
 PLAIN_EVERY_STEPS = 50
 PLAIN_EVERY_S = 60.0
-PHASE_WORDS = {
-    "setup": "setting up",
-    "load": "loading the model",
-    "build": "building DeepSpeed ops",
-    "train": "training",
-    "save": "saving the adapter",
-    "eval": "scoring the held-out split",
-    "report": "writing the report",
-    "done": "training over",
-}
 
 
 def peak_memory(view: RunView) -> str:

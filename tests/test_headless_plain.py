@@ -57,12 +57,12 @@ def test_plain_lines_of_an_evaluation_and_of_gpu_memory() -> None:
     lines = replay(RECORDS / "20261130-074646-tiny-cpu-5bc8", PlainLog(every_steps=50, every_s=1e9))
     assert "[01:15] first step 1/80  loss 11.9682  614 tok/s  ETA 3:29  peak GPU 76 MiB, RSS 2.3 GiB" in lines
     assert [line[8:] for line in lines[-6:]] == [
-        "phase eval: scoring the held-out split",
+        "phase eval: evaluating on the held-out split",
         "evaluation: base 16/200",
         "evaluation: base 200/200",
         "evaluation: finetuned 16/200",
         "evaluation: finetuned 200/200",
-        "phase report: writing the report",
+        "phase report: writing the evaluation report",
     ]
 
 

@@ -15,6 +15,7 @@ from typing import Any
 from cockpit.app.charts import ChartData, build_charts
 from cockpit.plan.audit import plan_warnings
 from cockpit.record.format import TERMINAL_STATUSES
+from cockpit.record.phases import PHASE_WORDS
 from cockpit.record.playback import Playback
 
 
@@ -91,20 +92,6 @@ class Snapshot:
     has_gpus: bool = False  # the record has GPU telemetry: the GPU chart's axis can be switched
     has_val_tenants: bool = False  # the record has each tenant's validation loss: `v` shows them
     gpu_axis: str = "total"  # `total`: the GPU chart's axis runs to the GPU's memory; `run`: the run's range
-
-
-PHASE_WORDS = {
-    "starting": "starting the trainer (launcher, imports)",
-    "setup": "setting up",
-    "load": "loading the model",
-    "build": "building DeepSpeed ops",
-    "train": "training",
-    "save": "saving the adapter",
-    "done": "training over",
-    "stopped": "the trainer stopped",
-    "eval": "evaluating on the held-out split",
-    "report": "writing the evaluation report",
-}
 
 
 # `[2026-11-30 05:30:03,469] [WARNING] [real_accelerator.py:213:get_accelerator] text`: DeepSpeed's logger

@@ -20,6 +20,7 @@ from cockpit.plan.store import load_plan
 from cockpit.record import RunPaths, RunReader, load_manifest
 from cockpit.record.format import TERMINAL_STATUSES
 from cockpit.record.phases import PHASE_WORDS
+from cockpit.record.schema import CUDA_PEAK_ALLOC_MIB, RSS_PEAK_MIB
 from cockpit.record.view import RunView
 from cockpit.report import macro_f1_table, read_report_json
 from cockpit.units import clock, memory
@@ -38,7 +39,7 @@ PLAIN_EVERY_S = 60.0
 def peak_memory(view: RunView) -> str:
     """The highest peak any rank reported at its last step: GPU (allocated) and host RSS."""
     parts = []
-    for key, label in (("cuda_peak_alloc_mib", "GPU"), ("rss_peak_mib", "RSS")):
+    for key, label in ((CUDA_PEAK_ALLOC_MIB, "GPU"), (RSS_PEAK_MIB, "RSS")):
         values = [m[key] for m in view.memory.values() if m.get(key) is not None]
         if values:
             parts.append(f"{label} {memory(max(values))}")

@@ -19,23 +19,38 @@ import torch
 from transformers import TrainerCallback
 
 from cockpit.record import EventWriter
-
-MIB = 1024**2
+from cockpit.record.schema import (
+    CUDA_ALLOC_MIB,
+    CUDA_PEAK_ALLOC_MIB,
+    CUDA_PEAK_RESERVED_MIB,
+    CUDA_RESERVED_MIB,
+    EPOCH,
+    GRAD_NORM,
+    LEARNING_RATE,
+    LOSS,
+    MAX_STEPS,
+    RSS_MIB,
+    RSS_PEAK_MIB,
+    SAMPLES_PER_S,
+    STEP,
+    STEP_TIME_S,
+    TOKENS,
+    TOKENS_PER_S,
+)
+from cockpit.units import MIB
 
 
 def memory_fields() -> dict[str, float]:
     """This process's memory now: RSS, its peak since start, and CUDA allocator figures for this rank."""
     fields: dict[str, float] = {
-        "rss_mib": psutil.Process().memory_info().rss / MIB,
-        "rss_peak_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        RSS_MIB: psutil.Process().memory_info().rss / MIB,
+        RSS_PEAK_MIB: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
     }
     if torch.cuda.is_available():
-        fields.update(
-            cuda_alloc_mib=torch.cuda.memory_allocated() / MIB,
-            cuda_reserved_mib=torch.cuda.memory_reserved() / MIB,
-            cuda_peak_alloc_mib=torch.cuda.max_memory_allocated() / MIB,
-            cuda_peak_reserved_mib=torch.cuda.max_memory_reserved() / MIB,
-        )
+        fields[CUDA_ALLOC_MIB] = torch.cuda.memory_allocated() / MIB
+        fields[CUDA_RESERVED_MIB] = torch.cuda.memory_reserved() / MIB
+        fields[CUDA_PEAK_ALLOC_MIB] = torch.cuda.max_memory_allocated() / MIB
+        fields[CUDA_PEAK_RESERVED_MIB] = torch.cuda.max_memory_reserved() / MIB
     return {k: round(v, 1) for k, v in fields.items()}
 
 
@@ -100,10 +115,10 @@ class RecordCallback(TrainerCallback):
         self._tokens_before = state.num_input_tokens_seen
         self._step_times.append(dt)
         self._pending = {
-            "step_time_s": round(dt, 4),
-            "tokens_per_s": round(tokens / dt, 2) if dt > 0 else 0.0,
-            "samples_per_s": round(self.samples_per_step / dt, 3) if dt > 0 else 0.0,
-            "tokens": tokens,
+            STEP_TIME_S: round(dt, 4),
+            TOKENS_PER_S: round(tokens / dt, 2) if dt > 0 else 0.0,
+            SAMPLES_PER_S: round(self.samples_per_step / dt, 3) if dt > 0 else 0.0,
+            TOKENS: tokens,
         }
 
     def on_log(
@@ -111,22 +126,20 @@ class RecordCallback(TrainerCallback):
     ) -> None:
         if not logs or "loss" not in logs:
             return
-        event = self.writer.write(
-            "step",
-            step=state.global_step + self.step_offset,
-            max_steps=state.max_steps + self.step_offset,
-            epoch=round(state.epoch or 0.0, 4),
-            loss=logs["loss"],
-            learning_rate=logs.get("learning_rate"),
-            grad_norm=logs.get("grad_norm"),
-            **self._pending,
-            **memory_fields(),
-        )
+        fields = {  # the step event's own fields (`cockpit.record.schema`), from the Trainer's log
+            STEP: state.global_step + self.step_offset,
+            MAX_STEPS: state.max_steps + self.step_offset,
+            EPOCH: round(state.epoch or 0.0, 4),
+            LOSS: logs["loss"],
+            LEARNING_RATE: logs.get("learning_rate"),
+            GRAD_NORM: logs.get("grad_norm"),
+        }
+        event = self.writer.write(STEP, **fields, **self._pending, **memory_fields())
         if self.is_main:
             median = statistics.median(self._step_times[-50:]) if self._step_times else 0.0
             print(
-                f"step {event['step']}/{event['max_steps']} loss {event['loss']:.4f} "
-                f"lr {event['learning_rate'] or 0:.2e} {event.get('tokens_per_s', 0):.0f} tok/s "
+                f"step {event[STEP]}/{event[MAX_STEPS]} loss {event[LOSS]:.4f} "
+                f"lr {event[LEARNING_RATE] or 0:.2e} {event.get(TOKENS_PER_S, 0):.0f} tok/s "
                 f"({median:.2f} s/step)",
                 flush=True,
             )

@@ -13,11 +13,21 @@ from pathlib import Path
 from typing import Any
 
 from cockpit.limits import foreign_file_problem
-from cockpit.record.schema import STEP_FIGURES
+from cockpit.record.schema import (
+    CUDA_PEAK_ALLOC_MIB,
+    EPOCH,
+    GRAD_NORM,
+    LEARNING_RATE,
+    LOSS,
+    STEP_FIGURES,
+    STEP_TIME_S,
+    TOKENS,
+    TOKENS_PER_S,
+)
 
 # Step fields a record can hold (the step event's figures and its GPU peak, `record.schema`); `absent`
 # names those an import lacks.
-STEP_FIELDS = (*STEP_FIGURES, "cuda_peak_alloc_mib")
+STEP_FIELDS = (*STEP_FIGURES, CUDA_PEAK_ALLOC_MIB)
 CLOCKS = ("wall", "elapsed", "step")  # Unix time; seconds since training began; none (one second a step)
 SNIFF_BYTES = 8192
 MIB_PER_GB = 1024.0  # DeepSpeed and LLaMA-Factory divide bytes by 1024**3 and call it GB
@@ -98,12 +108,12 @@ def number(value: Any) -> float | None:
 
 
 # The figures that diverge: NaN or infinity in them is kept (`figure`), in every other field left out.
-DIVERGING = ("loss", "grad_norm")
+DIVERGING = (LOSS, GRAD_NORM)
 
 
 def diverged_note(imported: Imported) -> str | None:
     """`the loss is nan or inf at N steps, from step S: the run diverged`, when it is."""
-    bad = sorted(s for s, f in imported.steps.items() if not math.isfinite(f.get("loss", 0.0)))
+    bad = sorted(s for s, f in imported.steps.items() if not math.isfinite(f.get(LOSS, 0.0)))
     if not bad:
         return None
     return f"the loss is nan or inf at {len(bad)} step(s), from step {bad[0]}: the run diverged"
@@ -114,10 +124,10 @@ def hf_log_fields(entry: dict[str, Any], **extra: str) -> dict[str, Any]:
     `log_history` keeps), under the record's names; `extra` maps further record names to log keys.
     Absent or non-finite values are left out."""
     keys = {
-        "loss": "loss",
-        "learning_rate": "learning_rate",
-        "grad_norm": "grad_norm",
-        "epoch": "epoch",
+        LOSS: "loss",
+        LEARNING_RATE: "learning_rate",
+        GRAD_NORM: "grad_norm",
+        EPOCH: "epoch",
         "tokens_seen": "num_input_tokens_seen",
         **extra,
     }
@@ -163,8 +173,8 @@ def rates_from_tokens(imported: Imported) -> None:
             prev_step, prev_t, prev_seen = last
             dt = t - prev_t
             if dt > 0 and imported.clock != "step":
-                fields.setdefault("step_time_s", round(dt / (step - prev_step), 4))
+                fields.setdefault(STEP_TIME_S, round(dt / (step - prev_step), 4))
                 if seen is not None and prev_seen is not None:
-                    fields["tokens"] = int(seen - prev_seen)
-                    fields.setdefault("tokens_per_s", round((seen - prev_seen) / dt, 2))
+                    fields[TOKENS] = int(seen - prev_seen)
+                    fields.setdefault(TOKENS_PER_S, round((seen - prev_seen) / dt, 2))
         last = (step, t, seen)

@@ -17,10 +17,16 @@ from cockpit.record.bulk import Block, read_record
 from cockpit.record.columns import list_width
 from cockpit.record.format import RunPaths
 from cockpit.record.reader import Event
-from cockpit.record.schema import STEP_FIGURES
+from cockpit.record.schema import (
+    CUDA_PEAK_ALLOC_MIB,
+    CUDA_PEAK_RESERVED_MIB,
+    RSS_MIB,
+    STEP,
+    STEP_FIGURES,
+)
 
-STEP_COLUMNS = ("t", "step", *STEP_FIGURES)  # the step event's training figures (`record.schema`)
-MEMORY_COLUMNS = ("cuda_peak_alloc_mib", "cuda_peak_reserved_mib", "rss_mib")
+STEP_COLUMNS = ("t", STEP, *STEP_FIGURES)  # the step event's training figures (`record.schema`)
+MEMORY_COLUMNS = (CUDA_PEAK_ALLOC_MIB, CUDA_PEAK_RESERVED_MIB, RSS_MIB)
 TELEMETRY_COLUMNS = ("ram_used_mib", "run_rss_mib")
 
 
@@ -66,7 +72,7 @@ def _concat(parts: list[dict[str, np.ndarray]], names: tuple[str, ...] | list[st
 
 
 def _steps_of(blocks: list[Block], rank0: bool) -> list[dict[str, np.ndarray]]:
-    return [b.columns for b in blocks if b.kind == "step" and ((b.rank or 0) == 0) == rank0]
+    return [b.columns for b in blocks if b.kind == STEP and ((b.rank or 0) == 0) == rank0]
 
 
 def _replaced(columns: dict[str, np.ndarray], events: list[Event]) -> np.ndarray:
@@ -74,7 +80,7 @@ def _replaced(columns: dict[str, np.ndarray], events: list[Event]) -> np.ndarray
     replaced = np.zeros(len(columns["t"]), dtype=bool)
     for e in events:
         if e["kind"] == "train_begin" and e.get("rank", 0) == 0 and e.get("start_step") is not None:
-            replaced |= (columns["t"] < e["t"]) & (columns["step"] > e["start_step"])
+            replaced |= (columns["t"] < e["t"]) & (columns[STEP] > e["start_step"])
     return replaced
 
 
@@ -94,9 +100,9 @@ def _memory_by_step(blocks: list[Block], steps: np.ndarray, events: list[Event])
     index = {int(s): i for i, s in enumerate(steps)}
     out: dict[str, np.ndarray] = {}
     for b in blocks:
-        if b.kind != "step":
+        if b.kind != STEP:
             continue
-        rows = np.array([index.get(int(s), -1) for s in b.columns["step"]], dtype=np.int64)
+        rows = np.array([index.get(int(s), -1) for s in b.columns[STEP]], dtype=np.int64)
         ok = (rows >= 0) & ~_replaced(b.columns, events)
         for name in MEMORY_COLUMNS:
             if name not in b.columns:
@@ -106,7 +112,7 @@ def _memory_by_step(blocks: list[Block], steps: np.ndarray, events: list[Event])
             current = target[rows[ok]]
             target[rows[ok]] = np.fmax(current, values)  # NaN (not reported) loses to any number
     if out:
-        out["step"] = steps.astype(np.float64)
+        out[STEP] = steps.astype(np.float64)
     return out
 
 
@@ -116,16 +122,16 @@ def load_scalars(run_dir: Path) -> RunScalars:
     scalars = RunScalars()
     rank0 = _concat(_steps_of(blocks, True), STEP_COLUMNS)
     # A few step events come back as events (short files are parsed as JSON): gather them as columns.
-    loose = [e for e in events if e["kind"] == "step" and e.get("rank", 0) == 0]
+    loose = [e for e in events if e["kind"] == STEP and e.get("rank", 0) == 0]
     if loose:
         extra = {n: np.array([_num(e.get(n)) for e in loose], dtype=np.float64) for n in STEP_COLUMNS}
         rank0 = _concat([p for p in (rank0, extra) if p], STEP_COLUMNS)
     scalars.steps = _resumed(rank0, events)
-    others = [e for e in events if e["kind"] == "step"]
+    others = [e for e in events if e["kind"] == STEP]
     memory_blocks = list(blocks)
     if others:
         memory_blocks.append(_as_block(others))
-    scalars.memory = _memory_by_step(memory_blocks, scalars.column("step"), events)
+    scalars.memory = _memory_by_step(memory_blocks, scalars.column(STEP), events)
     telemetry = [b.columns for b in blocks if b.kind == "telemetry"]
     loose_tel = [e for e in events if e["kind"] == "telemetry"]
     if loose_tel:

@@ -122,24 +122,45 @@ Fields = Mapping[str, "Type | Required"]
 # Every event's own fields.
 HEADER: Fields = {"t": Required(TIME), "kind": Required(TEXT), "rank": INT}
 
+# The step event's fields by name: the writer (`trainer/callbacks.py`), the columns (`record.scalars`), the
+# importers (`cockpit.importers.model`) and the folds (`record.view`, `record.series`) name them through
+# these, never spelled again.
+STEP = "step"  # the event's kind, and its field: the optimizer step's number
+MAX_STEPS = "max_steps"
+LOSS = "loss"
+LEARNING_RATE = "learning_rate"
+GRAD_NORM = "grad_norm"
+EPOCH = "epoch"
+TOKENS_PER_S = "tokens_per_s"
+SAMPLES_PER_S = "samples_per_s"
+STEP_TIME_S = "step_time_s"
+TOKENS = "tokens"  # input tokens of the step
+# A rank's memory, in the step event and others (`MEMORY`).
+RSS_MIB = "rss_mib"
+RSS_PEAK_MIB = "rss_peak_mib"
+CUDA_ALLOC_MIB = "cuda_alloc_mib"
+CUDA_RESERVED_MIB = "cuda_reserved_mib"
+CUDA_PEAK_ALLOC_MIB = "cuda_peak_alloc_mib"
+CUDA_PEAK_RESERVED_MIB = "cuda_peak_reserved_mib"
+
 # A step's training figures, in the columns' order (compare and export, `record.scalars`).
 STEP_FIGURES: Fields = {
-    "loss": NUMBER,
-    "learning_rate": NUMBER,
-    "grad_norm": NUMBER,
-    "epoch": NUMBER,
-    "tokens_per_s": NUMBER,
-    "samples_per_s": NUMBER,
-    "step_time_s": NUMBER,
-    "tokens": NUMBER,
+    LOSS: NUMBER,
+    LEARNING_RATE: NUMBER,
+    GRAD_NORM: NUMBER,
+    EPOCH: NUMBER,
+    TOKENS_PER_S: NUMBER,
+    SAMPLES_PER_S: NUMBER,
+    STEP_TIME_S: NUMBER,
+    TOKENS: NUMBER,
 }
 MEMORY: Fields = {
-    "rss_mib": NUMBER,
-    "rss_peak_mib": NUMBER,
-    "cuda_alloc_mib": NUMBER,
-    "cuda_reserved_mib": NUMBER,
-    "cuda_peak_alloc_mib": NUMBER,
-    "cuda_peak_reserved_mib": NUMBER,
+    RSS_MIB: NUMBER,
+    RSS_PEAK_MIB: NUMBER,
+    CUDA_ALLOC_MIB: NUMBER,
+    CUDA_RESERVED_MIB: NUMBER,
+    CUDA_PEAK_ALLOC_MIB: NUMBER,
+    CUDA_PEAK_RESERVED_MIB: NUMBER,
 }
 _RANK_PLACE: Fields = {
     "pid": INT,
@@ -221,7 +242,7 @@ EVENTS: dict[str, Fields] = {
         "micro_batch_size": INT,
         "grad_accum": INT,
     },
-    "step": {"step": Required(INT), "max_steps": INT, **STEP_FIGURES, **MEMORY},
+    STEP: {STEP: Required(INT), MAX_STEPS: INT, **STEP_FIGURES, **MEMORY},
     "checkpoint": {"step": INT, "path": TEXT, "save_s": NUMBER},
     "stop_ack": {"step": INT},
     "resume": {"checkpoint": TEXT, "skipped_incomplete": LIST},

@@ -19,6 +19,7 @@ from cockpit.record.columns import list_width
 from cockpit.record.downsample import DEFAULT_CAPACITY, Series, ema
 from cockpit.record.fold import Fold
 from cockpit.record.reader import Event
+from cockpit.record.schema import CUDA_PEAK_ALLOC_MIB, LOSS, RSS_MIB, STEP, TOKENS_PER_S
 
 LOSS_SMOOTHING = 0.9
 GPU_FIELDS = ("gpu_mem_used_mib", "gpu_mem_total_mib", "gpu_util_pct", "gpu_power_w", "gpu_temp_c")
@@ -85,27 +86,27 @@ class RunSeries(Fold):
         hi = len(block) if hi is None else hi
         if hi <= lo:
             return
-        if block.kind == "step":
+        if block.kind == STEP:
             self._fold_steps(block.rank or 0, block.columns, lo, hi)
         elif block.kind == "telemetry":
             self._fold_telemetry(block.columns, lo, hi)
 
     def _fold_steps(self, rank: int, cols: dict[str, np.ndarray], lo: int, hi: int) -> None:
         t = cols["t"][lo:hi]
-        if "cuda_peak_alloc_mib" in cols:
-            self._series(self.rank_peak, rank).extend(t, cols["cuda_peak_alloc_mib"][lo:hi])
-        if "rss_mib" in cols:
-            self._series(self.rank_rss, rank).extend(t, cols["rss_mib"][lo:hi])
+        if CUDA_PEAK_ALLOC_MIB in cols:
+            self._series(self.rank_peak, rank).extend(t, cols[CUDA_PEAK_ALLOC_MIB][lo:hi])
+        if RSS_MIB in cols:
+            self._series(self.rank_rss, rank).extend(t, cols[RSS_MIB][lo:hi])
         if rank != 0:
             return
-        if "loss" in cols:
-            loss = cols["loss"][lo:hi]
+        if LOSS in cols:
+            loss = cols[LOSS][lo:hi]
             self.loss.extend(t, loss)
             ok = np.isfinite(loss)
             smooth, self._ema = ema(loss[ok], LOSS_SMOOTHING, self._ema)
             self.loss_smooth.extend(t[ok], smooth)
-        if "tokens_per_s" in cols:
-            self.tokens_per_s.extend(t, cols["tokens_per_s"][lo:hi])
+        if TOKENS_PER_S in cols:
+            self.tokens_per_s.extend(t, cols[TOKENS_PER_S][lo:hi])
 
     def _fold_telemetry(self, cols: dict[str, np.ndarray], lo: int, hi: int) -> None:
         t = cols["t"][lo:hi]

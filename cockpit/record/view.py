@@ -16,6 +16,16 @@ import numpy as np
 from cockpit.record.bulk import Block
 from cockpit.record.fold import Fold
 from cockpit.record.reader import Event
+from cockpit.record.schema import (
+    EPOCH,
+    GRAD_NORM,
+    LEARNING_RATE,
+    LOSS,
+    MAX_STEPS,
+    STEP,
+    STEP_TIME_S,
+    TOKENS_PER_S,
+)
 from cockpit.units import about
 
 TOKENS_WINDOW = 20  # steps the tokens/s figure is the median of (the headless line, the app's header)
@@ -115,7 +125,7 @@ class RunView(Fold):
         if hi <= lo:
             return
         self._seen(hi - lo, float(block.t[lo]), float(block.t[hi - 1]))
-        if block.kind == "step":
+        if block.kind == STEP:
             self._fold_steps(block.rank or 0, block.columns, lo, hi)
 
     def _seen(self, n: int, t0: float, t1: float) -> None:
@@ -129,8 +139,8 @@ class RunView(Fold):
         self.memory[rank] = {k: _num(v[last]) for k, v in columns.items() if k.endswith("_mib")}
         if rank != 0:
             return
-        if "max_steps" in columns:
-            self.max_steps = _int(columns["max_steps"][last])
+        if MAX_STEPS in columns:
+            self.max_steps = _int(columns[MAX_STEPS][last])
 
         def col(name: str) -> list[Any]:
             values = columns.get(name)
@@ -145,13 +155,13 @@ class RunView(Fold):
         def losses() -> list[Any]:
             """Every step has a loss: a NaN one (`"nan"`, or null in an older record) is the loss, not a
             missing reading, so a diverged run shows `nan`."""
-            values = columns.get("loss")
+            values = columns.get(LOSS)
             return [None] * (hi - lo) if values is None else values[lo:hi].tolist()
 
-        steps = columns["step"][lo:hi].astype(np.int64).tolist()
+        steps = columns[STEP][lo:hi].astype(np.int64).tolist()
         self.step_events += len(steps)
-        if "tokens_per_s" in columns:
-            tps = columns["tokens_per_s"][lo:hi]
+        if TOKENS_PER_S in columns:
+            tps = columns[TOKENS_PER_S][lo:hi]
             ok = tps[tps == tps]  # NaN (a null) is no reading
             self._tps_sum += float(ok.sum())
             self._tps_n += len(ok)
@@ -161,11 +171,11 @@ class RunView(Fold):
                 t[lo:hi].tolist(),
                 steps,
                 losses(),
-                col("tokens_per_s"),
-                col("step_time_s"),
-                col("learning_rate"),
-                col("grad_norm"),
-                col("epoch"),
+                col(TOKENS_PER_S),
+                col(STEP_TIME_S),
+                col(LEARNING_RATE),
+                col(GRAD_NORM),
+                col(EPOCH),
             )
         )
 

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from cockpit.launcher import master_port
+from cockpit.record.schema import CUDA_PEAK_ALLOC_MIB
 from cockpit.service.diagnosis import EndFacts, culprit, diagnose, read_tail
 from cockpit.service.shm import remove_allreduce_buffers
 from cockpit.service.spawn import POLL_S, free_port, trainer_argv
@@ -41,7 +42,7 @@ def train(runner: StageRunner, resume: bool, extra: Sequence[str] = ()) -> tuple
     keeper.write("launch_end", stage="train", exit_code=returncode)
     _wait_for_nodes(runner)
     view = runner.view
-    gpu_peaks = {r: m["cuda_peak_alloc_mib"] for r, m in view.memory.items() if "cuda_peak_alloc_mib" in m}
+    gpu_peaks = {r: m[CUDA_PEAK_ALLOC_MIB] for r, m in view.memory.items() if CUDA_PEAK_ALLOC_MIB in m}
     facts = EndFacts(
         returncode=returncode,
         output_tail=read_tail(runner.paths.output_log),

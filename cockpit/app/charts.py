@@ -103,18 +103,26 @@ def _line(series: Series, w: Window, n: int) -> tuple[np.ndarray, np.ndarray]:
     return b.ymean, b.ymean
 
 
-def _range(traces: list[Trace], floor_zero: bool, pad: float = 0.05) -> tuple[float, float]:
-    lows = [np.nanmin(t.ymin) for t in traces if np.any(~np.isnan(t.ymin))]
-    highs = [np.nanmax(t.ymax) for t in traces if np.any(~np.isnan(t.ymax))]
+def y_range(
+    traces: list[Trace], floor_zero: bool, pad: float = 0.05, keep_positive: bool = False
+) -> tuple[float, float]:
+    """A chart's y-axis for `traces`: their lowest to their highest value, `pad` of the span added above
+    (and below, unless the axis starts at zero: `floor_zero`); `keep_positive`: the padding never takes a
+    positive range below zero. 0 to 1 when nothing is drawn; a flat line gets a span of its own."""
+    lows = [float(np.nanmin(t.ymin)) for t in traces if np.any(np.isfinite(t.ymin))]
+    highs = [float(np.nanmax(t.ymax)) for t in traces if np.any(np.isfinite(t.ymax))]
     if not lows:
         return 0.0, 1.0
-    lo, hi = float(min(lows)), float(max(highs))
+    lo, hi = min(lows), max(highs)
     if floor_zero:
         lo = min(0.0, lo)
     if hi - lo < 1e-9:
         hi = lo + (abs(lo) * 0.1 or 1.0)
     span = hi - lo
-    return (lo if floor_zero else lo - span * pad), hi + span * pad
+    bottom = lo if floor_zero else lo - span * pad
+    if keep_positive and lo >= 0:
+        bottom = max(0.0, bottom)
+    return bottom, hi + span * pad
 
 
 def loss_chart(
@@ -146,7 +154,7 @@ def loss_chart(
         )
         traces = [raw, smooth, val] if len(s.val_loss) else [raw, smooth]
         title, shown = "loss", [s.loss, s.val_loss]
-    y_lo, y_hi = _range(traces, floor_zero=False)
+    y_lo, y_hi = y_range(traces, floor_zero=False)
     ranges = [r for r in (series.y_range(w.lo, w.hi) for series in shown) if r is not None]
     if ranges and min(r[0] for r in ranges) >= 0:
         y_lo = max(y_lo, 0.0)  # a loss is not negative: do not pad below zero
@@ -197,7 +205,7 @@ def build_charts(
     mean = Trace(
         "mean", THROUGHPUT_MEAN, *_line(s.tokens_per_s, w, k), value=_fmt(v.mean_tokens_per_s, ",.0f")
     )
-    y_lo, y_hi = _range([tps], floor_zero=True)
+    y_lo, y_hi = y_range([tps], floor_zero=True)
     charts["throughput"] = ChartData(
         "tokens/s",
         0.0,
@@ -250,10 +258,10 @@ def build_charts(
             if gpu_axis == "total":
                 traces.insert(0, Trace("total", MUTED, *_line(total, w, k), legend=False))
         if gpu_axis == "total":
-            y_lo, y_hi = _range(traces, floor_zero=True, pad=0.02)
+            y_lo, y_hi = y_range(traces, floor_zero=True, pad=0.02)
             gpu_note = "g: the run's range"
         else:
-            y_lo, y_hi = _range(traces, floor_zero=False, pad=0.1)
+            y_lo, y_hi = y_range(traces, floor_zero=False, pad=0.1)
             y_lo = max(0.0, y_lo)
             gpu_note = "g: to the GPU's total"
         gpu_empty = no_telemetry
@@ -263,7 +271,7 @@ def build_charts(
             name = f"{label(r)} RSS" if several else f"rank{r} RSS"
             traces.append(Trace(name, color, *_envelope(rss, w, k), value=memory(rss.last, short=True)))
         traces += peaks
-        y_lo, y_hi = _range(traces, floor_zero=True)
+        y_lo, y_hi = y_range(traces, floor_zero=True)
         info = s.telemetry_info or {}
         nvml = str(info.get("nvml", ""))
         gpu_note = (
@@ -286,7 +294,7 @@ def build_charts(
         host.append(
             Trace("swap", RAM_SWAP, *_envelope(s.swap_used, w, k), value=memory(s.swap_used.last, short=True))
         )
-    y_lo, y_hi = _range(host, floor_zero=True, pad=0.02)
+    y_lo, y_hi = y_range(host, floor_zero=True, pad=0.02)
     cpu = s.last_host.get("cpu_pct")
     note = "" if cpu is None else f"CPU {cpu:.0f}%"
     title = f"host RAM · {memory(s.ram_total.last, short=True)} total" if s.ram_total.last else "host RAM"

@@ -11,7 +11,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from cockpit.app.charts import GPU_COLORS, ChartData, Trace
+from cockpit.app.charts import GPU_COLORS, ChartData, Trace, y_range
 from cockpit.app.widgets.chart import GUTTER
 from cockpit.compare import ComparedRun, Comparison, Curve
 from cockpit.record.downsample import bucketize
@@ -42,20 +42,6 @@ def _points(curve: Curve, axis: str) -> tuple[np.ndarray, np.ndarray]:
     xs, ys = x[ok], curve.value[ok]
     order = np.argsort(xs, kind="stable")
     return xs[order], ys[order]
-
-
-def _y_range(traces: list[Trace], floor_zero: bool) -> tuple[float, float]:
-    lows = [float(np.nanmin(t.ymin)) for t in traces if np.any(np.isfinite(t.ymin))]
-    highs = [float(np.nanmax(t.ymax)) for t in traces if np.any(np.isfinite(t.ymax))]
-    if not lows:
-        return 0.0, 1.0
-    lo, hi = min(lows), max(highs)
-    if floor_zero:
-        lo = min(0.0, lo)
-    if hi - lo < 1e-9:
-        hi = lo + (abs(lo) * 0.1 or 1.0)
-    pad = (hi - lo) * 0.05
-    return (lo if floor_zero else max(0.0, lo - pad) if lo >= 0 else lo - pad), hi + pad
 
 
 def _value(name: str, ys: np.ndarray) -> str:
@@ -97,7 +83,7 @@ def build_chart(
         traces.append(Trace(f"{s.tag} {s.label}".strip(), run_color(i), line, line, value=_value(name, y)))
         if not len(x):
             missing.append(s.tag)
-    y_lo, y_hi = _y_range(traces, floor_zero=name in ("tokens", "memory"))
+    y_lo, y_hi = y_range(traces, floor_zero=name in ("tokens", "memory"), keep_positive=True)
     note = ""
     if missing:
         why = "no clock" if axis == "time" and name != "val_loss" else f"no {TITLES[name]} in"

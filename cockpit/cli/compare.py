@@ -11,6 +11,7 @@ from cockpit.cli.common import UsageError, console, run_or_log, runs_dir_of
 from cockpit.cli.follow import use_app
 from cockpit.record import RunPaths, check_record
 from cockpit.service.runs import TRAINING
+from cockpit.units import MIB, size
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
@@ -44,9 +45,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 def _say_reading(run_dirs: list[Path], at_least_mib: float = 8.0) -> None:
     """Before reading long records whole (a 26-hour one takes seconds), say so."""
-    size = sum(p.stat().st_size for d in run_dirs for p in RunPaths(d).event_files()) / 2**20
-    if size >= at_least_mib:
-        console.print(f"reading {len(run_dirs)} record(s), {size:,.0f} MiB of events...", markup=False)
+    events = sum(p.stat().st_size for d in run_dirs for p in RunPaths(d).event_files())
+    if events >= at_least_mib * MIB:
+        console.print(f"reading {len(run_dirs)} record(s), {size(events)} of events...", markup=False)
 
 
 def cmd_export(args: argparse.Namespace) -> int:

@@ -27,6 +27,7 @@ from cockpit.cli.common import (
 from cockpit.cli.follow import open_app, use_app
 from cockpit.record import RecordError, RunPaths, check_record
 from cockpit.service import lifecycle
+from cockpit.units import about
 
 
 def _ls_row(run_dir: Path, now: float) -> dict[str, Any]:
@@ -79,7 +80,7 @@ def cmd_ls(args: argparse.Namespace) -> int:
             row["run"],
             row["status"],
             step,
-            "-" if age is None else f"{age / 3600:.1f} h" if age >= 3600 else f"{age / 60:.0f} min",
+            "-" if age is None else about(age),
             escape(str(row["diagnosis"])),
         )
     stdout_console().print(table)

@@ -165,7 +165,7 @@ def run_child(spec: dict[str, Any]) -> dict[str, Any]:
     from transformers import Trainer, TrainerCallback
 
     from cockpit.profiles import parse_profile
-    from trainer.__main__ import Recipe
+    from trainer.arguments import training_arguments
     from trainer.model import attach_lora, load_base, parameter_census
 
     cuda = torch.cuda.is_available()
@@ -231,8 +231,7 @@ def run_child(spec: dict[str, Any]) -> dict[str, Any]:
         "benchmark",
     )
     out_dir = Path(spec["scratch"])
-    shim = type("RecipeShim", (), {"profile": profile, "paths": type("P", (), {"checkpoints": out_dir})()})()
-    args = Recipe.training_args(shim)  # the trainer's own TrainingArguments (registers the DeepSpeed config)
+    args = training_arguments(profile, out_dir, out_dir.name)  # the trainer's own (registers DeepSpeed's)
     if cuda:
         torch.cuda.reset_peak_memory_stats()
     rss_start = rss()

@@ -191,7 +191,7 @@ def test_the_validation_sample_is_the_first_of_each_tenant(examples: list[dict],
 
 
 def test_examples_longer_than_seq_len_are_counted_and_said(examples: list[dict], tokenizer, tmp_path) -> None:
-    from trainer.__main__ import over_seq_len_words
+    from trainer.data import over_seq_len_words
 
     prompts_cut = tokenize_examples(tokenizer, examples, 72, tmp_path)  # prompts ~80 tokens, answers ~25
     assert prompts_cut.over_seq_len > 0 and not any(prompts_cut.answer_cut)

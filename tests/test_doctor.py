@@ -165,7 +165,7 @@ def test_the_trainer_says_it_builds_before_it_builds(
 ) -> None:
     """Each compile is a `build` phase of its own, in the record before the compile starts; viewers show
     its message. Ops already built are loaded too (DeepSpeed then compiles nothing later), unannounced."""
-    from trainer.__main__ import build_ops
+    from trainer.ops import build_ops
 
     if dsops.cpu_adam_state().where == "installed with DeepSpeed":
         pytest.skip("DeepSpeed was installed with its ops prebuilt")
@@ -238,7 +238,7 @@ def test_a_stop_while_building_unwinds_and_restores_the_handler(
     import os
     import signal
 
-    from trainer.__main__ import build_ops
+    from trainer.ops import build_ops
 
     if dsops.cpu_adam_state().where == "installed with DeepSpeed":
         pytest.skip("DeepSpeed was installed with its ops prebuilt")

@@ -241,7 +241,7 @@ def adapter_val_loss(run_dir: Path, adapter: Path) -> float:
     from cockpit.cache import cache_root
     from cockpit.profiles import parse_profile
     from trainer import model as model_mod
-    from trainer.__main__ import resolve_assets
+    from trainer.assets import resolve_assets
     from trainer.data import prepare_data
     from trainer.evaluate import load_finetuned
     from trainer.packing import PackedCollator

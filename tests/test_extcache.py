@@ -164,7 +164,7 @@ def test_the_build_phase_removes_a_stale_lock_and_says_so(
 ) -> None:
     """The issue's repro: a built op with a `lock` left in its folder hung every later run at "building the
     DeepSpeed engine". The build phase removes it, in a line of its own, then loads the op."""
-    from trainer.__main__ import build_ops
+    from trainer.ops import build_ops
 
     builder = _built(tmp_path)
     lock = ext_dir / builder.name / "lock"
@@ -248,7 +248,7 @@ def test_a_fresh_lock_is_waited_for_and_removed_once_no_build_holds_it(
 ) -> None:
     """The issue's repro touches the lock just before the run: young, so possibly a build starting. The
     build phase waits as torch would, but only until it is plainly stale (torch waits forever)."""
-    from trainer.__main__ import build_ops
+    from trainer.ops import build_ops
 
     builder = _built(tmp_path)
     lock = ext_dir / builder.name / "lock"

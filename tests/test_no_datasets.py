@@ -41,11 +41,11 @@ from transformers import Trainer  # noqa: F401
 from cockpit.plan.run_length import data_size
 from cockpit.profiles import load_profile
 from cockpit.record import EventWriter
-from trainer.__main__ import Recipe, Rehearsal
+from trainer.rehearsal import Depth, Rehearsal
 
 profile, _ = load_profile("qwen3-235b-a22b-thinking-4xh100")
-recipe = Recipe.__new__(Recipe)  # the record-free part of a rehearsal depth's setup
-recipe.profile, recipe.rehearsal, recipe.rank, recipe.prepared = profile, Rehearsal(1, 6), 0, None
+recipe = Rehearsal.__new__(Rehearsal)  # the record-free part of a rehearsal depth's setup
+recipe.profile, recipe.depth, recipe.rank, recipe.prepared = profile, Depth(1, 6), 0, None
 recipe.events = EventWriter(Path(sys.argv[1]) / "events.jsonl", rank=0)
 rows, _tokenizer = recipe.train_rows(recipe.model_dir(), None)
 assert rows

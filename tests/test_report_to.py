@@ -12,7 +12,7 @@ from cockpit.record import write_manifest
 
 def training_args(tmp_path: Path, overrides: list[str]):
     """The TrainingArguments the trainer builds for a run of the tiny profile with `overrides`."""
-    from trainer.__main__ import Recipe
+    from trainer.recipe import Recipe
 
     profile, _ = load_profile("tiny-cpu", overrides)
     run_dir = tmp_path / "20261201-000000-tiny-cpu-0000"

@@ -85,7 +85,7 @@ def test_the_setup_phase_says_when_it_builds_the_built_in_assets(
     from cockpit.data import builtin
     from cockpit.profiles import load_profile
     from trainer import tiny
-    from trainer.__main__ import setup_words
+    from trainer.assets import setup_words
 
     monkeypatch.setenv("COCKPIT_CACHE", str(tmp_path))
     profile, _ = load_profile("tiny-cpu")

@@ -5,7 +5,7 @@ is the base model: evaluation scores that anyway), every rank saves the adapter 
 does (under ZeRO-3 the LoRA weights are gathered, rank 0 writes) into `adapter-best/step-<N>/`. Rank 0
 then points `adapter-best/best.json` at it (an atomic rename: a reader sees the old best or the new,
 never half of one) and removes the older copy. At the last step no copy is made: the final save is that
-adapter. At the end (`trainer.__main__`), the best copy becomes the run's `adapter/` and the last
+adapter. At the end (`trainer.recipe`), the best copy becomes the run's `adapter/` and the last
 adapter goes to `adapter-last/`. `validation.early_stopping_min_delta` only says when to stop: the
 adapter kept is the one of lowest loss, by any margin (a tie keeps the earlier one).
 """

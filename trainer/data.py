@@ -19,15 +19,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cockpit.data.chat import THINK_CLOSE, THINK_OPEN, answer_text, chat_texts, prompt_text
+from cockpit.data.chat import answer_text, chat_texts, prompt_text
 from cockpit.data.examples import DataSet, load_examples
 from cockpit.data.source import DataError
 
 IGNORE = -100  # the label of a position that is not a target (the prompt, padding)
 TOKENIZE_VERSION = 1  # bump when the tokenization below changes: cached tokenized data is keyed by it
 
-# The chat's pieces the evaluation reads from here too.
-__all__ = ["THINK_CLOSE", "THINK_OPEN", "DataError", "DataSet", "load_examples", "prompt_text"]
+__all__ = ["DataError", "DataSet", "load_examples"]
 
 
 @dataclass
@@ -220,3 +219,29 @@ def prepare_data(
             val = tokenize_examples(tokenizer, examples, seq_len, cache_dir)
             tenants = [e["tenant"] for e in examples]
     return PreparedData(ds, train, val, tenants, source)
+
+
+def data_facts(prepared: PreparedData) -> dict[str, Any]:
+    """The data event's fields about the user's data: format, splits, cuts, tokenization."""
+    train, ds = prepared.train, prepared.dataset
+    return {
+        "format": ds.format,
+        "split_from": ds.split_from,
+        "eval_examples": len(ds.split("eval")),
+        "val_examples": len(prepared.val_tenants),
+        "val_split": prepared.val_source or None,
+        "over_seq_len": train.over_seq_len,
+        "answer_cut": sum(1 for a in train.answer_cut if a),
+        "tokenize_s": round(train.seconds, 3),
+        "tokenize_cache": "reused" if train.reused else "built",
+        "data_sha256": ds.fingerprint(),
+    }
+
+
+def over_seq_len_words(count: int, total: int, answer_cut: int, seq_len: int) -> str:
+    """What happens to examples longer than `seq_len`, in one sentence."""
+    lost = f"; {answer_cut:,} of them lose answer tokens, their label among them" if answer_cut else ""
+    return (
+        f"{count:,} of {total:,} training examples are longer than training.seq_len {seq_len}: the start "
+        f"of their prompt is cut to fit{lost} (`cockpit data` shows the lengths)"
+    )

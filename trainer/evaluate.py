@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from cockpit.contract import EVAL_BATCH_SIZE, SCORE_TOKENS
-from trainer.data import THINK_CLOSE, THINK_OPEN, prompt_text
+from cockpit.data.chat import THINK_CLOSE, THINK_OPEN, prompt_text
 
 THINK_END = "</think>"
 
@@ -215,7 +215,7 @@ class Evaluation:
 
     def examples(self) -> tuple[str, list[dict[str, Any]]]:
         from cockpit.cache import cache_root
-        from trainer.__main__ import resolve_assets
+        from trainer.assets import resolve_assets
         from trainer.data import load_examples
 
         model_dir, data_file = resolve_assets(self.profile)
@@ -268,7 +268,6 @@ class Evaluation:
             model = load_finetuned(model, Path(adapter))
             self.score("finetuned", model, tokenizer, examples, {"model": model_dir, "adapter": str(adapter)})
             if serving:
-                from trainer.data import prompt_text
                 from trainer.serving import measure
 
                 stats = measure(model, tokenizer, [prompt_text(tokenizer, e) for e in examples])

@@ -148,7 +148,7 @@ class StageRunner:
             self.signal_group(signal.SIGTERM)
 
     def _stalled_rank(self) -> str:
-        """With several ranks: ask this host's ranks for their Python stacks (SIGUSR1, `trainer/__main__.py`)
+        """With several ranks: ask this host's ranks for their Python stacks (SIGUSR1, `trainer/recipe.py`)
         and say which one is stuck outside a collective (`cockpit.service.diagnosis.stall_where`)."""
         if self.profile.world_size <= 1:
             return ""

@@ -1,0 +1,91 @@
+"""A rehearsal depth: the training recipe over the profile's architecture sliced to a few layers of random
+weights, for a few steps and one timed checkpoint, so that `cockpit rehearse` measures what a step, a load
+and a save cost before the real run (`cockpit.rehearse`).
+
+It is `trainer.recipe.Recipe` with the hooks that differ overridden: the steps, where the model's config
+comes from, a tokenizer and data that may be missing (random tokens then), no validation and no adapter.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from trainer.recipe import Recipe
+
+
+@dataclass(frozen=True)
+class Depth:
+    """A rehearsal depth: the profile's architecture sliced to `layers`, random weights, `steps` steps.
+
+    Its step events are numbered after `step_offset` (the steps of the depths before it), so one record
+    holds every depth on one axis.
+    """
+
+    layers: int
+    steps: int
+    step_offset: int = 0
+
+
+class Rehearsal(Recipe):
+    """The recipe for one rehearsal depth."""
+
+    def __init__(self, run_dir: Path, resume: bool, depth: Depth) -> None:
+        super().__init__(run_dir, resume)
+        self.depth = depth
+        self.random_layers = depth.layers
+        self.step_offset = depth.step_offset
+
+    def steps(self) -> tuple[int, int]:
+        """A few steps, then one checkpoint (its save is timed)."""
+        return self.depth.steps, self.depth.steps
+
+    def model_dir(self) -> str:
+        """A rehearsal needs only the model's config: `model.config`'s folder when `model.path` is not on
+        this machine."""
+        model_dir = super().model_dir()
+        if not (Path(model_dir) / "config.json").is_file() and self.profile.model.config:
+            return str(Path(self.profile.model.config).parent)
+        return model_dir
+
+    def load_tokenizer(self, model_dir: str) -> Any:
+        """The model's tokenizer, or None where it is not here (random tokens need none)."""
+        try:
+            return super().load_tokenizer(model_dir)
+        except (OSError, ValueError):
+            return None
+
+    def reads_data(self) -> bool:
+        """Where `datasets` is not installed (a GPU machine set up for benchmarks) a rehearsal rehearses on
+        random tokens rather than fail; that path never imports `datasets`."""
+        return importlib.util.find_spec("datasets") is not None
+
+    def rows_without_data(self, model_dir: str, data_file: Path) -> tuple[list[dict[str, list[int]]], str]:
+        """Random-token examples of `data.mean_tokens` (else `seq_len`) tokens: enough for the steps, and
+        packed, as many as `data.examples` says the real data holds, so its rows are as full as the real
+        run's."""
+        from transformers import AutoConfig
+
+        from trainer.data import synthetic_rows
+
+        t, d = self.profile.training, self.profile.data
+        vocab = AutoConfig.from_pretrained(model_dir).get_text_config().vocab_size
+        mean = d.mean_tokens or t.seq_len
+        per_row = max(1, t.seq_len // mean) if t.packing else 1
+        count = t.micro_batch_size * t.grad_accum * self.profile.world_size * self.depth.steps * per_row
+        spread = 0.5 if d.mean_tokens else 0.0  # no mean given: every example fills a sequence
+        if t.packing:  # pack as many examples as the data holds: its rows fill as the real run's do
+            count = max(2 * count, d.examples)
+        else:
+            count *= 2
+        rows = synthetic_rows(vocab, count, mean, t.seq_len, seed=t.seed, spread=spread)
+        return rows, f"random tokens, {mean} a mean example" + (" (±50%)" if spread else "")
+
+    def validation_examples(self) -> int:
+        """None: a rehearsal measures training steps."""
+        return 0
+
+    def save_checkpoint(self) -> None:
+        """No adapter: random weights teach nothing (the checkpoint at the last step was timed)."""

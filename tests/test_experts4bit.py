@@ -24,8 +24,8 @@ from cockpit.profiles import ProfileError, load_profile, parse_profile, profile_
 from devtools.faults import Watch, run_watched
 from trainer import experts4bit
 from trainer.audit import EngineFacts, build_audit
-from trainer.experts4bit import (
-    NF4Experts,
+from trainer.experts4bit import NF4Experts
+from trainer.experts_model import (
     expert_lora_state_dict,
     load_expert_lora,
     quantize_model_experts,

@@ -69,7 +69,7 @@ def load_finetuned(base: Any, adapter: Path) -> Any:
     model = PeftModel.from_pretrained(base, str(adapter))
     expert_lora = adapter / "expert_lora.safetensors"
     if expert_lora.is_file():  # written beside the PEFT adapter when lora.target_experts is on
-        from trainer.experts4bit import load_expert_lora
+        from trainer.experts_model import load_expert_lora
 
         load_expert_lora(model, str(expert_lora))
     return model

@@ -26,13 +26,14 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import nn
 
 from cockpit.contract import dequant_chunk_experts
+from trainer.frozen_experts import DequantChunk, FrozenExpertLinear, FrozenExpertsGrouped
 from trainer.nf4_pack import (
     PackedLayout,
     dequantize_experts_nf4,
@@ -69,70 +70,6 @@ def is_fused_experts(module: nn.Module) -> bool:
         return False
     e, two_i, h = gate_up_shape
     return down_shape == (e, h, two_i // 2) and two_i % 2 == 0
-
-
-class _DequantChunk:
-    """The experts of one forward chunk, dequantized again (once, lazily) when their gradients arrive."""
-
-    def __init__(self, owner: NF4Experts, which: str, experts: list[int]) -> None:
-        self.owner, self.which, self.experts = owner, which, experts
-        self.pending = len(experts)
-        self.weights: torch.Tensor | None = None
-
-    def take_all(self) -> torch.Tensor:
-        weights = (
-            self.weights if self.weights is not None else self.owner.dequantize(self.which, self.experts)
-        )
-        self.weights = None
-        return weights
-
-    def take(self, j: int) -> torch.Tensor:
-        if self.weights is None:
-            self.weights = self.owner.dequantize(self.which, self.experts)
-        weight = self.weights[j]
-        self.pending -= 1
-        if self.pending <= 0:
-            self.weights = None
-        return weight
-
-
-class _FrozenExpertLinear(torch.autograd.Function):
-    """y = x @ W.T for a frozen dequantized expert weight, which backward dequantizes again (never saved)."""
-
-    @staticmethod
-    def forward(
-        ctx: Any, x: torch.Tensor, weight: torch.Tensor, chunk: _DequantChunk, j: int
-    ) -> torch.Tensor:
-        ctx.chunk, ctx.j = chunk, j
-        return torch.nn.functional.linear(x, weight)
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, None, None, None]:
-        weight = ctx.chunk.take(ctx.j)
-        grad_x = grad @ weight.to(grad.dtype) if ctx.needs_input_grad[0] else None
-        return grad_x, None, None, None
-
-
-class _FrozenExpertsGrouped(torch.autograd.Function):
-    """Rows of x sorted by expert times their experts' frozen weights in one grouped GEMM; backward
-    dequantizes the chunk again instead of saving it."""
-
-    @staticmethod
-    def forward(
-        ctx: Any, x: torch.Tensor, weights: torch.Tensor, offs: torch.Tensor, chunk: _DequantChunk
-    ) -> torch.Tensor:
-        ctx.chunk = chunk
-        ctx.save_for_backward(offs)
-        return torch._grouped_mm(x, weights.transpose(-2, -1), offs=offs)
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, None, None, None]:
-        (offs,) = ctx.saved_tensors
-        weights = ctx.chunk.take_all()
-        grad_x = None
-        if ctx.needs_input_grad[0]:
-            grad_x = torch._grouped_mm(grad.contiguous(), weights.to(grad.dtype), offs=offs)
-        return grad_x, None, None, None
 
 
 MODES = ("auto", "fused", "dequant", "grouped", "loop")
@@ -326,12 +263,12 @@ class NF4Experts(nn.Module):
 
     # --- forward --------------------------------------------------------------------------------
     def _linear(
-        self, which: str, x: torch.Tensor, weights: torch.Tensor, chunk: _DequantChunk | None, j: int, e: int
+        self, which: str, x: torch.Tensor, weights: torch.Tensor, chunk: DequantChunk | None, j: int, e: int
     ):
         if chunk is None:
             y = torch.nn.functional.linear(x, weights[j].to(x.dtype))
         else:
-            y = _FrozenExpertLinear.apply(x, weights[j].to(x.dtype), chunk, j)
+            y = FrozenExpertLinear.apply(x, weights[j].to(x.dtype), chunk, j)
         if self.lora_r:
             y = y + self._lora(which, x, e)
         return y
@@ -472,9 +409,7 @@ class NF4Experts(nn.Module):
                 gate_up = self.dequantize("gate_up_proj", experts).to(x.dtype)
                 down = self.dequantize("down_proj", experts).to(x.dtype)
             if grad:
-                gu = _FrozenExpertsGrouped.apply(
-                    x, gate_up, offs, _DequantChunk(self, "gate_up_proj", experts)
-                )
+                gu = FrozenExpertsGrouped.apply(x, gate_up, offs, DequantChunk(self, "gate_up_proj", experts))
             else:
                 gu = torch._grouped_mm(x, gate_up.transpose(-2, -1), offs=offs)
             del gate_up
@@ -483,8 +418,8 @@ class NF4Experts(nn.Module):
             gate, up = gu.chunk(2, dim=-1)
             h = self.act_fn(gate) * up
             if grad:
-                y = _FrozenExpertsGrouped.apply(
-                    h.contiguous(), down, offs, _DequantChunk(self, "down_proj", experts)
+                y = FrozenExpertsGrouped.apply(
+                    h.contiguous(), down, offs, DequantChunk(self, "down_proj", experts)
                 )
             else:
                 y = torch._grouped_mm(h.contiguous(), down.transpose(-2, -1), offs=offs)
@@ -518,7 +453,7 @@ class NF4Experts(nn.Module):
                 gate_up = self.dequantize("gate_up_proj", experts)
                 down = self.dequantize("down_proj", experts)
             chunks = (
-                (_DequantChunk(self, "gate_up_proj", experts), _DequantChunk(self, "down_proj", experts))
+                (DequantChunk(self, "gate_up_proj", experts), DequantChunk(self, "down_proj", experts))
                 if grad
                 else (None, None)
             )
@@ -540,90 +475,3 @@ class NF4Experts(nn.Module):
             f"intermediate={self.intermediate_dim}, nf4, "
             f"storage={self.layouts['down_proj'].storage_dtype}{lora}"
         )
-
-
-# --- whole-model helpers --------------------------------------------------------------------------
-
-
-def fused_experts_modules(model: nn.Module) -> Iterable[tuple[str, nn.Module, str, nn.Module]]:
-    """(parent name, parent, attribute, experts module) for every fused experts module still in 16 bit."""
-    for name, parent in list(model.named_modules()):
-        for attr, child in list(parent.named_children()):
-            if is_fused_experts(child) and not isinstance(child, NF4Experts):
-                yield name, parent, attr, child
-
-
-def quantize_model_experts(model: nn.Module, storage_dtype: torch.dtype) -> int:
-    """Replace every fused experts module of an in-memory model by its NF4 form; returns how many."""
-    count = 0
-    for _name, parent, attr, experts in fused_experts_modules(model):
-        new = NF4Experts.from_fused(experts, storage_dtype)
-        setattr(parent, attr, new)
-        del experts
-        count += 1
-    return count
-
-
-def moe_block_classes(model: nn.Module) -> list[type]:
-    """Classes of the modules that hold experts (the MoE blocks): the ZeRO-3 leaf modules."""
-    classes: list[type] = []
-    for module in model.modules():
-        for child in module.children():
-            if (isinstance(child, NF4Experts) or is_fused_experts(child)) and type(module) not in classes:
-                classes.append(type(module))
-    return classes
-
-
-def set_moe_leaf_modules(model: nn.Module) -> list[str]:
-    """Make every MoE block a ZeRO-3 leaf: all its parameters are gathered on entry, whatever the routing.
-
-    Without it ZeRO-3 fetches parameters module by module as they run, and a rank whose tokens miss an
-    expert would skip a collective the other ranks wait on (DeepSpeed#5066).
-    """
-    classes = moe_block_classes(model)
-    if classes:
-        from deepspeed.utils import set_z3_leaf_modules
-
-        set_z3_leaf_modules(model, classes)
-    return [c.__name__ for c in classes]
-
-
-def add_expert_lora(model: nn.Module, r: int, alpha: float, dropout: float) -> int:
-    """LoRA on every NF4 experts module; returns the number of trainable parameters added."""
-    added = 0
-    for module in model.modules():
-        if isinstance(module, NF4Experts):
-            module.add_lora(r, alpha, dropout)
-            added += sum(p.numel() for p in module.lora_parameters().values())
-    return added
-
-
-def expert_lora_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
-    """The expert LoRA weights by parameter name (call with ZeRO-3 parameters gathered)."""
-    return {
-        name: param.detach().cpu().clone()
-        for name, param in model.named_parameters()
-        if ".experts.lora_" in name or name.startswith("experts.lora_")
-    }
-
-
-def load_expert_lora(model: nn.Module, path: str, dropout: float = 0.0) -> int:
-    """Add expert LoRA to `model` (a PEFT model on an NF4-experts base) and load it from `path`.
-
-    The file is the `expert_lora.safetensors` the trainer writes beside the PEFT adapter; its metadata
-    holds r and alpha. Returns the number of tensors loaded.
-    """
-    from safetensors import safe_open
-
-    with safe_open(path, framework="pt") as f:
-        meta = f.metadata() or {}
-        state = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (safe_open is not a dict)
-    add_expert_lora(model, int(meta["r"]), float(meta["alpha"]), dropout)
-    params = dict(model.named_parameters())
-    missing = [k for k in state if k not in params]
-    if missing:
-        raise KeyError(f"{path}: no parameter for {missing[:3]}")
-    with torch.no_grad():
-        for name, tensor in state.items():
-            params[name].copy_(tensor)
-    return len(state)

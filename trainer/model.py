@@ -52,7 +52,7 @@ def load_base(
     to that many decoder layers, random weights (the layer-by-layer loader only). `progress(done, total)`
     is called after each decoder layer the layer-by-layer loader has loaded.
     """
-    from trainer import experts4bit
+    from trainer import experts_model
     from trainer.loader import load_device, load_layerwise
 
     q = profile.quantization
@@ -101,7 +101,7 @@ def load_base(
         model = AutoModelForCausalLM.from_pretrained(model_dir, **kwargs)
         facts = {"loader": "transformers", "load_device": str(device)}
         if q.quantize_experts:
-            facts["experts_nf4"] = experts4bit.quantize_model_experts(model, experts_storage_dtype(profile))
+            facts["experts_nf4"] = experts_model.quantize_model_experts(model, experts_storage_dtype(profile))
     if placement is not None:
         facts["placement"] = placement.to_dict()
     model.config.use_cache = False
@@ -116,7 +116,7 @@ def load_base(
         set_z3_leaf_modules(model, [layer_cls])
         facts["zero3_leaf_modules"] = [layer_cls.__name__]
     else:
-        facts["zero3_leaf_modules"] = experts4bit.set_moe_leaf_modules(model)
+        facts["zero3_leaf_modules"] = experts_model.set_moe_leaf_modules(model)
     packed = [p for p in model.parameters() if hasattr(p, "cockpit_logical_numel")]
     if packed:
         # ZeRO-3 must own the packed experts and their scales like any parameter (no per-GPU copy).
@@ -163,7 +163,7 @@ def attach_lora(profile: Profile, model: Any) -> Any:
     from peft import LoraConfig, get_peft_model
     from transformers import set_seed
 
-    from trainer.experts4bit import add_expert_lora
+    from trainer.experts_model import add_expert_lora
 
     if profile.training.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})

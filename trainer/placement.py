@@ -95,7 +95,8 @@ def planning_model(profile: Profile, config: Any, working: WorkingMemory | None 
     from transformers import AutoModelForCausalLM
 
     from cockpit.plan.formats import four_bit
-    from trainer.experts4bit import NF4Experts, fused_experts_modules
+    from trainer.experts4bit import NF4Experts
+    from trainer.experts_model import fused_experts_modules
     from trainer.loader import decoder_layers
     from trainer.quant import DTYPES, experts_storage_dtype, uses_layerwise_loader
 

@@ -418,7 +418,7 @@ class Recipe:
         """PEFT saves only its own layers: the expert LoRA goes beside them, gathered from ZeRO-3."""
         from safetensors.torch import save_file
 
-        from trainer.experts4bit import expert_lora_state_dict
+        from trainer.experts_model import expert_lora_state_dict
 
         params = [p for n, p in self.model.named_parameters() if ".experts.lora_" in n]
         gather: Any = contextlib.nullcontext()

@@ -195,16 +195,7 @@ def fit_past_window(
             f"(its line runs through {near.layers} layers, inside the window, where layers cost more); "
             f"measure {add} too (--layers {_depths_words(have + suggest(window, have, full))})"
         )
-        return Fit(
-            line.fixed,
-            line.per_layer,
-            pts,
-            line.used,
-            says=False,
-            note=note,
-            bounds=(max(0.0, line.per_layer - spread),),
-            knee=window,
-        )
+        return _bound(line, pts, note, line.per_layer - spread, window)
     line = fit_line(inside or list(points), floor)
     if line is None:
         return None
@@ -213,6 +204,12 @@ def fit_past_window(
         f"inside the window cost more than those past it); measure {add} too "
         f"(--layers {_depths_words(have + suggest(window, have, full))})"
     )
+    return _bound(line, pts, note, line.per_layer - copy_s, window)
+
+
+def _bound(line: Fit, pts: tuple[tuple[int, float], ...], note: str, least: float, knee: int) -> Fit:
+    """`line` as an upper bound that cannot say its figure (`note` says why), its range reaching down to
+    a slope of `least` a layer."""
     return Fit(
         line.fixed,
         line.per_layer,
@@ -220,8 +217,8 @@ def fit_past_window(
         line.used,
         says=False,
         note=note,
-        bounds=(max(0.0, line.per_layer - copy_s),),
-        knee=window,
+        bounds=(max(0.0, least),),
+        knee=knee,
         slope_given=line.slope_given,
     )
 

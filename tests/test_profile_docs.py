@@ -30,6 +30,19 @@ def test_every_section_and_field_is_on_the_page() -> None:
             assert f"| `{name}` |" in text, f"{path}.{name} is not on the page"
 
 
+def test_every_field_says_what_it_is() -> None:
+    """A field's description, or the docstring under it (`use_attribute_docstrings`), is on every field:
+    a user reading the page or an error message never meets a bare name."""
+    bare = [
+        f"{path}.{name}"
+        for path, model in sections(Profile)
+        for name, field in model.model_fields.items()
+        if not (field.description or "").strip()
+        and not (isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel))
+    ]
+    assert bare == []
+
+
 def test_the_opening_is_kept_and_the_tables_follow_the_marker() -> None:
     current = PAGE.read_text(encoding="utf-8")
     opening = current.split(MARKER, 1)[0]

@@ -28,7 +28,8 @@ MAX_HOST_RAM_GIB = 1024.0**2  # 1 PiB
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+    # A field's description is its own, or the docstring under it (as posting's config sections do).
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False, use_attribute_docstrings=True)
 
 
 class ModelSpec(_Section):
@@ -41,6 +42,7 @@ class ModelSpec(_Section):
     )
     name: str = Field(default="", description="Human name shown in the app and reports.")
     trust_remote_code: bool = False
+    """Run the model repository's own Python code (transformers' trust_remote_code): only where needed."""
     loader: Literal["layerwise", "transformers"] = Field(
         default="layerwise",
         description="layerwise: read, quantize and (under ZeRO-3) partition one decoder layer at a time; "
@@ -58,6 +60,7 @@ class HardwareSpec(_Section):
         description="Hosts the run spans, each with `gpus` GPUs; more than one needs launcher.hostfile.",
     )
     gpu_name: str = ""
+    """The GPU model the plan is for (e.g. "H100-80GB"); empty: this machine's, where it has GPUs."""
     gpu_mem_gib: Annotated[float, Field(ge=0, le=MAX_GPU_MEM_GIB)] = Field(
         default=0.0, description="Memory of each GPU in GiB; 0: unknown (this machine's, for a plan)."
     )
@@ -76,9 +79,13 @@ class QuantizationSpec(_Section):
     """bitsandbytes 4-bit loading of the frozen base weights."""
 
     load_in_4bit: bool = True
+    """Load the frozen base weights in 4 bit with bitsandbytes (QLoRA); false keeps them in 16 bit."""
     quant_type: Literal["nf4", "fp4"] = "nf4"
+    """The 4-bit data type: nf4 (normal float, QLoRA's) or fp4."""
     double_quant: bool = True
+    """Quantize the 4-bit blocks' scales too (8-bit, in blocks of 256): about 0.4 bit a weight less."""
     compute_dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"
+    """The dtype 4-bit weights are dequantized to for each matrix product."""
     storage_dtype: Literal["uint8", "bfloat16", "float16", "float32"] = Field(
         default="bfloat16",
         description="Dtype the packed 4-bit data is stored in; ZeRO-3 partitions float storage.",
@@ -93,8 +100,11 @@ class LoraSpec(_Section):
     """PEFT LoRA adapters on the frozen quantized model."""
 
     r: PositiveInt = 16
+    """LoRA rank: the inner width of each adapter (vLLM serves ranks up to its --max-lora-rank)."""
     alpha: PositiveFloat = 32.0
+    """LoRA scaling numerator: the adapter's update is scaled by alpha / r."""
     dropout: Annotated[float, Field(ge=0, lt=1)] = 0.05
+    """Dropout on the adapters' input, in training only."""
     target_modules: list[str] = Field(
         default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"], min_length=1
     )
@@ -108,9 +118,13 @@ class DeepSpeedSpec(_Section):
     """DeepSpeed ZeRO stage and where parameters and optimizer state live."""
 
     stage: Literal[0, 1, 2, 3] = 3
+    """DeepSpeed ZeRO stage: 3 partitions parameters, gradients and optimizer state over the ranks."""
     offload_param: Literal["none", "cpu", "nvme"] = "cpu"
+    """Where ZeRO-3 keeps the parameters between uses: the GPU (none), pinned host memory (cpu), NVMe."""
     offload_optimizer: Literal["none", "cpu", "nvme"] = "cpu"
+    """Where the optimizer state lives and steps: the GPU (none), the CPU (DeepSpeed's CPU Adam), NVMe."""
     nvme_path: str = ""
+    """A folder on a fast local disk for NVMe offload (needed with offload "nvme")."""
     zero3_leaf: Literal["moe_block", "decoder_layer"] = Field(
         default="decoder_layer",
         description="What ZeRO-3 gathers as one unit: every whole decoder layer (attention, LoRA and experts "
@@ -148,17 +162,28 @@ class TrainingSpec(_Section):
     """Optimization and schedule."""
 
     seq_len: PositiveInt = 1024
+    """Tokens in a row: longer examples are cut, shorter ones packed together (training.packing)."""
     micro_batch_size: PositiveInt = 1
+    """Rows a rank computes at once (a micro-batch)."""
     grad_accum: PositiveInt = 1
+    """Micro-batches a rank accumulates before each optimizer step."""
     learning_rate: PositiveFloat = 2e-4
+    """The adapters' peak learning rate (AdamW)."""
     weight_decay: NonNegFloat = 0.0
+    """AdamW's weight decay on the adapters."""
     warmup_ratio: Fraction = 0.03
+    """The share of the steps over which the learning rate rises from 0 to its peak."""
     lr_scheduler: Literal["linear", "cosine", "constant", "constant_with_warmup"] = "cosine"
+    """How the learning rate falls after the warm-up (the HF Trainer's schedulers)."""
     epochs: PositiveFloat = 1.0
+    """Passes over the training data (a fraction is allowed); training.max_steps overrides it."""
     max_steps: int = Field(default=-1, ge=-1, description="-1: run `epochs` epochs.")
     max_grad_norm: PositiveFloat = 1.0
+    """Gradients are clipped to this global norm before each step."""
     gradient_checkpointing: bool = True
+    """Keep each layer's input only, recompute the rest in the backward: far less memory, one more forward."""
     bf16: bool = True
+    """Train in bfloat16 mixed precision (needs a GPU; the tiny CPU profile sets false)."""
     packing: bool = Field(
         default=True,
         description="Pack several examples into each sequence of seq_len tokens (positions restart, "
@@ -178,7 +203,9 @@ class TrainingSpec(_Section):
         default=0, description="Checkpoint every N optimizer steps; 0 = only at the end."
     )
     save_total_limit: PositiveInt = 2
+    """Checkpoints kept on disk; older ones are removed as new ones are saved."""
     seed: Seed = 0
+    """Seeds the data order and the adapters' first weights: two runs of one profile train alike."""
     report_to: Trackers = Field(
         default_factory=list,
         description="Trackers the HF Trainer also reports to, live (its `report_to`: tensorboard, wandb, "
@@ -205,16 +232,23 @@ class ColumnsSpec(_Section):
     """
 
     tenant: str = "tenant"
+    """The column naming each example's tenant (its label set)."""
     id: str = "id"
+    """The column with each example's id."""
     split: str = Field(default="split", description="train, eval (or test), validation (or val, dev).")
     system: str = "system"
+    """The column with the system prompt."""
     user: str = "user"
+    """The column with the text to classify (the user turn)."""
     labels: str = Field(
         default="labels", description="A list; in CSV a JSON list or labels separated by '|'."
     )
     gold: str = "gold"
+    """The column with the correct label."""
     reasoning: str = "reasoning"
+    """The column with the reasoning trace the answer follows."""
     messages: str = "messages"
+    """The column with a whole chat, in place of system, user, reasoning and gold."""
 
 
 class DataSpec(_Section):
@@ -235,8 +269,11 @@ class DataSpec(_Section):
         "data.seed).",
     )
     train_examples_per_tenant: PositiveInt = 320
+    """For builtin:tiny-tenants: training examples generated for each tenant."""
     eval_examples_per_tenant: PositiveInt = 40
+    """For builtin:tiny-tenants: held-out examples generated for each tenant."""
     seed: Seed = 0
+    """Seeds the split of each tenant (no split column) and the generated tenants."""
     examples: NonNegInt = Field(
         default=0,
         description="Training examples, for plans and rehearsals where the data file is not (0: unknown).",
@@ -277,8 +314,11 @@ class EvalSpec(_Section):
     """Held-out evaluation after training."""
 
     enabled: bool = True
+    """Evaluate the base and the tuned model on the held-out split after training."""
     max_think_tokens: PositiveInt = 64
+    """Tokens of thinking each model may generate before its label is scored."""
     bootstrap_samples: PositiveInt = 1000
+    """Paired bootstrap resamples for the F1 confidence intervals."""
     base_models: list[str] = Field(default_factory=list, description="Extra base models to score.")
 
 
@@ -289,7 +329,9 @@ class CostSpec(_Section):
         default=0.0, description="Hourly price of the machine that serves the tuned model (all its GPUs)."
     )
     api_usd_per_mtok: NonNegFloat = 0.0
+    """The API's price per million tokens that the tuned model would replace (0: not compared)."""
     api_name: str = ""
+    """The API's name, shown beside its price."""
 
 
 # Accepted by Pydantic's Literal only as a tuple of literals: spelled out, and checked against BACKENDS.
@@ -365,6 +407,7 @@ class Profile(_Section):
         description="Letters, digits, '.', '_' and '-': it becomes part of every run id and directory name.",
     )
     description: str = ""
+    """One line on what the profile is for, shown by `cockpit profiles`."""
     model: ModelSpec
     hardware: HardwareSpec = HardwareSpec()
     quantization: QuantizationSpec = QuantizationSpec()

@@ -106,7 +106,10 @@ class LoraSpec(_Section):
     dropout: Annotated[float, Field(ge=0, lt=1)] = 0.05
     """Dropout on the adapters' input, in training only."""
     target_modules: list[str] = Field(
-        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"], min_length=1
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"],
+        min_length=1,
+        description="The linear layers that get an adapter, by name (the attention projections by default: "
+        "what vLLM serves with --enable-lora on Qwen3-MoE).",
     )
     target_experts: bool = Field(
         default=False,

@@ -55,6 +55,6 @@ def test_report_screen(snap_compare, tmp_path: Path, metric: str, size: str) -> 
 @pytest.mark.parametrize("scene", SCENES)
 def test_walk_at_80x24(snap_compare, tmp_path: Path, scene: str) -> None:
     """What the walk through the app at 80x24 found wrong, each fixed (issue 27, items 28-35; see
-    `tests/walk_scenes.py`): the same scenes are the README's `screenshots/*-80x24.svg`."""
+    `tests/walk_scenes.py`): the same scenes are `docs/app.md`'s `screenshots/*-80x24.svg`."""
     app, before = build(scene, tmp_path)
     assert snap_compare(app, terminal_size=SMALL, run_before=before)

@@ -1,5 +1,5 @@
 """The app at 80x24 as the walk through it found it (issue 27, items 28-35), one scene an item: the same
-scenes are the snapshot tests' (`tests/test_tui_screens.py`) and the README's pictures
+scenes are the snapshot tests' (`tests/test_tui_screens.py`) and the pictures of `docs/app.md`
 (`screenshots/make_screenshots.py`). Each is built from a synthetic record (`synthetic_run.py`) or the
 recorded fixtures, so every picture is the same on every machine.
 

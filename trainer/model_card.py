@@ -4,8 +4,7 @@ PEFT's `save_pretrained` writes a README.md into the adapter folder: a metadata 
 `library_name: peft`, tags) over an empty template. The trainer replaces the template with this card,
 keeping the header: the LoRA it holds, the quantization of the base it was trained against (bitsandbytes
 NF4 and double quantization for the linear layers, the MoE experts packed by the cockpit), and how to load
-it with PEFT and serve it with `vllm serve`. The README's "The adapter outside the cockpit" and
-docs/adapter.md say the same at length.
+it with PEFT and serve it with `vllm serve`. docs/adapter.md says the same at length.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The run record: one directory per run that every writer appends to and every viewer reads.
 
-See `format.py` for the layout and the README for the documented format.
+See `format.py` for the layout and `docs/record.md` for the documented format.
 """
 
 from cockpit.record.check import check_record

@@ -2,9 +2,9 @@
 
 One table for the whole cockpit. The record check reads it (`event_problem`: a line whose field has the
 wrong type is damage, named with its file, line and field), so do the columns that compare and export
-read (`STEP_FIGURES`) and the fields an importer says are absent (`cockpit.importers.model`). The README's
-event table documents the same kinds; `tests/test_record_schema.py` holds the two, and the records of
-real runs, to it.
+read (`STEP_FIGURES`) and the fields an importer says are absent (`cockpit.importers.model`).
+`docs/record.md`'s event table documents the same kinds; `tests/test_record_schema.py` holds the two,
+and the records of real runs, to it.
 
 Every field may be absent or null unless it is required. A field not listed is allowed (a newer writer's,
 a kind's free-form extras) and a kind not listed is checked for `t`, `kind` and `rank` only.

@@ -49,37 +49,18 @@ def renamed(module: str) -> str:
 
 def figures(root: Path) -> dict[str, Any]:
     """The house at `root`, read through the one table of layers."""
-    from devtools.import_graph import cycles, graph, modules
-    from devtools.layers import LAYERS, STARTED_NOT_IMPORTED, claims, layer_of, room_of
+    from devtools import checks
+    from devtools.import_graph import graph, modules
+    from devtools.layers import LAYERS, claims, layer_of
 
     every = {renamed(name): path for name, path in modules(root, ("cockpit", "trainer")).items()}
     # development tools that sat in the package before (their home is devtools/ now, not shipped)
     shipped_tools = sorted(name for name in every if claims("devtools", name))
     mods = {name: path for name, path in every.items() if name not in shipped_tools}
-    edges = {
-        renamed(name): {renamed(t) for t in targets}
-        for name, targets in graph(root, ("cockpit", "trainer"), type_checking=True).items()
-    }
+    raw = graph(root, ("cockpit", "trainer"), type_checking=True)  # the names as they were in that tree
+    edges = {renamed(name): {renamed(t) for t in targets} for name, targets in raw.items()}
     lines = {name: len(path.read_text(encoding="utf-8").splitlines()) for name, path in mods.items()}
     rank = {name: (layer_of(name) or ("unclaimed", -1)) for name in mods}
-    up = sorted(
-        (a, b)
-        for a, ts in edges.items()
-        if a in rank
-        for b in ts
-        if b in rank and rank[b][1] > rank[a][1] >= 0
-    )
-    raw = graph(root, ("cockpit", "trainer"), type_checking=True)  # the names as they were in that tree
-    trainer_imports = sorted(
-        (a, b)
-        for a, ts in raw.items()
-        for b in ts
-        for started in STARTED_NOT_IMPORTED
-        if claims(started, b) and not claims(started, a)
-    )
-    rooms: dict[str, set[str]] = {}
-    for a, ts in edges.items():
-        rooms.setdefault(room_of(a), set()).update(room_of(b) for b in ts if room_of(b) != room_of(a))
     per_layer = {name: sorted(m for m in mods if rank[m][0] == name) for name, _, _ in LAYERS}
     importers = {
         name: sorted(
@@ -95,10 +76,10 @@ def figures(root: Path) -> dict[str, Any]:
         "unclaimed": sorted(m for m in mods if rank[m][1] < 0),
         "over_500": sorted((n, c) for n, c in lines.items() if c > 500),
         "largest": sorted(lines.items(), key=lambda kv: -kv[1])[:TOP],
-        "module_loops": cycles(edges),
-        "room_loops": cycles(rooms),
-        "upward": up,
-        "trainer_imports": trainer_imports,
+        "module_loops": checks.module_loops(edges),
+        "room_loops": checks.room_loops(edges),
+        "upward": checks.upward(edges),
+        "trainer_imports": checks.into_started(raw),
         "shipped_tools": shipped_tools,
         "layers": {name: len(ms) for name, ms in per_layer.items()},
         "importers": {name: len(v) for name, v in importers.items()},

@@ -331,15 +331,25 @@ def _loader(loader: str) -> str:
     return "layer by layer" if loader == "layerwise" else "from_pretrained"
 
 
+def _row(plan: Plan, label: str) -> Estimate:
+    """A row of the options table by its label (`CONFIGURED`: the configuration as written)."""
+    return next((o.estimate for o in plan.options if o.label == label), plan.configured)
+
+
+def _take_it(sets: list[str]) -> str:
+    return "  take it: " + escape(" ".join(f"--set '{x}'" for x in sets))
+
+
 def _fastest_lines(plan: Plan, measured: dict[str, Measured]) -> list[str]:
-    """The fastest that fits: from measured rows only; the plan's modelled pick is named as a guess."""
+    """The fastest that fits: from measured rows only; the plan's modelled pick is named as a guess
+    unless a rehearsal measured it."""
     e, bs = plan.configured, plan.best
     lines = []
     accum = plan.run.micro_batches if plan.run else 1
     found = fastest_measured(plan, measured)
     if found is not None:
         label, m = found
-        row = next((o.estimate for o in plan.options if o.label == label), e)
+        row = _row(plan, label)
         lines.append(
             f"[bold]Fastest that fits, measured[/] ({escape(m.source)}): {row.setup.describe()}: "
             f"~{m.tokens_per_s:,.0f} tokens/s, {m.step_s:.2f} s an optimizer step"
@@ -347,12 +357,8 @@ def _fastest_lines(plan: Plan, measured: dict[str, Measured]) -> list[str]:
         )
         sets = overrides_for(e.setup, row.setup, accum)
         if sets:
-            lines.append("  take it: " + escape(" ".join(f"--set '{x}'" for x in sets)))
-    if bs is None or any(o.estimate is bs and o.label in measured for o in plan.options):
-        return lines
-    if found is not None and bs.setup == next(
-        (o.estimate.setup for o in plan.options if o.label == found[0]), e.setup
-    ):
+            lines.append(_take_it(sets))
+    if bs is None or bs.setup in [_row(plan, label).setup for label in measured]:
         return lines
     sets = plan.best_overrides()
     guess = "a guess: modelled, not rehearsed" + (
@@ -371,7 +377,7 @@ def _fastest_lines(plan: Plan, measured: dict[str, Measured]) -> list[str]:
     )
     lines.extend(f"  note: {n}" for n in bs.notes)
     if sets and found is None:
-        lines.append("  take it: " + escape(" ".join(f"--set '{x}'" for x in sets)))
+        lines.append(_take_it(sets))
     return lines
 
 

@@ -8,6 +8,7 @@ growth a layer past it (the GPU peak in training), and what the load pays a laye
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import dataclass
 from typing import Any
 
@@ -136,8 +137,7 @@ def load_fit(done: list[DepthMeasure]) -> Fit | None:
     totals = [m for m in done if m.load_s is not None]
     if line is None or not seen:
         return line
-    pooled = seen[len(seen) // 2] if len(seen) % 2 else (seen[len(seen) // 2 - 1] + seen[len(seen) // 2]) / 2
-    per_layer = max(pooled, line.per_layer)
+    per_layer = max(statistics.median(seen), line.per_layer)
     fixed_each = sorted(float(m.load_s) - per_layer * m.layers for m in totals)
     fixed = max(0.0, fixed_each[len(fixed_each) // 2])
     deepest = max(totals, key=lambda m: m.layers)

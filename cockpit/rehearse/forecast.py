@@ -17,7 +17,7 @@ from cockpit.contract import EVAL_BATCH_SIZE, ZERO3_LAYER_FETCHES
 from cockpit.plan.inputs import GiB
 from cockpit.plan.run_length import data_size, run_steps
 from cockpit.plan.validation_time import validation_time
-from cockpit.rehearse.figures import fit_all, gathered_knee, gathers, terms_for
+from cockpit.rehearse.figures import fit_all, gathered_knee, terms_for
 from cockpit.rehearse.fit import Fit
 from cockpit.rehearse.measure import DepthMeasure
 from cockpit.rehearse.scaling import Scaling, gather_s, offload_step_target
@@ -202,9 +202,9 @@ def forecast(
         for key in ("gpu_load", "gpu_train"):
             shift(key, -moved)
         # one rank without offload holds every layer whole and gathers none; several gather a window
-        extra = (gathered_knee(profile, nt) or 0) - (gathered_knee(profile, nm) or 0)
-        if gathers(profile, nt) and not gathers(profile, nm) and extra > 0:
-            shift("gpu_train", extra * facts.layer_bytes / GiB)
+        knee = gathered_knee(profile, nt)
+        if knee and gathered_knee(profile, nm) is None:
+            shift("gpu_train", knee * facts.layer_bytes / GiB)
     if offload and ds.stage == 3:
         # Each rank pins its partitions of every layer: what a layer adds to a rank's RSS here (the pinned
         # allocator's rounding included) is shared by the target's ranks.

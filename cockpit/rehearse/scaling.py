@@ -86,13 +86,13 @@ def _offload_parts(fixed: float, per_layer: float, facts: Any, profile: Any, mac
     measuring ranks' all-gathers are taken out of the measured line first."""
     nm = max(1, machine.measured_gpus or 1)
     micro = profile.training.grad_accum
-    per_second = nm * machine.h2d_gbps_measured * 1e9
-    copy = ZERO3_LAYER_FETCHES * micro * facts.layer_bytes / per_second
-    other = micro * max(0.0, facts.other_bytes - facts.layer_bytes) / per_second
-    link = (nm / (machine.target_gpus or 1)) * (machine.h2d_gbps_measured / machine.h2d_gbps_target)
-    measured = replace(machine, target_gpus=nm, target_nodes=1)
+    # the bytes a layer, and the embeddings and head beyond a layer's, move an optimizer step
     layer_gather = ZERO3_LAYER_FETCHES * micro * facts.layer_bytes
     other_gather = micro * max(0.0, facts.other_bytes - facts.layer_bytes)
+    per_second = nm * machine.h2d_gbps_measured * 1e9  # the measuring ranks' links
+    copy, other = layer_gather / per_second, other_gather / per_second
+    link = (nm / (machine.target_gpus or 1)) * (machine.h2d_gbps_measured / machine.h2d_gbps_target)
+    measured = replace(machine, target_gpus=nm, target_nodes=1)
     layer_move = link * copy + gather_s(layer_gather, machine)
     compute = max(0.0, per_layer - gather_s(layer_gather, measured)) * machine.compute_ratio
     rest = (fixed - other - gather_s(other_gather, measured)) * machine.compute_ratio

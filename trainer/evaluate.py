@@ -18,6 +18,7 @@ import torch
 
 from cockpit.contract import EVAL_BATCH_SIZE, SCORE_TOKENS
 from cockpit.data.chat import THINK_CLOSE, THINK_OPEN, prompt_text
+from trainer import decode
 
 THINK_END = "</think>"
 
@@ -86,14 +87,17 @@ def think(model: Any, tokenizer: Any, prompts: list[str], max_new_tokens: int) -
     tokenizer.padding_side = "left"
     enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False).to(model.device)
     stop = [s for s in (tokenizer.convert_tokens_to_ids(THINK_END), tokenizer.eos_token_id) if s is not None]
-    out = model.generate(
-        **enc,
-        max_new_tokens=max_new_tokens,
-        do_sample=False,
-        eos_token_id=stop,
-        pad_token_id=tokenizer.pad_token_id,
-    )
-    new = out[:, enc["input_ids"].shape[1] :].tolist()
+    fast = decode.greedy(model, enc["input_ids"], enc["attention_mask"], max_new_tokens, set(stop))
+    if fast is None:  # a model the fast path cannot drive: transformers' own loop
+        out = model.generate(
+            **enc,
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            eos_token_id=stop,
+            pad_token_id=tokenizer.pad_token_id,
+        )
+        fast = out[:, enc["input_ids"].shape[1] :]
+    new = fast.tolist()
     # Each row up to its own end (</think>, eos, or the padding a finished row gets while its batch
     # goes on): what follows depends on the other prompts of the batch, not on this one.
     ends = set(stop) | ({tokenizer.pad_token_id} - {None})

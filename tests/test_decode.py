@@ -1,0 +1,80 @@
+"""The fast greedy decoder (`trainer/decode.py`) gives `generate`'s tokens on the tiny model, left padding
+and early ends included; and the evaluation's thinking gives the same text through either path."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from trainer import decode, evaluate  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_dir: str):
+    tokenizer = transformers.AutoTokenizer.from_pretrained(tiny_dir)
+    model = transformers.AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32)
+    model.eval()
+    return model, tokenizer
+
+
+PROMPTS = ["the quick brown fox", "a", "entity: Acme Corp in the year of the long tenant label set"]
+
+
+def _generate(model, enc, new: int, stop: list[int], pad: int) -> list[list[int]]:
+    out = model.generate(**enc, max_new_tokens=new, do_sample=False, eos_token_id=stop, pad_token_id=pad)
+    return out[:, enc["input_ids"].shape[1] :].tolist()
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+def test_greedy_tokens_equal_generate(tiny, attention: str) -> None:
+    model, tokenizer = tiny
+    model.set_attn_implementation(attention)
+    tokenizer.padding_side = "left"
+    enc = tokenizer(PROMPTS, return_tensors="pt", padding=True, add_special_tokens=False)
+    assert (enc["attention_mask"] == 0).any(), "the batch must hold left padding"
+    new = 20
+    expected = _generate(model, enc, new, [-1], tokenizer.pad_token_id)  # no stop: every token compared
+    got = decode.greedy(model, enc["input_ids"], enc["attention_mask"], new, set())
+    assert got is not None
+    assert got.tolist() == expected
+
+
+def test_greedy_stops_once_every_row_ended(tiny) -> None:
+    """With the tokens each row makes first as its stop token, the loop ends at the next check, and
+    each row, cut at its end, is what generate gives."""
+    model, tokenizer = tiny
+    model.set_attn_implementation("sdpa")
+    tokenizer.padding_side = "left"
+    enc = tokenizer(PROMPTS, return_tensors="pt", padding=True, add_special_tokens=False)
+    first = decode.greedy(model, enc["input_ids"], enc["attention_mask"], 3, set())
+    stop = {int(t) for t in first[:, 1]}
+    new = 3 * decode.CHECK_EVERY
+    got = decode.greedy(model, enc["input_ids"], enc["attention_mask"], new, stop)
+    assert got.shape[1] == decode.CHECK_EVERY < new
+    pad = tokenizer.pad_token_id
+    expected = _generate(model, enc, new, sorted(stop), pad)
+    ends = stop | {pad}
+    assert evaluate.cut_at_end(got.tolist(), ends) == evaluate.cut_at_end(expected, ends)
+
+
+def test_think_same_text_either_path(tiny, monkeypatch: pytest.MonkeyPatch) -> None:
+    model, tokenizer = tiny
+    model.set_attn_implementation("sdpa")
+    fast = evaluate.think(model, tokenizer, PROMPTS, 24)
+    monkeypatch.setattr(decode, "ENABLED", False)
+    slow = evaluate.think(model, tokenizer, PROMPTS, 24)
+    assert fast == slow
+    assert any(text for text in fast)
+
+
+def test_unusable_attention_falls_back(tiny) -> None:
+    model, tokenizer = tiny
+    model.config._attn_implementation = "flex_attention"
+    try:
+        assert "attention" in decode.usable(model)
+        enc = tokenizer(PROMPTS[:1], return_tensors="pt", add_special_tokens=False)
+        assert decode.greedy(model, enc["input_ids"], enc["attention_mask"], 4, set()) is None
+    finally:
+        model.set_attn_implementation("sdpa")

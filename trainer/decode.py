@@ -1,0 +1,256 @@
+"""Greedy decoding for evaluation: a static KV cache, masks built once, the step captured in a CUDA graph.
+
+`generate` with its dynamic cache grows every layer's keys and values by a concatenation each step,
+rebuilds the attention mask each step and runs its logits processors in Python: about 43 ms a step of
+fixed cost at the story's geometry, whatever the depth. Here the cache is allocated once for the whole
+prompt plus the new tokens, the 4-D mask is a buffer with one column switched on a step, and positions
+and cache slots live on the device, so a step is the same kernels on the same addresses every time. On
+one CUDA device that step is captured once as a CUDA graph and replayed (no Python, no launches); the
+host reads the tokens back only every `CHECK_EVERY` steps to stop when every row has ended.
+
+The arithmetic is the model's own: the same forward, the same greedy argmax; a row's tokens do not
+depend on the other rows of its batch, so `trainer.evaluate.cut_at_end` gives what `generate` gives.
+`COCKPIT_FAST_DECODE=0` (read once) takes `generate` instead; so does any model this cannot drive
+(an attention other than sdpa or eager), and any failure of the fast path, said once in the log.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from transformers.cache_utils import Cache, DynamicLayer
+
+log = logging.getLogger(__name__)
+
+ENABLED = os.environ.get("COCKPIT_FAST_DECODE", "1") != "0"
+CHECK_EVERY = 16  # steps between host reads of "has every row ended"
+ATTENTION = ("sdpa", "eager")
+
+
+class StaticKV(Cache):
+    """Each layer's keys and values in buffers of `length` slots, written at the slots `slot` says
+    (a device tensor the decoder advances); allocated on a layer's first write, on that layer's device."""
+
+    def __init__(self, layers: int, length: int, slot: torch.Tensor) -> None:
+        super().__init__(layers=[DynamicLayer() for _ in range(layers)])
+        self.length = length
+        self.slot = slot
+        self.keys: list[torch.Tensor | None] = [None] * layers
+        self.values: list[torch.Tensor | None] = [None] * layers
+        self._steps: dict[torch.device, torch.Tensor] = {}
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: Any, **kwargs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.keys[layer_idx] is None:
+            b, h, _, d = key_states.shape
+            self.keys[layer_idx] = key_states.new_zeros(b, h, self.length, d)
+            self.values[layer_idx] = value_states.new_zeros(b, h, self.length, value_states.shape[-1])
+        keys, values = self.keys[layer_idx], self.values[layer_idx]
+        n = key_states.shape[-2]
+        where = self._slots(keys.device, n)
+        keys.index_copy_(2, where, key_states)
+        values.index_copy_(2, where, value_states)
+        return keys, values
+
+    def _slots(self, device: torch.device, n: int) -> torch.Tensor:
+        if device not in self._steps or self._steps[device].shape[0] < n:
+            self._steps[device] = torch.arange(max(n, 1), device=device)
+        slot = self.slot if self.slot.device == device else self.slot.to(device, non_blocking=True)
+        return self._steps[device][:n] + slot
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return self.length
+
+    def get_mask_sizes(self, *args: Any, **kwargs: Any) -> tuple[int, int]:
+        return self.length, 0
+
+
+def _attention(model: Any) -> str | None:
+    return getattr(getattr(model, "config", None), "_attn_implementation", None)
+
+
+def _cache_kwarg(model: Any) -> str:
+    """The forward's name for the cache: `cache` in newer transformers, `past_key_values` before."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
+
+
+def usable(model: Any) -> str | None:
+    """Why the fast path cannot drive `model`, or None when it can."""
+    if not ENABLED:
+        return "COCKPIT_FAST_DECODE=0"
+    if _attention(model) not in ATTENTION:
+        return f"attention {_attention(model)!r} (the fast path builds masks for {', '.join(ATTENTION)})"
+    return None
+
+
+@dataclass
+class _State:
+    """The device buffers one step reads and writes, at fixed addresses."""
+
+    ids: torch.Tensor  # [B, 1] the token fed this step
+    positions: torch.Tensor  # [B, 1] its rotary position
+    slot: torch.Tensor  # [1] its cache slot
+    mask: torch.Tensor  # [B, 1, 1, L] the keys it may see (bool for sdpa, additive float for eager)
+    out: torch.Tensor  # [B, new] the tokens produced
+    step: torch.Tensor  # [1] how many have been produced
+
+
+class GreedyDecoder:
+    """One batch's greedy decoding (see the module docstring)."""
+
+    def __init__(self, model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, new: int) -> None:
+        self.model = model
+        self.device = input_ids.device
+        self.batch, self.prompt = input_ids.shape
+        self.new = new
+        self.length = self.prompt + new
+        self.additive = _attention(model) == "eager"
+        self.cache_kwarg = _cache_kwarg(model)
+        self.layers = model.config.num_hidden_layers
+        self.graph: torch.cuda.CUDAGraph | None = None
+        dtype = next(p for p in model.parameters() if p.is_floating_point()).dtype
+        self.mask_dtype = dtype if self.additive else torch.bool
+        valid = attention_mask.to(self.device).bool()
+        self.valid = valid
+        self.state = _State(
+            ids=input_ids[:, -1:].clone(),
+            positions=(valid.sum(-1, keepdim=True) - 1).clamp(min=0),
+            slot=torch.full((1,), self.prompt, dtype=torch.long, device=self.device),
+            mask=self._keys_mask(valid),
+            out=torch.zeros(self.batch, max(new, 1), dtype=torch.long, device=self.device),
+            step=torch.zeros(1, dtype=torch.long, device=self.device),
+        )
+        self.cache = StaticKV(self.layers, self.length, self.state.slot)
+
+    def _mask(self, allowed: torch.Tensor) -> torch.Tensor:
+        if not self.additive:
+            return allowed
+        zero = torch.zeros((), dtype=self.mask_dtype, device=self.device)
+        return torch.where(allowed, zero, torch.finfo(self.mask_dtype).min)
+
+    def _keys_mask(self, valid: torch.Tensor) -> torch.Tensor:
+        """[B, 1, 1, L]: the prompt's real tokens; the new slots are switched on as they are written."""
+        keys = torch.zeros(self.batch, self.length, dtype=torch.bool, device=self.device)
+        keys[:, : self.prompt] = valid
+        return self._mask(keys)[:, None, None, :].contiguous()
+
+    def _forward(self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        out = self.model(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=positions,
+            use_cache=True,
+            logits_to_keep=1,
+            **{self.cache_kwarg: self.cache},
+        )
+        return out.logits[:, -1, :]
+
+    def prefill(self, input_ids: torch.Tensor) -> None:
+        """The prompt through the model (left-padded rows), its last logits giving the first new token."""
+        valid = self.valid
+        positions = (valid.long().cumsum(-1) - 1).masked_fill(~valid, 1)
+        causal = torch.ones(self.prompt, self.length, dtype=torch.bool, device=self.device).tril()
+        allowed = causal[None] & torch.nn.functional.pad(valid, (0, self.new))[:, None, :]
+        # A padding query sees itself, so no row of the softmax is empty (its output is never used).
+        allowed |= torch.eye(self.prompt, self.length, dtype=torch.bool, device=self.device)[None]
+        self.cache.slot.zero_()
+        logits = self._forward(input_ids, positions, self._mask(allowed)[:, None])
+        self.cache.slot.fill_(self.prompt)
+        self._take(logits)
+
+    def _take(self, logits: torch.Tensor) -> None:
+        """Record the argmax as this step's token and make it the next step's input."""
+        s = self.state
+        token = logits.argmax(-1)
+        s.out.index_copy_(1, s.step, token[:, None])
+        s.ids.copy_(token[:, None])
+
+    def _step(self) -> None:
+        s = self.state
+        open_value = True if not self.additive else 0.0
+        s.mask.index_fill_(3, s.slot, open_value)
+        s.positions.add_(1)
+        logits = self._forward(s.ids, s.positions, s.mask)
+        s.step.add_(1)
+        self._take(logits)
+        s.slot.add_(1)
+
+    def _capture(self) -> None:
+        """Run one step eagerly (kernels compiled, caches made), then capture the next as a graph."""
+        self._step()
+        stream = torch.cuda.Stream(self.device)
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        graph = torch.cuda.CUDAGraph()
+        # Capture records the step without running it: the buffers keep the eager step's state.
+        with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
+            self._step()
+        torch.cuda.current_stream(self.device).wait_stream(stream)
+        self.graph = graph
+
+    def run(self, input_ids: torch.Tensor, stop: set[int], graph: bool = True) -> torch.Tensor:
+        """[B, n] greedy tokens, n <= new; rows go on past their end (cut them with `cut_at_end`), and
+        the loop stops early (n < new) once every row has produced a token of `stop`."""
+        self.prefill(input_ids)
+        stops = torch.tensor(sorted(stop) or [-1], device=self.device)
+        done = 1
+        if graph and self.device.type == "cuda" and self.new > 2 and _one_device(self.model):
+            self._capture()
+            done = 2
+        while done < self.new:
+            if done % CHECK_EVERY == 0 and _all_ended(self.state.out[:, :done], stops):
+                break
+            if self.graph is not None:
+                self.graph.replay()
+            else:
+                self._step()
+            done += 1
+        return self.state.out[:, :done]
+
+
+def _one_device(model: Any) -> bool:
+    devices = {p.device for p in model.parameters()}
+    return len(devices) == 1
+
+
+def _all_ended(tokens: torch.Tensor, stops: torch.Tensor) -> bool:
+    return bool(torch.isin(tokens, stops).any(dim=1).all())
+
+
+_failed: list[str] = []
+
+
+@torch.no_grad()
+def greedy(
+    model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, new: int, stop: set[int]
+) -> torch.Tensor | None:
+    """[B, new] greedy new tokens by the fast path, or None where it cannot run here (then the caller
+    takes `generate`; why is logged once)."""
+    why = _failed[0] if _failed else usable(model)
+    if why is not None:
+        _say_once(why)
+        return None
+    try:
+        decoder = GreedyDecoder(model, input_ids, attention_mask, new)
+        return decoder.run(input_ids, stop)
+    except torch.OutOfMemoryError:
+        raise
+    except Exception as exc:  # a model this path cannot drive: generate instead, from now on
+        _failed.append(f"{type(exc).__name__}: {exc}")
+        _say_once(_failed[0])
+        return None
+
+
+_said: set[str] = set()
+
+
+def _say_once(why: str) -> None:
+    if why not in _said:
+        _said.add(why)
+        log.warning("fast decoding off (%s): using generate", why)

@@ -19,7 +19,7 @@ unit, as before.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -202,13 +202,14 @@ def send_unit(unit: nn.Module, device: torch.device, skip: tuple[nn.Module, ...]
     manifest = manifest_of(unit, device, skip)
     rank = dist.get_rank()
     dist.broadcast_object_list([manifest], src=rank)
-    for tensor in _tensors_of(unit, manifest):
+    for tensor in tensors_of(unit, manifest):
         dist.broadcast(_wire(tensor, device), src=rank)
     return manifest
 
 
-def _tensors_of(unit: nn.Module, manifest: Manifest) -> Iterator[torch.Tensor]:
-    """The builder's tensors in the manifest's order."""
+def tensors_of(unit: nn.Module, manifest: Manifest) -> Iterator[torch.Tensor]:
+    """The builder's tensors in the manifest's order (what `send_unit` broadcasts, and the NF4 cache
+    stores)."""
     states: dict[str, dict[str, Any]] = {}
     for slot in manifest.slots:
         module = _module(unit, slot.path)
@@ -224,12 +225,30 @@ def _tensors_of(unit: nn.Module, manifest: Manifest) -> Iterator[torch.Tensor]:
 
 def receive_unit(unit: nn.Module, src: int, device: torch.device) -> Manifest:
     """Build, on this rank, the unit rank `src` built and broadcasts (`unit` is still on meta)."""
-    import bitsandbytes as bnb
     import torch.distributed as dist
 
     box: list[Any] = [None]
     dist.broadcast_object_list(box, src=src)
     manifest: Manifest = box[0]
+
+    def receive(slot: Slot) -> torch.Tensor:
+        tensor = torch.empty(slot.shape, dtype=slot.dtype, device=device)
+        dist.broadcast(tensor.reshape(-1).view(torch.uint8), src=src)
+        return tensor
+
+    assemble(unit, manifest, receive, device)
+    return manifest
+
+
+def assemble(
+    unit: nn.Module, manifest: Manifest, tensor_of: Callable[[Slot], torch.Tensor], device: torch.device
+) -> None:
+    """Make the modules `manifest` names (`Linear4bit`, `NF4Experts`) in `unit` (still on meta) and put
+    every tensor in place, `tensor_of(slot)` giving each in the manifest's order (on `device`, or
+    anywhere: it is moved there unless the slot lives on the CPU). The broadcast's receiving end, and
+    the NF4 cache's reading end (`trainer.nf4_cache`)."""
+    import bitsandbytes as bnb
+
     for path, spec in manifest.nf4_experts.items():
         old = _module(unit, path)
         new = NF4Experts(
@@ -244,10 +263,8 @@ def receive_unit(unit: nn.Module, src: int, device: torch.device) -> Manifest:
         _replace(unit, path, new)
     received: dict[str, dict[str, torch.Tensor]] = {path: {} for path in manifest.linear4bit}
     for slot in manifest.slots:
-        tensor = torch.empty(slot.shape, dtype=slot.dtype, device=device)
-        dist.broadcast(tensor.reshape(-1).view(torch.uint8), src=src)
-        if slot.cpu:
-            tensor = tensor.cpu()
+        tensor = tensor_of(slot)
+        tensor = tensor.cpu() if slot.cpu else tensor.to(device)
         if slot.path in received:
             received[slot.path][slot.name] = tensor
             continue
@@ -273,4 +290,3 @@ def receive_unit(unit: nn.Module, src: int, device: torch.device) -> Manifest:
         if bias is not None:
             new.bias = nn.Parameter(bias, requires_grad=False)
         _replace(unit, path, new)
-    return manifest

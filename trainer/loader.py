@@ -14,6 +14,9 @@ With several ranks each unit is read and quantized by one rank only and broadcas
 quantized bytes, scales and bitsandbytes' quantization state included (`trainer.load_share`), before
 ZeRO-3 partitions it: the same partitioned model as when every rank builds every unit, for a share of
 the reading and quantizing. One rank alone loads everything itself.
+
+A real checkpoint's units are kept, once built and before ZeRO-3 partitions them, in the NF4 cache
+(`trainer.nf4_cache`); a later load of the same checkpoint and settings reads them from there instead.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from torch import nn
 
 from trainer.experts4bit import NF4Experts, is_fused_experts
 from trainer.load_share import Share, job_share, receive_unit, send_unit
+from trainer.nf4_cache import NF4Cache, open_cache
 from trainer.quant import DTYPES, bnb_config, experts_storage_dtype
 from trainer.random_weights import RandomWeights, sliced_config
 
@@ -186,6 +190,19 @@ class LayerwiseLoader:
                 key = f"{full + '.' if full else ''}{bname}"
                 if bname not in module._non_persistent_buffers_set and key in self.ckpt:
                     _set(module, bname, self._tensor(key, tensor))
+
+    def build(
+        self, unit: nn.Module, prefix: str, index: int, cache: NF4Cache, skip: tuple[nn.Module, ...] = ()
+    ) -> None:
+        """Unit `index` on this rank: read from the NF4 cache where it holds it (no checkpoint read, no
+        quantization), else filled from the checkpoint and written to the cache."""
+        manifest = cache.load(index, unit, self.device, skip)
+        if manifest is not None:
+            for key, count in manifest.counts().items():
+                self.counts[key] += count
+            return
+        self.fill(unit, prefix, skip)
+        cache.store(index, unit, self.device, skip)
 
     def exchange(self, unit: nn.Module, share: Share, index: int, skip: tuple[nn.Module, ...] = ()) -> None:
         """Unit `index` of a shared load: broadcast it if this rank built it, else receive it."""
@@ -355,6 +372,8 @@ def load_layerwise(
     placement = spread_devices(n, spread_over) if spread_over else [device] * n
     factories: dict[torch.device, Any] = {device: loader.quantize_linear}
     peaks = []
+    # The NF4 cache of a real checkpoint (`trainer.nf4_cache`): units it holds are read, not built.
+    cache = open_cache(profile, model_dir, device, n, random=random_layers is not None)
     # Several ranks: unit u (a decoder layer, or the rest as unit n) is built by one rank, in rounds.
     share = job_share() if spread_over is None else None
     built: list[int] = []
@@ -365,7 +384,7 @@ def load_layerwise(
                 if here not in factories:
                     factories[here] = _bnb_linear_factory(q, here) if q.load_in_4bit else None
                 loader.device, loader.quantize_linear = here, factories[here]
-                loader.fill(layers[i], f"{layers_prefix}.{i}")
+                loader.build(layers[i], f"{layers_prefix}.{i}", i, cache)
                 built.append(i)
         for i in units:
             here = placement[i]
@@ -384,9 +403,10 @@ def load_layerwise(
     tied = bool(getattr(config, "tie_word_embeddings", False)) and model.get_output_embeddings() is not None
     rest_skip = (layers,) + ((model.get_output_embeddings(),) if tied else ())
     if share is None or share.mine(n):
-        loader.fill(model, "", skip=rest_skip)
+        loader.build(model, "", n, cache, skip=rest_skip)
     if share is not None:
         loader.exchange(model, share, n, skip=rest_skip)
+    cache.close()  # the last unit's write done
     if tied:
         model.get_output_embeddings().weight = model.get_input_embeddings().weight
     loader.quantize_linear = saved_quantizer
@@ -405,7 +425,11 @@ def load_layerwise(
         model.quantization_method = QuantizationMethod.BITS_AND_BYTES
         bnb: BitsAndBytesConfig = bnb_config(profile)
         model.config.quantization_config = bnb.to_dict()
-    unused = [k for k in ckpt.unused() if not _beyond_depth(k, n)]
+    unused = [
+        k
+        for k in ckpt.unused()
+        if not _beyond_depth(k, n) and _unit_of(k, layers_prefix, n) not in cache.read
+    ]
     if share is not None:  # each rank answers for the tensors of its own units
         unused = share.union([k for k in unused if share.mine(_unit_of(k, layers_prefix, n))])
     facts = {
@@ -418,6 +442,9 @@ def load_layerwise(
         "unused_checkpoint_tensors": len(unused),
         "load_quantize_s": round(time.time() - t0, 2),
     }
+    if random_layers is None:
+        produced = len(built) + (share is None or share.mine(n))
+        facts.update(cache.facts(produced))
     if share is not None:
         facts["load_share"] = {
             "ranks": share.world,

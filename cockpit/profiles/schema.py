@@ -94,6 +94,14 @@ class QuantizationSpec(_Section):
         default=False,
         description="Quantize fused MoE expert tensors too (bitsandbytes only replaces nn.Linear).",
     )
+    cache: bool = Field(
+        default=True,
+        description="Keep the quantized model on disk after the layer-by-layer loader's first load of a "
+        "checkpoint ($COCKPIT_CACHE/nf4, about a quarter of the checkpoint's bytes) and load from it next "
+        "time: no checkpoint read, no quantization. Keyed by the checkpoint's fingerprint and these settings; "
+        "a stale or foreign cache is refused with its reason. `cockpit ls --caches` lists the caches, "
+        "`cockpit doctor --clear-cache` removes them. Random-weight rehearsals never use it.",
+    )
 
 
 class LoraSpec(_Section):
@@ -323,6 +331,13 @@ class EvalSpec(_Section):
     bootstrap_samples: PositiveInt = 1000
     """Paired bootstrap resamples for the F1 confidence intervals."""
     base_models: list[str] = Field(default_factory=list, description="Extra base models to score.")
+    examples: NonNegInt = 0
+    """Score a stratified sample of this many held-out examples (each tenant its share, at least one), drawn
+    with `data.seed`; 0: all of them. `cockpit eval --examples N` overrides it."""
+    time_budget_s: NonNegFloat = 0.0
+    """Seconds of scoring the evaluation may take, split evenly over the systems: the first system scored
+    stops after the batch that uses up its share, and every later system scores the same examples (model
+    loads not counted); 0: no budget. `cockpit eval --time-budget 20m` overrides it."""
 
 
 class CostSpec(_Section):

@@ -200,8 +200,15 @@ class GreedyDecoder:
         self.prefill(input_ids)
         stops = torch.tensor(sorted(stop) or [-1], device=self.device)
         done = 1
-        if graph and self.device.type == "cuda" and self.new > 2 and _one_device(self.model):
-            self._capture()
+        capturable = self.device.type == "cuda" and self.new > 2 and _one_device(self.model)
+        if graph and capturable and not _graph_failed:
+            try:
+                self._capture()
+            except torch.OutOfMemoryError:
+                raise
+            except Exception as exc:  # a step that cannot be captured: the same steps, launched one by one
+                _graph_failed.append(f"{type(exc).__name__}: {exc}")
+                _say_once(f"CUDA graph off: {_graph_failed[0]}")
             done = 2
         while done < self.new:
             if done % CHECK_EVERY == 0 and _all_ended(self.state.out[:, :done], stops):
@@ -224,6 +231,7 @@ def _all_ended(tokens: torch.Tensor, stops: torch.Tensor) -> bool:
 
 
 _failed: list[str] = []
+_graph_failed: list[str] = []
 
 
 @torch.no_grad()
@@ -253,4 +261,5 @@ _said: set[str] = set()
 def _say_once(why: str) -> None:
     if why not in _said:
         _said.add(why)
-        log.warning("fast decoding off (%s): using generate", why)
+        graph_only = why.startswith("CUDA graph")
+        log.warning("fast decoding: %s", why if graph_only else f"off ({why}): using generate")

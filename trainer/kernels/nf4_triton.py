@@ -253,11 +253,19 @@ class MMConfig:
 SMALL_GROUPS = MMConfig(bm=128, bn=256, bk=64, warps=8, stages=3, swap=True, decode=PRMT)
 LARGE_GROUPS = MMConfig(bm=256, bn=128, bk=64, warps=8, stages=3, swap=True, decode=PRMT)
 SMALL_GROUP_ROWS = 128  # rows an expert (on average) up to which SMALL_GROUPS is used
+# Decoding: a few rows an expert (batch x top-k / experts), so the step only streams the weights. A
+# 16-token tile (the tokens are the MMA's narrow side) wastes no tensor-core work on rows that are not
+# there, and the weight tile is as wide as it takes to keep the memory busy.
+DECODE_GROUPS = MMConfig(bm=16, bn=128, bk=128, warps=4, stages=4, swap=True, decode=PRMT, programs_per_sm=2)
+DECODE_GROUP_ROWS = 16  # rows an expert (on average) up to which DECODE_GROUPS is used
 
 
 def pick_config(rows: int, groups: int) -> MMConfig:
     """The block config for `rows` rows over `groups` groups (host-known sizes only)."""
-    return SMALL_GROUPS if rows <= SMALL_GROUP_ROWS * max(groups, 1) else LARGE_GROUPS
+    per_group = rows / max(groups, 1)
+    if per_group <= DECODE_GROUP_ROWS:
+        return DECODE_GROUPS
+    return SMALL_GROUPS if per_group <= SMALL_GROUP_ROWS else LARGE_GROUPS
 
 
 @cache

@@ -1,0 +1,454 @@
+"""Benchmark: evaluation's decoding at the story's geometry, before and after, against the memory limit.
+
+Two parts, one command:
+
+1. **The expert GEMMs of one decode step** (E=128, gate_up [3072, 4096], down [4096, 1536], top-8 of
+   1, 8 and 64 tokens): the fused NF4 kernel with the block config evaluation used before
+   (`SMALL_GROUPS`) and with the decode configs (`DECODE_GROUPS` and the candidates in `CANDIDATES`),
+   each against the memory limit of the bytes it must read (the hit experts' codes, scales and states
+   over the HBM bandwidth this script measures with a 4 GiB copy), and its numerics against a float32
+   reference (dequantized weights, fp32 matmul).
+2. **Whole decode steps** on the profile's architecture with random weights, loaded as evaluation loads it
+   (`trainer.model.load_base(spread=True)`), sliced to `--layers` (default 16) and run at 2, 8 and 16 of
+   them (`config.num_hidden_layers`), batches of 1, 8 and 64 prompts of `--prompt-tokens` (512):
+     generate  transformers' `generate`, the path before (dynamic cache)
+     static    `trainer.decode.GreedyDecoder` without the graph (static cache, device-side step)
+     graph     the same step captured as a CUDA graph and replayed (what evaluation now runs on one GPU)
+   A step's time is (t(prefill + N2 tokens) - t(prefill + N1 tokens)) / (N2 - N1); per layer and fixed
+   are the line through the depths. Beside each, the memory limit: the bytes one step reads (each layer's
+   attention weights in NF4, the distinct experts the batch hits, its KV cache; the head in bf16) over the
+   measured bandwidth. Tokens agree: the share of rows whose first tokens match generate's. Also the
+   scoring forward (`trainer.evaluate.row_logprobs`, SCORE_TOKENS tokens) per depth.
+
+    python benchmarks/decode_speed.py                       # on a GPU: the story's profile
+    python benchmarks/decode_speed.py --profile tiny-cpu --layers 2 --batches 1,4 --depths 1,2  # CPU check
+
+Writes decode_speed_<gpu>.md and .json under --out (default $OUT, else benchmarks/results/).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+STORY = "qwen3-235b-a22b-thinking-4xh100"
+# MMConfig kwargs tried at decode sizes (over DECODE_GROUPS).
+CANDIDATES = [
+    {"bm": 16, "bn": 64, "bk": 128, "warps": 4, "stages": 4, "programs_per_sm": 4},
+    {"bm": 16, "bn": 128, "bk": 256, "warps": 4, "stages": 3, "programs_per_sm": 2},
+    {"bm": 32, "bn": 128, "bk": 128, "warps": 4, "stages": 4, "programs_per_sm": 2},
+]
+
+
+def log(msg: str) -> None:
+    print(f"[decode] {msg}", flush=True)
+
+
+def bandwidth(torch: Any, device: Any) -> float:
+    """Bytes/s of a 4 GiB device-to-device copy (read + write), median of 5."""
+    n = 2**30 if device.type == "cuda" else 2**24
+    a = torch.empty(n, dtype=torch.float32, device=device)
+    b = torch.empty_like(a)
+    times = []
+    for _ in range(6):
+        sync(torch, device)
+        t = time.perf_counter()
+        b.copy_(a)
+        sync(torch, device)
+        times.append(time.perf_counter() - t)
+    return 2 * a.numel() * 4 / statistics.median(times[1:])
+
+
+def sync(torch: Any, device: Any) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed(torch: Any, device: Any, fn: Any, repeat: int = 5) -> float:
+    """Median seconds of fn() after one warm-up call."""
+    fn()
+    times = []
+    for _ in range(repeat):
+        sync(torch, device)
+        t = time.perf_counter()
+        fn()
+        sync(torch, device)
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+# --- part 1: the expert GEMMs --------------------------------------------------------------------
+
+
+def kernel_rows(
+    torch: Any, device: Any, geometry: dict[str, int], bw: float, batches: list[int]
+) -> list[dict]:
+    from trainer.kernels import nf4_triton as k
+    from trainer.nf4_pack import PackedLayout, quantize_experts_nf4
+
+    e_n, hidden, width, topk = geometry["experts"], geometry["hidden"], geometry["width"], geometry["topk"]
+    gen = torch.Generator(device=device).manual_seed(0)
+    layouts = {
+        "gate_up": PackedLayout(e_n, 2 * width, hidden, torch.bfloat16),
+        "down": PackedLayout(e_n, hidden, width, torch.bfloat16),
+    }
+    packed = {
+        name: quantize_experts_nf4(
+            lambda e, lay=lay: torch.randn(lay.out, lay.inp, generator=gen, device=device) * 0.02, lay, device
+        )
+        for name, lay in layouts.items()
+    }
+    dense = {
+        name: k.nf4_dequantize(packed[name], lay, torch.arange(e_n, device=device), torch.float32)
+        for name, lay in layouts.items()
+    }
+    per_expert = {name: lay.nbytes / e_n for name, lay in layouts.items()}
+    configs = [("before: SMALL_GROUPS", k.SMALL_GROUPS), ("DECODE_GROUPS", k.DECODE_GROUPS)]
+    configs += [
+        (
+            f"bm{c['bm']} bn{c['bn']} bk{c['bk']} w{c['warps']} s{c['stages']} {c['programs_per_sm']}/SM",
+            k.MMConfig(**{**k.DECODE_GROUPS.__dict__, **c}),
+        )
+        for c in CANDIDATES
+    ]
+    if device.type != "cuda":
+        configs = [(label, k.MMConfig(**{**cfg.__dict__, "decode": k.TREE})) for label, cfg in configs[:2]]
+    rows = []
+    for tokens in batches:
+        scores = torch.rand(tokens, e_n, generator=gen, device=device)
+        top = scores.topk(topk, dim=-1).indices.reshape(-1)
+        sorted_e, _ = top.sort()
+        counts = torch.bincount(sorted_e, minlength=e_n)
+        offs = counts.cumsum(0).to(torch.int32)
+        ids = torch.arange(e_n, device=device, dtype=torch.int32)
+        hit = int((counts > 0).sum())
+        m = top.numel()
+        x = torch.randn(m, hidden, generator=gen, device=device).to(torch.bfloat16)
+        h = torch.randn(m, width, generator=gen, device=device).to(torch.bfloat16)
+        bytes_read = hit * (per_expert["gate_up"] + per_expert["down"])
+        limit_ms = bytes_read / bw * 1e3
+        refs = {
+            "gate_up": _ref(torch, x, dense["gate_up"], sorted_e),
+            "down": _ref(torch, h, dense["down"], sorted_e),
+        }
+        for label, cfg in configs:
+
+            def run(
+                cfg: Any = cfg, x: Any = x, h: Any = h, ids: Any = ids, offs: Any = offs
+            ) -> tuple[Any, Any]:
+                a = k.nf4_grouped_mm(x, packed["gate_up"], layouts["gate_up"], ids, offs, config=cfg)
+                b = k.nf4_grouped_mm(h, packed["down"], layouts["down"], ids, offs, config=cfg)
+                return a, b
+
+            try:
+                a, b = run()
+                rel = max(_rel(torch, a, refs["gate_up"]), _rel(torch, b, refs["down"]))
+                ms = timed(torch, device, run, repeat=20) * 1e3
+            except Exception as exc:  # a config that does not compile here: a row that says so
+                rows.append({"tokens": tokens, "config": label, "status": f"failed: {type(exc).__name__}"})
+                log(f"kernel {label} @{tokens}: failed {exc}")
+                continue
+            row = {
+                "tokens": tokens,
+                "rows": m,
+                "experts_hit": hit,
+                "config": label,
+                "ms": round(ms, 4),
+                "bytes_read": int(bytes_read),
+                "limit_ms": round(limit_ms, 4),
+                "x_limit": round(ms / limit_ms, 2),
+                "rel_err": float(f"{rel:.2e}"),
+                "status": "ok",
+            }
+            rows.append(row)
+            log(
+                f"kernel {label:>36} @{tokens:>3} tokens: {ms:.3f} ms, {row['x_limit']}x limit, rel {rel:.1e}"
+            )
+    return rows
+
+
+def _ref(torch: Any, x: Any, weights: Any, experts: Any) -> Any:
+    """Each row times its expert's dequantized weight, in float32, one expert at a time."""
+    out = torch.empty(x.shape[0], weights.shape[1], device=x.device)
+    for e in experts.unique().tolist():
+        rows = experts == e
+        out[rows] = x[rows].float() @ weights[e].t()
+    return out
+
+
+def _rel(torch: Any, got: Any, want: Any) -> float:
+    return float((got.float() - want).norm() / want.norm())
+
+
+# --- part 2: whole decode steps ------------------------------------------------------------------
+
+
+def step_bytes(config: Any, layout_bytes: dict[str, float], batch: int, context: int) -> dict[str, float]:
+    """Bytes one decode step reads: per layer (attention in NF4, the experts the batch hits, the KV cache)
+    and fixed (the head in bf16)."""
+    h, heads, kv, d = (
+        config.hidden_size,
+        config.num_attention_heads,
+        config.num_key_value_heads,
+        config.head_dim,
+    )
+    attention_params = h * heads * d + 2 * h * kv * d + heads * d * h
+    experts = config.num_experts
+    hit = experts * (1 - (1 - config.num_experts_per_tok / experts) ** batch)
+    per_layer = (
+        attention_params * (0.5 + 1 / 64) + hit * layout_bytes["expert"] + batch * context * 2 * kv * d * 2
+    )
+    return {"per_layer": per_layer, "fixed": config.vocab_size * h * 2, "experts_hit": hit}
+
+
+def decode_rows(args: argparse.Namespace, bw: float) -> tuple[list[dict], list[dict], dict]:
+    import torch
+
+    from cockpit.contract import SCORE_TOKENS
+    from cockpit.profiles import load_profile
+    from trainer import decode
+    from trainer.evaluate import row_logprobs
+    from trainer.model import load_base
+    from trainer.nf4_pack import PackedLayout
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from eval_placement import model_dir_of
+
+    profile, _ = load_profile(args.profile)
+    model_dir, _ = model_dir_of(profile)
+    t0 = time.perf_counter()
+    model = load_base(profile, model_dir, spread=True, random_layers=args.layers)
+    log(f"loaded {args.layers} layers in {time.perf_counter() - t0:.0f} s")
+    device = model.device
+    config = model.config
+    expert = sum(
+        PackedLayout(1, o, i, torch.bfloat16).nbytes
+        for o, i in (
+            (2 * config.moe_intermediate_size, config.hidden_size),
+            (config.hidden_size, config.moe_intermediate_size),
+        )
+    )
+    gen = torch.Generator().manual_seed(0)
+    vocab = config.vocab_size
+    n1, n2 = args.tokens
+    rows, scoring = [], []
+
+    def run_generate(ids: Any, new: int) -> Any:
+        with torch.no_grad():
+            out = model.generate(
+                input_ids=ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=new,
+                min_new_tokens=new,
+                do_sample=False,
+                pad_token_id=0,
+            )
+        return out[:, ids.shape[1] :]
+
+    def run_fast(ids: Any, new: int, graph: bool) -> Any:
+        with torch.no_grad():
+            dec = decode.GreedyDecoder(model, ids, torch.ones_like(ids), new)
+            return dec.run(ids, set(), graph=graph)
+
+    paths = {
+        "generate": run_generate,
+        "static": lambda ids, new: run_fast(ids, new, False),
+        "graph": lambda ids, new: run_fast(ids, new, True),
+    }
+    if device.type != "cuda":
+        del paths["graph"]
+    for depth in args.depths:
+        config.num_hidden_layers = depth
+        width = min(profile.training.seq_len, SCORE_TOKENS)
+        score_rows = [
+            torch.randint(1, vocab, (width,), generator=gen).tolist()
+            for _ in range(max(1, SCORE_TOKENS // width))
+        ]
+        score_s = timed(torch, device, lambda r=score_rows: row_logprobs(model, r, 0), repeat=3)
+        scoring.append({"layers": depth, "tokens": len(score_rows) * width, "seconds": round(score_s, 4)})
+        log(f"scoring forward at {depth} layers: {score_s:.3f} s")
+        for batch in args.batches:
+            ids = torch.randint(1, vocab, (batch, args.prompt_tokens), generator=gen).to(device)
+            limit = step_bytes(config, {"expert": expert}, batch, args.prompt_tokens + n2)
+            reference = None
+            for name, fn in paths.items():
+                try:
+                    fn(ids, 4)  # warm-up: kernels compiled, caches made
+                    t1 = timed(torch, device, lambda fn=fn, ids=ids: fn(ids, n1), repeat=args.repeat)
+                    t2 = timed(torch, device, lambda fn=fn, ids=ids: fn(ids, n2), repeat=args.repeat)
+                    tokens = fn(ids, 32).tolist()
+                except Exception as exc:  # a path that fails here: a row that says so, the others go on
+                    log(f"{depth} layers batch {batch} {name}: failed: {type(exc).__name__}: {exc}")
+                    rows.append(
+                        {"layers": depth, "batch": batch, "path": name, "failed": f"{type(exc).__name__}"}
+                    )
+                    continue
+                step = (t2 - t1) / (n2 - n1)
+                if reference is None:
+                    reference = tokens
+                agree = sum(a == b for a, b in zip(tokens, reference, strict=True)) / batch
+                bytes_step = limit["per_layer"] * depth + limit["fixed"]
+                row = {
+                    "layers": depth,
+                    "batch": batch,
+                    "path": name,
+                    "step_ms": round(step * 1e3, 3),
+                    "prefill_and_first_s": round(t1 - n1 * step, 4),
+                    "tokens_per_s": round(batch / step, 1),
+                    "bytes_per_step": int(bytes_step),
+                    "limit_ms": round(bytes_step / bw * 1e3, 3),
+                    "x_limit": round(step / (bytes_step / bw), 2),
+                    "rows_same_tokens_as_generate": round(agree, 3),
+                }
+                rows.append(row)
+                log(
+                    f"{depth:>2} layers batch {batch:>2} {name:>8}: {row['step_ms']} ms a step "
+                    f"({row['x_limit']}x the memory limit), same tokens {agree:.0%}"
+                )
+    return rows, scoring, {"load_s": round(time.perf_counter() - t0, 1), "device": str(device)}
+
+
+def fits(rows: list[dict], depths: list[int]) -> list[dict]:
+    """Per path and batch: the line through the depths (per layer, fixed), and 16 predicted from 2 and 8."""
+    out = []
+    rows = [r for r in rows if "failed" not in r]
+    for key in sorted({(r["batch"], r["path"]) for r in rows}):
+        pts = {r["layers"]: r["step_ms"] for r in rows if (r["batch"], r["path"]) == key}
+        if len(pts) < 2:
+            continue
+        xs = sorted(pts)
+        slope, fixed = _line([(x, pts[x]) for x in xs])
+        row = {"batch": key[0], "path": key[1], "per_layer_ms": round(slope, 3), "fixed_ms": round(fixed, 2)}
+        if len(xs) >= 3:
+            s2, f2 = _line([(x, pts[x]) for x in xs[:-1]])
+            predicted = f2 + s2 * xs[-1]
+            row.update(
+                {
+                    "predicted_deepest_ms": round(predicted, 2),
+                    "measured_deepest_ms": pts[xs[-1]],
+                    "error": round(predicted / pts[xs[-1]] - 1, 4),
+                }
+            )
+        out.append(row)
+    return out
+
+
+def _line(points: list[tuple[float, float]]) -> tuple[float, float]:
+    n = len(points)
+    mx = sum(p[0] for p in points) / n
+    my = sum(p[1] for p in points) / n
+    sxx = sum((p[0] - mx) ** 2 for p in points)
+    slope = sum((p[0] - mx) * (p[1] - my) for p in points) / sxx
+    return slope, my - slope * mx
+
+
+def render(result: dict[str, Any]) -> str:
+    lines = [
+        "# Decoding at the story's geometry (benchmarks/decode_speed.py)",
+        "",
+        f"{result['meta']['device']}; HBM copy bandwidth measured {result['meta']['bandwidth_tb_s']} TB/s. "
+        "Memory limit = the bytes a step must read / that bandwidth.",
+        "",
+        "## Expert GEMMs of one decode step (gate_up then down, top-8)",
+        "",
+        "| tokens | rows | experts hit | config | ms | memory limit ms | x limit | rel err |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in result["kernels"]:
+        if r["status"] != "ok":
+            lines.append(f"| {r['tokens']} | | | {r['config']} | {r['status']} | | | |")
+            continue
+        lines.append(
+            f"| {r['tokens']} | {r['rows']} | {r['experts_hit']} | {r['config']} | {r['ms']} | "
+            f"{r['limit_ms']} | {r['x_limit']} | {r['rel_err']:.1e} |"
+        )
+    lines += [
+        "",
+        "## Whole decode steps",
+        "",
+        "| layers | batch | path | step ms | memory limit ms | x limit | tokens/s | same as generate |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in result["steps"]:
+        if "failed" in r:
+            lines.append(f"| {r['layers']} | {r['batch']} | {r['path']} | failed: {r['failed']} | | | | |")
+            continue
+        lines.append(
+            f"| {r['layers']} | {r['batch']} | {r['path']} | {r['step_ms']} | {r['limit_ms']} | "
+            f"{r['x_limit']} | {r['tokens_per_s']:,} | {r['rows_same_tokens_as_generate']:.0%} |"
+        )
+    lines += [
+        "",
+        "## Per layer and fixed (a line through the depths; the deepest predicted from the others)",
+        "",
+        "| batch | path | per layer ms | fixed ms | deepest predicted ms | measured | error |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in result["fits"]:
+        lines.append(
+            f"| {r['batch']} | {r['path']} | {r['per_layer_ms']} | {r['fixed_ms']} | "
+            f"{r.get('predicted_deepest_ms', '')} | {r.get('measured_deepest_ms', '')} | "
+            f"{'' if 'error' not in r else format(r['error'], '+.1%')} |"
+        )
+    lines += ["", "## Scoring forward", "", "| layers | tokens | seconds |", "|---|---|---|"]
+    lines += [f"| {r['layers']} | {r['tokens']} | {r['seconds']} |" for r in result["scoring"]]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--profile", default=STORY)
+    parser.add_argument("--layers", type=int, default=16, help="decoder layers loaded (the deepest slice)")
+    parser.add_argument("--depths", default="2,8,16", help="slices timed, comma-separated, <= --layers")
+    parser.add_argument("--batches", default="1,8,64", help="decode batch sizes, comma-separated")
+    parser.add_argument("--prompt-tokens", type=int, default=512)
+    parser.add_argument("--tokens", default="9,41", help="N1,N2: new tokens of the two timed calls")
+    parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument("--no-kernels", action="store_true", help="skip part 1")
+    parser.add_argument("--out", default=os.environ.get("OUT") or str(ROOT / "benchmarks/results"))
+    args = parser.parse_args(argv)
+    args.depths = [int(x) for x in args.depths.split(",")]
+    args.batches = [int(x) for x in args.batches.split(",")]
+    args.tokens = [int(x) for x in args.tokens.split(",")]
+    if max(args.depths) > args.layers:
+        parser.error("--depths beyond --layers")
+    import torch
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    bw = bandwidth(torch, device)
+    log(f"copy bandwidth {bw / 1e12:.2f} TB/s")
+    name = torch.cuda.get_device_name(0) if device.type == "cuda" else "cpu"
+    result: dict[str, Any] = {
+        "meta": {"device": name, "bandwidth_tb_s": round(bw / 1e12, 3), "argv": sys.argv[1:]}
+    }
+    geometry = {"experts": 128, "hidden": 4096, "width": 1536, "topk": 8}
+    if device.type != "cuda":
+        geometry = {"experts": 8, "hidden": 128, "width": 64, "topk": 2}
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+    result["kernels"] = [] if args.no_kernels else kernel_rows(torch, device, geometry, bw, args.batches)
+    result["steps"], result["scoring"], load = decode_rows(args, bw)
+    result["meta"].update(load)
+    result["fits"] = fits(result["steps"], args.depths)
+    text = render(result)
+    print(text)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    tag = "h200" if "H200" in name else name.split()[-1].lower()
+    (out / f"decode_speed_{tag}.md").write_text(text)
+    (out / f"decode_speed_{tag}.json").write_text(json.dumps(result, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

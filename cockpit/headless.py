@@ -22,7 +22,7 @@ from cockpit.record.format import TERMINAL_STATUSES
 from cockpit.record.phases import PHASE_WORDS
 from cockpit.record.schema import CUDA_PEAK_ALLOC_MIB, RSS_PEAK_MIB
 from cockpit.record.view import RunView
-from cockpit.report import macro_f1_table, read_report_json
+from cockpit.report import read_report_json, report_parts
 from cockpit.units import clock, memory
 
 REFRESH_S = 0.5
@@ -303,8 +303,9 @@ class HeadlessViewer:
         return lines
 
     def print_report(self, console: Console | None = None) -> None:
-        """The per-tenant comparison, if the run has a report: on `console` (a result, for stdout), else
-        on the progress's."""
+        """The per-tenant comparison, how its examples were chosen and the serving section, if the run has a
+        report: on `console` (a result, for stdout), else on the progress's."""
         report = read_report_json(self.paths.root)
         if report is not None:
-            (console or self.console).print(macro_f1_table(report))
+            for part in report_parts(report):
+                (console or self.console).print(part)

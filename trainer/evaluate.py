@@ -158,11 +158,15 @@ def classify(
     max_think_tokens: int,
     batch_size: int = EVAL_BATCH_SIZE,
     progress: Callable[[int, int], None] | None = None,
+    keep_going: Callable[[], bool] | None = None,
 ) -> list[Prediction]:
-    """Predictions for `examples` (the eval split) by thinking then label scoring."""
+    """Predictions for `examples` (the eval split, or a sample in its order) by thinking then label
+    scoring; `keep_going`, asked before each batch, stops it after a whole batch (a time budget)."""
     model.eval()
     predictions: list[Prediction] = []
     for batch in _batches(examples, batch_size):
+        if keep_going is not None and not keep_going():
+            break
         prompts = [prompt_text(tokenizer, ex) for ex in batch]
         thoughts = think(model, tokenizer, prompts, max_think_tokens)
         prefixes = [_close_thinking(p, t) for p, t in zip(prompts, thoughts, strict=True)]
@@ -190,6 +194,10 @@ def write_predictions(path: Path, predictions: list[Prediction], meta: dict[str,
     write_jsonl_atomic(path, [{"meta": meta}, *(p.to_json() for p in predictions)])
 
 
+def _key(example: dict[str, Any]) -> tuple[str, str]:
+    return example["tenant"], str(example["id"])
+
+
 def timed(fn: Callable[[], Any]) -> tuple[Any, float]:
     t0 = time.perf_counter()
     result = fn()
@@ -207,15 +215,26 @@ def parse_named(items: list[str]) -> list[tuple[str, str]]:
 
 
 class Evaluation:
-    """Scores systems on a run's held-out split and writes `predictions/<system>.jsonl`."""
+    """Scores systems on a run's held-out split, or a sample of it (`cockpit.data.sampling`: every system
+    on the same examples), and writes `predictions/<system>.jsonl`."""
 
-    def __init__(self, run_dir: Path) -> None:
+    def __init__(
+        self, run_dir: Path, examples: int | None = None, time_budget_s: float | None = None
+    ) -> None:
         from cockpit.profiles import parse_profile
         from cockpit.record import EventWriter, RunPaths, load_manifest
 
         self.paths = RunPaths(run_dir)
-        self.profile = parse_profile(load_manifest(run_dir)["profile"], str(self.paths.manifest))
+        manifest = load_manifest(run_dir)
+        self.profile = parse_profile(manifest["profile"], str(self.paths.manifest))
         self.events = EventWriter(self.paths.events("eval"))
+        # The sample: this command's flags, else what `cockpit eval` asked for, else the profile's.
+        asked = manifest.get("eval_request") or {}
+        spec = self.profile.eval
+        self.wanted: int | None = examples or asked.get("examples") or spec.examples or None
+        self.budget_s: float | None = (
+            time_budget_s or asked.get("time_budget_s") or spec.time_budget_s or None
+        )
 
     def examples(self) -> tuple[str, list[dict[str, Any]]]:
         from cockpit.cache import cache_root
@@ -226,23 +245,48 @@ class Evaluation:
         data = load_examples(data_file, self.profile.data, cache_dir=cache_root() / "datasets")
         return model_dir, data.split("eval")
 
-    def score(
-        self, name: str, model: Any, tokenizer: Any, examples: list[dict[str, Any]], meta: dict
-    ) -> None:
+    def draw(self, population: list[dict[str, Any]], systems: int) -> list[dict[str, Any]]:
+        """The examples to score, in the sample's order; every system gets them through `self.shared`."""
+        from cockpit.data.sampling import Shared, draw
+
+        self.keys = [_key(e) for e in population]
+        self.sample = draw(self.keys, self.wanted, self.profile.data.seed)
+        examples = [population[i] for i in self.sample.order]
+        self.shared = Shared(examples, _key, self.budget_s, systems)
+        return examples
+
+    def score(self, name: str, model: Any, tokenizer: Any, meta: dict) -> None:
+        """Score the next system on the shared sample; its predictions say how many of how many, and why."""
+        from cockpit.data.sampling import sample_meta
+
+        examples, deadline = self.shared.next()
+
         def progress(done: int, total: int) -> None:
             self.events.write("eval_progress", system=name, done=done, total=total)
             print(f"[cockpit] eval {name}: {done}/{total}", flush=True)
 
         predictions, seconds = timed(
             lambda: classify(
-                model, tokenizer, examples, self.profile.eval.max_think_tokens, progress=progress
+                model,
+                tokenizer,
+                examples,
+                self.profile.eval.max_think_tokens,
+                progress=progress,
+                keep_going=deadline,
             )
         )
+        scored = [(p.tenant, str(p.id)) for p in predictions]
+        self.shared.scored(scored)
+        if len(predictions) < len(examples):  # the budget cut it: the sample is what was scored
+            print(f"[cockpit] eval {name}: its share of the time budget is spent", flush=True)
+            progress(len(predictions), len(predictions))
+        sample = sample_meta(self.keys, scored, self.sample, self.budget_s, self.shared.cut)
         path = self.paths.prediction(name)
-        write_predictions(path, predictions, {"system": name, **meta})
+        write_predictions(path, predictions, {"system": name, **meta, "sample": sample})
         accuracy = sum(p.pred == p.gold for p in predictions) / max(1, len(predictions))
         self.events.write("eval_system", system=name, path=str(path), examples=len(predictions),
-                          accuracy=round(accuracy, 4), seconds=round(seconds, 2))  # fmt: skip
+                          population=len(self.keys), by=sample["by"], accuracy=round(accuracy, 4),
+                          seconds=round(seconds, 2))  # fmt: skip
 
     def load(self, model_dir: str) -> Any:
         """A base model spread over the GPUs here (`trainer.placement`), saying where its layers went."""
@@ -257,20 +301,22 @@ class Evaluation:
     def run(self, base: bool, adapter: Path | None, others: list[tuple[str, str]], serving: bool) -> None:
         from transformers import AutoTokenizer
 
-        model_dir, examples = self.examples()
+        model_dir, population = self.examples()
         systems = (["base"] if base else []) + [n for n, _ in others] + (["finetuned"] if adapter else [])
-        self.events.write("eval_begin", systems=systems, examples=len(examples))
+        examples = self.draw(population, len(systems))
+        self.events.write("eval_begin", systems=systems, examples=len(examples), population=len(population),
+                          time_budget_s=self.budget_s, seed=self.sample.seed)  # fmt: skip
         for name, path in others:
             other = self.load(path)
-            self.score(name, other, AutoTokenizer.from_pretrained(path), examples, {"model": path})
+            self.score(name, other, AutoTokenizer.from_pretrained(path), {"model": path})
             del other
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
         model = self.load(model_dir)
         if base:
-            self.score("base", model, tokenizer, examples, {"model": model_dir})
+            self.score("base", model, tokenizer, {"model": model_dir})
         if adapter is not None:
             model = load_finetuned(model, Path(adapter))
-            self.score("finetuned", model, tokenizer, examples, {"model": model_dir, "adapter": str(adapter)})
+            self.score("finetuned", model, tokenizer, {"model": model_dir, "adapter": str(adapter)})
             if serving:
                 from trainer.serving import measure
 
@@ -294,8 +340,10 @@ def main(argv: list[str] | None = None) -> int:
         "--model", action="append", default=[], metavar="NAME=PATH", help="another base model"
     )
     parser.add_argument("--no-serving", action="store_true", help="skip the serving-speed measurement")
+    parser.add_argument("--examples", type=int, help="a stratified sample of this many (eval.examples)")
+    parser.add_argument("--time-budget-s", type=float, help="seconds of scoring (eval.time_budget_s)")
     args = parser.parse_args(argv)
-    evaluation = Evaluation(args.run_dir)
+    evaluation = Evaluation(args.run_dir, args.examples, args.time_budget_s)
     adapter = None if args.no_adapter else (args.adapter or evaluation.paths.adapter)
     if adapter is not None and not (adapter / "adapter_config.json").is_file():
         adapter = None

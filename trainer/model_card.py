@@ -13,15 +13,11 @@ import json
 from pathlib import Path
 
 from cockpit.profiles import Profile
+from cockpit.report.production import VLLM_LORA_RANKS, vllm_max_lora_rank
+
+__all__ = ["CARD", "VLLM_LORA_RANKS", "model_card", "vllm_max_lora_rank", "write_model_card"]
 
 CARD = "README.md"
-# The values vLLM accepts for --max-lora-rank (vllm.config.lora.MaxLoRARanks, vLLM 0.14 and later).
-VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
-
-
-def vllm_max_lora_rank(r: int) -> int:
-    """The smallest `--max-lora-rank` vLLM accepts that holds rank `r` (r itself past vLLM's list)."""
-    return next((rank for rank in VLLM_LORA_RANKS if rank >= r), r)
 
 
 def quantization_words(profile: Profile) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -61,6 +62,25 @@ def amount(low: float, high: float, *, above: bool = False) -> Callable[[str], f
         return value
 
     return parse
+
+
+DURATION_UNITS = {"h": 3600, "min": 60, "m": 60, "sec": 1, "s": 1}
+_NUMBER = r"(?:\d+(?:\.\d*)?|\.\d+)"
+_PART = re.compile(rf"({_NUMBER})(h|min|m|sec|s)")
+
+
+def duration(text: str) -> float:
+    """An argparse `type=`: a duration above 0, in seconds: `90`, `90s`, `20m`, `20 min`, `1.5h`, `1h30m`."""
+    compact = re.sub(r"\s+", "", text.lower())
+    if re.fullmatch(_NUMBER, compact):
+        seconds = float(compact)
+    elif re.fullmatch(rf"(?:{_PART.pattern})+", compact):
+        seconds = sum(float(n) * DURATION_UNITS[unit] for n, unit in _PART.findall(compact))
+    else:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a duration such as 90s, 20m, 1.5h or 1h30m")
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a finite duration above 0")
+    return seconds
 
 
 def add_overrides(parser: argparse.ArgumentParser) -> None:

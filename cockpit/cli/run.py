@@ -8,7 +8,7 @@ from pathlib import Path
 
 from rich.markup import escape
 
-from cockpit.cli.arguments import PROFILE_HELP, Registrar, add_overrides, whole
+from cockpit.cli.arguments import PROFILE_HELP, Registrar, add_overrides, duration, whole
 from cockpit.cli.common import (
     EXIT_CODES,
     UsageError,
@@ -112,11 +112,12 @@ def cmd_join(args: argparse.Namespace) -> int:
 def cmd_eval(args: argparse.Namespace) -> int:
     """Score a run's base model and adapter (or, with --profile, base models), then print the report."""
     models = parse_named(args.model, "--model")
+    request = lifecycle.eval_request(args.examples, args.time_budget)
     if args.run:
         if args.profile:
             raise UsageError("give a RUN or --profile, not both")
         run_dir = find_readable(args)
-        launch = lifecycle.evaluate(run_dir, models)
+        launch = lifecycle.evaluate(run_dir, models, request)
         console.print(f"evaluating {run_dir.name} (output also in {RunPaths(run_dir).output_log})")
         status = follow_headless(run_dir, launch.running, results=False)  # the report is printed below
         evaluation = lifecycle.last_evaluation(run_dir)
@@ -134,7 +135,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     for name, path in models:
         if not (path / "config.json").is_file():
             raise UsageError(f"--model {name}={path}: no config.json there")
-    launch = lifecycle.start_eval(runs_dir_of(args), args.profile, models, list(sys.argv))
+    launch = lifecycle.start_eval(runs_dir_of(args), args.profile, models, list(sys.argv), request)
     console.print(f"evaluation run [bold]{launch.run_dir.name}[/]: base model and {len(models)} other(s)")
     code = exit_code(follow_headless(launch.run_dir, launch.running, results=False))
     if code == 0:
@@ -239,6 +240,20 @@ def add_eval(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     )
     ev.add_argument(
         "--model", action="append", default=[], metavar="NAME=PATH", help="another model dir to score"
+    )
+    ev.add_argument(
+        "--examples",
+        type=whole(1),
+        metavar="N",
+        help="score a stratified sample of N held-out examples (each tenant its share, at least one), the "
+        "same for every system; overrides the profile's eval.examples",
+    )
+    ev.add_argument(
+        "--time-budget",
+        type=duration,
+        metavar="DURATION",
+        help="stop scoring when the budget is spent (90s, 20m, 1.5h): the first system gets its share and "
+        "stops after a batch, the others score the same examples; overrides eval.time_budget_s",
     )
     ev.add_argument(
         "--no-ui", action="store_true", help="accepted for symmetry; evaluation is always headless"

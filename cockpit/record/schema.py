@@ -250,9 +250,18 @@ EVENTS: dict[str, Fields] = {
     "expert_adapter": {"path": TEXT, "tensors": INT},
     "trainer_end": {"step": INT, "outcome": TEXT},
     "best_adapter": {"step": INT, "val_loss": NUMBER, "path": TEXT, "save_s": NUMBER},
-    "eval_begin": {"systems": LIST, "examples": INT},
+    # `examples`: the sample to score (all of the held-out `population` unless eval.examples asks fewer).
+    "eval_begin": {"systems": LIST, "examples": INT, "population": INT, "time_budget_s": NUMBER, "seed": INT},
     "eval_progress": {"system": TEXT, "done": INT, "total": INT},
-    "eval_system": {"system": TEXT, "path": TEXT, "examples": INT, "accuracy": NUMBER, "seconds": NUMBER},
+    "eval_system": {
+        "system": TEXT,
+        "path": TEXT,
+        "examples": INT,
+        "population": INT,
+        "by": LIST,  # why `examples` is fewer than `population`: "examples", "time budget"
+        "accuracy": NUMBER,
+        "seconds": NUMBER,
+    },
     "serving": {
         "system": TEXT,
         "ttft_ms": NUMBER,
@@ -374,6 +383,7 @@ MANIFEST: Fields = {
     "profile": TABLE,
     "argv": LIST,
     "eval_args": LIST,
+    "eval_request": TABLE,  # `cockpit eval --examples/--time-budget`: {"examples", "time_budget_s"}
     "versions": TABLE,
     "host": TABLE,
     "created_at": NUMBER,

@@ -8,6 +8,7 @@ over resamples; a test holds the two equal).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -15,8 +16,9 @@ from typing import Any
 import numpy as np
 
 from cockpit.predictions import Predictions, own_predictions, reference_from
-from cockpit.record import load_manifest, read_events
+from cockpit.record import RunPaths, load_manifest, read_events
 from cockpit.report.model import METRICS, TUNED, Delta, Metrics, Report, Row, Serving, mean_metrics
+from cockpit.report.production import Production, production_path
 
 
 def tenant_metrics(gold: list[str], pred: list[str], labels: list[str]) -> Metrics:
@@ -105,8 +107,12 @@ def build_report(
     seed: int = 0,
     serving: dict[str, Any] | None = None,
     cost: dict[str, Any] | None = None,
+    sample: Mapping[str, Any] | None = None,
 ) -> Report:
-    """The report of these systems' predictions: every tenant, the means, serving cost."""
+    """The report of these systems' predictions: every tenant, the means, serving cost. `sample`: how the
+    examples were chosen (a predictions file's `sample` meta), for each tenant's n of N; the intervals are
+    the bootstrap's over the examples scored, so a smaller sample gives wider ones."""
+    held = (sample or {}).get("tenants") or {}
     reference = reference_from(predictions)
     systems = tuple(p.system for p in predictions)
     others = [s for s in systems if s != TUNED]
@@ -133,7 +139,8 @@ def build_report(
                 for metric, (delta, draws) in drawn.items():
                     deltas[metric][other] = delta
                     mean_draws[metric][other].append(draws)
-        tenants.append(_row(tenant, len(ids), metrics, deltas, labels))
+        row = _row(tenant, len(ids), metrics, deltas, labels)
+        tenants.append(replace(row, population=held[tenant][1]) if tenant in held else row)
     means = {s: m for s in systems if (m := mean_metrics(tenants, s)) is not None}
     mean_deltas: dict[str, dict[str, Delta]] = {m: {} for m in METRICS}
     for metric, by_other in mean_draws.items():
@@ -150,7 +157,36 @@ def build_report(
         tenants=tuple(tenants),
         mean=_row("mean", None, means, mean_deltas),
         serving=serving_cost(serving, cost) if serving else None,
+        sample=_sample_summary(sample),
     )
+
+
+def _sample_summary(sample: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """The report's `sample`: how many of how many and why, without the tenants (the rows hold them);
+    None for the whole held-out split."""
+    if not sample or (not sample.get("by") and sample.get("scored") == sample.get("population")):
+        return None
+    return {k: v for k, v in sample.items() if k != "tenants"}
+
+
+def sample_of(predictions: list[Predictions]) -> dict[str, Any] | None:
+    """How the cockpit's own predictions chose their examples (the tuned model's file first; every system
+    of one evaluation scores the same ones); None when no file says."""
+    ordered = sorted(predictions, key=lambda p: p.system != TUNED)
+    return next((p.meta["sample"] for p in ordered if isinstance(p.meta.get("sample"), dict)), None)
+
+
+def production_of(
+    run_dir: Path, profile: Mapping[str, Any], predictions: list[Predictions], name: str
+) -> Production | None:
+    """The vLLM command for the tuned adapter the evaluation scored (its predictions' meta names the base
+    and the adapter), on the run's profile; None without a tuned model or a profile."""
+    tuned = next((p for p in predictions if p.system == TUNED), None)
+    if tuned is None or not profile:
+        return None
+    base = tuned.meta.get("model") or (profile.get("model") or {}).get("path") or "?"
+    adapter = tuned.meta.get("adapter") or str(RunPaths(run_dir).adapter)
+    return production_path(profile, str(base), str(adapter), name)
 
 
 def _row(
@@ -190,18 +226,22 @@ def run_report(run_dir: Path, samples: int | None = None) -> Report:
     manifest = load_manifest(run_dir)
     profile = manifest.get("profile") or {}  # an imported log has none
     serving = list(read_events(run_dir, "serving"))
+    predictions = own_predictions(run_dir)
     report = build_report(
-        own_predictions(run_dir),
+        predictions,
         samples=samples or int(profile.get("eval", {}).get("bootstrap_samples", 1000)),
         serving=serving[-1] if serving else None,
         cost=profile.get("cost"),
+        sample=sample_of(predictions),
     )
     model = profile.get("model", {})
+    run_id = manifest.get("run_id", run_dir.name)
     return replace(
         report,
-        run_id=manifest.get("run_id", run_dir.name),
+        run_id=run_id,
         model=model.get("name") or model.get("path"),
         adapter=chosen_adapter(run_dir),
+        production=production_of(run_dir, profile, predictions, run_id),
     )
 
 

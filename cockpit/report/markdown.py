@@ -5,8 +5,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from cockpit.report.format import delta_cell, points
+from cockpit.report.format import delta_cell, n_text, points, sample_line
 from cockpit.report.model import Report, Row, Serving
+from cockpit.report.production import Production, engine_line, production_lines
 
 
 def _table_row(cells: list[str]) -> str:
@@ -21,6 +22,9 @@ def render_markdown(report: Report) -> str:
         lines += [f"Model: {report.model}. Held-out split, macro F1 in points (0-100).", ""]
     if report.adapter:
         lines += [adapter_line(report.adapter), ""]
+    sampled = sample_line(report)
+    if sampled:
+        lines += [sampled, ""]
     header = ["tenant", "n", *[f"{s} macro F1" for s in report.systems]]
     header += [f"Δ vs {o} [95% CI]" for o in report.compared]
     lines += [_table_row(header), "|" + "---|" * len(header)]
@@ -30,7 +34,7 @@ def render_markdown(report: Report) -> str:
         return out + [delta_cell(row.deltas.get(o), bold=bold) for o in report.compared]
 
     for t in report.tenants:
-        lines.append(_table_row([t.name, str(t.n), *cells(t, bold=False)]))
+        lines.append(_table_row([t.name, n_text(t), *cells(t, bold=False)]))
     lines += [_table_row(["**mean**", "", *cells(report.mean, bold=True)]), ""]
     lines += ["## Precision, recall, micro F1 per system", ""]
     lines += ["| tenant | system | precision | recall | micro F1 | macro F1 |", "|---|---|---|---|---|---|"]
@@ -38,10 +42,19 @@ def render_markdown(report: Report) -> str:
         for s, m in t.metrics.items():
             figures = (m.precision, m.recall, m.micro_f1, m.macro_f1)
             lines.append(_table_row([t.name, s, *(points(x) for x in figures)]))
+    if report.serving or report.production:
+        lines += ["", "## Serving", ""]
     if report.serving:
-        lines += ["", "## Serving cost", ""]
         lines += serving_lines(report.serving)
+    if report.production:
+        lines += ["", *production_markdown(report.production)]
     return "\n".join(lines) + "\n"
+
+
+def production_markdown(production: Production) -> list[str]:
+    """The production path: its sentences, the command as a code block."""
+    first, *rest = production_lines(production)
+    return [first, "", "```bash", production.command, "```", "", " ".join(rest)]
 
 
 def adapter_line(adapter: Mapping[str, Any]) -> str:
@@ -75,4 +88,5 @@ def serving_lines(serving: Serving) -> list[str]:
         f"${api:,.2f} per million tokens ({serving.api_name})" if api else "no API price in the profile"
     )
     lines.append(f"Self-hosted: {ours_text}; API: {api_text}.")
+    lines.append(engine_line(serving.batch_size))
     return lines

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from cockpit.record.format import RunPaths
+from cockpit.report.production import Production
 
 TUNED = "finetuned"
 REPORT_VERSION = 3  # 2: the mean holds every metric, not only macro F1; 3: so do the deltas (`metric_deltas`)
@@ -92,6 +93,7 @@ class Row:
     labels: tuple[str, ...] = ()
     # metric (one of METRICS but macro F1) -> other system -> the tuned model's delta of that metric
     metric_deltas: Mapping[str, Mapping[str, Delta]] = field(default_factory=dict)
+    population: int | None = None  # the tenant's held-out examples, of which `n` were scored (a sample)
 
     def metric(self, system: str, name: str) -> float | None:
         """`system`'s metric `name` (one of METRICS) on this row; None when it has none."""
@@ -199,6 +201,11 @@ class Report:
     # The tuned adapter's step, its validation loss and the step training ended at, when validation
     # chose it (the run's `adapter` event); None otherwise.
     adapter: Mapping[str, Any] | None = None
+    # How the examples were chosen when not all were scored (`cockpit.data.sampling.sample_meta` less its
+    # tenants, which are the rows' `population`): `scored`, `population`, `by`, `seed`, `requested`,
+    # `time_budget_s`; None: the whole held-out split.
+    sample: Mapping[str, Any] | None = None
+    production: Production | None = None  # the vLLM command that serves the tuned adapter
     source: str = field(default=REPORT_JSON, compare=False)  # or "built from predictions" (not written)
 
     @property
@@ -221,6 +228,11 @@ class Report:
     def examples(self) -> int:
         return sum(t.n or 0 for t in self.tenants)
 
+    @property
+    def sampled(self) -> bool:
+        """Whether fewer than all held-out examples were scored."""
+        return any(t.population is not None and t.population != t.n for t in self.tenants)
+
     def to_dict(self) -> dict[str, Any]:
         """The report.json form (the current `report_version`)."""
         out: dict[str, Any] = {
@@ -236,6 +248,7 @@ class Report:
                     "systems": {s: m.to_dict() for s, m in t.metrics.items()},
                     "deltas": {o: d.to_dict() for o, d in t.deltas.items()},
                     **t.metric_deltas_dict(),
+                    **({"population": t.population} if t.population is not None else {}),
                 }
                 for t in self.tenants
             ],
@@ -251,6 +264,10 @@ class Report:
             out["model"] = self.model
         if self.adapter is not None:
             out["adapter"] = dict(self.adapter)
+        if self.sample is not None:
+            out["sample"] = dict(self.sample)
+        if self.production is not None:
+            out["production"] = self.production.to_dict()
         return out
 
     @classmethod
@@ -283,6 +300,7 @@ def _from_dict(data: Mapping[str, Any]) -> Report:
             deltas={o: Delta.from_dict(d) for o, d in (t.get("deltas") or {}).items()},
             labels=tuple(t.get("labels") or ()),
             metric_deltas=_metric_deltas(t.get("metric_deltas")),
+            population=t.get("population"),
         )
         for t in data.get("tenants") or ()
     )
@@ -298,7 +316,7 @@ def _from_dict(data: Mapping[str, Any]) -> Report:
                 kept = (stored.get(s) or {}).get("macro_f1")
                 means[s] = m if kept is None else replace(m, macro_f1=float(kept))
     deltas = {o: Delta.from_dict(d) for o, d in (raw_mean.get("deltas") or {}).items()}
-    serving = data.get("serving")
+    serving, production = data.get("serving"), data.get("production")
     return Report(
         systems=systems,
         tuned=data.get("tuned"),
@@ -309,4 +327,6 @@ def _from_dict(data: Mapping[str, Any]) -> Report:
         run_id=data.get("run_id"),
         model=data.get("model"),
         adapter=data.get("adapter"),
+        sample=data.get("sample"),
+        production=Production.from_dict(production) if production else None,
     )

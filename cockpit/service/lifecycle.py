@@ -101,16 +101,29 @@ def start(runs_dir: Path, profile_ref: str, overrides: Sequence[str], argv: list
     return _spawn(create_run(runs_dir, profile, path, argv))
 
 
+def eval_request(examples: int | None = None, time_budget_s: float | None = None) -> dict[str, Any] | None:
+    """What `cockpit eval --examples/--time-budget` asks of the evaluation, over the profile's eval section
+    (`trainer.evaluate` reads it from run.json); None when neither is given."""
+    asked = {"examples": examples, "time_budget_s": time_budget_s}
+    return {k: v for k, v in asked.items() if v} or None
+
+
 def start_eval(
-    runs_dir: Path, profile_ref: str, models: Sequence[tuple[str, Path]], argv: list[str]
+    runs_dir: Path,
+    profile_ref: str,
+    models: Sequence[tuple[str, Path]],
+    argv: list[str],
+    request: dict[str, Any] | None = None,
 ) -> Launch:
-    """An evaluation-only run: the profile's base model and every other model, side by side."""
+    """An evaluation-only run: the profile's base model and every other model, side by side (`request`:
+    `eval_request`'s sample)."""
     profile, path = load_profile(profile_ref)
     check_runnable(profile, str(path))
     check_data(profile)
     check_trainer()
     eval_args = [a for name, model in models for a in ("--model", f"{name}={Path(model).resolve()}")]
-    return _spawn(create_run(runs_dir, profile, path, argv, mode="eval", eval_args=eval_args))
+    extra = {"eval_request": request}
+    return _spawn(create_run(runs_dir, profile, path, argv, mode="eval", eval_args=eval_args, extra=extra))
 
 
 def gpus_here() -> int:
@@ -395,9 +408,12 @@ def _not_a_rehearsal(run_dir: Path, why: str) -> None:
         raise LifecycleError(f"{run_dir.name} is an imported log (its curves only) and cannot be {verb}")
 
 
-def _new_attempt(run_dir: Path, training: dict[str, Any] | None) -> None:
+def _new_attempt(
+    run_dir: Path, training: dict[str, Any] | None, request: dict[str, Any] | None = None
+) -> None:
     """Clear the last attempt's requests and put the run back to `planned` before a new owner starts, as for
-    a new run: a viewer must not take the old final status for this attempt's."""
+    a new run: a viewer must not take the old final status for this attempt's. `request`: this attempt's
+    evaluation sample (`eval_request`; none: the profile's)."""
     control.clear_requests(run_dir)  # the last attempt's stop must not stop this one
     update_manifest(
         run_dir,
@@ -407,11 +423,15 @@ def _new_attempt(run_dir: Path, training: dict[str, Any] | None) -> None:
         ended_at=None,
         training=training,
         evaluation=None,
+        eval_request=request,
     )
 
 
-def evaluate(run_dir: Path, models: Sequence[tuple[str, Path]] = ()) -> Launch:
-    """Score an ended run's base model and adapter (and other models) under a new supervisor.
+def evaluate(
+    run_dir: Path, models: Sequence[tuple[str, Path]] = (), request: dict[str, Any] | None = None
+) -> Launch:
+    """Score an ended run's base model and adapter (and other models) under a new supervisor; `request`:
+    `eval_request`'s sample, else the profile's eval section decides.
 
     The run keeps its training's status; the evaluation's outcome is added to the diagnosis and kept
     as `evaluation` (see `last_evaluation`).
@@ -423,7 +443,7 @@ def evaluate(run_dir: Path, models: Sequence[tuple[str, Path]] = ()) -> Launch:
     training = manifest.get("training")
     if training is None and manifest.get("mode", "train") == "train":  # a record from before `training`
         training = {k: manifest.get(k) for k in ("status", "diagnosis", "exit_code")}
-    _new_attempt(run_dir, training)
+    _new_attempt(run_dir, training, request)
     named = [f"{name}={Path(path).resolve()}" for name, path in models]
     return _spawn(run_dir, eval_models=named)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+from rich.console import Group
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
@@ -17,8 +18,14 @@ from textual.containers import VerticalScroll
 from textual.screen import Screen
 from textual.widgets import Footer, Static
 
-from cockpit.app.widgets.report import DeltaChart, has_metric_deltas, metric_table, serving_text
-from cockpit.report import METRIC_NAMES, METRICS, REPORT_JSON, Report
+from cockpit.app.widgets.report import (
+    DeltaChart,
+    has_metric_deltas,
+    metric_table,
+    production_text,
+    serving_text,
+)
+from cockpit.report import METRIC_NAMES, METRICS, REPORT_JSON, Report, examples_text
 
 
 def title_text(report: Report, run_id: str) -> Text:
@@ -32,7 +39,7 @@ def title_text(report: Report, run_id: str) -> Text:
         text.append(report.model, "bold")
     text.append("\n")
     text.append(" REPORT ", "bold reverse cyan")
-    text.append(f" {len(report.tenants)} tenants · {report.examples} held-out examples · ")
+    text.append(f" {len(report.tenants)} tenants · {examples_text(report)} · ")
     text.append(" · ".join(report.systems), "bold")
     if report.source != REPORT_JSON:
         text.append(f" · {report.source}", "italic yellow")
@@ -69,8 +76,10 @@ class ReportScreen(Screen[None]):
         yield Footer()
 
     def _show_serving(self) -> None:
+        served = serving_text(self.report.serving, self.size.width - 4)
+        production = production_text(self.report)
         self.query_one("#report-serving", Static).update(
-            serving_text(self.report.serving, self.size.width - 4)
+            Group(served, Text(), production) if production else served
         )
 
     def on_mount(self) -> None:

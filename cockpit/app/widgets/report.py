@@ -23,10 +23,14 @@ from cockpit.report import (
     bar_cells,
     ci_text,
     delta_scale,
+    engine_line,
+    n_text,
     points,
+    production_lines,
     signed,
     usd,
 )
+from cockpit.report.production import Production
 
 MUTED = "#8a8a8a"
 VERDICT_BAR = {"better": "#2f7d3a", "worse": "#a3312f", "unclear": "#8c7414"}
@@ -66,7 +70,7 @@ def metric_table(report: Report, metric: str = "macro_f1", compact: bool = False
 
     for i, t in enumerate(report.tenants):
         last = i == len(report.tenants) - 1 and not compact
-        table.add_row(Text(t.name), str(t.n or ""), *cells(t), end_section=last)
+        table.add_row(Text(t.name), n_text(t), *cells(t), end_section=last)
     table.add_row(Text("mean", "bold"), "", *cells(report.mean), style="bold")
     return table
 
@@ -224,6 +228,21 @@ def serving_text(s: Serving | None, width: int = 100) -> Text:
         text.append(verdict, "bold green" if ratio >= 1 else "bold yellow")
         text.append(" per generated token, at the measured batch speed", MUTED)
     text.rstrip()
+    return text
+
+
+def production_text(report: Report) -> Text:
+    """What the measured figures are (the cockpit's engine: an upper bound on cost) and the production
+    path: the `vllm serve` command of the tuned adapter, wrapped to the panel (a long path folds)."""
+    text = Text(overflow="fold")
+    if report.serving is not None:
+        text.append(engine_line(report.serving.batch_size), MUTED)
+    p: Production | None = report.production
+    if p is not None:
+        first, *rest = production_lines(p)
+        text.append(("\n\n" if text else "") + first + "\n")
+        text.append(p.command, "bold")
+        text.append("\n" + " ".join(rest), MUTED)
     return text
 
 

@@ -26,11 +26,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--step-offset", type=int, default=0, help="steps of the rehearsal depths before this one"
     )
+    parser.add_argument(
+        "--rehearse-eval-tokens",
+        type=int,
+        default=0,
+        help="a rehearsal depth: time evaluation on the slice after its steps, thinking N tokens (0: not)",
+    )
     args, _unknown = parser.parse_known_args(argv)  # the launcher may append --local_rank
     if args.rehearse_layers is None:
         recipe = Recipe(args.run_dir, args.resume)
     else:
-        depth = Depth(args.rehearse_layers, args.rehearse_steps, args.step_offset)
+        depth = Depth(args.rehearse_layers, args.rehearse_steps, args.step_offset, args.rehearse_eval_tokens)
         recipe = Rehearsal(args.run_dir, args.resume, depth)
     return recipe.run()
 

@@ -4,6 +4,8 @@ and a save cost before the real run (`cockpit.rehearse`).
 
 It is `trainer.recipe.Recipe` with the hooks that differ overridden: the steps, where the model's config
 comes from, a tokenizer and data that may be missing (random tokens then), no validation and no adapter.
+Where its depth asks (`Depth.eval_tokens`), the evaluation is then timed on the same slice
+(`trainer.eval_timing`: a `rehearse_eval` event); a depth of no steps times only that.
 """
 
 from __future__ import annotations
@@ -21,12 +23,14 @@ class Depth:
     """A rehearsal depth: the profile's architecture sliced to `layers`, random weights, `steps` steps.
 
     Its step events are numbered after `step_offset` (the steps of the depths before it), so one record
-    holds every depth on one axis.
+    holds every depth on one axis. `eval_tokens`: new tokens of each timed thinking batch after the steps
+    (0: evaluation not timed); with no `steps`, only the evaluation is timed.
     """
 
     layers: int
     steps: int
     step_offset: int = 0
+    eval_tokens: int = 0
 
 
 class Rehearsal(Recipe):
@@ -37,6 +41,16 @@ class Rehearsal(Recipe):
         self.depth = depth
         self.random_layers = depth.layers
         self.step_offset = depth.step_offset
+        self.prompt_tokens: float | None = None  # the training rows' mean prompt (evaluation's prompts)
+
+    def setup(self) -> None:
+        """The recipe's setup, unless the depth only times the evaluation."""
+        if self.depth.steps:
+            super().setup()
+
+    def train(self) -> str:
+        """The recipe's steps (none where the depth only times the evaluation)."""
+        return super().train() if self.depth.steps else "finished"
 
     def steps(self) -> tuple[int, int]:
         """A few steps, then one checkpoint (its save is timed)."""
@@ -69,6 +83,7 @@ class Rehearsal(Recipe):
         from transformers import AutoConfig
 
         from trainer.data import synthetic_rows
+        from trainer.eval_timing import prompt_tokens
 
         t, d = self.profile.training, self.profile.data
         vocab = AutoConfig.from_pretrained(model_dir).get_text_config().vocab_size
@@ -81,11 +96,44 @@ class Rehearsal(Recipe):
         else:
             count *= 2
         rows = synthetic_rows(vocab, count, mean, t.seq_len, seed=t.seed, spread=spread)
+        self.prompt_tokens = prompt_tokens(rows)
         return rows, f"random tokens, {mean} a mean example" + (" (±50%)" if spread else "")
+
+    def prepare_data(self, tokenizer: Any, data_file: Path, args: Any) -> Any:
+        """The recipe's data; its rows' mean prompt is what evaluation's prompts are timed at."""
+        from trainer.eval_timing import prompt_tokens
+
+        prepared = super().prepare_data(tokenizer, data_file, args)
+        self.prompt_tokens = prompt_tokens(prepared.train.rows)
+        return prepared
 
     def validation_examples(self) -> int:
         """None: a rehearsal measures training steps."""
         return 0
 
     def save_checkpoint(self) -> None:
-        """No adapter: random weights teach nothing (the checkpoint at the last step was timed)."""
+        """No adapter: random weights teach nothing (the checkpoint at the last step was timed). Instead,
+        where the depth asks, the evaluation is timed on the slice."""
+        if self.depth.eval_tokens:
+            self.time_evaluation()
+
+    def time_evaluation(self) -> None:
+        """Training's memory freed on every rank, then rank 0 loads the slice as evaluation loads it (over
+        the GPUs here) and times it (`trainer.eval_timing`): a `rehearse_eval` event."""
+        from cockpit.plan.eval_time import PROMPT_FRACTION
+        from trainer.eval_timing import release_training, time_evaluation
+
+        release_training(self)
+        if self.rank != 0:
+            return
+        layers = self.depth.layers
+        self.phase("eval", message=f"timing evaluation on the {layers}-layer slice (random weights)")
+        t = self.profile.training
+        prompt = self.prompt_tokens
+        if prompt is None:  # no steps ran: the prompts random tokens would have
+            mean = min(t.seq_len, self.profile.data.mean_tokens or t.seq_len)
+            prompt = mean * PROMPT_FRACTION
+        fields = time_evaluation(
+            self.profile, self.model_dir(), layers, round(prompt), self.depth.eval_tokens
+        )
+        self.events.write("rehearse_eval", **fields)

@@ -32,9 +32,12 @@ def cmd_rehearse(args: argparse.Namespace) -> int:
         run_dir = find(argparse.Namespace(runs_dir=args.runs_dir, run=args.show), latest=("rehearse",))
         status = load_manifest_status(run_dir)
     else:
+        if args.eval_only and args.no_eval:
+            raise UsageError("--eval-only and --no-eval: choose one")
         launch = lifecycle.start_rehearsal(
             runs_dir_of(args), args.profile, args.overrides,
-            None if args.layers is None else _depths(args.layers), args.steps, args.gpus, list(sys.argv),
+            None if args.layers is None else _depths(args.layers), 0 if args.eval_only else args.steps,
+            args.gpus, list(sys.argv), eval_tokens=0 if args.no_eval else args.eval_tokens,
         )  # fmt: skip
         run_dir = launch.run_dir
         console.print(f"rehearsal [bold]{run_dir.name}[/] started; record: {run_dir}")
@@ -85,7 +88,7 @@ def add_rehearse(sub: argparse._SubParsersAction, common: argparse.ArgumentParse
     )
     rehearse.add_argument("--profile", default=DEFAULT_PROFILE, help=PROFILE_HELP)
     add_overrides(rehearse)
-    from cockpit.rehearse.measure import DEFAULT_LAYERS, DEFAULT_STEPS, WARMUP_STEPS
+    from cockpit.rehearse.measure import DEFAULT_EVAL_TOKENS, DEFAULT_LAYERS, DEFAULT_STEPS, WARMUP_STEPS
 
     depths = ",".join(map(str, DEFAULT_LAYERS))
     rehearse.add_argument(
@@ -98,6 +101,22 @@ def add_rehearse(sub: argparse._SubParsersAction, common: argparse.ArgumentParse
         type=whole(WARMUP_STEPS + 1),
         default=DEFAULT_STEPS,
         help=f"optimizer steps a depth (default {DEFAULT_STEPS}; {WARMUP_STEPS} warm up)",
+    )
+    rehearse.add_argument(
+        "--eval-tokens",
+        type=whole(2),
+        default=DEFAULT_EVAL_TOKENS,
+        help="after each depth's steps, evaluation is timed on the slice: a scoring forward, and thinking "
+        f"batches of this many new tokens (default {DEFAULT_EVAL_TOKENS}: what matters is a decode step's "
+        "time)",
+    )
+    rehearse.add_argument(
+        "--no-eval", action="store_true", help="do not time evaluation (faster; the forecast models it)"
+    )
+    rehearse.add_argument(
+        "--eval-only",
+        action="store_true",
+        help="time only evaluation at each depth, no training steps (its forecast of training is empty)",
     )
     rehearse.add_argument(
         "--gpus", type=whole(0, MAX_GPUS), help="GPUs to rehearse on (default: every GPU here, 0 on a CPU)"

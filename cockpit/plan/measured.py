@@ -30,6 +30,8 @@ class Measured:
     step_measured: bool = True  # False: the depths only bound the step (see the rehearsal's notes)
     gpu_measured: bool = True  # False: the GPU peak past its knee is the plan's term
     step_range: tuple[float, float] | None = None
+    eval_s: float | None = None  # the evaluation after training, where the rehearsal timed it on its slices
+    eval_range: tuple[float, float] | None = None
 
     def fits(self, gpu_limit: float, host_limit: float) -> bool:
         """Whether the measured peaks fit the plan's usable GPU memory and host RAM (bytes)."""

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cockpit.plan.estimator import Estimate, estimate
+from cockpit.plan.eval_time import EvalTime
 from cockpit.plan.formats import bytes_per_param_4bit, four_bit, plain
 from cockpit.plan.geometry import KINDS, ModelGeometry
 from cockpit.plan.hardware import Hardware, resolve_hardware
@@ -283,6 +284,7 @@ class RunLength:
     optimizer_step_s: float | None
     train_s: float | None
     validation: ValidationTime | None = None  # the validation loss's passes, on top of `train_s`
+    evaluation: EvalTime | None = None  # the held-out evaluation after training (modelled)
 
     @property
     def validation_s(self) -> float | None:
@@ -298,12 +300,15 @@ class RunLength:
         """The run's length as the plan's JSON carries it."""
         out = dict(vars(self))
         out["validation"] = self.validation.to_dict() if self.validation else None
+        out["evaluation"] = self.evaluation.to_dict() if self.evaluation else None
         return out
 
 
-def run_length(profile: Profile, hw: Hardware, configured: Estimate) -> RunLength:
-    """Steps from the data (`cockpit.plan.run_length`) times the configured micro-batch's step time, and
-    the validation passes (`cockpit.plan.validation_time`)."""
+def run_length(profile: Profile, hw: Hardware, configured: Estimate, inputs: Inputs) -> RunLength:
+    """Steps from the data (`cockpit.plan.run_length`) times the configured micro-batch's step time, the
+    validation passes (`cockpit.plan.validation_time`) and the evaluation after training
+    (`cockpit.plan.eval_time`)."""
+    from cockpit.plan.eval_time import eval_time
     from cockpit.plan.run_length import data_size, run_steps
     from cockpit.plan.validation_time import validation_time
 
@@ -312,7 +317,9 @@ def run_length(profile: Profile, hw: Hardware, configured: Estimate) -> RunLengt
     accum = profile.training.grad_accum
     step = configured.step_s * accum if configured.step_s else None
     validation = validation_time(profile, steps, hw.ranks, configured.step_s, size)
-    return RunLength(steps, how, accum, step, steps * step if step and steps else None, validation)
+    evaluation = eval_time(profile, inputs, hw.gpu_name if hw.gpus else "", size)
+    train = steps * step if step and steps else None
+    return RunLength(steps, how, accum, step, train, validation, evaluation)
 
 
 def build_plan(
@@ -348,5 +355,5 @@ def build_plan(
         alt_found=alt_found,
         notes=notes,
         save_total_limit=profile.training.save_total_limit,
-        run=run_length(profile, hw, configured),
+        run=run_length(profile, hw, configured, inputs),
     )

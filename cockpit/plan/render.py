@@ -9,6 +9,7 @@ from rich.table import Table
 from rich.text import Text
 
 from cockpit.plan.estimator import Estimate
+from cockpit.plan.eval_time import evaluation_words
 from cockpit.plan.inputs import GiB
 from cockpit.plan.measured import CONFIGURED, Measured, fastest_measured
 from cockpit.plan.options import overrides_for
@@ -415,6 +416,8 @@ def verdict_text(plan: Plan, measured: dict[str, Measured] | None = None) -> Tex
             "Training time: not predicted on the CPU (the step-time model is measured on GPUs); "
             "a run's ETA shows from its first steps"
         )
+    if run is not None and (words := evaluation_words(run.evaluation, mine)):
+        lines.append(f"[bold]Evaluation, after training:[/] {escape(words)}")
     if run is not None and run.validation is not None and (run.train_s or e.setup.gpus):
         v = run.validation
         lines.append(f"[bold]Validation loss, on top:[/] {escape(v.words())}")

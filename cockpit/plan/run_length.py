@@ -16,6 +16,25 @@ from typing import Any
 
 from cockpit.contract import packed_fill
 
+ASSUMED_LABELS = 4  # labels an example where the data is not here (the story's tenants have 3 to 5)
+
+
+@dataclass(frozen=True)
+class EvalSplit:
+    """The held-out split: its examples, the labels an example, and where they came from."""
+
+    examples: float
+    labels: float  # mean labels an example (each is a scored row)
+    how: str
+    least: float | None = None  # fewer examples, where the count is an assumption read two ways
+
+
+def held_out_split(examples: list[dict[str, Any]], where: str) -> EvalSplit:
+    """The eval split of examples read from a data file."""
+    labels = [len(e.get("labels") or []) or 1 for e in examples]
+    mean = sum(labels) / len(labels) if labels else float(ASSUMED_LABELS)
+    return EvalSplit(float(len(examples)), mean, f"{len(examples)} held-out examples of {where}")
+
 
 @dataclass(frozen=True)
 class DataSize:
@@ -26,6 +45,7 @@ class DataSize:
     how: str
     fill: float | None = None  # measured packing fill (a trainer's data event)
     validation: DataSize | None = None  # the validation sample, counted the same way (a data file's)
+    held_out: EvalSplit | None = None  # the eval split (what evaluation scores), a data file's
 
 
 def from_data_event(data: dict[str, Any]) -> DataSize | None:
@@ -46,7 +66,7 @@ def from_data_file(profile: Any) -> DataSize | None:
     """Count the train split of the profile's data file (any format `cockpit.data` reads), if it is on
     this machine and readable (None otherwise, or where `datasets` is not installed); and its validation
     sample, as the trainer draws it (`cockpit.data.examples.validation_sample`), when the profile
-    validates."""
+    validates; and its eval split (what evaluation scores: `cockpit.plan.eval_time`)."""
     source = str(profile.data.source)
     path = Path(source).expanduser()
     if source.startswith("builtin:") or not path.exists():
@@ -75,7 +95,11 @@ def from_data_file(profile: Any) -> DataSize | None:
             how = f"{len(sample)} examples of {path} ({first})"
             validation = DataSize(float(len(sample)), float(val_tokens), f"{how}, {by}")
     return DataSize(
-        float(len(train)), float(tokens), f"{len(train)} examples of {path}, {by}", validation=validation
+        float(len(train)),
+        float(tokens),
+        f"{len(train)} examples of {path}, {by}",
+        validation=validation,
+        held_out=held_out_split(data.split("eval"), str(path)),
     )
 
 

@@ -68,6 +68,7 @@ def measured_row(plan: Any, profile: Any, run_dir: Path) -> tuple[str, Measured]
         )
     if not target.get("step_s") or not target.get("tokens_per_s"):
         raise CalibrationError(f"{name}: too few depths measured to predict the run")
+    timed = result.evaluation is not None and result.evaluation.measured  # evaluation on its slices
     return row, Measured(
         source=f"rehearsal {name}",
         step_s=float(target["step_s"]),
@@ -78,6 +79,8 @@ def measured_row(plan: Any, profile: Any, run_dir: Path) -> tuple[str, Measured]
         step_measured=result.measured("step_s"),
         gpu_measured=result.measured("gpu_train"),
         step_range=tuple(ranges["step_s"]) if ranges.get("step_s") else None,
+        eval_s=result.wall.get("eval_s") if timed else None,
+        eval_range=result.evaluation.range_s if timed and result.evaluation else None,
     )
 
 

@@ -9,18 +9,19 @@ clock a user books is a range, and the forecast names what dominates it.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from cockpit.contract import EVAL_BATCH_SIZE, ZERO3_LAYER_FETCHES
+from cockpit.contract import ZERO3_LAYER_FETCHES
 from cockpit.plan.inputs import GiB
 from cockpit.plan.run_length import data_size, run_steps
 from cockpit.plan.validation_time import validation_time
+from cockpit.rehearse.evaluation import EvalForecast, forecast_eval
 from cockpit.rehearse.figures import fit_all, gathered_knee, terms_for
 from cockpit.rehearse.fit import Fit
 from cockpit.rehearse.measure import DepthMeasure
 from cockpit.rehearse.scaling import Scaling, gather_s, offload_step_target
+from cockpit.rehearse.serving import serving
 
 __all__ = ["LABELS", "Forecast", "ModelFacts", "Scaling", "forecast", "model_facts"]
 
@@ -43,7 +44,6 @@ class ModelFacts:
     layer_bytes: float  # stored weight bytes of one decoder layer (what ZeRO-3 partitions and gathers)
     other_bytes: float  # embeddings, final norm, head
     checkpoint_bytes: float  # the 16-bit checkpoint on disk
-    decode_bytes_per_token: float  # weights a batched decode step reads (eval estimate)
 
 
 def model_facts(plan: dict[str, Any]) -> ModelFacts:
@@ -58,7 +58,6 @@ def model_facts(plan: dict[str, Any]) -> ModelFacts:
         layer_bytes=layer_bytes,
         other_bytes=other,
         checkpoint_bytes=float(plan.get("weights_bytes", {}).get("checkpoint") or 0.0),
-        decode_bytes_per_token=layer_bytes * layers + other,
     )
 
 
@@ -80,6 +79,8 @@ class Forecast:
     notes: list[str] = field(default_factory=list)
     depths: list[dict[str, Any]] = field(default_factory=list)  # the measured depths (DepthMeasure.to_dict)
     ranges: dict[str, dict[str, Range]] = field(default_factory=dict)  # here, target, wall: key -> lo, hi
+    evaluation: EvalForecast | None = None  # evaluation on the profile's machine (`wall["eval_s"]`)
+    serving: dict[str, Any] | None = None  # the tuned model served there, priced (`cockpit.rehearse.serving`)
 
     def measured(self, key: str) -> bool:
         """Whether the depths measured the figure (rather than bound it or take the plan's term)."""
@@ -108,6 +109,9 @@ class Forecast:
         lo, hi = self.ranges.get("wall", {}).get("total_s", (total, total))
         top = self.dominant()
         share = f", {top[0]} {top[1]:.0%} of it" if top else ""
+        evaluation = self.wall.get("eval_s") or 0.0
+        if evaluation and top and top[0] != WALL_PARTS["eval_s"]:
+            share += f", evaluation {evaluation / total:.0%}"
         bound = "" if self.measured("step_s") else " (the step is a bound: see the notes)"
         return (
             f"predicted on {machine}: {total / 3600:.2f} h ({lo / 3600:.2f}-{hi / 3600:.2f} h) for the whole "
@@ -129,8 +133,10 @@ class Forecast:
             "dominant": {"part": top[0], "share": top[1]} if top else None,
             "plan": self.plan,
             "disagreements": self.disagreements,
-            "assumptions": self.scaling.lines(),
+            "assumptions": self.scaling.lines() + (self.evaluation.assumptions if self.evaluation else []),
             "notes": self.notes,
+            "evaluation": self.evaluation.to_dict(self.layers) if self.evaluation else None,
+            "serving": self.serving,
         }
 
 
@@ -171,7 +177,6 @@ def forecast(
     profile: Any,
     plan: dict[str, Any],
     scaling: Scaling,
-    eval_examples: int = 0,
 ) -> Forecast:
     """Fit the depths, read them at full depth, scale to the profile's machine, add the wall clock."""
     facts = model_facts(plan)
@@ -256,9 +261,8 @@ def forecast(
     size = data_size(profile, data)
     steps, how = run_steps(profile, size, nt)
     notes.append(f"training tokens: {how}")
-    wall, wall_range = _wall(
-        profile, facts, scaling, target, target_range, here, here_range, steps, size, eval_examples, notes
-    )
+    evaluation = forecast_eval(measures, profile, full, scaling, plan, size)
+    wall, wall_range = _wall(profile, facts, scaling, target, target_range, steps, size, evaluation, notes)
     plan_values = plan_figures(plan)
     return Forecast(
         layers=full,
@@ -272,6 +276,8 @@ def forecast(
         notes=notes,
         depths=[m.to_dict() for m in measures],
         ranges={"here": here_range, "target": target_range, "wall": wall_range},
+        evaluation=evaluation,
+        serving=serving(evaluation, profile, scaling.target_machine),
     )
 
 
@@ -281,11 +287,9 @@ def _wall(
     scaling: Scaling,
     target: dict[str, float | None],
     target_range: dict[str, Range],
-    here: dict[str, float | None],
-    here_range: dict[str, Range],
     steps: int,
     size: Any,
-    eval_examples: int,
+    evaluation: EvalForecast,
     notes: list[str],
 ) -> tuple[dict[str, float | None], dict[str, Range]]:
     """The run's wall clock on the target, part by part, each with its range."""
@@ -302,7 +306,7 @@ def _wall(
     save = (saves + 1) * (target["save_s"] or 0.0)
     save_lo, save_hi = target_range.get("save_s", (target["save_s"] or 0.0,) * 2)
     save_r = ((saves + 1) * save_lo, (saves + 1) * save_hi)
-    eval_s = eval_estimate(profile, facts, eval_examples, scaling)
+    eval_s = evaluation.total_s
     micro_step = step / profile.training.grad_accum if step else None
     validation = validation_time(profile, steps, nt, micro_step, size)
     validation_s = validation.total_s if validation is not None and validation.total_s is not None else 0.0
@@ -326,7 +330,7 @@ def _wall(
         "train_s": train_r,
         "save_s": save_r,
         "validation_s": validation_r,
-        "eval_s": (eval_s, eval_s),
+        "eval_s": evaluation.range_s,
     }
     wall_range = dict(parts)
     if train is not None:
@@ -335,34 +339,13 @@ def _wall(
         notes.append(f"validation loss (not rehearsed): {validation.words()}")
     elif profile.validation.eval_steps:
         notes.append("validation loss not counted: the validation sample's size is unknown here")
-    if not eval_examples:
-        notes.append("evaluation not counted: the held-out split is not on this machine")
-    else:
-        notes.append(
-            f"evaluation not rehearsed: {eval_examples} examples x {profile.eval.max_think_tokens} thinking "
-            "tokens, each decode step reading every weight once at the target's memory bandwidth (estimate)"
-        )
+    notes.append(evaluation.how)
     return wall, wall_range
 
 
 def statistics_tokens(done: list[DepthMeasure]) -> float | None:
     values = [m.tokens_per_step for m in done if m.tokens_per_step]
     return sum(values) / len(values) if values else None
-
-
-HBM_GBPS = {"H200": 4800.0, "H100": 3350.0, "A100": 2039.0}
-
-
-def eval_estimate(profile: Any, facts: ModelFacts, examples: int, scaling: Scaling) -> float:
-    """Seconds of evaluation: for the base model and the fine-tuned one, every example's thinking decoded
-    token by token, EVAL_BATCH_SIZE examples a batch. One process, its layers in blocks over the GPUs and
-    run in turn: a decode step reads every weight once at one GPU's bandwidth."""
-    if not examples:
-        return 0.0
-    bandwidth = next((v for k, v in HBM_GBPS.items() if k in scaling.target_gpu), 3000.0) * 1e9
-    per_token = facts.decode_bytes_per_token / bandwidth
-    systems = 2
-    return systems * math.ceil(examples / EVAL_BATCH_SIZE) * profile.eval.max_think_tokens * per_token
 
 
 def plan_figures(plan: dict[str, Any]) -> dict[str, float | None]:

@@ -4,7 +4,8 @@ The supervisor brackets every depth with `rehearse_begin` / `rehearse_end` event
 trainer ranks wrote `loaded`, `load_peak`, `step` and `checkpoint` events as in any run. Per depth and
 per rank: GPU peak and host RSS at load (the `load_peak` event, written once the DeepSpeed engine exists)
 and in training (the largest of the step events), the load time, the median step time after the
-warm-up steps, the tokens a step and the time to save a checkpoint.
+warm-up steps, the tokens a step and the time to save a checkpoint; and where the depth timed it, the
+evaluation on its slice (the `rehearse_eval` event: a scoring forward, thinking batches).
 """
 
 from __future__ import annotations
@@ -18,6 +19,10 @@ BEGIN, END = "rehearse_begin", "rehearse_end"
 WARMUP_STEPS = 2  # steps of each depth left out of its median (allocator warm-up, first launches)
 DEFAULT_LAYERS = (1, 2, 4)  # the depths `cockpit rehearse` measures unless told
 DEFAULT_STEPS = 6  # optimizer steps a depth: WARMUP_STEPS, then the timed ones
+# New tokens of each thinking batch evaluation is timed with after a depth's steps (`cockpit rehearse
+# --eval-tokens`): enough to time a decode step, which is what the forecast reads.
+DEFAULT_EVAL_TOKENS = 32
+EVAL = "rehearse_eval"  # the trainer's event of evaluation timed on a depth's slice (`trainer.eval_timing`)
 MIB_PER_GIB = 1024.0
 
 
@@ -42,6 +47,7 @@ class DepthMeasure:
     save_s: float | None = None
     data: dict[str, Any] = field(default_factory=dict)
     message: str = ""
+    eval: dict[str, Any] = field(default_factory=dict)  # evaluation timed on the slice (its EVAL event)
 
     @property
     def complete(self) -> bool:
@@ -91,6 +97,7 @@ def _measure(
     steps: list[dict[str, Any]] = []
     load_s = save_s = None
     data: dict[str, Any] = {}
+    timing: dict[str, Any] = {}
     ranks = 1
     first_step: int | None = None
     progress: list[float] = []
@@ -119,6 +126,8 @@ def _measure(
             load_s = e.get("load_s")
         elif kind == "checkpoint" and rank == 0:
             save_s = e.get("save_s")
+        elif kind == EVAL and rank == 0:
+            timing = {k: v for k, v in e.items() if k not in ("t", "kind", "rank")}
         elif kind == "data" and rank == 0:
             data = {k: e.get(k) for k in ("source", "examples", "tokens", "rows", "fill", "target_fraction")}
     start = first_step or 0
@@ -146,6 +155,7 @@ def _measure(
         save_s=save_s,
         data=data,
         message=message,
+        eval=timing,
     )
 
 

@@ -10,6 +10,7 @@ from rich.table import Table
 from rich.text import Text
 
 from cockpit.rehearse.forecast import LABELS
+from cockpit.rehearse.serving import serving_lines
 from cockpit.units import hours
 
 MEMORY = (
@@ -90,7 +91,15 @@ def wall_lines(data: dict[str, Any]) -> list[str]:
     top = data.get("dominant")
     if top:
         lines.append(f"what dominates it: {top['part']}, {top['share']:.0%} of the wall clock")
-    return lines
+    evaluation = data.get("evaluation") or {}
+    if w.get("eval_s") and w.get("total_s"):
+        lo, hi = wall_range.get("eval_s") or (w["eval_s"], w["eval_s"])
+        how = "timed on the slices, scaled" if evaluation.get("measured") else "modelled, not rehearsed"
+        lines.append(
+            f"evaluation (base and tuned on the held-out split): {hours(w['eval_s'])} ({lo / 3600:.2f}-"
+            f"{hi / 3600:.2f} h), {w['eval_s'] / w['total_s']:.0%} of the wall clock ({how})"
+        )
+    return lines + serving_lines(data.get("serving"))
 
 
 def render(data: dict[str, Any]) -> RenderableType:

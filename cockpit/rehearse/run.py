@@ -85,15 +85,6 @@ def scaling_for(manifest: dict[str, Any], measured_ranks: int) -> Scaling:
     )
 
 
-def _eval_examples(profile: Profile) -> int:
-    """Held-out examples in the data file when it is here (0 when it is not)."""
-    path = Path(profile.data.source)
-    if not path.is_file():
-        return 0
-    with open(path, encoding="utf-8") as f:
-        return sum('"eval"' in line for line in f)
-
-
 def forecast_run(run_dir: Path) -> Forecast:
     """The whole run predicted from a rehearsal's record."""
     from cockpit.profiles import parse_profile
@@ -106,7 +97,7 @@ def forecast_run(run_dir: Path) -> Forecast:
     measures = depth_measures(read_events(paths.root))
     plan = json.loads(paths.plan.read_text(encoding="utf-8")) if paths.plan.is_file() else {}
     ranks = next((m.ranks for m in measures if m.complete), 1)
-    result = forecast(measures, profile, plan, scaling_for(manifest, ranks), _eval_examples(profile))
+    result = forecast(measures, profile, plan, scaling_for(manifest, ranks))
     result.notes.insert(0, "measured depths: " + ", ".join(f"{m.layers} ({m.status})" for m in measures))
     return result
 

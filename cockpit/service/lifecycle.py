@@ -141,8 +141,11 @@ def start_rehearsal(
     steps: int,
     gpus: int | None,
     argv: list[str],
+    eval_tokens: int = 0,
 ) -> Launch:
     """A rehearsal: the profile's architecture sliced to each depth, random weights, on the GPUs at hand.
+    `eval_tokens`: after each depth's steps, evaluation is timed on the slice, thinking that many tokens
+    (0: not); `steps` 0 with it times only the evaluation.
 
     `layers` None: the profile's default depths (`cockpit.rehearse.figures.default_depths`), those past
     the prefetch window left out where they would not fit here. Refused before anything loads
@@ -171,7 +174,7 @@ def start_rehearsal(
             f"--layers {','.join(map(str, layers))}: two different depths of at least one layer are needed "
             "to fit per-layer and fixed costs"
         )
-    if steps <= WARMUP_STEPS:
+    if steps <= WARMUP_STEPS and not (steps == 0 and eval_tokens):
         raise LifecycleError(
             f"--steps {steps}: at least {WARMUP_STEPS + 1} ({WARMUP_STEPS} warm up, the rest are timed)"
         )
@@ -209,6 +212,7 @@ def start_rehearsal(
     rehearsal = {
         "layers": depths,
         "steps": steps,
+        "eval_tokens": eval_tokens,
         "target": profile.hardware.model_dump(),
         "target_profile": profile_to_dict(profile),
     }

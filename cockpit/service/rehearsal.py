@@ -27,13 +27,14 @@ def rehearse(
     from cockpit.rehearse.run import forecast_run, write_forecast
 
     steps, offset = int(rehearsal["steps"]), 0
+    eval_tokens = int(rehearsal.get("eval_tokens") or 0)  # evaluation timed after each depth's steps
     measured: list[int] = []
     status, diagnosis, returncode = "finished", "", 0
     for layers in rehearsal["layers"]:
         if stopped():
             break
         keeper.write(BEGIN, layers=layers, steps=steps, step_offset=offset)
-        status, diagnosis, returncode = train(rehearsal_args(layers, steps, offset))
+        status, diagnosis, returncode = train(rehearsal_args(layers, steps, offset, eval_tokens))
         end_status = "ok" if status == "finished" else status
         keeper.write(END, layers=layers, status=end_status, message=diagnosis, exit_code=returncode)
         offset += steps

@@ -91,8 +91,9 @@ def node_argv(launch_argv: list[str], node_rank: int) -> list[str]:
     return argv
 
 
-def rehearsal_args(layers: int, steps: int, step_offset: int) -> list[str]:
-    """The trainer's arguments for one rehearsal depth (`python -m trainer --help`)."""
+def rehearsal_args(layers: int, steps: int, step_offset: int, eval_tokens: int = 0) -> list[str]:
+    """The trainer's arguments for one rehearsal depth (`python -m trainer --help`); `eval_tokens`: time
+    evaluation on the slice after the steps (0: not)."""
     return [
         "--rehearse-layers",
         str(layers),
@@ -100,6 +101,8 @@ def rehearsal_args(layers: int, steps: int, step_offset: int) -> list[str]:
         str(steps),
         "--step-offset",
         str(step_offset),
+        "--rehearse-eval-tokens",
+        str(eval_tokens),
     ]
 
 

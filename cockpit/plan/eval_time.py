@@ -1,0 +1,261 @@
+"""The wall time of evaluating the base and the tuned model on the held-out split (`trainer/evaluate.py`),
+shared by `cockpit plan` (modelled here) and the rehearsal's forecast (measured on slices:
+`cockpit.rehearse.evaluation`).
+
+Evaluation classifies the held-out examples `EVAL_BATCH_SIZE` at a time: the batch's prompts are
+prefilled, each thinks greedily for up to `eval.max_think_tokens` tokens (one decode step a token for the
+whole batch, until its longest row ends: counted to the limit, an upper bound), then every label of an
+example is scored after its thinking, rows of prompt + thinking + label packed several to a forward of at
+most `SCORE_TOKENS` tokens. Two systems, the base model and the tuned one, each over the whole split:
+
+    time = systems x [batches x (prefill + think tokens x decode step) + scoring forwards x a forward]
+
+The plan models the three costs on its GPU (`modelled_costs`):
+- a decode step is memory-bound: the bytes it reads (every stored weight but the embeddings, the experts
+  the batch routes to, the KV cache at the mean context) over one GPU's HBM bandwidth (the layers are in
+  blocks over the GPUs and run one after another, so the GPUs' bandwidths do not add), plus a fixed cost
+  a step (`DECODE_FIXED_S`, measured);
+- the prefill and a scoring forward are compute-bound: their model FLOPs at the bf16 rate the plan's step
+  model measured (`cockpit.plan.speed`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from cockpit.contract import EVAL_BATCH_SIZE, SCORE_TOKENS
+from cockpit.plan.run_length import ASSUMED_LABELS, EvalSplit, from_data_file
+
+SYSTEMS = 2  # the base model and the tuned one
+LABEL_TOKENS = 4  # a scored row's tail: the label and its end of turn (assumed: a few tokens)
+# The share of an example before its answer, where no data says: as the rehearsal's random tokens
+# (`trainer.data.synthetic_rows`' prompt_fraction) make it.
+PROMPT_FRACTION = 0.5
+# A decode step's cost beyond the bytes it reads (the head's sampling, `generate`'s own work, launches):
+# 43 ms measured on one H200 by `benchmarks/eval_placement.py --run` (issue 30: 64 prompts of 512 tokens
+# thinking 512 tokens, 23-26 s at 2 layers, 41.6 s at 16; the line's fixed part a step).
+DECODE_FIXED_S = 0.043
+DECODE_FIXED_SOURCE = "43 ms a step measured on one H200 (benchmarks/eval_placement.py --run, issue 30)"
+# HBM bandwidth of a GPU, GB/s (datasheets: H200 4.8 TB/s, H100 SXM 3.35 TB/s, A100 80GB 2.0 TB/s).
+HBM_GBPS = {"H200": 4800.0, "H100": 3350.0, "A100": 2039.0}
+
+
+def hbm_gbps(gpu_name: str) -> float:
+    """A GPU's HBM bandwidth by its name (`HBM_GBPS`); 0.0 for one not in the table."""
+    upper = gpu_name.upper()
+    return next((v for k, v in HBM_GBPS.items() if k in upper), 0.0)
+
+
+def eval_split(profile: Any, size: Any = None) -> EvalSplit | None:
+    """The held-out split: the data file's (from `size`, a `DataSize` counted there, else read now), the
+    built-in tenants', else the profile's assumption (the held-out share of `data.examples`); None when
+    nothing says how large it is."""
+    d = profile.data
+    if size is not None and getattr(size, "held_out", None) is not None:
+        return size.held_out
+    if str(d.source).startswith("builtin:"):
+        from cockpit.data.tenants import TENANTS
+
+        mean = sum(len(t.labels) for t in TENANTS) / len(TENANTS)
+        how = f"{d.source}: {len(TENANTS)} tenants x {d.eval_examples_per_tenant} held out"
+        return EvalSplit(float(len(TENANTS) * d.eval_examples_per_tenant), mean, how)
+    if Path(str(d.source)).expanduser().exists():
+        here = from_data_file(profile)
+        if here is not None and here.held_out is not None:
+            return here.held_out
+    if not d.examples:
+        return None
+    f = d.eval_fraction
+    return EvalSplit(
+        float(math.floor(d.examples * f / (1 - f))),
+        float(ASSUMED_LABELS),
+        f"assumed: the held-out {f:g} beside data.examples {d.examples} (fewer, "
+        f"{math.floor(d.examples * f)}, if they count every example); {ASSUMED_LABELS} labels an example",
+        least=float(math.floor(d.examples * f)),
+    )
+
+
+@dataclass(frozen=True)
+class EvalShape:
+    """What evaluation runs: the split, the prompts' and the thinking's tokens, the batch."""
+
+    split: EvalSplit
+    prompt_tokens: float
+    think_tokens: int
+    batch: int = EVAL_BATCH_SIZE
+    systems: int = SYSTEMS
+
+    @property
+    def width(self) -> int:
+        """Tokens of a scored row: the prompt, the thinking and the label."""
+        return math.ceil(self.prompt_tokens) + self.think_tokens + LABEL_TOKENS
+
+    @property
+    def rows_per_forward(self) -> int:
+        """Scored rows a forward holds (at most `SCORE_TOKENS` tokens, one row at least)."""
+        return max(1, SCORE_TOKENS // self.width)
+
+    def batches(self, examples: float) -> int:
+        return math.ceil(examples / self.batch)
+
+    def forwards(self, examples: float) -> int:
+        """Scoring forwards of one system: every example's labels, `rows_per_forward` rows each."""
+        return math.ceil(examples * self.split.labels / self.rows_per_forward)
+
+
+@dataclass(frozen=True)
+class EvalCosts:
+    """What a batch's parts cost on one machine, seconds."""
+
+    prefill_s: float  # a batch's prompts
+    decode_step_s: float  # a decode step of the whole batch
+    score_s: float  # a scoring forward of `rows_per_forward` rows
+
+
+def eval_seconds(shape: EvalShape, costs: EvalCosts, examples: float | None = None) -> float:
+    """Every system over the split: `systems x [batches x (prefill + think tokens x decode step) +
+    scoring forwards x a forward]`."""
+    n = shape.split.examples if examples is None else examples
+    think = shape.batches(n) * (costs.prefill_s + shape.think_tokens * costs.decode_step_s)
+    return shape.systems * (think + shape.forwards(n) * costs.score_s)
+
+
+@dataclass(frozen=True)
+class EvalTime:
+    """Evaluation's wall time, its range, its parts, and how it was found."""
+
+    shape: EvalShape
+    costs: EvalCosts
+    total_s: float
+    range_s: tuple[float, float]
+    how: str  # "modelled: ..." or "measured ..."
+    measured: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        s = self.shape
+        return {
+            "total_s": self.total_s,
+            "range_s": list(self.range_s),
+            "measured": self.measured,
+            "how": self.how,
+            "examples": s.split.examples,
+            "examples_how": s.split.how,
+            "labels": s.split.labels,
+            "systems": s.systems,
+            "batch": s.batch,
+            "batches": s.batches(s.split.examples),
+            "prompt_tokens": s.prompt_tokens,
+            "think_tokens": s.think_tokens,
+            "scoring_forwards": s.forwards(s.split.examples),
+            "rows_per_forward": s.rows_per_forward,
+            **vars(self.costs),
+        }
+
+    def words(self) -> str:
+        """One line: `2 systems x 400 examples (7 batches of 64: prefill 1.2 s + 512 thinking tokens x
+        0.26 s; 100 scoring forwards x 3.1 s) = 0.52 h (modelled: ...)`."""
+        s, c = self.shape, self.costs
+        n = s.split.examples
+        lo, hi = self.range_s
+        span = f" ({lo / 3600:.2f}-{hi / 3600:.2f} h)" if hi > lo else ""
+        return (
+            f"{s.systems} systems x {n:,.0f} examples ({s.batches(n)} batches of {s.batch}: prefill "
+            f"{c.prefill_s:.2f} s + {s.think_tokens} thinking tokens x {c.decode_step_s * 1000:.1f} ms a "
+            f"step; {s.forwards(n)} scoring forwards x {c.score_s:.2f} s) = {self.total_s / 3600:.2f} h"
+            f"{span} ({self.how}); examples: {s.split.how}"
+        )
+
+
+def touched_experts(experts: int, top_k: int, batch: int) -> float:
+    """The share of an MoE layer's experts a decode step of `batch` tokens routes to (each token picks
+    `top_k` of `experts`, uniformly: 1 - (1 - k/E)^batch)."""
+    if not experts:
+        return 1.0
+    return 1.0 - (1.0 - min(top_k, experts) / experts) ** batch
+
+
+def decode_bytes(weights: Any, batch: int, context: float) -> float:
+    """Bytes a decode step of `batch` rows at `context` tokens reads: every stored weight but the
+    embeddings (a lookup), the experts only as far as the batch routes to them, and the KV cache."""
+    g = weights.geometry
+    share = touched_experts(g.experts, g.top_k, batch)
+    read = 0.0
+    for t, s in weights.items:
+        if t.kind == "embeddings":
+            continue
+        read += (s.data_bytes + s.state_bytes) * (share if t.kind == "experts" else 1.0)
+    kv = batch * context * 2 * g.kv_dim * g.layers * weights.precision.act_bytes
+    return read + kv
+
+
+def forward_flops(geometry: Any, tokens: float, context: float) -> float:
+    """Model FLOPs of a forward over `tokens` tokens whose causal attention sees `context` on average."""
+    return tokens * (2 * geometry.active_matmul_params() + 4 * context * geometry.q_dim * geometry.layers)
+
+
+def modelled_costs(inputs: Any, gpu_name: str, shape: EvalShape) -> tuple[EvalCosts, str] | None:
+    """The three costs on one GPU of `gpu_name` (module docstring), and how; None where its bandwidth is
+    not known (the CPU, a GPU not in `HBM_GBPS`)."""
+    from cockpit.plan.inputs import datasheet_tflops
+
+    bandwidth = hbm_gbps(gpu_name)
+    if not bandwidth:
+        return None
+    a, g = inputs.assumptions, inputs.geometry
+    speed = a.speed
+    rate = speed.measured_tflops * a.tflops(gpu_name) / (datasheet_tflops(speed.gpu) or a.tflops(""))
+    flops_s = rate * 1e12 * speed.efficiency
+    prompt = max(1.0, shape.prompt_tokens)
+    context = prompt + shape.think_tokens / 2
+    step = DECODE_FIXED_S + decode_bytes(inputs.weights, shape.batch, context) / (bandwidth * 1e9)
+    prefill = forward_flops(g, shape.batch * prompt, (prompt + 1) / 2) / flops_s
+    rows = shape.rows_per_forward
+    score = forward_flops(g, rows * shape.width, (shape.width + 1) / 2) / flops_s
+    how = (
+        f"modelled: a decode step reads its bytes at {bandwidth:,.0f} GB/s (one GPU's HBM; the experts "
+        f"{touched_experts(g.experts, g.top_k, shape.batch):.0%} touched at batch {shape.batch}, the KV "
+        f"cache) plus {DECODE_FIXED_S * 1000:.0f} ms ({DECODE_FIXED_SOURCE}); prefill and scoring at "
+        f"{rate * speed.efficiency:,.0f} TFLOP/s (the step model's bf16 rate, cockpit.plan.speed)"
+    )
+    return EvalCosts(prefill, step, score), how
+
+
+def eval_time(profile: Any, inputs: Any, gpu_name: str, size: Any = None) -> EvalTime | None:
+    """The plan's evaluation on its GPUs (modelled); None when the profile does not evaluate, the
+    split's size is unknown, or the GPU's bandwidth is (the CPU)."""
+    if not profile.eval.enabled:
+        return None
+    split = eval_split(profile, size)
+    if split is None or not split.examples:
+        return None
+    seq_len = profile.training.seq_len
+    mean = size.tokens / size.examples if size is not None and size.examples else profile.data.mean_tokens
+    prompt = float(min(seq_len, mean or seq_len)) * PROMPT_FRACTION
+    shape = EvalShape(split, prompt, profile.eval.max_think_tokens)
+    modelled = modelled_costs(inputs, gpu_name, shape)
+    if modelled is None:
+        return None
+    costs, how = modelled
+    total = eval_seconds(shape, costs)
+    least = eval_seconds(shape, costs, split.least) if split.least is not None else total
+    prompt_how = f"{PROMPT_FRACTION:g} of an example's mean, as a rehearsal's random tokens make them"
+    return EvalTime(
+        shape, costs, total, (least, total), f"{how}; prompts of {prompt:,.0f} tokens ({prompt_how})"
+    )
+
+
+def evaluation_words(evaluation: EvalTime | None, measured: Any = None) -> str:
+    """The plan's line on evaluation: measured where a rehearsal of the configuration timed it on its
+    slices (`measured`: its `cockpit.plan.measured.Measured`), else modelled; empty when neither knows."""
+    timed = getattr(measured, "eval_s", None)
+    if timed is not None:
+        lo, hi = getattr(measured, "eval_range", None) or (timed, timed)
+        beside = f"; modelled {evaluation.total_s / 3600:.2f} h" if evaluation is not None else ""
+        return (
+            f"{timed / 3600:.2f} h ({lo / 3600:.2f}-{hi / 3600:.2f} h), measured by {measured.source} "
+            f"(its slices' prefill, decode steps and scoring forwards, scaled){beside}"
+        )
+    return "" if evaluation is None else evaluation.words()

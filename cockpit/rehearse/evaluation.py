@@ -1,0 +1,218 @@
+"""Evaluation predicted from the depths that timed it on their slices (`rehearse_eval` events).
+
+Each figure is a line over depth (`fixed + per_layer x layers`, `cockpit.rehearse.fit.fit_line`, every
+depth on it): the thinking batch's prefill and decode step, the same at batch 1, and a scoring forward.
+Read at the model's full depth, they are scaled to the profile's GPUs:
+
+- a decode step reads every weight a step: memory-bound, its per-layer time scales by the two GPUs' HBM
+  bandwidths; its fixed part (the head's sampling, `generate`'s own work) is host-bound and kept;
+- the prefill and a scoring forward are compute-bound: they scale by the bf16 rates (`Scaling`);
+- evaluation is one process whose layers are in blocks over the GPUs, run one after another: a layer's
+  time does not divide by the GPU count.
+
+Then evaluation's wall time is counted as the plan counts it (`cockpit.plan.eval_time.eval_seconds`).
+Without a depth that timed it, the plan's modelled term stands in, and says so.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from cockpit.plan.eval_time import EvalCosts, EvalShape, EvalSplit, eval_seconds, eval_split, hbm_gbps
+from cockpit.rehearse.fit import Fit, Point, fit_line
+from cockpit.rehearse.measure import DepthMeasure
+from cockpit.rehearse.scaling import Scaling
+
+# Each timed figure: its spread's field, and what it is bound by (how it scales to another GPU).
+FIGURES = {
+    "prefill_s": ("prefill_sd_s", "compute"),
+    "decode_step_s": ("decode_step_sd_s", "memory"),
+    "score_s": ("score_sd_s", "compute"),
+    "single_prefill_s": ("single_prefill_sd_s", "compute"),
+    "single_decode_step_s": ("single_decode_step_sd_s", "memory"),
+}
+TIMING_FLOOR = 0.01  # a timing's own uncertainty, relative, where its repeats say less
+
+Range = tuple[float, float]
+
+
+def eval_points(measures: list[DepthMeasure], key: str) -> list[Point]:
+    """The depths that timed `key`, each with its uncertainty (its repeats' spread over their count)."""
+    spread_key = FIGURES[key][0]
+    out = []
+    for m in measures:
+        value = m.eval.get(key)
+        if value is None:
+            continue
+        repeats = max(1, int(m.eval.get("repeats") or 1))
+        spread = m.eval.get(spread_key)
+        error = float(spread) / repeats**0.5 if spread else 0.0
+        out.append(Point(m.layers, float(value), max(error, TIMING_FLOOR * float(value))))
+    return out
+
+
+def fit_eval(measures: list[DepthMeasure]) -> dict[str, Fit | None]:
+    """A line over depth for each timed figure (None where fewer than two depths timed it)."""
+    return {key: fit_line(eval_points(measures, key), floor=TIMING_FLOOR) for key in FIGURES}
+
+
+@dataclass(frozen=True)
+class EvalScaling:
+    """From the rehearsal's GPU to the target's, for evaluation: the two ratios and why."""
+
+    memory_ratio: float  # target decode time a layer / measured (HBM bandwidths)
+    compute_ratio: float  # target prefill and scoring time / measured (bf16 rates)
+    here_gbps: float
+    there_gbps: float
+    gpus: int
+
+    @classmethod
+    def of(cls, s: Scaling) -> EvalScaling:
+        here, there = hbm_gbps(s.measured_gpu), hbm_gbps(s.target_gpu or s.measured_gpu)
+        ratio = here / there if here and there else 1.0
+        return cls(ratio, s.compute_ratio, here, there, s.target_gpus or 1)
+
+    def lines(self) -> list[str]:
+        known = f"{self.here_gbps:,.0f} GB/s here, {self.there_gbps:,.0f} GB/s on the target"
+        hbm = known if self.here_gbps and self.there_gbps else "one GPU's or the other's unknown"
+        return [
+            f"evaluation's decode step: a layer's time x {self.memory_ratio:.2f} (memory-bound: HBM "
+            f"bandwidth, {hbm}); its fixed part (sampling, generate's own work) host-bound, as measured",
+            f"evaluation's prefill and scoring forwards: x {self.compute_ratio:.2f} (compute-bound: the "
+            "bf16 rate)",
+            f"evaluation spread over the target's {self.gpus} GPU(s): layer blocks run one after another, so "
+            "a layer's time does not divide by the GPU count",
+        ]
+
+
+def _scaled(fit: Fit, bound: str, full: int, es: EvalScaling) -> tuple[float, Range]:
+    """A figure at full depth on the target, and its range (the fit's, scaled alike)."""
+    if bound == "memory":
+        value = fit.fixed + fit.per_layer * full * es.memory_ratio
+    else:
+        value = (fit.fixed + fit.per_layer * full) * es.compute_ratio
+    value = max(0.0, value)
+    here = fit.at(full)
+    lo, hi = fit.range(full)
+    factor = value / here if here > 0 else 1.0
+    return value, (lo * factor, hi * factor)
+
+
+@dataclass
+class EvalForecast:
+    """Evaluation on the profile's machine: its costs, its wall time and range, and how it was found."""
+
+    total_s: float
+    range_s: Range
+    measured: bool  # timed on the rehearsal's slices (else the plan's modelled term, or nothing)
+    how: str
+    fits: dict[str, Fit | None] = field(default_factory=dict)
+    target: dict[str, float] = field(default_factory=dict)  # each figure at full depth on the target
+    target_range: dict[str, Range] = field(default_factory=dict)
+    shape: EvalShape | None = None
+    assumptions: list[str] = field(default_factory=list)
+
+    def costs(self, which: int | None = None) -> EvalCosts:
+        """The batch's costs on the target: the values, or an end of their ranges (0: least, 1: most)."""
+
+        def pick(key: str) -> float:
+            if which is None:
+                return self.target[key]
+            return self.target_range.get(key, (self.target[key],) * 2)[which]
+
+        return EvalCosts(pick("prefill_s"), pick("decode_step_s"), pick("score_s"))
+
+    def to_dict(self, layers: int) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "total_s": self.total_s,
+            "range_s": list(self.range_s),
+            "measured": self.measured,
+            "how": self.how,
+            "target": self.target,
+            "target_range": {k: list(v) for k, v in self.target_range.items()},
+            "fits": {k: None if v is None else v.to_dict(layers) for k, v in self.fits.items()},
+            "assumptions": self.assumptions,
+        }
+        if self.shape is not None:
+            s = self.shape
+            out["shape"] = {
+                "examples": s.split.examples,
+                "examples_how": s.split.how,
+                "labels": s.split.labels,
+                "systems": s.systems,
+                "batch": s.batch,
+                "prompt_tokens": s.prompt_tokens,
+                "think_tokens": s.think_tokens,
+                "rows_per_forward": s.rows_per_forward,
+                "scoring_forwards": s.forwards(s.split.examples),
+            }
+        return out
+
+
+def _timed_shape(measures: list[DepthMeasure]) -> dict[str, Any]:
+    """The shape the deepest depth timed evaluation at (its event's fields)."""
+    timed = [m for m in measures if m.eval.get("decode_step_s") is not None]
+    return max(timed, key=lambda m: m.layers).eval if timed else {}
+
+
+def forecast_eval(
+    measures: list[DepthMeasure], profile: Any, full: int, scaling: Scaling, plan: dict[str, Any], size: Any
+) -> EvalForecast:
+    """Evaluation on the profile's machine: from the depths that timed it (two at least), else the plan's
+    modelled term (`plan["run"]["evaluation"]`), else nothing (0 s, saying why)."""
+    none = (0.0, 0.0)
+    if not profile.eval.enabled:
+        return EvalForecast(0.0, none, False, "evaluation not counted: eval.enabled is false")
+    split = eval_split(profile, size)
+    fits = fit_eval(measures)
+    timed = _timed_shape(measures)
+    needed = ("prefill_s", "decode_step_s", "score_s")
+    if split is not None and split.examples and all(fits[k] for k in needed):
+        return _from_fits(fits, timed, split, profile, full, scaling)
+    modelled = (plan.get("run") or {}).get("evaluation") or {}
+    if modelled.get("total_s"):
+        total = float(modelled["total_s"])
+        lo, hi = modelled.get("range_s") or (total, total)
+        why = "fewer than two depths timed it" if timed else "no depth timed it"
+        how = f"evaluation not rehearsed ({why}), {modelled['how']}"
+        return EvalForecast(total, (float(lo), float(hi)), False, how)
+    if split is None or not split.examples:
+        return EvalForecast(0.0, none, False, "evaluation not counted: the held-out split's size is unknown")
+    why = "fewer than two depths timed it and the plan does not model it here (no GPU bandwidth known)"
+    return EvalForecast(0.0, none, False, f"evaluation not counted: {why}")
+
+
+def _from_fits(
+    fits: dict[str, Fit | None],
+    timed: dict[str, Any],
+    split: EvalSplit,
+    profile: Any,
+    full: int,
+    scaling: Scaling,
+) -> EvalForecast:
+    """Each timed figure at full depth on the target, and evaluation counted from them."""
+    es = EvalScaling.of(scaling)
+    target: dict[str, float] = {}
+    ranges: dict[str, Range] = {}
+    for key, (_, bound) in FIGURES.items():
+        fit = fits.get(key)
+        if fit is not None:
+            target[key], ranges[key] = _scaled(fit, bound, full, es)
+    shape = EvalShape(split, float(timed.get("prompt_tokens") or 0), profile.eval.max_think_tokens)
+    result = EvalForecast(0.0, (0.0, 0.0), True, "", fits, target, ranges, shape, es.lines())
+    n = split.examples
+    total = eval_seconds(shape, result.costs())
+    least = eval_seconds(shape, result.costs(0), split.least if split.least is not None else n)
+    most = eval_seconds(shape, result.costs(1))
+    result.total_s, result.range_s = total, (min(least, total), max(most, total))
+    depths = ", ".join(str(d) for d, _ in fits["decode_step_s"].points)  # type: ignore[union-attr]
+    result.how = (
+        f"evaluation timed on the slices ({depths} layers) and scaled: {shape.systems} systems x {n:,.0f} "
+        f"examples, {shape.batches(n)} batches of {shape.batch} prompts of {shape.prompt_tokens:,.0f} tokens "
+        f"(prefill {target['prefill_s']:.2f} s + {shape.think_tokens} thinking tokens x "
+        f"{target['decode_step_s'] * 1000:.1f} ms a step), {shape.forwards(n)} scoring forwards x "
+        f"{target['score_s']:.2f} s; each example thinks to eval.max_think_tokens (an upper bound); "
+        f"examples: {split.how}"
+    )
+    return result

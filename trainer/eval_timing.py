@@ -1,0 +1,203 @@
+"""Evaluation timed on a rehearsal's slice (`trainer.rehearsal`): the slice loaded as evaluation loads it
+(`trainer.model.load_base(spread=True)`: no ZeRO, spread over the GPUs here), then, each after a warm-up,
+a scoring forward at evaluation's shape and thinking batches, through evaluation's own functions
+(`trainer.evaluate.think` and `row_logprobs`): the rehearsal measures whatever evaluation runs.
+
+- a scoring forward: rows of a prompt, the thinking and a label (`cockpit.plan.eval_time`), as many as
+  `SCORE_TOKENS` holds;
+- thinking at evaluation's batch (`EVAL_BATCH_SIZE` prompts) and at batch 1 (a request served alone):
+  once for 1 new token (the prefill, and the first token) and once for N; a decode step is
+  `(time(N) - time(1)) / (N - 1)`.
+
+The prompts are random tokens, as a rehearsal's weights are random: `IdsTokenizer` stands for the
+model's tokenizer (a text is its token ids written out), and its end of text is an id past the
+vocabulary, which the model never emits, so every row thinks the full count.
+"""
+
+from __future__ import annotations
+
+import gc
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from cockpit.contract import EVAL_BATCH_SIZE, SCORE_TOKENS
+from cockpit.plan.eval_time import LABEL_TOKENS
+
+REPEATS = 2  # timed calls of each shape after its warm-up (the median is kept, their spread too)
+
+
+class IdsTokenizer:
+    """The part of a tokenizer `trainer.evaluate.think` uses, over texts that are token ids."""
+
+    padding_side = "left"
+    pad_token_id = 0
+    eos_token = ""
+
+    def __init__(self, vocab: int) -> None:
+        self.eos_token_id = vocab  # past the vocabulary: never generated, so no row ends early
+
+    @staticmethod
+    def text(ids: list[int]) -> str:
+        return " ".join(map(str, ids))
+
+    def __call__(self, texts: list[str], **_: Any) -> Any:
+        """Left-padded `input_ids` and `attention_mask` of the texts (as `return_tensors="pt"`)."""
+        from transformers import BatchEncoding
+
+        rows = [[int(x) for x in t.split()] for t in texts]
+        width = max(len(r) for r in rows)
+        ids = [[self.pad_token_id] * (width - len(r)) + r for r in rows]
+        mask = [[0] * (width - len(r)) + [1] * len(r) for r in rows]
+        return BatchEncoding({"input_ids": torch.tensor(ids), "attention_mask": torch.tensor(mask)})
+
+    def convert_tokens_to_ids(self, _token: str) -> None:
+        return None  # no end-of-thinking token: the thinking runs its full length
+
+    def batch_decode(self, rows: list[list[int]], **_: Any) -> list[str]:
+        return [self.text(r) for r in rows]
+
+
+def prompt_tokens(rows: list[dict[str, list[int]]]) -> float:
+    """The mean prompt of training rows (unpacked): the tokens before the first target."""
+    from trainer.data import IGNORE
+
+    lengths = [next((i for i, x in enumerate(r["labels"]) if x != IGNORE), len(r["labels"])) for r in rows]
+    return statistics.fmean(lengths) if lengths else 0.0
+
+
+def release_training(recipe: Any) -> None:
+    """Free what training holds (the DeepSpeed engine, its optimizer, the model) before evaluation's slice
+    loads, and forget the DeepSpeed config Transformers keeps (evaluation runs without it); every rank
+    waits for the others to have freed theirs."""
+    from transformers.integrations.deepspeed import unset_hf_deepspeed_config
+
+    trainer = recipe.trainer
+    if trainer is not None:
+        engine = getattr(trainer, "model_wrapped", None)
+        if engine is not None and hasattr(engine, "destroy"):
+            engine.destroy()
+        trainer.accelerator.free_memory()
+        for name in ("model", "model_wrapped", "deepspeed", "optimizer", "lr_scheduler"):
+            setattr(trainer, name, None)
+    recipe.model = None
+    unset_hf_deepspeed_config()
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.barrier()
+
+
+def _sync() -> None:
+    if torch.cuda.is_available():
+        for i in range(torch.cuda.device_count()):
+            torch.cuda.synchronize(i)
+
+
+def _timed(fn: Callable[[], Any], repeats: int) -> list[float]:
+    """Seconds of `repeats` calls of `fn`, after one untimed call (kernels, caches, the allocator)."""
+    fn()
+    times = []
+    for _ in range(repeats):
+        _sync()
+        t0 = time.perf_counter()
+        fn()
+        _sync()
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+def _sd(values: list[float]) -> float | None:
+    return statistics.stdev(values) if len(values) >= 2 else None
+
+
+def time_thinking(
+    model: Any, prompts: list[str], vocab: int, new_tokens: int, repeats: int
+) -> dict[str, Any]:
+    """A thinking batch of `prompts` timed for 1 and for `new_tokens` new tokens: its prefill (the
+    1-token call) and its decode step, each with the spread of its repeats."""
+    from trainer.evaluate import think
+
+    tokenizer = IdsTokenizer(vocab)
+    first = _timed(lambda: think(model, tokenizer, prompts, 1), repeats)
+    full = _timed(lambda: think(model, tokenizer, prompts, new_tokens), repeats)
+    steps = [max(0.0, b - a) / (new_tokens - 1) for a, b in zip(first, full, strict=True)]
+    return {
+        "prefill_s": statistics.median(first),
+        "prefill_sd_s": _sd(first),
+        "decode_step_s": statistics.median(steps),
+        "decode_step_sd_s": _sd(steps),
+        "think_s": statistics.median(full),
+    }
+
+
+def time_scoring(model: Any, vocab: int, width: int, repeats: int) -> dict[str, Any]:
+    """One scoring forward (`trainer.evaluate.row_logprobs`) of rows `width` tokens wide, as many as
+    `SCORE_TOKENS` holds."""
+    from trainer.evaluate import row_logprobs
+
+    g = torch.Generator().manual_seed(1)
+    width = max(2, min(width, SCORE_TOKENS))
+    rows = [torch.randint(1, vocab, (width,), generator=g).tolist() for _ in range(SCORE_TOKENS // width)]
+    times = _timed(lambda: row_logprobs(model, rows, 0), repeats)
+    return {
+        "score_rows": len(rows),
+        "score_tokens": len(rows) * width,
+        "score_s": statistics.median(times),
+        "score_sd_s": _sd(times),
+    }
+
+
+def time_evaluation(
+    profile: Any,
+    model_dir: str,
+    layers: int,
+    prompt_len: int,
+    new_tokens: int,
+    repeats: int = REPEATS,
+    progress: Callable[[int, int], None] | None = None,
+) -> dict[str, Any]:
+    """The `layers`-deep slice of random weights loaded as evaluation loads it, then a scoring forward
+    and thinking batches timed (module docstring): the `rehearse_eval` event's fields."""
+    from trainer.model import load_base
+
+    new_tokens = max(2, new_tokens)
+    t0 = time.perf_counter()
+    model = load_base(profile, model_dir, spread=True, random_layers=layers, progress=progress)
+    load_s = time.perf_counter() - t0
+    model.eval()
+    vocab = int(model.config.get_text_config().vocab_size)
+    g = torch.Generator().manual_seed(0)
+    prompt_len = max(1, prompt_len)
+    prompts = [
+        IdsTokenizer.text(torch.randint(1, vocab, (prompt_len,), generator=g).tolist())
+        for _ in range(EVAL_BATCH_SIZE)
+    ]
+    width = prompt_len + profile.eval.max_think_tokens + LABEL_TOKENS
+    batch = time_thinking(model, prompts, vocab, new_tokens, repeats)
+    single = time_thinking(model, prompts[:1], vocab, new_tokens, repeats)
+    scoring = time_scoring(model, vocab, width, repeats)
+    devices = model.cockpit_load_facts.get("layer_devices") or []
+    fields = {
+        "layers": layers,
+        "load_s": round(load_s, 3),
+        "gpus": len(set(devices)) or (1 if torch.cuda.is_available() else 0),
+        "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
+        "batch": EVAL_BATCH_SIZE,
+        "prompt_tokens": prompt_len,
+        "new_tokens": new_tokens,
+        "think_tokens": profile.eval.max_think_tokens,
+        "repeats": repeats,
+        **batch,
+        **{f"single_{k}": v for k, v in single.items()},
+        **scoring,
+    }
+    del model
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    return fields

@@ -322,7 +322,10 @@ class SyntheticRun:
         rng = random.Random(7)
         skill = {"base": 0.12, "finetuned": 0.86}
         for system, p in skill.items():
-            rows: list[dict[str, Any]] = [{"meta": {"system": system, "model": "builtin"}}]
+            meta = {"system": system, "model": "builtin"}
+            if system == "finetuned":  # as the evaluation writes it (fixed: pictures of it must not move)
+                meta["adapter"] = f"/runs/{self.root.name}/adapter"
+            rows: list[dict[str, Any]] = [{"meta": meta}]
             for tenant, labels in TENANTS.items():
                 right = p - (0.3 if tenant == "orbit" and system == "finetuned" else 0.0)
                 for i in range(40):

@@ -259,3 +259,51 @@ def test_a_smaller_sample_gives_a_wider_interval_on_the_same_data(
         for t in report.tenants:
             assert t.deltas["base"].high > t.deltas["base"].low
     assert widths[small] > widths[large]
+
+
+# --- asking for a sample ----------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "flag, words",
+    [
+        (["--examples", "0"], "argument --examples: 0: expected a whole number of at least 1"),
+        (["--examples", "ten"], "argument --examples: 'ten': expected a whole number of at least 1"),
+        (["--time-budget", "abc"], "argument --time-budget: 'abc': expected a duration such as 90s, 20m"),
+        (["--time-budget", "0m"], "argument --time-budget: '0m': expected a finite duration above 0"),
+        (["--time-budget", "1h30"], "argument --time-budget: '1h30': expected a duration"),
+    ],
+)
+def test_bad_sample_flags_are_one_line_exit_2(flag: list[str], words: str, tmp_path: Path, capsys) -> None:
+    from cockpit.cli import main
+
+    code = main(["eval", "latest", *flag, "--runs-dir", str(tmp_path)])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and words in err, err
+
+
+def test_durations_read_as_people_write_them() -> None:
+    from cockpit.cli.arguments import duration
+
+    cases = {"90": 90, "90s": 90, "20m": 1200, "20 min": 1200, "1.5h": 5400, "1h30m": 5400, ".5h": 1800}
+    assert {text: duration(text) for text in cases} == cases
+
+
+def test_the_command_s_request_overrides_the_profile(tmp_path: Path) -> None:
+    """eval.examples in the profile, `cockpit eval --examples` in run.json (eval_request), the process's own
+    flag: the later wins; a time budget alike."""
+    from cockpit.profiles import load_profile, profile_to_dict
+    from cockpit.service.lifecycle import eval_request
+    from trainer.evaluate import Evaluation
+
+    profile, _ = load_profile("tiny-cpu", ["eval.examples=50", "eval.time_budget_s=600"])
+    write_manifest(tmp_path, {"run_id": "r", "profile": profile_to_dict(profile)})
+    ev = Evaluation(tmp_path)
+    assert (ev.wanted, ev.budget_s) == (50, 600)
+    assert eval_request(None, None) is None
+    write_manifest(
+        tmp_path, {"run_id": "r", "profile": profile_to_dict(profile), "eval_request": eval_request(20)}
+    )
+    assert (Evaluation(tmp_path).wanted, Evaluation(tmp_path).budget_s) == (20, 600)
+    asked = eval_request(20, 90.0)
+    write_manifest(tmp_path, {"run_id": "r", "profile": profile_to_dict(profile), "eval_request": asked})
+    assert (Evaluation(tmp_path).wanted, Evaluation(tmp_path).budget_s) == (20, 90.0)
+    assert (Evaluation(tmp_path, 7, 30.0).wanted, Evaluation(tmp_path, 7, 30.0).budget_s) == (7, 30.0)

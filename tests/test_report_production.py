@@ -84,7 +84,8 @@ def test_the_terminal_and_the_app_show_the_command_and_the_upper_bound(tmp_path:
     terminal = console.file.getvalue()
     assert report.production.command in terminal and UPPER_BOUND in terminal
     app = production_text(report).plain
-    assert report.production.command in app and UPPER_BOUND in app
+    assert report.production.command in app and "an upper bound on the cost of serving" in app
+    assert "HF generate on NF4" in app and "not bitsandbytes NF4" in app
 
 
 def test_experts_lora_is_said_to_stay_behind(tmp_path: Path) -> None:

@@ -92,8 +92,19 @@ def production_path(profile: Mapping[str, Any], base: str, adapter: str, name: s
     )
 
 
-def production_lines(p: Production) -> list[str]:
-    """The production path in sentences (the command itself apart: each renderer sets it as code)."""
+def production_lines(p: Production, short: bool = False) -> list[str]:
+    """The production path in sentences (the command itself apart: each renderer sets it as code);
+    `short`: the app's panel, in fewer words."""
+    if short:
+        lines = [f"In production (vLLM, --max-lora-rank {p.max_lora_rank} for r={p.lora_r}):"]
+        if p.quantization:
+            lines.append(
+                f"base in {p.quantization.upper()}: vLLM's MoE LoRA runs over FP8, MXFP4, GPTQ, AWQ or "
+                f"compressed-tensors, not bitsandbytes NF4 ({SOURCE}); score the served model again."
+            )
+        if p.expert_lora:
+            lines.append("vLLM does not read the experts' LoRA (expert_lora.safetensors).")
+        return lines
     if p.gpus:
         spread = f"tensor parallel over the profile's {p.gpus} GPU{'s' if p.gpus > 1 else ''} a node"
         spread += f", pipeline parallel over its {p.nodes} nodes" if p.nodes > 1 else ""
@@ -120,8 +131,12 @@ def production_lines(p: Production) -> list[str]:
     return lines
 
 
-def engine_line(batch_size: int | None) -> str:
-    """What the cockpit's own serving figures are: its engine's, an upper bound on cost."""
+def engine_line(batch_size: int | None, short: bool = False) -> str:
+    """What the cockpit's own serving figures are: its engine's, an upper bound on cost (`short`: the
+    app's panel)."""
+    if short:
+        batch = f", batch {batch_size}" if batch_size else ""
+        return f"The cockpit's own engine (HF generate on NF4{batch}): an upper bound on the cost of serving."
     batch = f", {batch_size} requests a batch" if batch_size else ""
     return (
         "The figures above are the cockpit's own engine's: Hugging Face generate on the NF4 base with the "

@@ -78,9 +78,7 @@ class ReportScreen(Screen[None]):
     def _show_serving(self) -> None:
         served = serving_text(self.report.serving, self.size.width - 4)
         production = production_text(self.report)
-        self.query_one("#report-serving", Static).update(
-            Group(served, Text(), production) if production else served
-        )
+        self.query_one("#report-serving", Static).update(Group(served, production) if production else served)
 
     def on_mount(self) -> None:
         self._show_metric()

@@ -233,16 +233,17 @@ def serving_text(s: Serving | None, width: int = 100) -> Text:
 
 def production_text(report: Report) -> Text:
     """What the measured figures are (the cockpit's engine: an upper bound on cost) and the production
-    path: the `vllm serve` command of the tuned adapter, wrapped to the panel (a long path folds)."""
+    path, the `vllm serve` command of the tuned adapter, in few lines (a long path folds)."""
     text = Text(overflow="fold")
     if report.serving is not None:
-        text.append(engine_line(report.serving.batch_size), MUTED)
+        text.append(engine_line(report.serving.batch_size, short=True), MUTED)
     p: Production | None = report.production
     if p is not None:
-        first, *rest = production_lines(p)
-        text.append(("\n\n" if text else "") + first + "\n")
+        first, *rest = production_lines(p, short=True)
+        text.append(("\n" if text else "") + first + "\n")
         text.append(p.command, "bold")
-        text.append("\n" + " ".join(rest), MUTED)
+        for line in rest:
+            text.append("\n" + line, MUTED)
     return text
 
 

@@ -22,7 +22,7 @@ The plan models the three costs on its GPU (`modelled_costs`):
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -50,9 +50,25 @@ def hbm_gbps(gpu_name: str) -> float:
 
 
 def eval_split(profile: Any, size: Any = None) -> EvalSplit | None:
-    """The held-out split: the data file's (from `size`, a `DataSize` counted there, else read now), the
-    built-in tenants', else the profile's assumption (the held-out share of `data.examples`); None when
-    nothing says how large it is."""
+    """What evaluation scores: the held-out split, or its sample of `eval.examples`. The split is the data
+    file's (from `size`, a `DataSize` counted there, else read now), the built-in tenants', else the
+    profile's assumption (the held-out share of `data.examples`); None when nothing says how large."""
+    split = _held_out(profile, size)
+    n = profile.eval.examples
+    if split is None or not n or n >= split.examples:
+        return split
+    least = min(split.least, n) if split.least is not None else None
+    return replace(split, examples=float(n), least=least, how=f"{split.how}; a sample of {n} (eval.examples)")
+
+
+def budgeted(profile: Any, seconds: float) -> float:
+    """Evaluation's seconds within `eval.time_budget_s` (its scoring stops after the batch that uses the
+    budget up: a batch more at most, not counted); as they are without a budget."""
+    budget = profile.eval.time_budget_s
+    return min(seconds, budget) if budget else seconds
+
+
+def _held_out(profile: Any, size: Any) -> EvalSplit | None:
     d = profile.data
     if size is not None and getattr(size, "held_out", None) is not None:
         return size.held_out
@@ -239,9 +255,11 @@ def eval_time(profile: Any, inputs: Any, gpu_name: str, size: Any = None) -> Eva
     if modelled is None:
         return None
     costs, how = modelled
-    total = eval_seconds(shape, costs)
-    least = eval_seconds(shape, costs, split.least) if split.least is not None else total
+    total = budgeted(profile, eval_seconds(shape, costs))
+    least = budgeted(profile, eval_seconds(shape, costs, split.least)) if split.least is not None else total
     prompt_how = f"{PROMPT_FRACTION:g} of an example's mean, as a rehearsal's random tokens make them"
+    if profile.eval.time_budget_s:
+        how += f"; at most eval.time_budget_s {profile.eval.time_budget_s:g} s"
     return EvalTime(
         shape, costs, total, (least, total), f"{how}; prompts of {prompt:,.0f} tokens ({prompt_how})"
     )

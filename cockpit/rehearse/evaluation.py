@@ -19,7 +19,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from cockpit.plan.eval_time import EvalCosts, EvalShape, EvalSplit, eval_seconds, eval_split, hbm_gbps
+from cockpit.plan.eval_time import (
+    EvalCosts,
+    EvalShape,
+    EvalSplit,
+    budgeted,
+    eval_seconds,
+    eval_split,
+    hbm_gbps,
+)
 from cockpit.rehearse.fit import Fit, Point, fit_line
 from cockpit.rehearse.measure import DepthMeasure
 from cockpit.rehearse.scaling import Scaling
@@ -202,9 +210,11 @@ def _from_fits(
     shape = EvalShape(split, float(timed.get("prompt_tokens") or 0), profile.eval.max_think_tokens)
     result = EvalForecast(0.0, (0.0, 0.0), True, "", fits, target, ranges, shape, es.lines())
     n = split.examples
-    total = eval_seconds(shape, result.costs())
-    least = eval_seconds(shape, result.costs(0), split.least if split.least is not None else n)
-    most = eval_seconds(shape, result.costs(1))
+    total = budgeted(profile, eval_seconds(shape, result.costs()))
+    least = budgeted(
+        profile, eval_seconds(shape, result.costs(0), split.least if split.least is not None else n)
+    )
+    most = budgeted(profile, eval_seconds(shape, result.costs(1)))
     result.total_s, result.range_s = total, (min(least, total), max(most, total))
     depths = ", ".join(str(d) for d, _ in fits["decode_step_s"].points)  # type: ignore[union-attr]
     result.how = (
@@ -214,5 +224,10 @@ def _from_fits(
         f"{target['decode_step_s'] * 1000:.1f} ms a step), {shape.forwards(n)} scoring forwards x "
         f"{target['score_s']:.2f} s; each example thinks to eval.max_think_tokens (an upper bound); "
         f"examples: {split.how}"
+        + (
+            f"; at most eval.time_budget_s {profile.eval.time_budget_s:g} s"
+            if profile.eval.time_budget_s
+            else ""
+        )
     )
     return result

@@ -105,6 +105,13 @@ class Forecast:
             self.target.get("tokens_per_s"),
         )
         if total is None or step is None:
+            ev = self.evaluation
+            if ev is not None and ev.measured:  # depths that timed only evaluation (--eval-only)
+                lo, hi = ev.range_s
+                return (
+                    f"predicted on {machine}: evaluation {ev.total_s / 3600:.2f} h ({lo / 3600:.2f}-"
+                    f"{hi / 3600:.2f} h) for the base and the tuned model; training not measured"
+                )
             return f"rehearsal: not enough depths measured to predict ({len(self.depths)} depth(s))"
         lo, hi = self.ranges.get("wall", {}).get("total_s", (total, total))
         top = self.dominant()

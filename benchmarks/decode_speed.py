@@ -11,13 +11,15 @@ Two parts, one command:
 2. **Whole decode steps** on the profile's architecture with random weights, loaded as evaluation loads it
    (`trainer.model.load_base(spread=True)`), sliced to `--layers` (default 16) and run at 2, 8 and 16 of
    them (`config.num_hidden_layers`), batches of 1, 8 and 64 prompts of `--prompt-tokens` (512):
-     generate  transformers' `generate`, the path before (dynamic cache)
+     before    transformers' `generate` (dynamic cache) with the expert kernel's block config of before
+     generate  the same with the decode tiles (`DECODE_GROUPS`, `DECODE_FEW`)
      static    `trainer.decode.GreedyDecoder` without the graph (static cache, device-side step)
      graph     the same step captured as a CUDA graph and replayed (what evaluation now runs on one GPU)
    A step's time is (t(prefill + N2 tokens) - t(prefill + N1 tokens)) / (N2 - N1); per layer and fixed
    are the line through the depths. Beside each, the memory limit: the bytes one step reads (each layer's
    attention weights in NF4, the distinct experts the batch hits, its KV cache; the head in bf16) over the
-   measured bandwidth. Tokens agree: the share of rows whose first tokens match generate's. Also the
+   measured bandwidth. Tokens agree: how far (of 32 greedy tokens, averaged over rows) each path's tokens
+   follow the path before (random weights give near-ties: a bf16 rounding apart flips one). Also the
    scoring forward (`trainer.evaluate.row_logprobs`, SCORE_TOKENS tokens) per depth.
 
     python benchmarks/decode_speed.py                       # on a GPU: the story's profile
@@ -43,9 +45,11 @@ sys.path.insert(0, str(ROOT))
 STORY = "qwen3-235b-a22b-thinking-4xh100"
 # MMConfig kwargs tried at decode sizes (over DECODE_GROUPS).
 CANDIDATES = [
-    {"bm": 16, "bn": 64, "bk": 128, "warps": 4, "stages": 4, "programs_per_sm": 4},
-    {"bm": 16, "bn": 128, "bk": 256, "warps": 4, "stages": 3, "programs_per_sm": 2},
-    {"bm": 32, "bn": 128, "bk": 128, "warps": 4, "stages": 4, "programs_per_sm": 2},
+    {"bm": 16, "bn": 256, "bk": 64, "warps": 4, "stages": 4, "programs_per_sm": 2},
+    {"bm": 16, "bn": 128, "bk": 64, "warps": 4, "stages": 6, "programs_per_sm": 2},
+    {"bm": 16, "bn": 128, "bk": 128, "warps": 8, "stages": 4, "programs_per_sm": 2},
+    {"bm": 16, "bn": 64, "bk": 256, "warps": 4, "stages": 3, "programs_per_sm": 4},
+    {"bm": 16, "bn": 128, "bk": 128, "warps": 4, "stages": 3, "programs_per_sm": 3},
 ]
 
 
@@ -112,7 +116,11 @@ def kernel_rows(
         for name, lay in layouts.items()
     }
     per_expert = {name: lay.nbytes / e_n for name, lay in layouts.items()}
-    configs = [("before: SMALL_GROUPS", k.SMALL_GROUPS), ("DECODE_GROUPS", k.DECODE_GROUPS)]
+    configs = [
+        ("before: SMALL_GROUPS", k.SMALL_GROUPS),
+        ("DECODE_GROUPS", k.DECODE_GROUPS),
+        ("DECODE_FEW", k.DECODE_FEW),
+    ]
     configs += [
         (
             f"bm{c['bm']} bn{c['bn']} bk{c['bk']} w{c['warps']} s{c['stages']} {c['programs_per_sm']}/SM",
@@ -259,7 +267,21 @@ def decode_rows(args: argparse.Namespace, bw: float) -> tuple[list[dict], list[d
             dec = decode.GreedyDecoder(model, ids, torch.ones_like(ids), new)
             return dec.run(ids, set(), graph=graph)
 
+    def run_before(ids: Any, new: int) -> Any:
+        """generate with the expert kernel's block config of before (no decode tile)."""
+        try:
+            from trainer.kernels import nf4_triton
+        except ImportError:  # no Triton (a CPU without it): no kernel, nothing else to undo
+            return run_generate(ids, new)
+        saved = nf4_triton.DECODE_GROUP_ROWS, nf4_triton.DECODE_FEW_ROWS
+        nf4_triton.DECODE_GROUP_ROWS = nf4_triton.DECODE_FEW_ROWS = -1
+        try:
+            return run_generate(ids, new)
+        finally:
+            nf4_triton.DECODE_GROUP_ROWS, nf4_triton.DECODE_FEW_ROWS = saved
+
     paths = {
+        "before": run_before,
         "generate": run_generate,
         "static": lambda ids, new: run_fast(ids, new, False),
         "graph": lambda ids, new: run_fast(ids, new, True),
@@ -295,7 +317,9 @@ def decode_rows(args: argparse.Namespace, bw: float) -> tuple[list[dict], list[d
                 step = (t2 - t1) / (n2 - n1)
                 if reference is None:
                     reference = tokens
-                agree = sum(a == b for a, b in zip(tokens, reference, strict=True)) / batch
+                agree = statistics.fmean(
+                    _common(a, b) / len(b) for a, b in zip(tokens, reference, strict=True)
+                )
                 bytes_step = limit["per_layer"] * depth + limit["fixed"]
                 row = {
                     "layers": depth,
@@ -307,14 +331,59 @@ def decode_rows(args: argparse.Namespace, bw: float) -> tuple[list[dict], list[d
                     "bytes_per_step": int(bytes_step),
                     "limit_ms": round(bytes_step / bw * 1e3, 3),
                     "x_limit": round(step / (bytes_step / bw), 2),
-                    "rows_same_tokens_as_generate": round(agree, 3),
+                    "tokens_agree_with_before": round(agree, 3),
                 }
                 rows.append(row)
                 log(
                     f"{depth:>2} layers batch {batch:>2} {name:>8}: {row['step_ms']} ms a step "
-                    f"({row['x_limit']}x the memory limit), same tokens {agree:.0%}"
+                    f"({row['x_limit']}x the memory limit), tokens agree {agree:.0%} of the way"
                 )
-    return rows, scoring, {"load_s": round(time.perf_counter() - t0, 1), "device": str(device)}
+    profiled = profile_steps(model, device, gen, args) if args.profile_step else []
+    return rows, scoring, {"load_s": round(time.perf_counter() - t0, 1), "device": str(device)}, profiled
+
+
+def profile_steps(model: Any, device: Any, gen: Any, args: argparse.Namespace) -> list[dict]:
+    """Device time a step by kernel: 8 static steps (no graph) at the deepest slice and largest batch."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from trainer import decode
+
+    model.config.num_hidden_layers = max(args.depths)
+    batch = max(args.batches)
+    ids = torch.randint(1, model.config.vocab_size, (batch, args.prompt_tokens), generator=gen).to(device)
+    steps = 8
+    with torch.no_grad():
+        dec = decode.GreedyDecoder(model, ids, torch.ones_like(ids), steps + 2)
+        dec.prefill(ids)
+        dec._step()
+        sync(torch, device)
+        activities = [ProfilerActivity.CUDA] if device.type == "cuda" else [ProfilerActivity.CPU]
+        with profile(activities=activities) as prof:
+            for _ in range(steps):
+                dec._step()
+            sync(torch, device)
+    rows = []
+    attr = "device_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    for event in prof.key_averages():
+        total = getattr(event, attr, 0) or 0
+        if total and (device.type != "cuda" or event.device_type.name == "CUDA"):
+            rows.append(
+                {
+                    "kernel": event.key[:90],
+                    "calls_a_step": event.count / steps,
+                    "ms_a_step": total / 1e3 / steps,
+                }
+            )
+    rows.sort(key=lambda r: -r["ms_a_step"])
+    for r in rows[:15]:
+        log(f"profile {r['ms_a_step']:8.3f} ms {r['calls_a_step']:6.1f}x {r['kernel']}")
+    return rows[:25]
+
+
+def _common(a: list[int], b: list[int]) -> int:
+    """How many first tokens two rows share."""
+    return next((i for i, (x, y) in enumerate(zip(a, b, strict=True)) if x != y), len(b))
 
 
 def fits(rows: list[dict], depths: list[int]) -> list[dict]:
@@ -375,7 +444,7 @@ def render(result: dict[str, Any]) -> str:
         "",
         "## Whole decode steps",
         "",
-        "| layers | batch | path | step ms | memory limit ms | x limit | tokens/s | same as generate |",
+        "| layers | batch | path | step ms | memory limit ms | x limit | tokens/s | agrees with before |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for r in result["steps"]:
@@ -384,7 +453,7 @@ def render(result: dict[str, Any]) -> str:
             continue
         lines.append(
             f"| {r['layers']} | {r['batch']} | {r['path']} | {r['step_ms']} | {r['limit_ms']} | "
-            f"{r['x_limit']} | {r['tokens_per_s']:,} | {r['rows_same_tokens_as_generate']:.0%} |"
+            f"{r['x_limit']} | {r['tokens_per_s']:,} | {r['tokens_agree_with_before']:.0%} |"
         )
     lines += [
         "",
@@ -399,6 +468,17 @@ def render(result: dict[str, Any]) -> str:
             f"{r.get('predicted_deepest_ms', '')} | {r.get('measured_deepest_ms', '')} | "
             f"{'' if 'error' not in r else format(r['error'], '+.1%')} |"
         )
+    if result.get("profile"):
+        lines += [
+            "",
+            "## Where a step's device time goes (static path, deepest slice, largest batch)",
+            "",
+            "| kernel | calls a step | ms a step |",
+            "|---|---|---|",
+        ]
+        lines += [
+            f"| `{r['kernel']}` | {r['calls_a_step']:.0f} | {r['ms_a_step']:.3f} |" for r in result["profile"]
+        ]
     lines += ["", "## Scoring forward", "", "| layers | tokens | seconds |", "|---|---|---|"]
     lines += [f"| {r['layers']} | {r['tokens']} | {r['seconds']} |" for r in result["scoring"]]
     return "\n".join(lines) + "\n"
@@ -416,6 +496,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tokens", default="9,41", help="N1,N2: new tokens of the two timed calls")
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--no-kernels", action="store_true", help="skip part 1")
+    parser.add_argument("--profile-step", action="store_true", help="profile 8 steps by kernel at the end")
     parser.add_argument("--out", default=os.environ.get("OUT") or str(ROOT / "benchmarks/results"))
     args = parser.parse_args(argv)
     args.depths = [int(x) for x in args.depths.split(",")]
@@ -437,7 +518,7 @@ def main(argv: list[str] | None = None) -> int:
         geometry = {"experts": 8, "hidden": 128, "width": 64, "topk": 2}
         os.environ.setdefault("TRITON_INTERPRET", "1")
     result["kernels"] = [] if args.no_kernels else kernel_rows(torch, device, geometry, bw, args.batches)
-    result["steps"], result["scoring"], load = decode_rows(args, bw)
+    result["steps"], result["scoring"], load, result["profile"] = decode_rows(args, bw)
     result["meta"].update(load)
     result["fits"] = fits(result["steps"], args.depths)
     text = render(result)

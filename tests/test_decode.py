@@ -78,3 +78,42 @@ def test_unusable_attention_falls_back(tiny) -> None:
         assert decode.greedy(model, enc["input_ids"], enc["attention_mask"], 4, set()) is None
     finally:
         model.set_attn_implementation("sdpa")
+
+
+def test_grouped_query_attention_equals_repeated_heads() -> None:
+    """One query token a row over a masked cache: the grouped heads give what repeating the cache for every
+    query head gives (transformers' way), and longer queries take transformers' path."""
+    gen = torch.Generator().manual_seed(0)
+    b, heads, kv_heads, length, d = 3, 8, 2, 11, 16
+    q = torch.randn(b, heads, 1, d, generator=gen)
+    k = torch.randn(b, kv_heads, length, d, generator=gen)
+    v = torch.randn(b, kv_heads, length, d, generator=gen)
+    mask = torch.rand(b, 1, 1, length, generator=gen) > 0.3
+    mask[:, :, :, 0] = True
+    want = torch.nn.functional.scaled_dot_product_attention(
+        q,
+        k.repeat_interleave(heads // kv_heads, 1),
+        v.repeat_interleave(heads // kv_heads, 1),
+        attn_mask=mask,
+    ).transpose(1, 2)
+    got, _ = decode.grouped_query_attention(None, q, k, v, mask)
+    assert got.shape == (b, 1, heads, d)
+    torch.testing.assert_close(got, want)
+
+
+def test_steps_use_grouped_attention(tiny, monkeypatch: pytest.MonkeyPatch) -> None:
+    model, tokenizer = tiny
+    model.set_attn_implementation("sdpa")
+    calls: list[int] = []
+    real = decode.grouped_query_attention
+
+    def counting(*args, **kwargs):
+        calls.append(args[1].shape[2])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(decode, "grouped_query_attention", counting)
+    enc = tokenizer(PROMPTS[:2], return_tensors="pt", padding=True, add_special_tokens=False)
+    decode.greedy(model, enc["input_ids"], enc["attention_mask"], 5, set())
+    assert calls and set(calls) == {1}  # the 4 steps after the prompt, every layer
+    assert len(calls) == 4 * model.config.num_hidden_layers
+    assert model.config._attn_implementation == "sdpa"

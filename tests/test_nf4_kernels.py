@@ -147,3 +147,4 @@ def test_grouped_mm_kernel_refuses_bad_shapes(kernels):
     assert kernels.pick_config(64 * 128, 128) is kernels.SMALL_GROUPS
     assert kernels.pick_config(256 * 128, 128) is kernels.LARGE_GROUPS
     assert kernels.pick_config(64 * 8, 128) is kernels.DECODE_GROUPS  # a decode step at batch 64
+    assert kernels.pick_config(1 * 8, 128) is kernels.DECODE_FEW  # at batch 1

@@ -21,6 +21,7 @@ LAYERS: tuple[tuple[str, int, tuple[str, ...]], ...] = (
             "cockpit.launcher",
             "cockpit.hostinfo",
             "cockpit.cache",
+            "cockpit.model_cache",
             "cockpit.limits",
             "cockpit.textfile",
             "cockpit.trackers",

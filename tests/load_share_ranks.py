@@ -3,7 +3,8 @@ launcher's environment (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT).
 
 The tiny model (NF4 attention through bitsandbytes, packed NF4 experts) is loaded layer by layer
 without ZeRO, under ZeRO-3, and sliced to 3 layers with random weights under ZeRO-3, each once with
-every rank building every unit (the old way, `COCKPIT_LOAD_SHARE=0`) and once shared. Writes
+every rank building every unit (the old way, `COCKPIT_LOAD_SHARE=0`) and once shared; then shared
+under ZeRO-3 twice with the NF4 cache (each rank writes its units, then reads them). Writes
 `result-rank<N>.json`: what differs between the two ways, byte for byte (this rank's ZeRO-3
 partitions, every bitsandbytes quantization state, buffers, shapes, dtypes and the audit's
 attributes), how many tensors were compared, and the load facts.
@@ -27,8 +28,13 @@ from trainer.model import _zero3_init_config
 
 deepspeed.init_distributed(dist_backend="gloo")
 rank = int(os.environ["RANK"])
-profile, _ = load_profile("tiny-cpu", ["hardware.gpus=2"])  # two ranks (on the CPU: gloo)
+# two ranks (on the CPU: gloo); the NF4 cache off but where it is asked for (the last load, below)
+profile, _ = load_profile("tiny-cpu", ["hardware.gpus=2", "quantization.cache=false"])
+cached_profile, _ = load_profile("tiny-cpu", ["hardware.gpus=2"])
 model_dir = str(tiny.model_path(0))
+os.environ["COCKPIT_CACHE"] = str(
+    Path.cwd() / "cache"
+)  # the NF4 cache this test writes, the tiny model found
 cpu = torch.device("cpu")
 
 
@@ -86,10 +92,11 @@ def differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
 
 
 def load(
-    zero_init: dict[str, Any] | None, shared: bool, random_layers: int | None
+    zero_init: dict[str, Any] | None, shared: bool, random_layers: int | None, cached: bool = False
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     load_share.SHARING = shared
-    model, facts = load_layerwise(profile, model_dir, cpu, zero_init, random_layers=random_layers)
+    chosen = cached_profile if cached else profile
+    model, facts = load_layerwise(chosen, model_dir, cpu, zero_init, random_layers=random_layers)
     return contents(model), facts
 
 
@@ -110,4 +117,13 @@ for what, zero_init, random_layers in (("plain", None, None), ("zero3", zero3, N
         "old_facts": old_facts,
         "new_facts": new_facts,
     }
+# Shared under ZeRO-3 with the NF4 cache: the first load writes each rank's units, the second reads them.
+old, _ = load(zero3, False, None)
+_, first_facts = load(zero3, True, None, cached=True)
+new, second_facts = load(zero3, True, None, cached=True)
+result["cached"] = {
+    "different": differences(old, new),
+    "first_facts": first_facts,
+    "second_facts": second_facts,
+}
 Path(f"result-rank{rank}.json").write_text(json.dumps(result))

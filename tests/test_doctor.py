@@ -36,7 +36,7 @@ def test_each_check_on_this_machine_tells_the_truth(tmp_path: Path) -> None:
     # no shm op line: the tiny profile's one rank does not use it
     assert set(checks) == {
         "libraries", "model and data", "experts in 4 bit", "partition at load", "DeepSpeed CPU Adam",
-        "c++ compiler", "ninja", "GPUs", "host RAM", "disk", "plan",
+        "c++ compiler", "ninja", "GPUs", "host RAM", "disk", "NF4 cache", "plan",
     }  # fmt: skip
     assert all(c.status in ("ok", "warn", "fail") and c.reason for c in checks.values())
     # The compiler and ninja are reported as they are on PATH here, present or not.

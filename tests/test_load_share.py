@@ -104,3 +104,18 @@ def test_each_rank_reads_and_quantizes_only_its_share(two_ranks, load):
     for key in ("linear_4bit", "experts_nf4"):
         per_layer = old[0][key] // old[0]["layers"]
         assert [s[key] for s in shares.values()] == [per_layer * len(mine[r]) for r in (0, 1)]
+
+
+@pytest.mark.e2e
+def test_each_rank_caches_its_units_and_reads_them_back(two_ranks):
+    """The NF4 cache on two ranks: each writes the units it built, the next load reads them from there,
+    and the model is the same, byte for byte, as when every rank built everything."""
+    mine = {0: 3, 1: 2}  # layers 0 and 2 and the rest; layers 1 and 3
+    for rank, result in two_ranks.items():
+        r = result["cached"]
+        assert r["different"] == [], f"rank {rank}: {r['different'][:10]}"
+        first, second = r["first_facts"], r["second_facts"]
+        assert first["weights"] == "checkpoint" and first["nf4_cache"]["units_written"] == mine[rank]
+        assert second["weights"] == "nf4-cache" and second["nf4_cache"]["units_read"] == mine[rank]
+        assert second["checkpoint_tensors_read"] == 0 and second["nf4_cache"]["units_written"] == 0
+        assert first["nf4_cache"]["path"] == second["nf4_cache"]["path"]

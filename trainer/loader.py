@@ -376,6 +376,7 @@ def load_layerwise(
     cache = open_cache(profile, model_dir, device, n, random=random_layers is not None)
     # Several ranks: unit u (a decoder layer, or the rest as unit n) is built by one rank, in rounds.
     share = job_share() if spread_over is None else None
+    cache.stride = share.world if share is not None else 1
     built: list[int] = []
     for units in share.rounds(n) if share is not None else ([i] for i in range(n)):
         for i in units:

@@ -19,6 +19,7 @@ one written. Nothing about the cache fails a load: a write that fails, or that w
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -37,7 +38,7 @@ from trainer.experts4bit import is_fused_experts
 from trainer.load_share import Manifest, Slot, assemble, manifest_of, tensors_of
 
 MARGIN_BYTES = 8 * 2**30  # free space a write leaves on the cache's disk, at least
-_DTYPE = "__torch_dtype__"
+_DTYPE, _TUPLE = "__torch_dtype__", "__tuple__"  # JSON has neither
 log = logging.getLogger(__name__)
 
 
@@ -51,7 +52,9 @@ def _plain(value: Any) -> Any:
         return {_DTYPE: str(value).removeprefix("torch.")}
     if isinstance(value, dict):
         return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
+    if isinstance(value, tuple):
+        return {_TUPLE: [_plain(v) for v in value]}
+    if isinstance(value, list):
         return [_plain(v) for v in value]
     return value
 
@@ -60,6 +63,8 @@ def _typed(value: Any) -> Any:
     if isinstance(value, dict):
         if set(value) == {_DTYPE}:
             return getattr(torch, value[_DTYPE])
+        if set(value) == {_TUPLE}:
+            return tuple(_typed(v) for v in value[_TUPLE])
         return {k: _typed(v) for k, v in value.items()}
     if isinstance(value, list):
         return [_typed(v) for v in value]
@@ -68,7 +73,7 @@ def _typed(value: Any) -> Any:
 
 def manifest_text(manifest: Manifest) -> str:
     """A unit's description (`load_share.Manifest`) as JSON."""
-    slots = [[s.path, s.name, s.role, list(s.shape), s.dtype, s.cpu] for s in manifest.slots]
+    slots = [[s.path, s.name, s.role, s.shape, s.dtype, s.cpu] for s in manifest.slots]
     body = {
         "linear4bit": manifest.linear4bit,
         "nf4_experts": manifest.nf4_experts,
@@ -81,7 +86,7 @@ def manifest_text(manifest: Manifest) -> str:
 def manifest_from_text(text: str) -> Manifest:
     """The description `manifest_text` wrote."""
     body = _typed(json.loads(text))
-    slots = [Slot(p, n, r, tuple(shape), dtype, bool(cpu)) for p, n, r, shape, dtype, cpu in body["slots"]]
+    slots = [Slot(*fields) for fields in body["slots"]]
     return Manifest(body["linear4bit"], body["nf4_experts"], list(body["experts_16bit"]), slots)
 
 
@@ -143,6 +148,7 @@ class NF4Cache:
         self.prints = prints or {}
         self.wanted = wanted or {}
         self.off = off  # why there is no cache for this load
+        self.stride = 1  # from one unit this rank loads to its next (the ranks of a shared load)
         self.read: list[int] = []
         self.written: list[int] = []
         self.bytes_read = 0
@@ -215,6 +221,7 @@ class NF4Cache:
         path = self.folder / model_cache.unit_name(index, self.layers)
         if not path.is_file():
             return None
+        self._read_ahead(index + self.stride)
         try:
             manifest, tensors = self._read(path, index)
             problem = misfit(unit, manifest, skip)
@@ -231,6 +238,16 @@ class NF4Cache:
         self.read.append(index)
         self.bytes_read += path.stat().st_size
         return manifest
+
+    def _read_ahead(self, index: int) -> None:
+        """Ask the kernel to start reading the next unit this rank loads while this one is put in place."""
+        path = self.folder / model_cache.unit_name(min(index, self.layers), self.layers)
+        with contextlib.suppress(OSError, AttributeError):  # no such file, or no posix_fadvise here
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
+            finally:
+                os.close(fd)
 
     # --- writing -----------------------------------------------------------------------------------------
     def store(

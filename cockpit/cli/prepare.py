@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -119,6 +120,10 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     from cockpit.service import doctor
 
     profile, path = load_profile(args.profile, args.overrides)
+    if args.clear_cache:
+        from cockpit.cli.records import clear_caches
+
+        clear_caches(args.clear_cache, sys.stderr if args.format == "json" else None)
     checks = []
     if args.prebuild:
         say = (lambda line: console.print(escape(line))) if args.format == "text" else (lambda line: None)
@@ -132,6 +137,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         out.print(f"cockpit doctor: profile {escape(exam.profile)}")
         for check in exam.checks:
             out.print(f"{DOCTOR_MARKS[check.status]} {escape(check.name)}: {escape(check.reason)}")
+            for line in check.facts.get("lines", []):
+                out.print(f"     {escape(line)}")
     return 1 if exam.failed else 0
 
 
@@ -206,11 +213,19 @@ def add_doctor(sub: argparse._SubParsersAction, common: argparse.ArgumentParser)
         description="Each check prints ok, warn or fail with a one-line reason. Exit 0 when nothing fails, "
         "1 when a check fails, 2 for bad input. --prebuild compiles the DeepSpeed ops the profile's run "
         "needs now (CPU Adam with optimizer offload, the shared-memory op on a CPU; a compile of minutes "
-        "the first time in an environment) instead of at the first run.",
+        "the first time in an environment) instead of at the first run. The NF4 cache line lists the "
+        "quantized models kept on disk and their size; --clear-cache removes them.",
     )
     doc.add_argument("--profile", default=DEFAULT_PROFILE, help=PROFILE_HELP)
     doc.add_argument("--prebuild", action="store_true", help="build the DeepSpeed ops the run needs now")
     doc.add_argument("--format", choices=("text", "json"), default="text", help="lines or JSON")
+    doc.add_argument(
+        "--clear-cache",
+        nargs="?",
+        const="all",
+        metavar="KEY|stale|all",
+        help="remove NF4 model caches first (one by its key, those no load would use, or all: the default)",
+    )
     add_overrides(doc)
     doc.set_defaults(func=cmd_doctor)
 

@@ -6,7 +6,7 @@ import argparse
 import json
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from rich.markup import escape
 from rich.table import Table
@@ -27,7 +27,7 @@ from cockpit.cli.common import (
 from cockpit.cli.follow import open_app, use_app
 from cockpit.record import RecordError, RunPaths, check_record
 from cockpit.service import lifecycle
-from cockpit.units import about
+from cockpit.units import about, size
 
 
 def _ls_row(run_dir: Path, now: float) -> dict[str, Any]:
@@ -58,9 +58,13 @@ def _ls_row(run_dir: Path, now: float) -> dict[str, Any]:
 
 
 def cmd_ls(args: argparse.Namespace) -> int:
-    """The runs in --runs-dir: a table (or JSON) of status, step, age and diagnosis."""
+    """The runs in --runs-dir: a table (or JSON) of status, step, age and diagnosis; or the NF4 caches."""
     from cockpit.service.runs import list_run_dirs
 
+    if args.clear_cache:
+        return clear_caches(args.clear_cache)
+    if args.caches:
+        return list_caches(args.format)
     run_dirs = list_run_dirs(runs_dir_of(args), every_folder=True)
     now = time.time()
     rows = [_ls_row(run_dir, now) for run_dir in run_dirs]
@@ -84,6 +88,38 @@ def cmd_ls(args: argparse.Namespace) -> int:
             escape(str(row["diagnosis"])),
         )
     stdout_console().print(table)
+    return 0
+
+
+def list_caches(fmt: str) -> int:
+    """The NF4 model caches (`cockpit.model_cache`), one line each, and their total."""
+    from cockpit import model_cache
+
+    caches = model_cache.list_caches()
+    if fmt == "json":
+        print(json.dumps([c.to_dict() for c in caches], indent=2))
+        return 0
+    now = time.time()
+    for info in caches:
+        print(model_cache.describe(info, now))
+    print(model_cache.summary(caches))
+    return 0
+
+
+def clear_caches(which: str, stream: TextIO | None = None) -> int:
+    """Remove the NF4 caches `which` names (a key or its start, `stale` or `all`), one line each (on
+    stdout, or `stream`)."""
+    from cockpit import model_cache
+
+    try:
+        removed = model_cache.remove(which)
+    except model_cache.CacheError as exc:
+        raise UsageError(str(exc)) from None
+    now = time.time()
+    for info in removed:
+        print(f"removed {model_cache.describe(info, now)}", file=stream)
+    freed = sum(c.bytes for c in removed)
+    print(f"removed {len(removed)} NF4 cache{'s' * (len(removed) != 1)}, {size(freed)} freed", file=stream)
     return 0
 
 
@@ -140,8 +176,23 @@ def cmd_import(args: argparse.Namespace) -> int:
 # --- the commands' flags ------------------------------------------------------------------------------
 def add_ls(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
     """Register `cockpit ls` and its flags."""
-    ls = sub.add_parser("ls", parents=[common], help="list runs with status, step and age")
+    ls = sub.add_parser(
+        "ls",
+        parents=[common],
+        help="list runs with status, step and age (or the NF4 model caches: --caches)",
+        description="The runs in --runs-dir. --caches lists the NF4 model caches instead (one line each: "
+        "key, model folder, settings, units on disk, bytes, last use, and why no load would use it where "
+        "none would), --clear-cache removes them.",
+    )
     ls.add_argument("--format", choices=("text", "json"), default="text", help="a table or JSON")
+    ls.add_argument(
+        "--caches", action="store_true", help="list the NF4 model caches ($COCKPIT_CACHE/nf4) instead of runs"
+    )
+    ls.add_argument(
+        "--clear-cache",
+        metavar="KEY|stale|all",
+        help="remove an NF4 model cache (its key, or the key's first characters), the stale ones, or all",
+    )
     ls.set_defaults(func=cmd_ls)
 
 

@@ -209,6 +209,7 @@ EVENTS: dict[str, Fields] = {
         "checkpoint_tensors_read": INT,
         "load_quantize_s": NUMBER,
         "load_share": TABLE,
+        "nf4_cache": TABLE,
         "zero3_leaf_modules": LIST,
         "nf4_expert_tensors": INT,
         "nf4_expert_tensors_partitioned": INT,

@@ -16,7 +16,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Literal
 
-from cockpit import hostinfo
+from cockpit import hostinfo, model_cache
 from cockpit.hostinfo import library_versions
 from cockpit.ops import dsops
 from cockpit.profiles import Profile
@@ -311,6 +311,27 @@ def check_disk(runs_dir: Path, free: int, need: int | None) -> Check:
     return Check("disk", "fail" if free < need else "ok", f"{have}; {need_text}", facts)
 
 
+def check_nf4_caches(profile: Profile, caches: list[model_cache.CacheInfo]) -> Check:
+    """The NF4 model caches on this machine (one line each in the facts) and their disk use, and whether
+    the profile's model has one its next load would read."""
+    now = time.time()
+    facts = {"caches": [c.to_dict() for c in caches], "lines": [model_cache.describe(c, now) for c in caches]}
+    reason = model_cache.summary(caches)
+    model = Path(profile.model.path)
+    if not profile.quantization.cache:
+        return Check("NF4 cache", "ok", f"{reason}; off for this profile (quantization.cache = false)", facts)
+    if not model.is_dir():
+        return Check("NF4 cache", "ok", reason, facts)
+    wanted = model_cache.settings(profile, "cuda" if profile.hardware.gpus else "cpu")
+    mine = [c for c in caches if c.model == str(model.resolve()) and c.settings == wanted and not c.problem]
+    if mine:
+        c = mine[0]
+        state = f"cached ({c.done}/{c.units} units, {size(c.bytes)}): its next load reads it"
+    else:
+        state = "not cached: its first load writes the cache"
+    return Check("NF4 cache", "ok", f"{reason}; this profile's model: {state}", facts)
+
+
 # --- the whole examination -------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Examination:
@@ -400,5 +421,6 @@ def examine(profile: Profile, runs_dir: Path, source: str = "") -> Examination:
     need = (disk.get("checkpoints_kept") or 0) + (disk.get("adapter") or 0) or None
     folder = existing_parent(runs_dir)
     checks.append(check_disk(runs_dir, shutil.disk_usage(folder).free, need))
+    checks.append(check_nf4_caches(profile, model_cache.list_caches()))
     checks.append(plan_check)
     return Examination(profile.name, checks)

@@ -188,6 +188,35 @@ def test_evaluating_the_ended_run_again_goes_through_a_supervisor(
     assert [e["stage"] for e in read_events(run_dir, "launch")] == ["train", "eval", "eval"]
 
 
+def test_evaluating_a_sample_scores_every_system_on_the_same_examples(
+    tiny_run: tuple[Path, str], asset_cache: Path
+) -> None:
+    """`cockpit eval RUN --examples 12`: a stratified sample of 12 of the 200 held-out examples (5 tenants
+    of 40), the same for the base and the tuned model; progress counts to 12; the report says 12 of 200,
+    each tenant's n of 40, and names the vllm command for the adapter."""
+    from cockpit.predictions import own_predictions
+
+    run_dir, _ = tiny_run
+    result = run_cockpit(["eval", str(run_dir), "--examples", "12"], asset_cache)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert load_manifest(run_dir)["eval_request"] == {"examples": 12}
+    files = {p.system: p for p in own_predictions(run_dir)}
+    assert set(files["base"].rows) == set(files["finetuned"].rows) and len(files["base"].rows) == 12
+    per_tenant = {t: sum(1 for k in files["base"].rows if k[0] == t) for t, _ in files["base"].rows}
+    assert len(per_tenant) == 5 and set(per_tenant.values()) <= {2, 3}, per_tenant
+    events = list(read_events(run_dir))
+    last_begin = max(i for i, e in enumerate(events) if e["kind"] == "eval_begin")
+    assert events[last_begin]["examples"] == 12 and events[last_begin]["population"] == 200
+    totals = {e["total"] for e in events[last_begin:] if e["kind"] == "eval_progress"}
+    assert totals == {12}
+    report = json.loads((run_dir / "report.json").read_text())
+    assert report["sample"]["scored"] == 12 and report["sample"]["by"] == ["examples"]
+    assert all(t["population"] == 40 for t in report["tenants"])
+    assert "Scored 12 of 200 held-out examples" in result.stdout
+    assert "--max-lora-rank 32" in report["production"]["command"], "the tiny profile's r"
+    assert report["production"]["command"] in result.stdout
+
+
 def test_validation_loss_is_in_the_record_and_falls(
     tiny_run: tuple[Path, str], asset_cache: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -37,6 +37,7 @@ except ModuleNotFoundError:
 else:
     raise SystemExit("the block did not hold")
 import trainer.__main__, trainer.data, trainer.validation, trainer.callbacks, trainer.model, trainer.loss
+import trainer.eval_timing, trainer.evaluate  # a rehearsal depth times evaluation on its slice too
 from transformers import Trainer  # noqa: F401
 from cockpit.plan.run_length import data_size
 from cockpit.profiles import load_profile

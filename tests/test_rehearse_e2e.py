@@ -30,6 +30,8 @@ def test_rehearsal_measures_each_depth_and_predicts_the_run(tmp_path: Path, asse
             "1,2",
             "--steps",
             "3",
+            "--eval-tokens",
+            "4",
             "--format",
             "json",
         ],
@@ -37,6 +39,11 @@ def test_rehearsal_measures_each_depth_and_predicts_the_run(tmp_path: Path, asse
     )
     assert out.returncode == 0, out.stderr[-2000:]
     data = json.loads(out.stdout)
+    # evaluation timed after each depth's steps, fitted over the depths, in the wall clock with its share
+    assert [d["eval"]["layers"] for d in data["depths"]] == [1, 2]
+    assert all(d["eval"]["decode_step_s"] > 0 and d["eval"]["score_s"] > 0 for d in data["depths"])
+    assert data["evaluation"]["measured"] and data["wall"]["eval_s"] == data["evaluation"]["total_s"] > 0
+    assert "evaluation" in data["summary"] and data["serving"]["batch_tokens_per_s"] > 0
     assert [(d["layers"], d["status"]) for d in data["depths"]] == [(1, "ok"), (2, "ok")]
     assert data["layers"] == 4  # the tiny model's full depth, predicted from depths 1 and 2
     assert data["target"]["step_s"] > 0 and data["target"]["tokens_per_s"] > 0
@@ -46,9 +53,10 @@ def test_rehearsal_measures_each_depth_and_predicts_the_run(tmp_path: Path, asse
     (run_dir,) = runs.iterdir()
     manifest = load_manifest(run_dir)
     assert manifest["mode"] == "rehearse" and manifest["status"] == "finished"
-    marks = {"rehearse_begin", "rehearse_end", "rehearsal"}
+    marks = {"rehearse_begin", "rehearse_eval", "rehearse_end", "rehearsal"}
     kinds = [e["kind"] for e in read_events(run_dir) if e["kind"] in marks]
-    assert kinds == ["rehearse_begin", "rehearse_end", "rehearse_begin", "rehearse_end", "rehearsal"]
+    depth = ["rehearse_begin", "rehearse_eval", "rehearse_end"]
+    assert kinds == [*depth, *depth, "rehearsal"]
     assert json.loads((run_dir / "rehearsal.json").read_text())["summary"] == data["summary"]
 
 

@@ -60,6 +60,37 @@ def keeps_embeddings(embeddings_on_gpu: bool, stage: int, offload_param: str, gp
 # 64 rather than 16: `cockpit eval` of the tiny run took 50 s instead of 78 s on 2 cores, same F1; on the
 # story's GPUs the KV cache of 64 sequences of ~2,000 tokens is about 25 GB spread over the layer blocks.
 EVAL_BATCH_SIZE = 64
+# On a GPU the batch is as large as the memory left after loading holds (`eval_batch`), up to this: at
+# 64 prompts a decode step already reads nearly every expert of a layer (126 of 128 at top-8), so a larger
+# batch adds rows at little more cost a step (benchmarks/results/decode_speed_h200.md).
+MAX_EVAL_BATCH = 256
+# Bytes a token holds in a layer's activations while a prompt goes through it (the prefill), besides its
+# KV cache: its hidden state a few times over (residual, norm, attention output), its query, and its
+# top-k expert rows (the input spread to each expert and the gate/up output), in the compute dtype.
+PREFILL_HIDDEN_COPIES = 6
+
+
+def eval_row_bytes(
+    layers: int, kv_heads: int, head_dim: int, hidden: int, expert_width: int, top_k: int,
+    prompt_tokens: int, new_tokens: int, item: int = 2,
+) -> int:  # fmt: skip
+    """Device bytes one evaluation row holds on a GPU that runs `layers` decoder layers: its KV cache for
+    the prompt and the new tokens in every one of them, and the prefill's activations of one layer at a
+    time (`PREFILL_HIDDEN_COPIES` hidden states, the query, and each of the top-k experts' input row and
+    gate/up output)."""
+    kv = layers * 2 * kv_heads * head_dim * (prompt_tokens + new_tokens)
+    per_token = PREFILL_HIDDEN_COPIES * hidden + top_k * (hidden + 2 * expert_width)
+    return item * (kv + prompt_tokens * per_token)
+
+
+def eval_batch(free_bytes: list[int], row_bytes: list[int], examples: int) -> int:
+    """Evaluation's batch on GPUs with `free_bytes` left after loading (each less what it must keep for
+    the scoring forward), each holding `row_bytes` a row: the most rows every GPU holds, at most
+    `MAX_EVAL_BATCH` and the examples to score, at least 1."""
+    fits = min((free // row for free, row in zip(free_bytes, row_bytes, strict=True) if row), default=0)
+    return max(1, min(fits, MAX_EVAL_BATCH, max(examples, 1)))
+
+
 # Label scoring runs rows of (prefix, label) for several examples at once, at most this many tokens a
 # forward (trainer/evaluate.py); their logits are evaluation's largest working memory (trainer/placement.py).
 SCORE_TOKENS = 32_768

@@ -9,16 +9,16 @@ code scores a base model and a fine-tuned adapter, so their numbers are comparab
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from cockpit.contract import EVAL_BATCH_SIZE, SCORE_TOKENS
+from cockpit.contract import SCORE_TOKENS
 from cockpit.data.chat import THINK_CLOSE, THINK_OPEN, prompt_text
-from trainer import decode
+from trainer import decode, eval_batch
 
 THINK_END = "</think>"
 
@@ -43,11 +43,6 @@ class Prediction:
             "scores": {k: round(v, 4) for k, v in self.scores.items()},
             "thinking": self.thinking,
         }
-
-
-def _batches(items: list[Any], size: int) -> Iterator[list[Any]]:
-    for i in range(0, len(items), size):
-        yield items[i : i + size]
 
 
 def _close_thinking(prompt: str, generated: str) -> str:
@@ -156,18 +151,26 @@ def classify(
     tokenizer: Any,
     examples: list[dict[str, Any]],
     max_think_tokens: int,
-    batch_size: int = EVAL_BATCH_SIZE,
+    batch_size: int | None = None,
     progress: Callable[[int, int], None] | None = None,
     keep_going: Callable[[], bool] | None = None,
 ) -> list[Prediction]:
     """Predictions for `examples` (the eval split, or a sample in its order) by thinking then label
-    scoring; `keep_going`, asked before each batch, stops it after a whole batch (a time budget)."""
+    scoring, `batch_size` at a time (by default as many as the free memory holds: `trainer.eval_batch`);
+    `keep_going`, asked before each batch, stops it after a whole batch (a time budget)."""
     model.eval()
     predictions: list[Prediction] = []
-    for batch in _batches(examples, batch_size):
+    all_prompts = [prompt_text(tokenizer, ex) for ex in examples]
+    if batch_size is None:
+        longest = max(
+            (len(tokenizer(p, add_special_tokens=False)["input_ids"]) for p in all_prompts), default=1
+        )
+        batch_size = eval_batch.choose(model, longest, max_think_tokens, len(examples))
+    for start in range(0, len(examples), batch_size):
         if keep_going is not None and not keep_going():
             break
-        prompts = [prompt_text(tokenizer, ex) for ex in batch]
+        batch = examples[start : start + batch_size]
+        prompts = all_prompts[start : start + batch_size]
         thoughts = think(model, tokenizer, prompts, max_think_tokens)
         prefixes = [_close_thinking(p, t) for p, t in zip(prompts, thoughts, strict=True)]
         all_scores = score_many(

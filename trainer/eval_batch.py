@@ -1,0 +1,65 @@
+"""Evaluation's batch from the memory that is free once the model is loaded.
+
+A decode step reads each layer's weights once for the whole batch, so the larger the batch, the more
+tokens each read pays for. The batch is the most rows every GPU holding decoder layers can take: its
+free memory (the driver's, plus what torch's allocator holds unused), less what the scoring forward's
+logits need on the head's GPU and a margin, over one row's KV cache for the layers it runs and a
+prefill's activations (`cockpit.contract.eval_row_bytes`, which the plan counts too). Without a GPU it
+is `EVAL_BATCH_SIZE`.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import torch
+
+from cockpit.contract import EVAL_BATCH_SIZE, SCORE_TOKENS, eval_batch, eval_row_bytes
+
+MARGIN = 0.9  # of each GPU's free bytes, the share rows may take (fragmentation, kernels' workspaces)
+LOGIT_BYTES = 8  # a scored token's logits: float32, and their log-softmax beside them
+
+
+def layers_by_device(model: Any) -> Counter[torch.device]:
+    """How many decoder layers run on each device."""
+    from trainer.loader import decoder_layers
+
+    return Counter(next(layer.parameters()).device for layer in decoder_layers(model))
+
+
+def free_bytes(device: torch.device) -> int:
+    """Bytes a new allocation can still get on `device`: the driver's free memory and the allocator's
+    reserved but unused blocks."""
+    free, _ = torch.cuda.mem_get_info(device)
+    return free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+
+
+def choose(model: Any, prompt_tokens: int, new_tokens: int, examples: int) -> int:
+    """The batch for thinking `new_tokens` after prompts of at most `prompt_tokens` (see the module)."""
+    layers = layers_by_device(model)
+    if not layers or any(d.type != "cuda" for d in layers):
+        return min(EVAL_BATCH_SIZE, max(examples, 1))
+    text = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+    item = next(p for p in model.parameters() if p.is_floating_point()).element_size()
+    head = model.get_output_embeddings().weight.device
+    logits = SCORE_TOKENS * text.vocab_size * LOGIT_BYTES
+    free, rows = [], []
+    for device, count in layers.items():
+        keep = logits if device == head else 0
+        free.append(max(0, int(free_bytes(device) * MARGIN) - keep))
+        rows.append(
+            eval_row_bytes(
+                count,
+                getattr(text, "num_key_value_heads", None) or text.num_attention_heads,
+                head_dim,
+                text.hidden_size,
+                getattr(text, "moe_intermediate_size", None) or text.intermediate_size,
+                getattr(text, "num_experts_per_tok", 1),
+                prompt_tokens,
+                new_tokens,
+                item,
+            )
+        )
+    return eval_batch(free, rows, examples)

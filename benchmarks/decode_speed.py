@@ -223,7 +223,7 @@ def decode_rows(args: argparse.Namespace, bw: float) -> tuple[list[dict], list[d
 
     from cockpit.contract import SCORE_TOKENS
     from cockpit.profiles import load_profile
-    from trainer import decode
+    from trainer import decode, eval_batch
     from trainer.evaluate import row_logprobs
     from trainer.model import load_base
     from trainer.nf4_pack import PackedLayout
@@ -288,6 +288,9 @@ def decode_rows(args: argparse.Namespace, bw: float) -> tuple[list[dict], list[d
     }
     if device.type != "cuda":
         del paths["graph"]
+    paths = {name: fn for name, fn in paths.items() if name in args.paths}
+    chosen = eval_batch.choose(model, args.prompt_tokens, 512, 10_000)
+    log(f"evaluation's batch from free memory with {args.layers} layers loaded: {chosen}")
     for depth in args.depths:
         config.num_hidden_layers = depth
         width = min(profile.training.seq_len, SCORE_TOKENS)
@@ -339,7 +342,8 @@ def decode_rows(args: argparse.Namespace, bw: float) -> tuple[list[dict], list[d
                     f"({row['x_limit']}x the memory limit), tokens agree {agree:.0%} of the way"
                 )
     profiled = profile_steps(model, device, gen, args) if args.profile_step else []
-    return rows, scoring, {"load_s": round(time.perf_counter() - t0, 1), "device": str(device)}, profiled
+    load = {"load_s": round(time.perf_counter() - t0, 1), "device": str(device), "eval_batch_chosen": chosen}
+    return rows, scoring, load, profiled
 
 
 def profile_steps(model: Any, device: Any, gen: Any, args: argparse.Namespace) -> list[dict]:
@@ -495,13 +499,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prompt-tokens", type=int, default=512)
     parser.add_argument("--tokens", default="9,41", help="N1,N2: new tokens of the two timed calls")
     parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument("--paths", default="before,generate,static,graph", help="decode paths timed")
     parser.add_argument("--no-kernels", action="store_true", help="skip part 1")
+    parser.add_argument("--name", default="", help="a suffix for the results' file names")
     parser.add_argument("--profile-step", action="store_true", help="profile 8 steps by kernel at the end")
     parser.add_argument("--out", default=os.environ.get("OUT") or str(ROOT / "benchmarks/results"))
     args = parser.parse_args(argv)
     args.depths = [int(x) for x in args.depths.split(",")]
     args.batches = [int(x) for x in args.batches.split(",")]
     args.tokens = [int(x) for x in args.tokens.split(",")]
+    args.paths = args.paths.split(",")
     if max(args.depths) > args.layers:
         parser.error("--depths beyond --layers")
     import torch
@@ -526,8 +533,8 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     tag = "h200" if "H200" in name else name.split()[-1].lower()
-    (out / f"decode_speed_{tag}.md").write_text(text)
-    (out / f"decode_speed_{tag}.json").write_text(json.dumps(result, indent=1) + "\n")
+    (out / f"decode_speed_{tag}{args.name}.md").write_text(text)
+    (out / f"decode_speed_{tag}{args.name}.json").write_text(json.dumps(result, indent=1) + "\n")
     return 0
 
 

@@ -16,8 +16,10 @@ then stale, and says why (`changes`). This module is torch-free: `cockpit doctor
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import os
 import re
 import shutil
 import time
@@ -115,10 +117,6 @@ def settings(profile: Any, device_type: str) -> dict[str, Any]:
     and this module's `FORMAT`."""
     q = profile.quantization
     experts = contract.experts_storage_dtype(profile.training.bf16, q.storage_dtype)
-    try:
-        bnb = metadata.version("bitsandbytes")
-    except metadata.PackageNotFoundError:
-        bnb = None
     return {
         "format": FORMAT,
         "load_in_4bit": q.load_in_4bit,
@@ -130,8 +128,16 @@ def settings(profile: Any, device_type: str) -> dict[str, Any]:
         "experts_storage_dtype": experts if q.quantize_experts else None,
         "nf4_blocksize": contract.NF4_BLOCKSIZE,
         "device": device_type,
-        "bitsandbytes": bnb,
+        "bitsandbytes": bitsandbytes_version(),
     }
+
+
+def bitsandbytes_version() -> str | None:
+    """The installed bitsandbytes' version (its quantization makes the bytes), None without one."""
+    try:
+        return metadata.version("bitsandbytes")
+    except metadata.PackageNotFoundError:
+        return None
 
 
 def foreign(made: dict[str, Any], wanted: dict[str, Any]) -> str | None:
@@ -200,7 +206,14 @@ class CacheInfo:
 
 
 def _problem(manifest: dict[str, Any]) -> str:
-    """Why the checkpoint a cache was made of would not load from it now, or ''."""
+    """Why no load here would read a cache, or '': its checkpoint changed or is gone, or it was made by
+    another bitsandbytes or cache format than this environment's."""
+    made = manifest.get("settings") or {}
+    if made.get("format") != FORMAT:
+        return f"format {made.get('format')}, this cockpit reads format {FORMAT}"
+    here = bitsandbytes_version()
+    if made.get("bitsandbytes") != here:
+        return f"made with bitsandbytes {made.get('bitsandbytes')}, {here} here"
     model = Path(str(manifest.get("model", "")))
     if not model.is_dir():
         return f"model gone: no folder {model}"
@@ -211,13 +224,23 @@ def _problem(manifest: dict[str, Any]) -> str:
     return f"stale: {changed}" if changed else ""
 
 
+def folder_files(folder: Path) -> list[os.stat_result]:
+    """The files under `folder` (those another process removes meanwhile left out)."""
+    found = []
+    for path in folder.rglob("*"):
+        with contextlib.suppress(OSError):
+            if path.is_file():
+                found.append(path.stat())
+    return found
+
+
 def inspect(folder: Path) -> CacheInfo:
     """What one cache folder holds."""
-    files = [p for p in folder.rglob("*") if p.is_file()]
-    held = sum(p.stat().st_size for p in files)
+    files = folder_files(folder)
+    held = sum(f.st_size for f in files)
     manifest = read_manifest(folder)
     if manifest is None:
-        used = max((p.stat().st_mtime for p in files), default=folder.stat().st_mtime)
+        used = max((f.st_mtime for f in files), default=folder.stat().st_mtime)
         return CacheInfo(folder.name, folder, "?", bytes=held, last_used=used, problem="no readable manifest")
     layers = int(manifest.get("layers") or 0)
     done = sum((folder / unit_name(i, layers)).is_file() for i in range(layers + 1))

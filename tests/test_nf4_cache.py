@@ -178,6 +178,23 @@ def test_the_fingerprint_names_hub_blobs_and_says_what_changed(tmp_path: Path) -
     assert model_cache.changes(before, {}) == "model.safetensors is gone"
 
 
+def test_caches_no_load_here_would_read_are_listed_as_such_and_cleared_as_stale(
+    model: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    load(model)
+    (info,) = caches()
+    manifest = json.loads((info.folder / model_cache.MANIFEST).read_text())
+    manifest["settings"]["bitsandbytes"] = "0.0.1"  # another environment's
+    (info.folder / model_cache.MANIFEST).write_text(json.dumps(manifest))
+    here = model_cache.bitsandbytes_version()
+    assert caches()[0].problem == f"made with bitsandbytes 0.0.1, {here} here"
+    capsys.readouterr()
+    assert cli.main(["ls", "--caches"]) == 0
+    assert capsys.readouterr().out.splitlines()[0].endswith(f"(made with bitsandbytes 0.0.1, {here} here)")
+    assert cli.main(["ls", "--clear-cache", "stale"]) == 0 and caches() == []
+    assert capsys.readouterr().out.splitlines()[-1] == f"removed 1 NF4 cache, {size(info.bytes)} freed"
+
+
 def test_ls_and_doctor_list_and_clear_caches(model: Path, capsys: pytest.CaptureFixture[str]) -> None:
     load(model)
     load(model, 'quantization.quant_type="fp4"')

@@ -184,7 +184,7 @@ class NF4Cache:
                 self.others.append(f"{other.name} (made with {differ})")
                 continue
             changed = model_cache.changes(made.get("fingerprint") or {}, self.prints) or "another fingerprint"
-            held = sum(p.stat().st_size for p in other.rglob("*") if p.is_file())
+            held = sum(f.st_size for f in model_cache.folder_files(other))
             shutil.rmtree(other, ignore_errors=True)
             self.refuse(f"stale: {changed} since cache {other.name} was made (removed, {size(held)})")
 

@@ -80,7 +80,7 @@ def serving_lines(data: dict[str, Any] | None) -> list[str]:
         else "no hourly price in the profile (cost.serving_hour_usd)"
     )
     api = (
-        f", {data['vs_api']:.1f}x the {data['api_name'] or 'API'}'s ${data['api_usd_per_mtok']:g}"
+        f", {data['vs_api']:.2g}x the API's ${data['api_usd_per_mtok']:g} ({data['api_name'] or 'API'})"
         if data.get("vs_api")
         else ""
     )

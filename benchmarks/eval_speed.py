@@ -83,6 +83,7 @@ def analyse(run_dir: Path, profile: Any) -> dict[str, Any]:
 
     timed = [m for m in depth_measures(read_events(run_dir)) if m.eval.get("decode_step_s") is not None]
     result: dict[str, Any] = {"run_dir": str(run_dir), "depths": [m.layers for m in timed]}
+    result["timings"] = {str(m.layers): m.eval for m in timed}  # story_forecast.py reads them
     if len(timed) < 3:
         result["error"] = f"{len(timed)} depth(s) timed evaluation: three are needed ({run_dir}/output.log)"
         return result

@@ -7,8 +7,11 @@ as shipped: 4 packed rows of 4096 tokens a micro-batch, gradient accumulation 2,
 predicts the whole 94-layer run on the story profile's own machine (4 x H100-80GB) with
 `cockpit.rehearse.forecast.forecast`, every assumption printed, each figure with its range. The step
 count comes from the profile's data (3,600 examples of about 2,000 tokens, one epoch, as the story ran:
-an assumption, the data file is not here). Beside it: what `cockpit plan` says for the same profile, and
-the story's 26 hours. No GPU needed.
+an assumption, the data file is not here). Evaluation after training (the base and the tuned model on
+the held-out split) is in the wall clock: timed on the story's slices where `benchmarks/eval_speed.py`
+left its timings (`results/eval_speed_h200.json`, set on the depths it timed), else the plan's modelled
+term, and the output says which. Beside it: what `cockpit plan` says for the same profile, and the story's
+26 hours. No GPU needed.
 
     python benchmarks/story_forecast.py [--depths 1,2,4,8,16]
 """
@@ -25,6 +28,20 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 STORY = "qwen3-235b-a22b-thinking-4xh100"
+EVAL_TIMINGS = ROOT / "benchmarks/results/eval_speed_h200.json"
+
+
+def with_eval_timings(measures: list, path: Path = EVAL_TIMINGS) -> tuple[list, str]:
+    """The depths with evaluation's timings on the story's slices set where `eval_speed.py` timed the
+    same depth (its `rehearse_eval` events), and which: timed, or modelled (no timings committed)."""
+    from dataclasses import replace
+
+    timings = json.loads(path.read_text()).get("timings", {}) if path.is_file() else {}
+    if not timings:
+        return measures, "evaluation modelled (no eval_speed_h200.json timings: the plan's term)"
+    out = [replace(m, eval=timings.get(str(m.layers), {})) for m in measures]
+    timed = [m.layers for m in out if m.eval]
+    return out, f"evaluation timed on the story's slices ({', '.join(map(str, timed))} layers, {path.name})"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -46,6 +63,7 @@ def main(argv: list[str] | None = None) -> int:
         profile, plan = story(overrides)
         by_depth = measures_of(records)
         measures = [m for d, m in sorted(by_depth.items()) if not chosen or d in chosen]
+        measures, evaluation = with_eval_timings(measures)
         result = forecast(measures, profile, plan, scaling())
         data = result.to_dict()
         console.rule(
@@ -61,13 +79,15 @@ def main(argv: list[str] | None = None) -> int:
             f"{result.wall['steps']:.0f} steps = {(plan_total or 0) / 3600:.2f} h of training; "
             "the rehearsal's "
             f"whole run {result.wall['total_s'] / 3600:.2f} h ({lo / 3600:.2f}-{hi / 3600:.2f} h), "
-            f"{26 * 3600 / result.wall['total_s']:.0f}x shorter than the story's"
+            f"{26 * 3600 / result.wall['total_s']:.0f}x shorter than the story's; {evaluation}, "
+            f"{result.wall['eval_s'] / 3600:.2f} h of it"
         )
         summary[config] = {
             "depths": [m.layers for m in measures],
             "forecast": data,
             "plan_step_s": plan_step,
             "plan_train_s": plan_total,
+            "evaluation": evaluation,
         }
     out = Path(os.environ.get("OUT") or ROOT / "benchmarks/results")
     out.mkdir(parents=True, exist_ok=True)

@@ -98,9 +98,9 @@ class QuantizationSpec(_Section):
         default=True,
         description="Keep the quantized model on disk after the layer-by-layer loader's first load of a "
         "checkpoint ($COCKPIT_CACHE/nf4, about a quarter of the checkpoint's bytes) and load from it next "
-        "time: no checkpoint read, no quantization. Keyed by the checkpoint's fingerprint and these settings; "
-        "a stale or foreign cache is refused with its reason. `cockpit ls --caches` lists the caches, "
-        "`cockpit doctor --clear-cache` removes them. Random-weight rehearsals never use it.",
+        "time: no checkpoint read, no quantization. Keyed by the checkpoint's fingerprint and these "
+        "settings; a stale or foreign cache is refused with its reason. `cockpit ls --caches` lists the "
+        "caches, `cockpit doctor --clear-cache` removes them. Random-weight rehearsals never use it.",
     )
 
 

@@ -416,8 +416,6 @@ def verdict_text(plan: Plan, measured: dict[str, Measured] | None = None) -> Tex
             "Training time: not predicted on the CPU (the step-time model is measured on GPUs); "
             "a run's ETA shows from its first steps"
         )
-    if run is not None and (words := evaluation_words(run.evaluation, mine)):
-        lines.append(f"[bold]Evaluation, after training:[/] {escape(words)}")
     if run is not None and run.validation is not None and (run.train_s or e.setup.gpus):
         v = run.validation
         lines.append(f"[bold]Validation loss, on top:[/] {escape(v.words())}")
@@ -427,6 +425,8 @@ def verdict_text(plan: Plan, measured: dict[str, Measured] | None = None) -> Tex
                 f"{e.setup.gpus} GPU(s); the load and checkpoint saves are not modelled here "
                 "(`cockpit rehearse` measures them, and predicts the whole run's wall clock)"
             )
+    if run is not None and (words := evaluation_words(run.evaluation, mine)):
+        lines.append(f"[bold]Evaluation, after training:[/] {escape(words)}")
     return Text.from_markup("\n".join(lines))
 
 

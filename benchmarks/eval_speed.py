@@ -2,9 +2,9 @@
 
 `cockpit rehearse --eval-only` of the profile (the story's by default) at three depths (2, 8 and 16
 layers): each depth loads its slice of random weights as evaluation loads it and times, after a warm-up
-of each shape, a scoring forward and thinking batches (`EVAL_BATCH_SIZE` prompts and one alone, for 1
-and `--eval-tokens` new tokens: the prefill, and a decode step as the difference), through evaluation's
-own functions (`trainer.eval_timing`). No training steps.
+of each shape, a scoring forward and thinking batches (`EVAL_BATCH_SIZE` prompts and one alone, for 3
+and `--eval-tokens` new tokens: a decode step as the difference, and the rest of a call), through
+evaluation's own functions (`trainer.eval_timing`). No training steps.
 
 Then each figure's line over the two shallower depths (`cockpit.rehearse.evaluation.fit_eval`) is read
 at the deepest and set beside what it measured; and so is the whole evaluation of the held-out split on
@@ -16,7 +16,8 @@ forecast of the whole model's evaluation on the profile's machine, and serving p
     python benchmarks/eval_speed.py --out $OUT                     # one H200: the story, 2, 8, 16 layers
     python benchmarks/eval_speed.py --tiny --out /tmp/eval-speed   # its smoke test on the CPU: 1, 2, 4
 
-Writes eval_speed_<gpu>.md and .json under --out (default benchmarks/results/).
+Writes eval_speed_<gpu>.md and .json under --out (default benchmarks/results/), and the rehearsal's
+record (its run.json and events) in eval_speed_<gpu>_record/.
 """
 
 from __future__ import annotations
@@ -151,7 +152,7 @@ def render(result: dict[str, Any]) -> str:
         f"{', '.join(map(str, depths))}",
         "",
         f"Random weights, loaded as evaluation loads them; a thinking batch of {s['batch']} prompts of "
-        f"{s['prompt_tokens']:.0f} tokens (and one alone), timed for 1 and {s['timed_new_tokens']} new "
+        f"{s['prompt_tokens']:.0f} tokens (and one alone), timed for 3 and {s['timed_new_tokens']} new "
         "tokens; "
         f"a scoring forward of rows of prompt + {s['think_tokens']} thinking tokens + a label. Each after a "
         f"warm-up of its shape. The {deep}-layer figures predicted from the line through "
@@ -228,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
     gpus = args.gpus if args.gpus is not None else (1 if gpu_inventory() else 0)
-    tokens = 4 if args.tiny and args.eval_tokens == 32 else args.eval_tokens
+    tokens = 8 if args.tiny and args.eval_tokens == 32 else args.eval_tokens
     run_dir = rehearse(profile_name, args.overrides, depths, tokens, gpus, args.runs_dir, args.timeout_s)
     profile, _ = load_profile(profile_name, args.overrides)
     result = analyse(run_dir, profile)
@@ -238,6 +239,11 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"eval_speed_{name}.md").write_text(text)
     (args.out / f"eval_speed_{name}.json").write_text(json.dumps(result, indent=1, default=str))
+    keep = args.out / f"eval_speed_{name}_record"  # the rehearsal's record without its log, to keep
+    (keep / "events").mkdir(parents=True, exist_ok=True)
+    for path in [run_dir / "run.json", *sorted((run_dir / "events").glob("*.jsonl"))]:
+        if path.is_file():
+            (keep / path.relative_to(run_dir)).write_bytes(path.read_bytes())
     return 0 if "error" not in result else 1
 
 

@@ -22,7 +22,7 @@ from cockpit.record import write_manifest
         (["--steps", "nan"], "argument --steps: 'nan'"),
         (["--gpus", "8"], "--gpus 8: this machine has"),
         (["--eval-only", "--no-eval"], "--eval-only and --no-eval: choose one"),
-        (["--eval-tokens", "1"], "argument --eval-tokens: 1: expected a whole number of at least 2"),
+        (["--eval-tokens", "3"], "argument --eval-tokens: 3: expected a whole number of at least 4"),
         (["--gpus", "-1"], "argument --gpus: -1: expected a whole number from 0"),
         (["--set", "training.learning_rate=inf"], "training.learning_rate: Input should be a finite number"),
         (["--set", 'model.loader="transformers"'], "model.loader"),

@@ -31,7 +31,7 @@ def test_rehearsal_measures_each_depth_and_predicts_the_run(tmp_path: Path, asse
             "--steps",
             "3",
             "--eval-tokens",
-            "4",
+            "8",
             "--format",
             "json",
         ],
@@ -41,7 +41,8 @@ def test_rehearsal_measures_each_depth_and_predicts_the_run(tmp_path: Path, asse
     data = json.loads(out.stdout)
     # evaluation timed after each depth's steps, fitted over the depths, in the wall clock with its share
     assert [d["eval"]["layers"] for d in data["depths"]] == [1, 2]
-    assert all(d["eval"]["decode_step_s"] > 0 and d["eval"]["score_s"] > 0 for d in data["depths"])
+    assert all(d["eval"]["decode_step_s"] >= 0 and d["eval"]["score_s"] > 0 for d in data["depths"])
+    assert all(d["eval"]["new_tokens"] == 8 and d["eval"]["first_s"] > 0 for d in data["depths"])
     assert data["evaluation"]["measured"] and data["wall"]["eval_s"] == data["evaluation"]["total_s"] > 0
     assert "evaluation" in data["summary"] and data["serving"]["batch_tokens_per_s"] > 0
     assert [(d["layers"], d["status"]) for d in data["depths"]] == [(1, "ok"), (2, "ok")]

@@ -6,8 +6,9 @@ a scoring forward at evaluation's shape and thinking batches, through evaluation
 - a scoring forward: rows of a prompt, the thinking and a label (`cockpit.plan.eval_time`), as many as
   `SCORE_TOKENS` holds;
 - thinking at evaluation's batch (`EVAL_BATCH_SIZE` prompts) and at batch 1 (a request served alone):
-  once for 1 new token (the prefill, and the first token) and once for N; a decode step is
-  `(time(N) - time(1)) / (N - 1)`.
+  once for `FIRST_TOKENS` new tokens and once for N; a decode step is `(time(N) - time(3)) / (N - 3)`, and
+  what a call costs beyond its decode steps (the prefill, the first token, the decode path's set-up: the
+  fast path captures its step as a CUDA graph only past 2 tokens) is `time(3) - 2 x step`.
 
 The prompts are random tokens, as a rehearsal's weights are random: `IdsTokenizer` stands for the
 model's tokenizer (a text is its token ids written out), and its end of text is an id past the
@@ -26,8 +27,10 @@ import torch
 
 from cockpit.contract import EVAL_BATCH_SIZE, SCORE_TOKENS
 from cockpit.plan.eval_time import LABEL_TOKENS
+from cockpit.rehearse.measure import EVAL_FIRST_TOKENS
 
 REPEATS = 2  # timed calls of each shape after its warm-up (the median is kept, their spread too)
+FIRST_TOKENS = EVAL_FIRST_TOKENS  # the shorter call: every decode path sets itself up as for a whole thinking
 
 
 class IdsTokenizer:
@@ -118,19 +121,21 @@ def _sd(values: list[float]) -> float | None:
 def time_thinking(
     model: Any, prompts: list[str], vocab: int, new_tokens: int, repeats: int
 ) -> dict[str, Any]:
-    """A thinking batch of `prompts` timed for 1 and for `new_tokens` new tokens: its prefill (the
-    1-token call) and its decode step, each with the spread of its repeats."""
+    """A thinking batch of `prompts` timed for `FIRST_TOKENS` and for `new_tokens` new tokens: its decode
+    step and what it costs beyond its steps (module docstring), each with the spread of its repeats."""
     from trainer.evaluate import think
 
     tokenizer = IdsTokenizer(vocab)
-    first = _timed(lambda: think(model, tokenizer, prompts, 1), repeats)
+    first = _timed(lambda: think(model, tokenizer, prompts, FIRST_TOKENS), repeats)
     full = _timed(lambda: think(model, tokenizer, prompts, new_tokens), repeats)
-    steps = [max(0.0, b - a) / (new_tokens - 1) for a, b in zip(first, full, strict=True)]
+    steps = [max(0.0, b - a) / (new_tokens - FIRST_TOKENS) for a, b in zip(first, full, strict=True)]
+    fixed = [max(0.0, a - (FIRST_TOKENS - 1) * step) for a, step in zip(first, steps, strict=True)]
     return {
-        "prefill_s": statistics.median(first),
-        "prefill_sd_s": _sd(first),
+        "prefill_s": statistics.median(fixed),
+        "prefill_sd_s": _sd(fixed),
         "decode_step_s": statistics.median(steps),
         "decode_step_sd_s": _sd(steps),
+        "first_s": statistics.median(first),
         "think_s": statistics.median(full),
     }
 
@@ -165,7 +170,7 @@ def time_evaluation(
     and thinking batches timed (module docstring): the `rehearse_eval` event's fields."""
     from trainer.model import load_base
 
-    new_tokens = max(2, new_tokens)
+    new_tokens = max(FIRST_TOKENS + 1, new_tokens)
     t0 = time.perf_counter()
     model = load_base(profile, model_dir, spread=True, random_layers=layers, progress=progress)
     load_s = time.perf_counter() - t0

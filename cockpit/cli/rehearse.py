@@ -88,7 +88,13 @@ def add_rehearse(sub: argparse._SubParsersAction, common: argparse.ArgumentParse
     )
     rehearse.add_argument("--profile", default=DEFAULT_PROFILE, help=PROFILE_HELP)
     add_overrides(rehearse)
-    from cockpit.rehearse.measure import DEFAULT_EVAL_TOKENS, DEFAULT_LAYERS, DEFAULT_STEPS, WARMUP_STEPS
+    from cockpit.rehearse.measure import (
+        DEFAULT_EVAL_TOKENS,
+        DEFAULT_LAYERS,
+        DEFAULT_STEPS,
+        EVAL_FIRST_TOKENS,
+        WARMUP_STEPS,
+    )
 
     depths = ",".join(map(str, DEFAULT_LAYERS))
     rehearse.add_argument(
@@ -104,7 +110,7 @@ def add_rehearse(sub: argparse._SubParsersAction, common: argparse.ArgumentParse
     )
     rehearse.add_argument(
         "--eval-tokens",
-        type=whole(2),
+        type=whole(EVAL_FIRST_TOKENS + 1),
         default=DEFAULT_EVAL_TOKENS,
         help="after each depth's steps, evaluation is timed on the slice: a scoring forward, and thinking "
         f"batches of this many new tokens (default {DEFAULT_EVAL_TOKENS}: what matters is a decode step's "

@@ -82,7 +82,8 @@ def add_rehearse(sub: argparse._SubParsersAction, common: argparse.ArgumentParse
         description="Build the profile's architecture from its config.json with random weights, sliced to "
         "each depth, and train a few steps at each with the profile's exact settings, on the GPUs at hand. "
         "Fits per-layer and fixed costs over the depths and predicts the whole run on the profile's own "
-        "machine: GPU peak, host RAM, step time, tokens/s and the wall clock, beside the plan. Nothing is "
+        "machine: GPU peak, host RAM, step time, tokens/s and the wall clock, beside the plan; evaluation is "
+        "timed on each slice too (unless --no-eval) and counted, and serving priced. Nothing is "
         "downloaded; a slice that cannot fit here is refused before anything loads (exit 2). A stopped "
         "rehearsal keeps the depths it measured.",
     )

@@ -40,6 +40,8 @@ FIGURES = (
     ("score_s", "scoring forward", 1.0),
     ("single_prefill_s", "prefill, one prompt", 1.0),
     ("single_decode_step_s", "decode step, one prompt (ms)", 1000.0),
+    ("large_prefill_s", "prefill, the largest batch", 1.0),
+    ("large_decode_step_s", "decode step, the largest batch (ms)", 1000.0),
 )
 
 
@@ -121,6 +123,7 @@ def analyse(run_dir: Path, profile: Any) -> dict[str, Any]:
             "prompt_tokens": shape.prompt_tokens,
             "think_tokens": shape.think_tokens,
             "timed_new_tokens": first.get("new_tokens"),
+            "large_batch": first.get("large_batch"),
             "examples": split.examples,
             "labels": split.labels,
             "examples_how": split.how,
@@ -134,6 +137,9 @@ def analyse(run_dir: Path, profile: Any) -> dict[str, Any]:
         memory_limit_per_layer_s={
             "batch": memory_limit_per_layer(profile, shape.batch, context, device),
             "single": memory_limit_per_layer(profile, 1, context, device),
+            "large": memory_limit_per_layer(profile, int(first.get("large_batch") or 0), context, device)
+            if first.get("large_batch")
+            else None,
         },
         forecast={k: forecast.get(k) for k in ("summary", "evaluation", "serving", "assumptions")},
     )
@@ -152,7 +158,8 @@ def render(result: dict[str, Any]) -> str:
         f"{', '.join(map(str, depths))}",
         "",
         f"Random weights, loaded as evaluation loads them; a thinking batch of {s['batch']} prompts of "
-        f"{s['prompt_tokens']:.0f} tokens (and one alone), timed for 3 and {s['timed_new_tokens']} new "
+        f"{s['prompt_tokens']:.0f} tokens (and of one, and of {s.get('large_batch')}), timed for 3 and "
+        f"{s['timed_new_tokens']} new "
         "tokens; "
         f"a scoring forward of rows of prompt + {s['think_tokens']} thinking tokens + a label. Each after a "
         f"warm-up of its shape. The {deep}-layer figures predicted from the line through "
@@ -175,11 +182,16 @@ def render(result: dict[str, Any]) -> str:
         )  # fmt: skip
     limit = result["memory_limit_per_layer_s"]
     decode = {r["figure"]: r for r in result["rows"]}
-    for key, which in (("decode_step_s", "batch"), ("single_decode_step_s", "single")):
+    sizes = {"batch": s["batch"], "single": 1, "large": s.get("large_batch")}
+    for key, which in (
+        ("decode_step_s", "batch"),
+        ("single_decode_step_s", "single"),
+        ("large_decode_step_s", "large"),
+    ):
         if limit.get(which) and decode[key]["per_layer"]:
             per = decode[key]["per_layer"]
             lines.append(
-                f"\nDecode step at {'batch ' + str(s['batch']) if which == 'batch' else 'batch 1'}: "
+                f"\nDecode step at batch {sizes[which]}: "
                 f"{per * 1000:.3f} ms a layer against the memory limit of {limit[which] * 1000:.3f} ms (the "
                 f"bytes it reads at the GPU's HBM bandwidth): {per / limit[which]:.1f}x."
             )

@@ -131,3 +131,18 @@ def test_a_rehearsal_that_timed_evaluation_makes_the_plans_term_measured(tmp_pat
     text = _text(plan, measured)
     assert f"Evaluation, after training: {mine.eval_s / 3600:.2f} h" in text
     assert f"measured by rehearsal {run.name}" in text and "modelled" in text.split("Evaluation, after")[1]
+
+
+def test_the_batch_is_what_the_gpus_hold_beside_the_weights_as_evaluation_chooses() -> None:
+    from cockpit.contract import MAX_EVAL_BATCH
+    from cockpit.plan.eval_time import target_batch
+
+    _, inputs = _story_inputs()
+    small, _ = target_batch(inputs, Hardware(4, "H100-80GB", 80, 960), 1000, 512, 400)
+    large, _ = target_batch(inputs, Hardware(4, "NVIDIA H200", 141, 960), 1000, 512, 400)
+    few, _ = target_batch(inputs, Hardware(4, "NVIDIA H200", 141, 960), 1000, 512, 20)
+    longer, _ = target_batch(inputs, Hardware(4, "H100-80GB", 80, 960), 4000, 512, 400)
+    assert 1 <= longer < small < large <= MAX_EVAL_BATCH and few == 20
+    profile, _ = load_profile(STORY)
+    plan = build_plan(profile)
+    assert plan.run.evaluation.shape.batch == target_batch(inputs, plan.hardware, 1000, 512, 400)[0]

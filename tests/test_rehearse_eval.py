@@ -207,3 +207,37 @@ def test_serving_is_priced_from_the_same_fits() -> None:
     assert any("upper bound" in a for a in s["assumptions"])
     lines = serving_lines(s)
     assert f"${usd:,.2f} per 1M generated tokens" in lines[1] and profile.cost.api_name in lines[1]
+
+
+LARGE_PREFILL, LARGE_DECODE = (0.6, 0.1), (0.06, 0.004)
+
+
+def test_costs_are_read_at_the_targets_batch_between_the_batches_timed() -> None:
+    """Evaluation chooses its batch from the free memory (the plan says the target's: 160 here); a depth
+    timed 1, 64 and 256 prompts: the prefill and the decode step at 160 lie on the line from 64 to 256."""
+    events = []
+    for i, n in enumerate((2, 8)):
+        depth = _depth(100 * i, n, 6 * i)
+        for e in depth:
+            if e["kind"] == EVAL:
+                e.update(large_batch=256, large_prefill_s=LARGE_PREFILL[0] + LARGE_PREFILL[1] * n,
+                         large_decode_step_s=LARGE_DECODE[0] + LARGE_DECODE[1] * n)  # fmt: skip
+        events += depth
+    profile, full = _profile(), 40
+    plan = _plan(full, {"total_s": 1.0, "batch": 160, "how": "modelled"})
+    ev = forecast_eval(depth_measures(events), profile, full, _scaling(there="NVIDIA H200"), plan, None)
+    assert ev.shape.batch == 160
+    share = (160 - 64) / (256 - 64)
+
+    def between(small: tuple[float, float], large: tuple[float, float]) -> float:
+        a, b = small[0] + small[1] * full, large[0] + large[1] * full
+        return a + (b - a) * share
+
+    costs = ev.costs()
+    assert costs.decode_step_s == pytest.approx(between(DECODE, LARGE_DECODE))
+    assert costs.prefill_s == pytest.approx(between(PREFILL, LARGE_PREFILL))
+    think = profile.eval.max_think_tokens
+    s = serving(ev, profile, "4 x H200")
+    assert s["batch"] == 160
+    batch_s = costs.prefill_s + think * costs.decode_step_s
+    assert s["batch_tokens_per_s"] == pytest.approx(160 * think / batch_s)

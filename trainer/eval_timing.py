@@ -5,8 +5,9 @@ a scoring forward at evaluation's shape and thinking batches, through evaluation
 
 - a scoring forward: rows of a prompt, the thinking and a label (`cockpit.plan.eval_time`), as many as
   `SCORE_TOKENS` holds;
-- thinking at evaluation's batch (`EVAL_BATCH_SIZE` prompts) and at batch 1 (a request served alone):
-  once for `FIRST_TOKENS` new tokens and once for N; a decode step is `(time(N) - time(3)) / (N - 3)`, and
+- thinking at `EVAL_BATCH_SIZE` prompts, at `MAX_EVAL_BATCH` (evaluation chooses its batch up to it
+  from the memory free once loaded: `trainer.eval_batch`) and at batch 1 (a request served alone): once
+  for `FIRST_TOKENS` new tokens and once for N; a decode step is `(time(N) - time(3)) / (N - 3)`, and
   what a call costs beyond its decode steps (the prefill, the first token, the decode path's set-up: the
   fast path captures its step as a CUDA graph only past 2 tokens) is `time(3) - 2 x step`.
 
@@ -25,7 +26,7 @@ from typing import Any
 
 import torch
 
-from cockpit.contract import EVAL_BATCH_SIZE, SCORE_TOKENS
+from cockpit.contract import EVAL_BATCH_SIZE, MAX_EVAL_BATCH, SCORE_TOKENS
 from cockpit.plan.eval_time import LABEL_TOKENS
 from cockpit.rehearse.measure import EVAL_FIRST_TOKENS
 
@@ -180,11 +181,12 @@ def time_evaluation(
     prompt_len = max(1, prompt_len)
     prompts = [
         IdsTokenizer.text(torch.randint(1, vocab, (prompt_len,), generator=g).tolist())
-        for _ in range(EVAL_BATCH_SIZE)
+        for _ in range(MAX_EVAL_BATCH)
     ]
     width = prompt_len + profile.eval.max_think_tokens + LABEL_TOKENS
-    batch = time_thinking(model, prompts, vocab, new_tokens, repeats)
+    batch = time_thinking(model, prompts[:EVAL_BATCH_SIZE], vocab, new_tokens, repeats)
     single = time_thinking(model, prompts[:1], vocab, new_tokens, repeats)
+    large = time_thinking(model, prompts, vocab, new_tokens, repeats)
     scoring = time_scoring(model, vocab, width, repeats)
     devices = model.cockpit_load_facts.get("layer_devices") or []
     fields = {
@@ -199,6 +201,8 @@ def time_evaluation(
         "repeats": repeats,
         **batch,
         **{f"single_{k}": v for k, v in single.items()},
+        "large_batch": MAX_EVAL_BATCH,
+        **{f"large_{k}": v for k, v in large.items()},
         **scoring,
     }
     del model

@@ -239,10 +239,43 @@ def modelled_costs(inputs: Any, gpu_name: str, shape: EvalShape) -> tuple[EvalCo
     return EvalCosts(prefill, step, score), how
 
 
-def eval_time(profile: Any, inputs: Any, gpu_name: str, size: Any = None) -> EvalTime | None:
-    """The plan's evaluation on its GPUs (modelled); None when the profile does not evaluate, the
+# Of a GPU's memory left after the weights, the share evaluation's rows may take (trainer/eval_batch.py's
+# margin over the free memory it measures once loaded).
+BATCH_MARGIN = 0.9
+LOGIT_BYTES = 8  # a scored token's logits, float32, and their log-softmax (trainer/eval_batch.py)
+
+
+def target_batch(inputs: Any, hw: Any, prompt: float, think: int, examples: float) -> tuple[int, str]:
+    """Evaluation's batch on the plan's GPUs, as `trainer.eval_batch` chooses it once loaded: the rows
+    (`cockpit.contract.eval_row_bytes`) a GPU holds in what is left free, at most `MAX_EVAL_BATCH`. The
+    placement balances the weights and the scoring logits over the GPUs (`trainer.placement`: the first
+    GPU, which keeps the embeddings, the head and the logits, gets fewer layers), so each GPU is left about
+    the same. Without GPU memory known, `EVAL_BATCH_SIZE`, as on the CPU."""
+    from cockpit.contract import eval_batch, eval_row_bytes
+
+    g, w = inputs.geometry, inputs.weights
+    gpus = hw.gpus * max(1, hw.nodes)
+    if not gpus or not hw.gpu_mem_gib:
+        return EVAL_BATCH_SIZE, f"{EVAL_BATCH_SIZE} (no GPU memory known)"
+    held = w.stored_bytes + SCORE_TOKENS * g.vocab * LOGIT_BYTES
+    free = BATCH_MARGIN * (hw.gpu_mem_gib * 1024**3 - held / gpus)
+    layers = math.ceil(g.layers / gpus)
+    row = eval_row_bytes(
+        layers, g.kv_heads, g.head_dim, g.hidden, g.moe_intermediate or g.intermediate, g.top_k or 1,
+        math.ceil(prompt), think, inputs.precision.act_bytes,
+    )  # fmt: skip
+    batch = eval_batch([max(0, int(free))], [row], math.ceil(examples))
+    return batch, (
+        f"{batch}: the rows of {math.ceil(prompt):,} + {think} tokens ({row / 2**20:,.0f} MiB each on a GPU "
+        f"of {layers} layers) that {hw.gpu_mem_gib:g} GiB hold beside its share of the weights and the "
+        "scoring logits, as evaluation chooses"
+    )
+
+
+def eval_time(profile: Any, inputs: Any, hw: Any, size: Any = None) -> EvalTime | None:
+    """The plan's evaluation on its GPUs (`hw`, modelled); None when the profile does not evaluate, the
     split's size is unknown, or the GPU's bandwidth is (the CPU)."""
-    if not profile.eval.enabled:
+    if not profile.eval.enabled or not hw.gpus:
         return None
     split = eval_split(profile, size)
     if split is None or not split.examples:
@@ -250,19 +283,20 @@ def eval_time(profile: Any, inputs: Any, gpu_name: str, size: Any = None) -> Eva
     seq_len = profile.training.seq_len
     mean = size.tokens / size.examples if size is not None and size.examples else profile.data.mean_tokens
     prompt = float(min(seq_len, mean or seq_len)) * PROMPT_FRACTION
-    shape = EvalShape(split, prompt, profile.eval.max_think_tokens)
-    modelled = modelled_costs(inputs, gpu_name, shape)
+    think = profile.eval.max_think_tokens
+    batch, batch_how = target_batch(inputs, hw, prompt, think, split.examples)
+    shape = EvalShape(split, prompt, think, batch)
+    modelled = modelled_costs(inputs, hw.gpu_name, shape)
     if modelled is None:
         return None
     costs, how = modelled
     total = budgeted(profile, eval_seconds(shape, costs))
     least = budgeted(profile, eval_seconds(shape, costs, split.least)) if split.least is not None else total
     prompt_how = f"{PROMPT_FRACTION:g} of an example's mean, as a rehearsal's random tokens make them"
+    how += f"; prompts of {prompt:,.0f} tokens ({prompt_how}); batch {batch_how}"
     if profile.eval.time_budget_s:
         how += f"; at most eval.time_budget_s {profile.eval.time_budget_s:g} s"
-    return EvalTime(
-        shape, costs, total, (least, total), f"{how}; prompts of {prompt:,.0f} tokens ({prompt_how})"
-    )
+    return EvalTime(shape, costs, total, (least, total), how)
 
 
 def evaluation_words(evaluation: EvalTime | None, measured: Any = None) -> str:

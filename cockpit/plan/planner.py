@@ -317,7 +317,7 @@ def run_length(profile: Profile, hw: Hardware, configured: Estimate, inputs: Inp
     accum = profile.training.grad_accum
     step = configured.step_s * accum if configured.step_s else None
     validation = validation_time(profile, steps, hw.ranks, configured.step_s, size)
-    evaluation = eval_time(profile, inputs, hw.gpu_name if hw.gpus else "", size)
+    evaluation = eval_time(profile, inputs, hw, size)
     train = steps * step if step and steps else None
     return RunLength(steps, how, accum, step, train, validation, evaluation)
 

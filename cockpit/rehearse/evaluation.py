@@ -16,9 +16,11 @@ Without a depth that timed it, the plan's modelled term stands in, and says so.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 from typing import Any
 
+from cockpit.contract import EVAL_BATCH_SIZE, MAX_EVAL_BATCH
 from cockpit.plan.eval_time import (
     EvalCosts,
     EvalShape,
@@ -39,7 +41,11 @@ FIGURES = {
     "score_s": ("score_sd_s", "compute"),
     "single_prefill_s": ("single_prefill_sd_s", "compute"),
     "single_decode_step_s": ("single_decode_step_sd_s", "memory"),
+    "large_prefill_s": ("large_prefill_sd_s", "compute"),
+    "large_decode_step_s": ("large_decode_step_sd_s", "memory"),
 }
+# The batches a depth times thinking at, by their figures' prefix (the event says each one's size).
+BATCHES = {"single_": "1", "": "batch", "large_": "large_batch"}
 TIMING_FLOOR = 0.01  # a timing's own uncertainty, relative, where its repeats say less
 
 Range = tuple[float, float]
@@ -120,16 +126,33 @@ class EvalForecast:
     target_range: dict[str, Range] = field(default_factory=dict)
     shape: EvalShape | None = None
     assumptions: list[str] = field(default_factory=list)
+    timed_batches: dict[str, int] = field(default_factory=dict)  # figure prefix -> the batch it timed
+
+    def pick(self, key: str, which: int | None = None) -> float:
+        """A figure on the target: its value, or an end of its range (0: least, 1: most)."""
+        if which is None:
+            return self.target[key]
+        return self.target_range.get(key, (self.target[key],) * 2)[which]
+
+    def at_batch(self, figure: str, batch: int, which: int | None = None) -> float:
+        """`prefill_s` or `decode_step_s` at `batch` rows: piecewise linear through the batches timed,
+        the end segments extended."""
+        points = sorted(
+            (b, self.pick(prefix + figure, which))
+            for prefix, b in self.timed_batches.items()
+            if prefix + figure in self.target
+        )
+        return max(0.0, piecewise(points, batch))
 
     def costs(self, which: int | None = None) -> EvalCosts:
-        """The batch's costs on the target: the values, or an end of their ranges (0: least, 1: most)."""
-
-        def pick(key: str) -> float:
-            if which is None:
-                return self.target[key]
-            return self.target_range.get(key, (self.target[key],) * 2)[which]
-
-        return EvalCosts(pick("prefill_s"), pick("decode_step_s"), pick("score_s"))
+        """A batch's costs on the target at evaluation's batch (`shape.batch`): the values, or an end of
+        their ranges (0: least, 1: most)."""
+        batch = self.shape.batch if self.shape is not None else 1
+        return EvalCosts(
+            self.at_batch("prefill_s", batch, which),
+            self.at_batch("decode_step_s", batch, which),
+            self.pick("score_s", which),
+        )
 
     def to_dict(self, layers: int) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -158,6 +181,17 @@ class EvalForecast:
         return out
 
 
+def piecewise(points: list[tuple[int, float]], x: float) -> float:
+    """The value at `x` of the line through `points` (sorted by their first), piece by piece; past either
+    end, the end piece extended; one point: its value."""
+    if len(points) == 1:
+        return points[0][1]
+    for (x0, y0), (x1, y1) in itertools.pairwise(points):
+        if x <= x1 or (x1, y1) == points[-1]:
+            return y0 + (y1 - y0) * (x - x0) / (x1 - x0) if x1 != x0 else y1
+    return points[-1][1]
+
+
 def _timed_shape(measures: list[DepthMeasure]) -> dict[str, Any]:
     """The shape the deepest depth timed evaluation at (its event's fields)."""
     timed = [m for m in measures if m.eval.get("decode_step_s") is not None]
@@ -177,7 +211,7 @@ def forecast_eval(
     timed = _timed_shape(measures)
     needed = ("prefill_s", "decode_step_s", "score_s")
     if split is not None and split.examples and all(fits[k] for k in needed):
-        return _from_fits(fits, timed, split, profile, full, scaling)
+        return _from_fits(fits, timed, split, profile, full, scaling, plan)
     modelled = (plan.get("run") or {}).get("evaluation") or {}
     if modelled.get("total_s"):
         total = float(modelled["total_s"])
@@ -198,8 +232,10 @@ def _from_fits(
     profile: Any,
     full: int,
     scaling: Scaling,
+    plan: dict[str, Any],
 ) -> EvalForecast:
-    """Each timed figure at full depth on the target, and evaluation counted from them."""
+    """Each timed figure at full depth on the target, and evaluation counted from them at the target's
+    batch (the plan's)."""
     es = EvalScaling.of(scaling)
     target: dict[str, float] = {}
     ranges: dict[str, Range] = {}
@@ -207,8 +243,26 @@ def _from_fits(
         fit = fits.get(key)
         if fit is not None:
             target[key], ranges[key] = _scaled(fit, bound, full, es)
-    shape = EvalShape(split, float(timed.get("prompt_tokens") or 0), profile.eval.max_think_tokens)
-    result = EvalForecast(0.0, (0.0, 0.0), True, "", fits, target, ranges, shape, es.lines())
+    batch = int(((plan.get("run") or {}).get("evaluation") or {}).get("batch") or EVAL_BATCH_SIZE)
+    think = profile.eval.max_think_tokens
+    shape = EvalShape(split, float(timed.get("prompt_tokens") or 0), think, min(batch, MAX_EVAL_BATCH))
+    lines = [
+        *es.lines(),
+        f"evaluation's batch on the target: {shape.batch} (the plan's, as evaluation chooses it from the "
+        "memory free once loaded); a prefill and a decode step read between the batches timed "
+        "(piecewise linear in the batch)",
+    ]
+    timed_batches = {
+        p: 1 if k == "1" else int(timed[k]) for p, k in BATCHES.items() if k == "1" or timed.get(k)
+    }
+    largest = max(timed_batches.values())
+    if shape.batch > largest:
+        lines.append(
+            f"evaluation's batch {shape.batch} is past the largest timed ({largest}): the line through the "
+            "two largest is extended, an upper bound (a decode step reads its weights once, whatever the "
+            "batch)"
+        )
+    result = EvalForecast(0.0, (0.0, 0.0), True, "", fits, target, ranges, shape, lines, timed_batches)
     n = split.examples
     total = budgeted(profile, eval_seconds(shape, result.costs()))
     least = budgeted(
@@ -220,8 +274,8 @@ def _from_fits(
     result.how = (
         f"evaluation timed on the slices ({depths} layers) and scaled: {shape.systems} systems x {n:,.0f} "
         f"examples, {shape.batches(n)} batches of {shape.batch} prompts of {shape.prompt_tokens:,.0f} tokens "
-        f"(prefill {target['prefill_s']:.2f} s + {shape.think_tokens} thinking tokens x "
-        f"{target['decode_step_s'] * 1000:.1f} ms a step), {shape.forwards(n)} scoring forwards x "
+        f"(prefill {result.costs().prefill_s:.2f} s + {shape.think_tokens} thinking tokens x "
+        f"{result.costs().decode_step_s * 1000:.1f} ms a step), {shape.forwards(n)} scoring forwards x "
         f"{target['score_s']:.2f} s; each example thinks to eval.max_think_tokens (an upper bound); "
         f"examples: {split.how}"
         + (

@@ -4,8 +4,8 @@ profile's GPUs).
 
 - **Latency of a request** served alone (batch 1): its prompt's prefill, its thinking (`eval.max_think_tokens`
   decode steps at batch 1), and its answer scored (its labels' rows: their share of a scoring forward).
-- **Throughput** at evaluation's batch: new tokens a second while a batch thinks (the batch's tokens over
-  its prefill and its decode steps).
+- **Throughput** at evaluation's batch on the target (as evaluation chooses it from the free memory):
+  new tokens a second while a batch thinks (the batch's tokens over its prefill and its decode steps).
 - **Cost** of 1M generated tokens at that throughput on the profile's machine (`cost.serving_hour_usd`),
   beside the API's price (`cost.api_usd_per_mtok`).
 
@@ -32,7 +32,8 @@ def serving(ev: EvalForecast, profile: Any, machine: str) -> dict[str, Any] | No
     answer_s = t["score_s"] * shape.split.labels / shape.rows_per_forward
     thinking_s = think * t["single_decode_step_s"]
     latency = t["single_prefill_s"] + thinking_s + answer_s
-    batch_s = t["prefill_s"] + think * t["decode_step_s"]
+    at = ev.costs()  # at evaluation's batch on the target
+    batch_s = at.prefill_s + think * at.decode_step_s
     tokens_per_s = shape.batch * think / batch_s if batch_s > 0 else 0.0
     cost = profile.cost
     usd_per_mtok = (

@@ -13,6 +13,7 @@ import pytest
 from cockpit.contract import EVAL_BATCH_SIZE
 from cockpit.plan import build_plan
 from cockpit.plan.eval_time import (
+    DECODE_BANDWIDTH_SHARE,
     DECODE_FIXED_S,
     EvalCosts,
     EvalShape,
@@ -95,7 +96,7 @@ def test_the_plan_counts_evaluation_on_gpus_and_says_it_is_modelled() -> None:
     plan = build_plan(profile)
     ev = plan.run.evaluation
     assert ev is not None and not ev.measured and ev.total_s > 0
-    assert ev.how.startswith("modelled: a decode step reads its bytes at 3,350 GB/s")
+    assert ev.how.startswith("modelled: a decode step reads its bytes") and "one GPU's 3,350 GB/s" in ev.how
     assert plan.to_dict()["run"]["evaluation"]["total_s"] == pytest.approx(ev.total_s)
     words = evaluation_words(ev)
     assert "(modelled: " in words and f"= {ev.total_s / 3600:.2f} h" in words
@@ -146,3 +147,14 @@ def test_the_batch_is_what_the_gpus_hold_beside_the_weights_as_evaluation_choose
     profile, _ = load_profile(STORY)
     plan = build_plan(profile)
     assert plan.run.evaluation.shape.batch == target_batch(inputs, plan.hardware, 1000, 512, 400)[0]
+
+
+def test_the_decode_constants_are_the_committed_measurement() -> None:
+    """`DECODE_BANDWIDTH_SHARE` and `DECODE_FIXED_S` are what `benchmarks/eval_speed.py` measured on the
+    H200 (its line at batch 64 against the memory limit of a layer's bytes); after a new run, paste them."""
+    path = Path(__file__).parent.parent / "benchmarks/results/eval_speed_h200.json"
+    result = json.loads(path.read_text())
+    line = next(r for r in result["rows"] if r["figure"] == "decode_step_s")
+    share = result["memory_limit_per_layer_s"]["batch"] / line["per_layer"]
+    assert abs(DECODE_BANDWIDTH_SHARE - share) < 5e-4
+    assert abs(DECODE_FIXED_S - line["fixed"]) < 0.01 * line["fixed"]

@@ -11,6 +11,7 @@ is `EVAL_BATCH_SIZE`.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -35,11 +36,13 @@ def free_bytes(device: torch.device) -> int:
     return free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
 
 
-def choose(model: Any, prompt_tokens: int, new_tokens: int, examples: int) -> int:
-    """The batch for thinking `new_tokens` after prompts of at most `prompt_tokens` (see the module)."""
-    layers = layers_by_device(model)
+def choose(model: Any, prompt_tokens: Callable[[], int], new_tokens: int, examples: int) -> int:
+    """The batch for thinking `new_tokens` after prompts of at most `prompt_tokens()` tokens (asked only
+    where the model runs on GPUs; see the module)."""
+    layers = layers_by_device(model) if torch.cuda.is_available() else {}
     if not layers or any(d.type != "cuda" for d in layers):
         return min(EVAL_BATCH_SIZE, max(examples, 1))
+    longest = prompt_tokens()
     text = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
     head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
     item = next(p for p in model.parameters() if p.is_floating_point()).element_size()
@@ -57,7 +60,7 @@ def choose(model: Any, prompt_tokens: int, new_tokens: int, examples: int) -> in
                 text.hidden_size,
                 getattr(text, "moe_intermediate_size", None) or text.intermediate_size,
                 getattr(text, "num_experts_per_tok", 1),
-                prompt_tokens,
+                longest,
                 new_tokens,
                 item,
             )

@@ -162,10 +162,13 @@ def classify(
     predictions: list[Prediction] = []
     all_prompts = [prompt_text(tokenizer, ex) for ex in examples]
     if batch_size is None:
-        longest = max(
-            (len(tokenizer(p, add_special_tokens=False)["input_ids"]) for p in all_prompts), default=1
-        )
+
+        def longest() -> int:
+            lengths = (len(tokenizer(p, add_special_tokens=False)["input_ids"]) for p in all_prompts)
+            return max(lengths, default=1)
+
         batch_size = eval_batch.choose(model, longest, max_think_tokens, len(examples))
+        print(f"[cockpit] eval: {batch_size} prompts a batch", flush=True)
     for start in range(0, len(examples), batch_size):
         if keep_going is not None and not keep_going():
             break

@@ -39,8 +39,8 @@ PROMPT_FRACTION = 0.5
 # slices, batch 64, the fast decode path): its line's per-layer time against the memory limit of the bytes
 # a layer reads gives the share of the bandwidth it reaches; its fixed part a step (the head, sampling,
 # the loop's own work) is kept as measured.
-DECODE_BANDWIDTH_SHARE = 0.1973
-DECODE_FIXED_S = 0.00163
+DECODE_BANDWIDTH_SHARE = 0.1971
+DECODE_FIXED_S = 0.000494
 DECODE_SOURCE = "benchmarks/results/eval_speed_h200.json (batch 64, one H200)"
 # HBM bandwidth of a GPU, GB/s (datasheets: H200 4.8 TB/s, H100 SXM 3.35 TB/s, A100 80GB 2.0 TB/s).
 HBM_GBPS = {"H200": 4800.0, "H100": 3350.0, "A100": 2039.0}

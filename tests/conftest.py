@@ -21,19 +21,27 @@ def asset_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return Path(shared) if shared else tmp_path_factory.mktemp("cockpit-cache")
 
 
+@pytest.fixture(scope="session", autouse=True)
+def private_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Every test's `$COCKPIT_CACHE`: a folder of this session's (or `COCKPIT_TEST_CACHE`), never the
+    user's own, so what a test builds or keeps there (the tiny model, NF4 caches of its loads) stays out
+    of `~/.cache/cockpit`."""
+    cache = Path(os.environ.get("COCKPIT_TEST_CACHE") or tmp_path_factory.mktemp("cockpit-cache"))
+    old = os.environ.get("COCKPIT_CACHE")
+    os.environ["COCKPIT_CACHE"] = str(cache)
+    yield cache
+    if old is None:
+        os.environ.pop("COCKPIT_CACHE", None)
+    else:
+        os.environ["COCKPIT_CACHE"] = old
+
+
 @pytest.fixture(scope="session")
-def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """The built-in tiny model's directory (built once a session, in $COCKPIT_CACHE if set)."""
+def tiny_dir(private_cache: Path) -> str:
+    """The built-in tiny model's directory (built once a session, in the tests' `$COCKPIT_CACHE`)."""
     from trainer import tiny
 
-    cache = os.environ.get("COCKPIT_CACHE") or str(tmp_path_factory.mktemp("cockpit-cache"))
-    old = os.environ.get("COCKPIT_CACHE")
-    os.environ["COCKPIT_CACHE"] = cache
-    try:
-        return str(tiny.model_path(seed=0))
-    finally:
-        if old is None:
-            del os.environ["COCKPIT_CACHE"]
+    return str(tiny.model_path(seed=0))
 
 
 def run_cockpit(

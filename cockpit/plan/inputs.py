@@ -49,6 +49,9 @@ class Assumptions:
     # Assumed, not measured: no multi-node run has been measured yet.
     internode_gbps: float = 50.0
     nvme_gbps: float = 6.0  # aggregate read bandwidth of the NVMe offload drive(s)
+    # Reading a checkpoint or the NF4 cache at load (assumed; the H200 host read the story slice's cache
+    # at 1.8 GB/s: benchmarks/results/load_cache_model.md).
+    disk_gbps: float = 2.0
     # Step time from costs measured on a GPU (cockpit.plan.speed): fixed and per-layer seconds and the
     # efficiency of the model FLOPs, fitted to benchmarks/results/step_speed_h200.json.
     speed: MeasuredSpeed = H200_STORY_SLICE

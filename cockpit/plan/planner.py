@@ -15,6 +15,7 @@ from cockpit.plan.formats import bytes_per_param_4bit, four_bit, plain
 from cockpit.plan.geometry import KINDS, ModelGeometry
 from cockpit.plan.hardware import Hardware, resolve_hardware
 from cockpit.plan.inputs import Assumptions, Inputs, inputs_for, resolve_geometry, setup_for
+from cockpit.plan.load_read import LoadRead, load_read
 from cockpit.plan.options import Option, OptionSet, options, overrides_for
 from cockpit.plan.validation_time import ValidationTime
 from cockpit.plan.weights import lora_params
@@ -37,6 +38,7 @@ class Plan:
     notes: list[str] = field(default_factory=list)
     save_total_limit: int = 1
     run: RunLength | None = None  # the training run's length and wall time for its data
+    load: LoadRead | None = None  # what a load reads: the checkpoint, the NF4 cache after
 
     @property
     def options(self) -> list[Option]:
@@ -199,6 +201,7 @@ class Plan:
                 "blocks": w.blocks,
             },
             "disk": self.disk(),
+            "load": self.load.to_dict() if self.load else None,
             "configured": estimate_dict(self.configured),
             "verdict": self.verdict(),
             "requirements": self.requirements,
@@ -227,6 +230,7 @@ class Plan:
             "checkpoints_kept": per_checkpoint * self.save_total_limit,
             "adapter": lora * act,
             "model_files": self.inputs.weights.checkpoint_bytes,
+            "nf4_cache": self.load.cache_bytes if self.load else 0,
         }
 
 
@@ -356,4 +360,5 @@ def build_plan(
         notes=notes,
         save_total_limit=profile.training.save_total_limit,
         run=run_length(profile, hw, configured, inputs),
+        load=load_read(profile, inputs.weights, base.loader, inputs.assumptions.disk_gbps),
     )

@@ -173,6 +173,8 @@ def facts_table(plan: Plan) -> Table:
         f"each checkpoint {size(disk['per_checkpoint'])} "
         f"(LoRA + optimizer), {plan.save_total_limit} kept: {size(disk['checkpoints_kept'])}",
     )
+    if plan.load is not None:
+        table.add_row("load", escape(plan.load.words()))
     return table
 
 

@@ -26,6 +26,11 @@ from cockpit.rehearse.serving import serving
 __all__ = ["LABELS", "Forecast", "ModelFacts", "Scaling", "forecast", "model_facts"]
 
 TOLERANCE = 0.15
+CACHE_ASSUMPTION = (
+    "NF4 cache (a second run, a resume, evaluation's reload): the plan's packed bytes (NF4 codes, scales, "
+    "quantization state, the rest in 16 bit) read at the same disk rate, and at most the first load's "
+    "work a layer (it skips the quantization, not told apart from placement here: an upper bound)"
+)
 WALL_PARTS = {
     "load_s": "load",
     "start_s": "start-up",
@@ -44,6 +49,7 @@ class ModelFacts:
     layer_bytes: float  # stored weight bytes of one decoder layer (what ZeRO-3 partitions and gathers)
     other_bytes: float  # embeddings, final norm, head
     checkpoint_bytes: float  # the 16-bit checkpoint on disk
+    cache_bytes: float = 0.0  # the NF4 cache a later load reads (`cockpit.plan.load_read`); 0: none kept
 
 
 def model_facts(plan: dict[str, Any]) -> ModelFacts:
@@ -58,6 +64,7 @@ def model_facts(plan: dict[str, Any]) -> ModelFacts:
         layer_bytes=layer_bytes,
         other_bytes=other,
         checkpoint_bytes=float(plan.get("weights_bytes", {}).get("checkpoint") or 0.0),
+        cache_bytes=float((plan.get("load") or {}).get("cache_bytes") or 0.0),
     )
 
 
@@ -81,6 +88,7 @@ class Forecast:
     ranges: dict[str, dict[str, Range]] = field(default_factory=dict)  # here, target, wall: key -> lo, hi
     evaluation: EvalForecast | None = None  # evaluation on the profile's machine (`wall["eval_s"]`)
     serving: dict[str, Any] | None = None  # the tuned model served there, priced (`cockpit.rehearse.serving`)
+    load_cache: dict[str, Any] | None = None  # a load from the NF4 cache (`wall["load_cached_s"]`)
 
     def measured(self, key: str) -> bool:
         """Whether the depths measured the figure (rather than bound it or take the plan's term)."""
@@ -140,10 +148,13 @@ class Forecast:
             "dominant": {"part": top[0], "share": top[1]} if top else None,
             "plan": self.plan,
             "disagreements": self.disagreements,
-            "assumptions": self.scaling.lines() + (self.evaluation.assumptions if self.evaluation else []),
+            "assumptions": self.scaling.lines()
+            + ([CACHE_ASSUMPTION] if self.load_cache else [])
+            + (self.evaluation.assumptions if self.evaluation else []),
             "notes": self.notes,
             "evaluation": self.evaluation.to_dict(self.layers) if self.evaluation else None,
             "serving": self.serving,
+            "load_cache": self.load_cache,
         }
 
 
@@ -285,6 +296,7 @@ def forecast(
         ranges={"here": here_range, "target": target_range, "wall": wall_range},
         evaluation=evaluation,
         serving=serving(evaluation, profile, scaling.target_machine),
+        load_cache=load_cache_facts(facts, scaling, wall),
     )
 
 
@@ -302,7 +314,8 @@ def _wall(
     """The run's wall clock on the target, part by part, each with its range."""
     nt = scaling.target_gpus or 1
     disk = facts.checkpoint_bytes / (scaling.disk_gbps * 1e9)
-    load = (target["load_s"] or 0.0) + disk
+    work = target["load_s"] or 0.0
+    load = work + disk
     load_r = _shift(target_range.get("load_s"), disk) or (load, load)
     start = target.get("start_s") or 0.0
     step = target.get("step_s")
@@ -342,12 +355,45 @@ def _wall(
     wall_range = dict(parts)
     if train is not None:
         wall_range["total_s"] = (sum(r[0] for r in parts.values()), sum(r[1] for r in parts.values()))
+    if facts.cache_bytes:  # a second run, a resume: the same run loading from the NF4 cache
+        cached, cached_r = cached_load(facts.cache_bytes, scaling.disk_gbps, work, load_r[1] - disk)
+        wall["load_cached_s"], wall_range["load_cached_s"] = cached, cached_r
+        total = wall["total_s"]
+        if total is not None:
+            lo, hi = wall_range["total_s"]
+            wall["total_cached_s"] = total - load + cached
+            wall_range["total_cached_s"] = (lo - load_r[0] + cached_r[0], hi - load_r[1] + cached_r[1])
     if validation is not None:
         notes.append(f"validation loss (not rehearsed): {validation.words()}")
     elif profile.validation.eval_steps:
         notes.append("validation loss not counted: the validation sample's size is unknown here")
     notes.append(evaluation.how)
     return wall, wall_range
+
+
+def load_cache_facts(facts: ModelFacts, s: Scaling, wall: dict[str, float | None]) -> dict[str, Any] | None:
+    """The NF4 cache's bytes (the cache's disk use too), their read, and the cached load's work bound."""
+    if not facts.cache_bytes:
+        return None
+    rate = s.disk_gbps * 1e9
+    return {
+        "cache_bytes": facts.cache_bytes,
+        "checkpoint_bytes": facts.checkpoint_bytes,
+        "disk_gbps": s.disk_gbps,
+        "read_s": facts.cache_bytes / rate,
+        "checkpoint_read_s": facts.checkpoint_bytes / rate,
+        "work_bound_s": (wall.get("load_cached_s") or 0.0) - facts.cache_bytes / rate,
+    }
+
+
+def cached_load(cache_bytes: float, disk_gbps: float, work_s: float, work_hi: float) -> tuple[float, Range]:
+    """A load from the NF4 cache: its bytes read at the disk rate, and at most the first load's work.
+
+    The rehearsal's load work a layer (random weights: drawn, quantized, placed) holds the quantization
+    a cached load skips and the placement (partitions, pinned copies) it still pays, not told apart: the
+    figure is the bound (the first load's work, its range's top), the range's low end the read alone."""
+    read = cache_bytes / (disk_gbps * 1e9)
+    return read + work_s, (read, read + max(work_s, work_hi))
 
 
 def statistics_tokens(done: list[DepthMeasure]) -> float | None:

@@ -11,7 +11,7 @@ from rich.text import Text
 
 from cockpit.rehearse.forecast import LABELS
 from cockpit.rehearse.serving import serving_lines
-from cockpit.units import hours
+from cockpit.units import hours, size
 
 MEMORY = (
     ("gpu_load", "GPU load"),
@@ -88,6 +88,16 @@ def wall_lines(data: dict[str, Any]) -> list[str]:
         f"{_num(w.get('saves'), '.0f')} checkpoint saves {hours(w.get('save_s'))} + {validation}evaluation "
         f"{hours(w.get('eval_s'))}",
     ]
+    cache, cached = data.get("load_cache"), w.get("total_cached_s")
+    if cache and cached is not None:
+        lo, hi = wall_range.get("total_cached_s") or (cached, cached)
+        gb = size(cache["cache_bytes"], binary=False)
+        lines.append(
+            f"a second run (a resume, evaluation's reload) loads from the NF4 cache: {hours(cached)} "
+            f"({lo / 3600:.2f}-{hi / 3600:.2f} h), load {hours(w.get('load_cached_s'))} ({gb} at "
+            f"{cache['disk_gbps']:g} GB/s, {cache['read_s']:.0f} s, + at most the first load's "
+            f"{cache['work_bound_s']:.0f} s of work, no quantization); the cache needs {gb} of disk"
+        )
     top = data.get("dominant")
     if top:
         lines.append(f"what dominates it: {top['part']}, {top['share']:.0%} of the wall clock")

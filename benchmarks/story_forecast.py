@@ -11,7 +11,10 @@ an assumption, the data file is not here). Evaluation after training (the base a
 the held-out split) is in the wall clock: timed on the story's slices where `benchmarks/eval_speed.py`
 left its timings (`results/eval_speed_h200.json`, set on the depths it timed), else the plan's modelled
 term, and the output says which. Beside it: what `cockpit plan` says for the same profile, and the story's
-26 hours. No GPU needed.
+26 hours. A second run loads from the NF4 cache (each forecast's line); the two configurations together
+tell the load's work apart (`load_split`): the one without offload builds and quantizes the same layers on
+the same GPU, so its work bounds the quantization the cache skips, and the rest of the offloaded load's
+work is placement, which a cached load pays too. No GPU needed.
 
     python benchmarks/story_forecast.py [--depths 1,2,4,8,16]
 """
@@ -42,6 +45,35 @@ def with_eval_timings(measures: list, path: Path = EVAL_TIMINGS) -> tuple[list, 
     out = [replace(m, eval=timings.get(str(m.layers), {})) for m in measures]
     timed = [m.layers for m in out if m.eval]
     return out, f"evaluation timed on the story's slices ({', '.join(map(str, timed))} layers, {path.name})"
+
+
+def load_split(summary: dict) -> dict | None:
+    """The offloaded load's work told apart by the load without offload (the same layers drawn, built and
+    quantized on the same GPU; offload adds their placement in pinned host memory): quantization is at
+    most the latter's work, placement at least the difference, so the cached load with offload lies
+    between its read plus that placement and its read plus the whole work."""
+    if not {"offload", "none"} <= summary.keys():
+        return None
+    off, none = (summary[c]["forecast"] for c in ("offload", "none"))
+    cache = off.get("load_cache")
+    work, quantize = off["target"].get("load_s"), none["target"].get("load_s")
+    if not cache or work is None or quantize is None:
+        return None
+    placement = max(0.0, work - quantize)
+    lo, hi = cache["read_s"] + placement, cache["read_s"] + work
+    return {
+        "offload_work_s": work,
+        "quantize_at_most_s": quantize,
+        "placement_at_least_s": placement,
+        "cached_load_s": [lo, hi],
+        "first_load_s": off["wall"]["load_s"],
+        "words": (
+            f"the load's work with offload, {work:.0f} s: building and quantizing at most "
+            f"{quantize:.0f} s of it (the whole work without offload: the same layers on the same GPU), "
+            f"placing the partitions in pinned memory at least {placement:.0f} s, which a cached load pays "
+            f"too: a second run's load {lo:.0f}-{hi:.0f} s against the first's {off['wall']['load_s']:.0f} s"
+        ),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -89,6 +121,10 @@ def main(argv: list[str] | None = None) -> int:
             "plan_train_s": plan_total,
             "evaluation": evaluation,
         }
+    split = load_split(summary)
+    if split:
+        console.print(split["words"])
+        summary["load_split"] = split
     out = Path(os.environ.get("OUT") or ROOT / "benchmarks/results")
     out.mkdir(parents=True, exist_ok=True)
     (out / "story_forecast.md").write_text("```\n" + console.export_text() + "```\n")

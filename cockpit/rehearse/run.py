@@ -20,8 +20,6 @@ from cockpit.record.atomic import write_json_atomic
 from cockpit.rehearse.forecast import Forecast, Scaling, forecast
 from cockpit.rehearse.measure import depth_measures
 
-ASSUMED_DISK_GBPS = 2.0  # reading the 16-bit checkpoint at load
-
 
 class RehearsalError(ValueError):
     """A rehearsal that cannot run here; the message names the limit."""
@@ -81,7 +79,7 @@ def scaling_for(manifest: dict[str, Any], measured_ranks: int) -> Scaling:
         h2d_gbps_measured=plan.h2d_gbps,
         h2d_gbps_target=plan.h2d_gbps,
         gpu2gpu_gbps=plan.nvlink_gbps,
-        disk_gbps=ASSUMED_DISK_GBPS,
+        disk_gbps=plan.disk_gbps,
     )
 
 

@@ -16,9 +16,11 @@ depend on the other rows of its batch, so `trainer.evaluate.cut_at_end` gives wh
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +31,9 @@ log = logging.getLogger(__name__)
 
 ENABLED = os.environ.get("COCKPIT_FAST_DECODE", "1") != "0"
 CHECK_EVERY = 16  # steps between host reads of "has every row ended"
+# Whether a step is captured as a CUDA graph where it can be (one GPU); a rehearsal turns it off to time
+# the steps as evaluation runs them over several GPUs, launched one by one (`graphs_off`).
+GRAPHS = True
 ATTENTION = ("sdpa", "eager")
 
 
@@ -275,6 +280,17 @@ def _all_ended(tokens: torch.Tensor, stops: torch.Tensor) -> bool:
     return bool(torch.isin(tokens, stops).any(dim=1).all())
 
 
+@contextlib.contextmanager
+def graphs_off() -> Iterator[None]:
+    """Within it, decoding launches its steps one by one, as it does with a model over several GPUs."""
+    global GRAPHS
+    saved, GRAPHS = GRAPHS, False
+    try:
+        yield
+    finally:
+        GRAPHS = saved
+
+
 _failed: list[str] = []
 _graph_failed: list[str] = []
 
@@ -291,7 +307,7 @@ def greedy(
         return None
     try:
         decoder = GreedyDecoder(model, input_ids, attention_mask, new)
-        return decoder.run(input_ids, stop)
+        return decoder.run(input_ids, stop, graph=GRAPHS)
     except torch.OutOfMemoryError:
         raise
     except Exception as exc:  # a model this path cannot drive: generate instead, from now on

@@ -9,7 +9,9 @@ a scoring forward at evaluation's shape and thinking batches, through evaluation
   from the memory free once loaded: `trainer.eval_batch`) and at batch 1 (a request served alone): once
   for `FIRST_TOKENS` new tokens and once for N; a decode step is `(time(N) - time(3)) / (N - 3)`, and
   what a call costs beyond its decode steps (the prefill, the first token, the decode path's set-up: the
-  fast path captures its step as a CUDA graph only past 2 tokens) is `time(3) - 2 x step`.
+  fast path captures its step as a CUDA graph only past 2 tokens) is `time(3) - 2 x step`;
+- and thinking at `EVAL_BATCH_SIZE` prompts with the steps launched one by one (`eager_*`), as
+  evaluation runs them where the model spans several GPUs (a CUDA graph is captured on one GPU only).
 
 The prompts are random tokens, as a rehearsal's weights are random: `IdsTokenizer` stands for the
 model's tokenizer (a text is its token ids written out), and its end of text is an id past the
@@ -29,6 +31,7 @@ import torch
 from cockpit.contract import EVAL_BATCH_SIZE, MAX_EVAL_BATCH, SCORE_TOKENS
 from cockpit.plan.eval_time import LABEL_TOKENS
 from cockpit.rehearse.measure import EVAL_FIRST_TOKENS
+from trainer import decode
 
 REPEATS = 2  # timed calls of each shape after its warm-up (the median is kept, their spread too)
 FIRST_TOKENS = EVAL_FIRST_TOKENS  # the shorter call: every decode path sets itself up as for a whole thinking
@@ -187,6 +190,8 @@ def time_evaluation(
     batch = time_thinking(model, prompts[:EVAL_BATCH_SIZE], vocab, new_tokens, repeats)
     single = time_thinking(model, prompts[:1], vocab, new_tokens, repeats)
     large = time_thinking(model, prompts, vocab, new_tokens, repeats)
+    with decode.graphs_off():  # as evaluation runs its steps when the model spans several GPUs
+        eager = time_thinking(model, prompts[:EVAL_BATCH_SIZE], vocab, new_tokens, repeats)
     scoring = time_scoring(model, vocab, width, repeats)
     devices = model.cockpit_load_facts.get("layer_devices") or []
     fields = {
@@ -203,6 +208,7 @@ def time_evaluation(
         **{f"single_{k}": v for k, v in single.items()},
         "large_batch": MAX_EVAL_BATCH,
         **{f"large_{k}": v for k, v in large.items()},
+        **{f"eager_{k}": v for k, v in eager.items()},
         **scoring,
     }
     del model

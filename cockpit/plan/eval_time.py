@@ -42,6 +42,12 @@ PROMPT_FRACTION = 0.5
 DECODE_BANDWIDTH_SHARE = 0.1971
 DECODE_FIXED_S = 0.000494
 DECODE_SOURCE = "benchmarks/results/eval_speed_h200.json (batch 64, one H200)"
+# A decode step launched kernel by kernel, as evaluation runs it where the model spans several GPUs (its
+# step is captured as one CUDA graph on one GPU only: `trainer/decode.py`), costs this much more a layer
+# than the replayed graph: the line of the launched steps less the graph's, measured by
+# `benchmarks/decode_speed.py` on one H200 (the story's 2-, 8- and 16-layer slices, batch 64).
+LAUNCHED_LAYER_S = 0.000676
+LAUNCHED_SOURCE = "benchmarks/results/decode_speed_h200.json (batch 64: launched less replayed, a layer)"
 # HBM bandwidth of a GPU, GB/s (datasheets: H200 4.8 TB/s, H100 SXM 3.35 TB/s, A100 80GB 2.0 TB/s).
 HBM_GBPS = {"H200": 4800.0, "H100": 3350.0, "A100": 2039.0}
 
@@ -215,9 +221,17 @@ def forward_flops(geometry: Any, tokens: float, context: float) -> float:
     return tokens * (2 * geometry.active_matmul_params() + 4 * context * geometry.q_dim * geometry.layers)
 
 
-def modelled_costs(inputs: Any, gpu_name: str, shape: EvalShape) -> tuple[EvalCosts, str] | None:
-    """The three costs on one GPU of `gpu_name` (module docstring), and how; None where its bandwidth is
-    not known (the CPU, a GPU not in `HBM_GBPS`)."""
+def launched_overhead(layers: int, gpus: int) -> float:
+    """Seconds a decode step costs beyond its replayed graph where evaluation spans `gpus` GPUs (its steps
+    launched one by one: `LAUNCHED_LAYER_S` a layer); nothing on one GPU."""
+    return LAUNCHED_LAYER_S * layers if gpus > 1 else 0.0
+
+
+def modelled_costs(
+    inputs: Any, gpu_name: str, shape: EvalShape, gpus: int = 1
+) -> tuple[EvalCosts, str] | None:
+    """The three costs on `gpus` GPUs of `gpu_name` (module docstring), and how; None where its bandwidth
+    is not known (the CPU, a GPU not in `HBM_GBPS`)."""
     from cockpit.plan.inputs import datasheet_tflops
 
     bandwidth = hbm_gbps(gpu_name)
@@ -230,7 +244,8 @@ def modelled_costs(inputs: Any, gpu_name: str, shape: EvalShape) -> tuple[EvalCo
     prompt = max(1.0, shape.prompt_tokens)
     context = prompt + shape.think_tokens / 2
     read = decode_bytes(inputs.weights, shape.batch, context)
-    step = DECODE_FIXED_S + read / (bandwidth * 1e9 * DECODE_BANDWIDTH_SHARE)
+    launched = launched_overhead(g.layers, gpus)
+    step = DECODE_FIXED_S + read / (bandwidth * 1e9 * DECODE_BANDWIDTH_SHARE) + launched
     prefill = forward_flops(g, shape.batch * prompt, (prompt + 1) / 2) / flops_s
     rows = shape.rows_per_forward
     score = forward_flops(g, rows * shape.width, (shape.width + 1) / 2) / flops_s
@@ -238,7 +253,14 @@ def modelled_costs(inputs: Any, gpu_name: str, shape: EvalShape) -> tuple[EvalCo
         f"modelled: a decode step reads its bytes (the experts "
         f"{touched_experts(g.experts, g.top_k, shape.batch):.0%} touched at batch {shape.batch}, the KV "
         f"cache) at {DECODE_BANDWIDTH_SHARE:.0%} of one GPU's {bandwidth:,.0f} GB/s, plus "
-        f"{DECODE_FIXED_S * 1000:.1f} ms (both as measured: {DECODE_SOURCE}); prefill and scoring at "
+        f"{DECODE_FIXED_S * 1000:.1f} ms (both as measured: {DECODE_SOURCE})"
+        + (
+            f", plus {launched * 1000:.1f} ms for its kernels launched one by one over {gpus} GPUs (no CUDA "
+            f"graph; {LAUNCHED_SOURCE})"
+            if launched
+            else ""
+        )
+        + "; prefill and scoring at "
         f"{rate * speed.efficiency:,.0f} TFLOP/s (the step model's bf16 rate, cockpit.plan.speed)"
     )
     return EvalCosts(prefill, step, score), how
@@ -291,7 +313,7 @@ def eval_time(profile: Any, inputs: Any, hw: Any, size: Any = None) -> EvalTime 
     think = profile.eval.max_think_tokens
     batch, batch_how = target_batch(inputs, hw, prompt, think, split.examples)
     shape = EvalShape(split, prompt, think, batch)
-    modelled = modelled_costs(inputs, hw.gpu_name, shape)
+    modelled = modelled_costs(inputs, hw.gpu_name, shape, hw.gpus * max(1, hw.nodes))
     if modelled is None:
         return None
     costs, how = modelled

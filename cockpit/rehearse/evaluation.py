@@ -22,6 +22,7 @@ from typing import Any
 
 from cockpit.contract import EVAL_BATCH_SIZE, MAX_EVAL_BATCH
 from cockpit.plan.eval_time import (
+    LAUNCHED_SOURCE,
     EvalCosts,
     EvalShape,
     EvalSplit,
@@ -29,6 +30,7 @@ from cockpit.plan.eval_time import (
     eval_seconds,
     eval_split,
     hbm_gbps,
+    launched_overhead,
 )
 from cockpit.rehearse.fit import Fit, Point, fit_line
 from cockpit.rehearse.measure import DepthMeasure
@@ -43,7 +45,9 @@ FIGURES = {
     "single_decode_step_s": ("single_decode_step_sd_s", "memory"),
     "large_prefill_s": ("large_prefill_sd_s", "compute"),
     "large_decode_step_s": ("large_decode_step_sd_s", "memory"),
+    "eager_decode_step_s": ("eager_decode_step_sd_s", "memory"),  # launched one by one, no CUDA graph
 }
+DECODE_STEPS = ("decode_step_s", "single_decode_step_s", "large_decode_step_s")
 # The batches a depth times thinking at, by their figures' prefix (the event says each one's size).
 BATCHES = {"single_": "1", "": "batch", "large_": "large_batch"}
 TIMING_FLOOR = 0.01  # a timing's own uncertainty, relative, where its repeats say less
@@ -237,16 +241,19 @@ def _from_fits(
     """Each timed figure at full depth on the target, and evaluation counted from them at the target's
     batch (the plan's)."""
     es = EvalScaling.of(scaling)
+    lines: list[str] = []
     target: dict[str, float] = {}
     ranges: dict[str, Range] = {}
     for key, (_, bound) in FIGURES.items():
         fit = fits.get(key)
         if fit is not None:
             target[key], ranges[key] = _scaled(fit, bound, full, es)
+    if es.gpus > 1:
+        lines.append(_launched(fits, full, es.gpus, target, ranges))
     batch = int(((plan.get("run") or {}).get("evaluation") or {}).get("batch") or EVAL_BATCH_SIZE)
     think = profile.eval.max_think_tokens
     shape = EvalShape(split, float(timed.get("prompt_tokens") or 0), think, min(batch, MAX_EVAL_BATCH))
-    lines = [
+    lines += [
         *es.lines(),
         f"evaluation's batch on the target: {shape.batch} (the plan's, as evaluation chooses it from the "
         "memory free once loaded); a prefill and a decode step read between the batches timed "
@@ -285,3 +292,28 @@ def _from_fits(
         )
     )
     return result
+
+
+def _launched(
+    fits: dict[str, Fit | None], full: int, gpus: int, target: dict[str, float], ranges: dict[str, Range]
+) -> str:
+    """Where evaluation spans the target's GPUs its decode steps are launched one by one (a CUDA graph is
+    captured on one GPU only): each decode step on the target gains what the rehearsal's launched steps
+    cost beyond its replayed ones, host work left unscaled; where no depth timed them, the plan's measured
+    `LAUNCHED_LAYER_S`. Adds it to `target` and `ranges`; says how."""
+    eager, graph = fits.get("eager_decode_step_s"), fits.get("decode_step_s")
+    if eager is not None and graph is not None:
+        extra = max(0.0, eager.at(full) - graph.at(full))
+        how = "as the rehearsal timed its steps launched one by one"
+    else:
+        extra = launched_overhead(full, gpus)
+        how = f"not rehearsed: {LAUNCHED_SOURCE}"
+    for key in DECODE_STEPS:
+        if key in target:
+            target[key] += extra
+            lo, hi = ranges[key]
+            ranges[key] = (lo + extra, hi + extra)
+    return (
+        f"evaluation spans the target's {gpus} GPUs: its decode steps are launched one by one (a CUDA graph "
+        f"is captured on one GPU only), {extra * 1000:.1f} ms more a step ({how})"
+    )

@@ -91,6 +91,14 @@ def eval_batch(free_bytes: list[int], row_bytes: list[int], examples: int) -> in
     return max(1, min(fits, MAX_EVAL_BATCH, max(examples, 1)))
 
 
+# Of each GPU's memory free once the model is loaded, the share evaluation's rows may take (fragmentation
+# and kernels' workspaces keep the rest): `trainer/eval_batch.py` measures the free memory, the plan
+# models it (`cockpit/plan/eval_time.py`).
+EVAL_BATCH_MARGIN = 0.9
+# Bytes a logit of the scoring forward (`trainer.evaluate.row_logprobs`) holds: the fp32 copy of the
+# logits (4) and its log-softmax (4) are alive together; the compute-dtype logits are freed before the
+# second. Placement, the batch and the plan keep room for SCORE_TOKENS of them on the head's GPU.
+SCORE_LOGIT_BYTES = 8
 # Label scoring runs rows of (prefix, label) for several examples at once, at most this many tokens a
 # forward (trainer/evaluate.py); their logits are evaluation's largest working memory (trainer/placement.py).
 SCORE_TOKENS = 32_768

@@ -16,10 +16,14 @@ from typing import Any
 
 import torch
 
-from cockpit.contract import EVAL_BATCH_SIZE, SCORE_TOKENS, eval_batch, eval_row_bytes
-
-MARGIN = 0.9  # of each GPU's free bytes, the share rows may take (fragmentation, kernels' workspaces)
-LOGIT_BYTES = 8  # a scored token's logits: float32, and their log-softmax beside them
+from cockpit.contract import (
+    EVAL_BATCH_MARGIN,
+    EVAL_BATCH_SIZE,
+    SCORE_LOGIT_BYTES,
+    SCORE_TOKENS,
+    eval_batch,
+    eval_row_bytes,
+)
 
 
 def layers_by_device(model: Any) -> Counter[torch.device]:
@@ -47,11 +51,11 @@ def choose(model: Any, prompt_tokens: Callable[[], int], new_tokens: int, exampl
     head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
     item = next(p for p in model.parameters() if p.is_floating_point()).element_size()
     head = model.get_output_embeddings().weight.device
-    logits = SCORE_TOKENS * text.vocab_size * LOGIT_BYTES
+    logits = SCORE_TOKENS * text.vocab_size * SCORE_LOGIT_BYTES
     free, rows = [], []
     for device, count in layers.items():
         keep = logits if device == head else 0
-        free.append(max(0, int(free_bytes(device) * MARGIN) - keep))
+        free.append(max(0, int(free_bytes(device) * EVAL_BATCH_MARGIN) - keep))
         rows.append(
             eval_row_bytes(
                 count,

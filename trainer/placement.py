@@ -33,12 +33,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from cockpit.contract import EVAL_BATCH_SIZE, SCORE_TOKENS
+from cockpit.contract import EVAL_BATCH_SIZE, SCORE_LOGIT_BYTES, SCORE_TOKENS
 from cockpit.profiles import Profile
 
-# Bytes a logit of the scoring forward (`trainer.evaluate.row_logprobs`): the fp32 copy of the logits
-# (4) and its log-softmax (4) are alive together; the compute-dtype logits are freed before the second.
-LOGIT_BYTES = 8
 # Share of each GPU's free memory the weights and working memory above may take: the rest is for what
 # is not modelled (one layer's activations, the attention mask, the allocator's slack). The figure
 # transformers leaves for a bitsandbytes model (`adjust_max_memory`).
@@ -71,7 +68,7 @@ class WorkingMemory:
         item = torch.empty(0, dtype=DTYPES[profile.quantization.compute_dtype]).element_size()
         tokens = EVAL_BATCH_SIZE * (profile.training.seq_len + profile.eval.max_think_tokens)
         return cls(
-            logits_bytes=SCORE_TOKENS * text.vocab_size * LOGIT_BYTES,
+            logits_bytes=SCORE_TOKENS * text.vocab_size * SCORE_LOGIT_BYTES,
             kv_bytes_per_layer=tokens * 2 * kv_heads * head_dim * item,
         )
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from cockpit.contract import EVAL_BATCH_SIZE, SCORE_TOKENS
+from cockpit.contract import EVAL_BATCH_MARGIN, EVAL_BATCH_SIZE, SCORE_LOGIT_BYTES, SCORE_TOKENS
 from cockpit.plan.run_length import ASSUMED_LABELS, EvalSplit, from_data_file
 
 SYSTEMS = 2  # the base model and the tuned one
@@ -266,12 +266,6 @@ def modelled_costs(
     return EvalCosts(prefill, step, score), how
 
 
-# Of a GPU's memory left after the weights, the share evaluation's rows may take (trainer/eval_batch.py's
-# margin over the free memory it measures once loaded).
-BATCH_MARGIN = 0.9
-LOGIT_BYTES = 8  # a scored token's logits, float32, and their log-softmax (trainer/eval_batch.py)
-
-
 def target_batch(inputs: Any, hw: Any, prompt: float, think: int, examples: float) -> tuple[int, str]:
     """Evaluation's batch on the plan's GPUs, as `trainer.eval_batch` chooses it once loaded: the rows
     (`cockpit.contract.eval_row_bytes`) a GPU holds in what is left free, at most `MAX_EVAL_BATCH`. The
@@ -284,8 +278,8 @@ def target_batch(inputs: Any, hw: Any, prompt: float, think: int, examples: floa
     gpus = hw.gpus * max(1, hw.nodes)
     if not gpus or not hw.gpu_mem_gib:
         return EVAL_BATCH_SIZE, f"{EVAL_BATCH_SIZE} (no GPU memory known)"
-    held = w.stored_bytes + SCORE_TOKENS * g.vocab * LOGIT_BYTES
-    free = BATCH_MARGIN * (hw.gpu_mem_gib * 1024**3 - held / gpus)
+    held = w.stored_bytes + SCORE_TOKENS * g.vocab * SCORE_LOGIT_BYTES
+    free = EVAL_BATCH_MARGIN * (hw.gpu_mem_gib * 1024**3 - held / gpus)
     layers = math.ceil(g.layers / gpus)
     row = eval_row_bytes(
         layers, g.kv_heads, g.head_dim, g.hidden, g.moe_intermediate or g.intermediate, g.top_k or 1,

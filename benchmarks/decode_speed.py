@@ -289,7 +289,7 @@ def decode_rows(args: argparse.Namespace, bw: float) -> tuple[list[dict], list[d
     if device.type != "cuda":
         del paths["graph"]
     paths = {name: fn for name, fn in paths.items() if name in args.paths}
-    chosen = eval_batch.choose(model, args.prompt_tokens, 512, 10_000)
+    chosen = eval_batch.choose(model, lambda: args.prompt_tokens, 512, 10_000)
     log(f"evaluation's batch from free memory with {args.layers} layers loaded: {chosen}")
     for depth in args.depths:
         config.num_hidden_layers = depth

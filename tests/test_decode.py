@@ -76,6 +76,7 @@ def test_unusable_attention_falls_back(tiny) -> None:
         assert "attention" in decode.usable(model)
         enc = tokenizer(PROMPTS[:1], return_tensors="pt", add_special_tokens=False)
         assert decode.greedy(model, enc["input_ids"], enc["attention_mask"], 4, set()) is None
+        assert decode.path().startswith("generate: attention")
     finally:
         model.set_attn_implementation("sdpa")
 
@@ -114,6 +115,10 @@ def test_steps_use_grouped_attention(tiny, monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.setattr(decode, "grouped_query_attention", counting)
     enc = tokenizer(PROMPTS[:2], return_tensors="pt", padding=True, add_special_tokens=False)
     decode.greedy(model, enc["input_ids"], enc["attention_mask"], 5, set())
-    assert calls and set(calls) == {1}  # the 4 steps after the prompt, every layer
-    assert len(calls) == 4 * model.config.num_hidden_layers
-    assert model.config._attn_implementation == "sdpa"
+    layers = model.config.num_hidden_layers
+    prompt = enc["input_ids"].shape[1]
+    assert calls.count(1) == 4 * layers  # the 4 steps after the prompt, every layer
+    assert calls.count(prompt) == layers  # the prefill, handed on to sdpa
+    assert len(calls) == 5 * layers
+    assert model.config._attn_implementation == "sdpa"  # as it was, once decoding is done
+    assert decode.path() == "launched"  # no CUDA graph on the CPU

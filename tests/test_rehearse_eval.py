@@ -267,3 +267,16 @@ def test_costs_are_read_at_the_targets_batch_between_the_batches_timed() -> None
     assert s["batch"] == 160
     batch_s = costs.prefill_s + think * costs.decode_step_s
     assert s["batch_tokens_per_s"] == pytest.approx(160 * think / batch_s)
+
+
+def test_evaluation_runs_on_one_host_s_gpus() -> None:
+    """Evaluation is one process over one host's GPUs: on 2 nodes of 4 it spans 4, and on one GPU a node
+    it replays its graph (no launched steps)."""
+    from cockpit.rehearse.evaluation import EvalScaling
+
+    two_nodes = Scaling(1, "NVIDIA H200", 8, "H100-80GB", 80, 960, 1.0, 55, 55, 150, 2.0, target_nodes=2)
+    assert EvalScaling.of(two_nodes).gpus == 4
+    one_a_node = Scaling(1, "NVIDIA H200", 2, "H100-80GB", 80, 960, 1.0, 55, 55, 150, 2.0, target_nodes=2)
+    full = 40
+    ev = forecast_eval(_measures(), _profile(), full, one_a_node, _plan(full), None)
+    assert not any("launched one by one" in line for line in ev.assumptions)

@@ -113,6 +113,23 @@ def _register_step_attention() -> None:
     AttentionInterface.register(STEP_ATTENTION, grouped_query_attention)
 
 
+@contextlib.contextmanager
+def _grouped_steps(model: Any) -> Iterator[None]:
+    """An sdpa model attends through `grouped_query_attention` (which hands queries longer than one token
+    to sdpa: the prefill) while it decodes."""
+    config = model.config
+    attention = config._attn_implementation
+    if attention != "sdpa":
+        yield
+        return
+    _register_step_attention()
+    config._attn_implementation = STEP_ATTENTION
+    try:
+        yield
+    finally:
+        config._attn_implementation = attention
+
+
 def _attention(model: Any) -> str | None:
     return getattr(getattr(model, "config", None), "_attn_implementation", None)
 
@@ -157,6 +174,7 @@ class GreedyDecoder:
         self.cache_kwarg = _cache_kwarg(model)
         self.layers = model.config.num_hidden_layers
         self.graph: torch.cuda.CUDAGraph | None = None
+        self.ran = "launched"
         dtype = next(p for p in model.parameters() if p.is_floating_point()).dtype
         self.mask_dtype = dtype if self.additive else torch.bool
         valid = attention_mask.to(self.device).bool()
@@ -219,22 +237,13 @@ class GreedyDecoder:
         open_value = True if not self.additive else 0.0
         s.mask.index_fill_(3, s.slot, open_value)
         s.positions.add_(1)
-        config = self.model.config
-        attention = config._attn_implementation
-        if attention == "sdpa":
-            _register_step_attention()
-            config._attn_implementation = STEP_ATTENTION
-        try:
-            logits = self._forward(s.ids, s.positions, s.mask)
-        finally:
-            config._attn_implementation = attention
+        logits = self._forward(s.ids, s.positions, s.mask)
         s.step.add_(1)
         self._take(logits)
         s.slot.add_(1)
 
     def _capture(self) -> None:
-        """Run one step eagerly (kernels compiled, caches made), then capture the next as a graph."""
-        self._step()
+        """Capture the next step as a graph (after one eager step: kernels compiled, caches made)."""
         stream = torch.cuda.Stream(self.device)
         stream.wait_stream(torch.cuda.current_stream(self.device))
         graph = torch.cuda.CUDAGraph()
@@ -247,11 +256,17 @@ class GreedyDecoder:
     def run(self, input_ids: torch.Tensor, stop: set[int], graph: bool = True) -> torch.Tensor:
         """[B, n] greedy tokens, n <= new; rows go on past their end (cut them with `cut_at_end`), and
         the loop stops early (n < new) once every row has produced a token of `stop`."""
+        with _grouped_steps(self.model):
+            return self._run(input_ids, stop, graph)
+
+    def _run(self, input_ids: torch.Tensor, stop: set[int], graph: bool) -> torch.Tensor:
         self.prefill(input_ids)
         stops = torch.tensor(sorted(stop) or [-1], device=self.device)
         done = 1
         capturable = self.device.type == "cuda" and self.new > 2 and _one_device(self.model)
         if graph and capturable and not _graph_failed:
+            self._step()
+            done = 2
             try:
                 self._capture()
             except torch.OutOfMemoryError:
@@ -259,7 +274,7 @@ class GreedyDecoder:
             except Exception as exc:  # a step that cannot be captured: the same steps, launched one by one
                 _graph_failed.append(f"{type(exc).__name__}: {exc}")
                 _say_once(f"CUDA graph off: {_graph_failed[0]}")
-            done = 2
+        self.ran = "graph" if self.graph is not None else "launched"
         while done < self.new:
             if done % CHECK_EVERY == 0 and _all_ended(self.state.out[:, :done], stops):
                 break
@@ -293,6 +308,14 @@ def graphs_off() -> Iterator[None]:
 
 _failed: list[str] = []
 _graph_failed: list[str] = []
+_last = ["none yet"]
+
+
+def path() -> str:
+    """How the last batch decoded: `graph` (one CUDA graph replayed), `launched` (steps launched one by
+    one: several GPUs, the CPU, graphs off or not capturable) or `generate: why` (the fast path could not
+    drive the model); a rehearsal records it beside its timings."""
+    return _last[0]
 
 
 @torch.no_grad()
@@ -304,16 +327,20 @@ def greedy(
     why = _failed[0] if _failed else usable(model)
     if why is not None:
         _say_once(why)
+        _last[0] = f"generate: {why}"
         return None
     try:
         decoder = GreedyDecoder(model, input_ids, attention_mask, new)
-        return decoder.run(input_ids, stop, graph=GRAPHS)
+        tokens = decoder.run(input_ids, stop, graph=GRAPHS)
     except torch.OutOfMemoryError:
         raise
     except Exception as exc:  # a model this path cannot drive: generate instead, from now on
         _failed.append(f"{type(exc).__name__}: {exc}")
         _say_once(_failed[0])
+        _last[0] = f"generate: {_failed[0]}"
         return None
+    _last[0] = decoder.ran
+    return tokens
 
 
 _said: set[str] = set()

@@ -43,7 +43,10 @@ def free_bytes(device: torch.device) -> int:
 def choose(model: Any, prompt_tokens: Callable[[], int], new_tokens: int, examples: int) -> int:
     """The batch for thinking `new_tokens` after prompts of at most `prompt_tokens()` tokens (asked only
     where the model runs on GPUs; see the module)."""
-    layers = layers_by_device(model) if torch.cuda.is_available() else {}
+    try:
+        layers = layers_by_device(model) if torch.cuda.is_available() else {}
+    except (ValueError, AttributeError, StopIteration):  # no decoder layers to place rows by
+        layers = {}
     if not layers or any(d.type != "cuda" for d in layers):
         return min(EVAL_BATCH_SIZE, max(examples, 1))
     longest = prompt_tokens()

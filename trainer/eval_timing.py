@@ -189,7 +189,13 @@ def time_evaluation(
     width = prompt_len + profile.eval.max_think_tokens + LABEL_TOKENS
     batch = time_thinking(model, prompts[:EVAL_BATCH_SIZE], vocab, new_tokens, repeats)
     single = time_thinking(model, prompts[:1], vocab, new_tokens, repeats)
-    large = time_thinking(model, prompts, vocab, new_tokens, repeats)
+    graph_path = decode.path()  # how the batches above decoded (a graph on one GPU)
+    try:
+        large = time_thinking(model, prompts, vocab, new_tokens, repeats)
+    except torch.OutOfMemoryError:  # more than this slice leaves room for: the batches timed stay
+        large = {}
+        gc.collect()
+        torch.cuda.empty_cache()
     with decode.graphs_off():  # as evaluation runs its steps when the model spans several GPUs
         eager = time_thinking(model, prompts[:EVAL_BATCH_SIZE], vocab, new_tokens, repeats)
     scoring = time_scoring(model, vocab, width, repeats)
@@ -206,8 +212,9 @@ def time_evaluation(
         "repeats": repeats,
         **batch,
         **{f"single_{k}": v for k, v in single.items()},
-        "large_batch": MAX_EVAL_BATCH,
+        **({"large_batch": MAX_EVAL_BATCH} if large else {}),
         **{f"large_{k}": v for k, v in large.items()},
+        "decode_path": graph_path,
         **{f"eager_{k}": v for k, v in eager.items()},
         **scoring,
     }

@@ -234,7 +234,17 @@ class NF4Cache:
             self.refuse(f"{path.name} unreadable ({type(exc).__name__}: {exc})")
             return None
         order = iter(tensors)
-        assemble(unit, manifest, lambda slot: next(order), device)
+        try:
+            assemble(unit, manifest, lambda slot: next(order), device)
+        except torch.OutOfMemoryError:
+            raise
+        except Exception as exc:  # half put in place: no way back to the checkpoint for this load
+            with contextlib.suppress(OSError):
+                path.unlink()  # the next load rebuilds it
+            raise RuntimeError(
+                f"{path}: the NF4 cache's unit could not be put in place ({type(exc).__name__}: {exc}); "
+                "it is removed, and the next load rebuilds it from the checkpoint"
+            ) from exc
         self.read.append(index)
         self.bytes_read += path.stat().st_size
         return manifest

@@ -275,7 +275,7 @@ def target_batch(inputs: Any, hw: Any, prompt: float, think: int, examples: floa
     from cockpit.contract import eval_batch, eval_row_bytes
 
     g, w = inputs.geometry, inputs.weights
-    gpus = hw.gpus * max(1, hw.nodes)
+    gpus = hw.gpus  # evaluation is one process over one host's GPUs (trainer/placement.py)
     if not gpus or not hw.gpu_mem_gib:
         return EVAL_BATCH_SIZE, f"{EVAL_BATCH_SIZE} (no GPU memory known)"
     held = w.stored_bytes + SCORE_TOKENS * g.vocab * SCORE_LOGIT_BYTES
@@ -307,7 +307,7 @@ def eval_time(profile: Any, inputs: Any, hw: Any, size: Any = None) -> EvalTime 
     think = profile.eval.max_think_tokens
     batch, batch_how = target_batch(inputs, hw, prompt, think, split.examples)
     shape = EvalShape(split, prompt, think, batch)
-    modelled = modelled_costs(inputs, hw.gpu_name, shape, hw.gpus * max(1, hw.nodes))
+    modelled = modelled_costs(inputs, hw.gpu_name, shape, hw.gpus)
     if modelled is None:
         return None
     costs, how = modelled

@@ -380,6 +380,7 @@ EVENTS: dict[str, Fields] = {
         "eager_decode_step_sd_s": NUMBER,
         "eager_first_s": NUMBER,
         "eager_think_s": NUMBER,
+        "decode_path": TEXT,
         "score_rows": INT,
         "score_tokens": INT,
         "score_s": NUMBER,

@@ -89,7 +89,8 @@ class EvalScaling:
     def of(cls, s: Scaling) -> EvalScaling:
         here, there = hbm_gbps(s.measured_gpu), hbm_gbps(s.target_gpu or s.measured_gpu)
         ratio = here / there if here and there else 1.0
-        return cls(ratio, s.compute_ratio, here, there, s.target_gpus or 1)
+        gpus = max(1, (s.target_gpus or 1) // max(1, s.target_nodes))  # one host's: evaluation is one process
+        return cls(ratio, s.compute_ratio, here, there, gpus)
 
     def lines(self) -> list[str]:
         known = f"{self.here_gbps:,.0f} GB/s here, {self.there_gbps:,.0f} GB/s on the target"

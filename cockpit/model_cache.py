@@ -111,6 +111,22 @@ def changes(old: dict[str, dict[str, Any]], new: dict[str, dict[str, Any]]) -> s
 
 
 # --- the settings that change the bytes ----------------------------------------------------------------
+def off_reason(profile: Any, loader: str = "layerwise", random: bool = False) -> str:
+    """Why a load of `profile` keeps no NF4 cache ("" when it keeps one): the trainer's rule
+    (`trainer.nf4_cache.open_cache`), which the plan counts too. Only the layer-by-layer loader writes
+    one, of a real checkpoint, with something quantized, unless the profile turns it off."""
+    q = profile.quantization
+    if random:
+        return "random weights"
+    if loader != "layerwise":
+        return 'only the layer-by-layer loader keeps one (model.loader = "layerwise")'
+    if not q.cache:
+        return "quantization.cache = false"
+    if not (q.load_in_4bit or q.quantize_experts):
+        return "nothing is quantized"
+    return ""
+
+
 def settings(profile: Any, device_type: str) -> dict[str, Any]:
     """What the quantized bytes depend on besides the checkpoint: the profile's quantization, the packed
     experts' storage dtype, the NF4 block size, where it quantizes (`cpu`, `cuda`), bitsandbytes' version

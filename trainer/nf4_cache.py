@@ -361,13 +361,9 @@ def open_cache(
     """The cache of this checkpoint and the profile's quantization on `device`'s kind, made ready to be
     written (its folder and manifest); one that is off (`random` weights, the profile's choice, nothing
     quantized, no folder to be had) says why. Never raises."""
-    q = profile.quantization
-    if random:
-        return NF4Cache(None, layers, off="random weights")
-    if not q.cache:
-        return NF4Cache(None, layers, off="quantization.cache = false")
-    if not (q.load_in_4bit or q.quantize_experts):
-        return NF4Cache(None, layers, off="nothing is quantized")
+    off = model_cache.off_reason(profile, random=random)  # only the layer-by-layer loader opens one
+    if off:
+        return NF4Cache(None, layers, off=off)
     try:
         model = Path(model_dir).resolve()
         prints = model_cache.fingerprint(model)

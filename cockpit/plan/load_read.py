@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from cockpit import model_cache
 from cockpit.units import about, size
 
 GB = 1e9
@@ -65,22 +66,9 @@ class LoadRead:
         }
 
 
-def cache_off(profile: Any, loader: str) -> str:
-    """Why a load of `profile` keeps no NF4 cache ("" when it keeps one): the rules of
-    `trainer.nf4_cache.open_cache` and the layer-by-layer loader, which alone writes one."""
-    q = profile.quantization
-    if loader != "layerwise":
-        return 'only the layer-by-layer loader keeps one (model.loader = "layerwise")'
-    if not q.cache:
-        return "quantization.cache = false"
-    if not (q.load_in_4bit or q.quantize_experts):
-        return "nothing is quantized"
-    return ""
-
-
 def load_read(profile: Any, weights: Any, loader: str, disk_gbps: float) -> LoadRead:
     """What a load of `profile` reads (`weights`: the plan's `Weights`; `loader`: the setup's)."""
-    off = cache_off(profile, loader)
+    off = model_cache.off_reason(profile, loader)
     return LoadRead(
         checkpoint_bytes=weights.checkpoint_bytes,
         cache_bytes=0 if off else weights.stored_bytes,

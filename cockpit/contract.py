@@ -99,6 +99,14 @@ EVAL_BATCH_MARGIN = 0.9
 # logits (4) and its log-softmax (4) are alive together; the compute-dtype logits are freed before the
 # second. Placement, the batch and the plan keep room for SCORE_TOKENS of them on the head's GPU.
 SCORE_LOGIT_BYTES = 8
+# A scored row's tail: the label and its end of turn (assumed: a few tokens), after prompt and thinking.
+LABEL_TOKENS = 4
+# The share of an example before its answer where no data says so: the rehearsal's random rows
+# (`trainer.data.synthetic_rows`) are made so, and the plan and the rehearsal's prompts assume it.
+PROMPT_FRACTION = 0.5
+# The shorter thinking call a timed decode step is the difference from (`trainer.eval_timing`): past 2
+# tokens, so that every decode path sets itself up (the fast path's CUDA graph) as for a whole thinking.
+EVAL_FIRST_TOKENS = 3
 # Label scoring runs rows of (prefix, label) for several examples at once, at most this many tokens a
 # forward (trainer/evaluate.py); their logits are evaluation's largest working memory (trainer/placement.py).
 SCORE_TOKENS = 32_768

@@ -8,9 +8,9 @@ import math
 
 import pytest
 
-from cockpit.contract import EVAL_BATCH_SIZE, SCORE_TOKENS
+from cockpit.contract import EVAL_BATCH_SIZE, LABEL_TOKENS, SCORE_TOKENS
 from cockpit.data.tenants import TENANTS
-from cockpit.plan.eval_time import LABEL_TOKENS, LAUNCHED_LAYER_S
+from cockpit.plan.eval_time import LAUNCHED_LAYER_S
 from cockpit.profiles import load_profile
 from cockpit.rehearse.evaluation import fit_eval, forecast_eval
 from cockpit.rehearse.forecast import Scaling, forecast

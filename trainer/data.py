@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from cockpit.contract import PROMPT_FRACTION
 from cockpit.data.chat import answer_text, chat_texts, prompt_text
 from cockpit.data.examples import DataSet, load_examples
 from cockpit.data.source import DataError
@@ -169,7 +170,7 @@ def synthetic_rows(
     mean_tokens: int,
     seq_len: int,
     seed: int = 0,
-    prompt_fraction: float = 0.5,
+    prompt_fraction: float = PROMPT_FRACTION,
     spread: float = 0.5,
 ) -> list[dict[str, list[int]]]:
     """Random-token examples for a rehearsal where the real data is not at hand.

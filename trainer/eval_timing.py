@@ -7,7 +7,7 @@ a scoring forward at evaluation's shape and thinking batches, through evaluation
   `SCORE_TOKENS` holds;
 - thinking at `EVAL_BATCH_SIZE` prompts, at `MAX_EVAL_BATCH` (evaluation chooses its batch up to it
   from the memory free once loaded: `trainer.eval_batch`) and at batch 1 (a request served alone): once
-  for `FIRST_TOKENS` new tokens and once for N; a decode step is `(time(N) - time(3)) / (N - 3)`, and
+  for `EVAL_FIRST_TOKENS` new tokens and once for N; a decode step is `(time(N) - time(3)) / (N - 3)`, and
   what a call costs beyond its decode steps (the prefill, the first token, the decode path's set-up: the
   fast path captures its step as a CUDA graph only past 2 tokens) is `time(3) - 2 x step`;
 - and thinking at `EVAL_BATCH_SIZE` prompts with the steps launched one by one (`eager_*`), as
@@ -28,13 +28,10 @@ from typing import Any
 
 import torch
 
-from cockpit.contract import EVAL_BATCH_SIZE, MAX_EVAL_BATCH, SCORE_TOKENS
-from cockpit.plan.eval_time import LABEL_TOKENS
-from cockpit.rehearse.measure import EVAL_FIRST_TOKENS
+from cockpit.contract import EVAL_BATCH_SIZE, EVAL_FIRST_TOKENS, LABEL_TOKENS, MAX_EVAL_BATCH, SCORE_TOKENS
 from trainer import decode
 
 REPEATS = 2  # timed calls of each shape after its warm-up (the median is kept, their spread too)
-FIRST_TOKENS = EVAL_FIRST_TOKENS  # the shorter call: every decode path sets itself up as for a whole thinking
 
 
 class IdsTokenizer:
@@ -125,15 +122,15 @@ def _sd(values: list[float]) -> float | None:
 def time_thinking(
     model: Any, prompts: list[str], vocab: int, new_tokens: int, repeats: int
 ) -> dict[str, Any]:
-    """A thinking batch of `prompts` timed for `FIRST_TOKENS` and for `new_tokens` new tokens: its decode
+    """A thinking batch of `prompts` timed for `EVAL_FIRST_TOKENS` and for `new_tokens` new tokens: its decode
     step and what it costs beyond its steps (module docstring), each with the spread of its repeats."""
     from trainer.evaluate import think
 
     tokenizer = IdsTokenizer(vocab)
-    first = _timed(lambda: think(model, tokenizer, prompts, FIRST_TOKENS), repeats)
+    first = _timed(lambda: think(model, tokenizer, prompts, EVAL_FIRST_TOKENS), repeats)
     full = _timed(lambda: think(model, tokenizer, prompts, new_tokens), repeats)
-    steps = [max(0.0, b - a) / (new_tokens - FIRST_TOKENS) for a, b in zip(first, full, strict=True)]
-    fixed = [max(0.0, a - (FIRST_TOKENS - 1) * step) for a, step in zip(first, steps, strict=True)]
+    steps = [max(0.0, b - a) / (new_tokens - EVAL_FIRST_TOKENS) for a, b in zip(first, full, strict=True)]
+    fixed = [max(0.0, a - (EVAL_FIRST_TOKENS - 1) * step) for a, step in zip(first, steps, strict=True)]
     return {
         "prefill_s": statistics.median(fixed),
         "prefill_sd_s": _sd(fixed),
@@ -174,7 +171,7 @@ def time_evaluation(
     and thinking batches timed (module docstring): the `rehearse_eval` event's fields."""
     from trainer.model import load_base
 
-    new_tokens = max(FIRST_TOKENS + 1, new_tokens)
+    new_tokens = max(EVAL_FIRST_TOKENS + 1, new_tokens)
     t0 = time.perf_counter()
     model = load_base(profile, model_dir, spread=True, random_layers=layers, progress=progress)
     load_s = time.perf_counter() - t0

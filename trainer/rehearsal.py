@@ -120,7 +120,7 @@ class Rehearsal(Recipe):
     def time_evaluation(self) -> None:
         """Training's memory freed on every rank, then rank 0 loads the slice as evaluation loads it (over
         the GPUs here) and times it (`trainer.eval_timing`): a `rehearse_eval` event."""
-        from cockpit.plan.eval_time import PROMPT_FRACTION
+        from cockpit.contract import PROMPT_FRACTION
         from trainer.eval_timing import release_training, time_evaluation
 
         release_training(self)

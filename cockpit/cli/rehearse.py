@@ -89,13 +89,8 @@ def add_rehearse(sub: argparse._SubParsersAction, common: argparse.ArgumentParse
     )
     rehearse.add_argument("--profile", default=DEFAULT_PROFILE, help=PROFILE_HELP)
     add_overrides(rehearse)
-    from cockpit.rehearse.measure import (
-        DEFAULT_EVAL_TOKENS,
-        DEFAULT_LAYERS,
-        DEFAULT_STEPS,
-        EVAL_FIRST_TOKENS,
-        WARMUP_STEPS,
-    )
+    from cockpit.contract import EVAL_FIRST_TOKENS
+    from cockpit.rehearse.measure import DEFAULT_EVAL_TOKENS, DEFAULT_LAYERS, DEFAULT_STEPS, WARMUP_STEPS
 
     depths = ",".join(map(str, DEFAULT_LAYERS))
     rehearse.add_argument(

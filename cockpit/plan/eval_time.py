@@ -27,14 +27,17 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from cockpit.contract import EVAL_BATCH_MARGIN, EVAL_BATCH_SIZE, SCORE_LOGIT_BYTES, SCORE_TOKENS
+from cockpit.contract import (
+    EVAL_BATCH_MARGIN,
+    EVAL_BATCH_SIZE,
+    LABEL_TOKENS,
+    PROMPT_FRACTION,
+    SCORE_LOGIT_BYTES,
+    SCORE_TOKENS,
+)
 from cockpit.plan.run_length import ASSUMED_LABELS, EvalSplit, from_data_file
 
 SYSTEMS = 2  # the base model and the tuned one
-LABEL_TOKENS = 4  # a scored row's tail: the label and its end of turn (assumed: a few tokens)
-# The share of an example before its answer, where no data says: as the rehearsal's random tokens
-# (`trainer.data.synthetic_rows`' prompt_fraction) make it.
-PROMPT_FRACTION = 0.5
 # The decode step as `benchmarks/eval_speed.py` measured it on one H200 (the story's 2-, 8- and 16-layer
 # slices, batch 64, the fast decode path): its line's per-layer time against the memory limit of the bytes
 # a layer reads gives the share of the bandwidth it reaches; its fixed part a step (the head, sampling,

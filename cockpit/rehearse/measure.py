@@ -22,9 +22,6 @@ DEFAULT_STEPS = 6  # optimizer steps a depth: WARMUP_STEPS, then the timed ones
 # New tokens of each thinking batch evaluation is timed with after a depth's steps (`cockpit rehearse
 # --eval-tokens`): enough to time a decode step, which is what the forecast reads.
 DEFAULT_EVAL_TOKENS = 32
-# The shorter thinking call a decode step is the difference from (`trainer.eval_timing`): past 2 tokens, so
-# that every decode path sets itself up (the fast path's CUDA graph) as it does for a whole thinking.
-EVAL_FIRST_TOKENS = 3
 EVAL = "rehearse_eval"  # the trainer's event of evaluation timed on a depth's slice (`trainer.eval_timing`)
 MIB_PER_GIB = 1024.0
 

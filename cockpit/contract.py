@@ -70,6 +70,11 @@ MAX_EVAL_BATCH = 256
 PREFILL_HIDDEN_COPIES = 6
 
 
+def kv_cache_bytes(layers: int, kv_heads: int, head_dim: int, tokens: float, item: int = 2) -> int:
+    """Bytes of the keys and values of `tokens` positions in `layers` decoder layers."""
+    return int(layers * 2 * kv_heads * head_dim * tokens * item)
+
+
 def eval_row_bytes(
     layers: int, kv_heads: int, head_dim: int, hidden: int, expert_width: int, top_k: int,
     prompt_tokens: int, new_tokens: int, item: int = 2,
@@ -78,9 +83,9 @@ def eval_row_bytes(
     the prompt and the new tokens in every one of them, and the prefill's activations of one layer at a
     time (`PREFILL_HIDDEN_COPIES` hidden states, the query, and each of the top-k experts' input row and
     gate/up output)."""
-    kv = layers * 2 * kv_heads * head_dim * (prompt_tokens + new_tokens)
+    kv = kv_cache_bytes(layers, kv_heads, head_dim, prompt_tokens + new_tokens, item)
     per_token = PREFILL_HIDDEN_COPIES * hidden + top_k * (hidden + 2 * expert_width)
-    return item * (kv + prompt_tokens * per_token)
+    return kv + item * prompt_tokens * per_token
 
 
 def eval_batch(free_bytes: list[int], row_bytes: list[int], examples: int) -> int:

@@ -24,6 +24,7 @@ from cockpit.contract import (
     eval_batch,
     eval_row_bytes,
 )
+from trainer.placement import attention_shape
 
 
 def layers_by_device(model: Any) -> Counter[torch.device]:
@@ -50,8 +51,7 @@ def choose(model: Any, prompt_tokens: Callable[[], int], new_tokens: int, exampl
     if not layers or any(d.type != "cuda" for d in layers):
         return min(EVAL_BATCH_SIZE, max(examples, 1))
     longest = prompt_tokens()
-    text = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
-    head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+    text, kv_heads, head_dim = attention_shape(model.config)
     item = next(p for p in model.parameters() if p.is_floating_point()).element_size()
     head = model.get_output_embeddings().weight.device
     logits = SCORE_TOKENS * text.vocab_size * SCORE_LOGIT_BYTES
@@ -62,7 +62,7 @@ def choose(model: Any, prompt_tokens: Callable[[], int], new_tokens: int, exampl
         rows.append(
             eval_row_bytes(
                 count,
-                getattr(text, "num_key_value_heads", None) or text.num_attention_heads,
+                kv_heads,
                 head_dim,
                 text.hidden_size,
                 getattr(text, "moe_intermediate_size", None) or text.intermediate_size,

@@ -33,7 +33,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from cockpit.contract import EVAL_BATCH_SIZE, SCORE_LOGIT_BYTES, SCORE_TOKENS
+from cockpit.contract import EVAL_BATCH_SIZE, SCORE_LOGIT_BYTES, SCORE_TOKENS, kv_cache_bytes
 from cockpit.profiles import Profile
 
 # Share of each GPU's free memory the weights and working memory above may take: the rest is for what
@@ -62,15 +62,20 @@ class WorkingMemory:
         `training.seq_len` tokens (a bound, not a measure) thinking `eval.max_think_tokens` each."""
         from trainer.quant import DTYPES
 
-        text = config.get_text_config() if hasattr(config, "get_text_config") else config
-        head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
-        kv_heads = getattr(text, "num_key_value_heads", None) or text.num_attention_heads
+        text, kv_heads, head_dim = attention_shape(config)
         item = torch.empty(0, dtype=DTYPES[profile.quantization.compute_dtype]).element_size()
         tokens = EVAL_BATCH_SIZE * (profile.training.seq_len + profile.eval.max_think_tokens)
         return cls(
             logits_bytes=SCORE_TOKENS * text.vocab_size * SCORE_LOGIT_BYTES,
-            kv_bytes_per_layer=tokens * 2 * kv_heads * head_dim * item,
+            kv_bytes_per_layer=kv_cache_bytes(1, kv_heads, head_dim, tokens, item),
         )
+
+
+def attention_shape(config: Any) -> tuple[Any, int, int]:
+    """A model config's text part, its key/value heads and its head size (the KV cache's shape)."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+    return text, getattr(text, "num_key_value_heads", None) or text.num_attention_heads, head_dim
 
 
 def model_config(profile: Profile, model_dir: str, random_layers: int | None = None) -> Any:

@@ -34,6 +34,7 @@ from cockpit.contract import (
     PROMPT_FRACTION,
     SCORE_LOGIT_BYTES,
     SCORE_TOKENS,
+    kv_cache_bytes,
 )
 from cockpit.plan.run_length import ASSUMED_LABELS, EvalSplit, from_data_file
 
@@ -215,8 +216,9 @@ def decode_bytes(weights: Any, batch: int, context: float) -> float:
         if t.kind == "embeddings":
             continue
         read += (s.data_bytes + s.state_bytes) * (share if t.kind == "experts" else 1.0)
-    kv = batch * context * 2 * g.kv_dim * g.layers * weights.precision.act_bytes
-    return read + kv
+    return read + kv_cache_bytes(
+        g.layers, g.kv_heads, g.head_dim, batch * context, weights.precision.act_bytes
+    )
 
 
 def forward_flops(geometry: Any, tokens: float, context: float) -> float:

@@ -125,6 +125,23 @@ def test_a_truncated_or_misplaced_unit_is_refused_and_rebuilt(model: Path) -> No
     assert load(model)[1]["weights"] == "nf4-cache"  # rebuilt
 
 
+def test_a_killed_writer_s_half_written_unit_is_removed(model: Path) -> None:
+    """A rank killed while it wrote a unit leaves its temporary file; the next load on this host removes
+    it where its writer is gone, and leaves a live writer's and another host's alone."""
+    import socket
+
+    load(model)
+    folder = caches()[0].folder
+    host = socket.gethostname()
+    dead = folder / f".layer-00001.safetensors.{host}.{2**22 + 12345}.tmp"  # past any pid of this host
+    alive = folder / f".layer-00002.safetensors.{host}.{os.getpid()}.tmp"
+    other = folder / ".layer-00003.safetensors.another-host.1.tmp"
+    for tmp in (dead, alive, other):
+        tmp.write_bytes(b"half a unit")
+    load(model)
+    assert not dead.exists() and alive.exists() and other.exists()
+
+
 def test_a_unit_that_does_not_fit_the_model_is_refused(model: Path) -> None:
     """The model changed under a unit file of the right key (another transformers): nothing is
     half-made, the unit comes from the checkpoint."""

@@ -24,6 +24,7 @@ import json
 import logging
 import os
 import shutil
+import socket
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -301,7 +302,7 @@ class NF4Cache:
     def _write(self, path: Path, tensors: dict[str, torch.Tensor], meta: dict[str, str], index: int) -> None:
         from safetensors.torch import save_file
 
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp = path.with_name(f".{path.name}.{socket.gethostname()}.{os.getpid()}.tmp")
         try:
             save_file(tensors, str(tmp), metadata=meta)
             with tmp.open("rb+") as f:
@@ -355,6 +356,19 @@ class NF4Cache:
         return {"weights": "nf4-cache" if every else "checkpoint", "nf4_cache": cache}
 
 
+def _remove_orphans(folder: Path) -> None:
+    """Remove the half-written units (`._write`'s temporary files) of writers on this host that are gone:
+    a rank killed while it wrote (the out-of-memory killer, a SIGKILL) leaves one behind."""
+    host = socket.gethostname()
+    for tmp in folder.glob(".*.tmp"):
+        rest, _, pid = tmp.name.removesuffix(".tmp").rpartition(".")
+        if not rest.endswith(f".{host}") or not pid.isdigit():
+            continue  # another host's writer (a shared disk), or not a file of ours: left as it is
+        if not Path(f"/proc/{pid}").exists():
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+
+
 def open_cache(
     profile: Any, model_dir: str, device: torch.device, layers: int, random: bool = False
 ) -> NF4Cache:
@@ -374,6 +388,7 @@ def open_cache(
             cache.look_beside(model)
         private_dir(folder.parent)
         private_dir(folder)
+        _remove_orphans(folder)
         if model_cache.read_manifest(folder) is None:
             model_cache.write_manifest(folder, model, prints, wanted, layers)
         os.utime(folder / model_cache.MANIFEST)  # last used

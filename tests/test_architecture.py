@@ -73,6 +73,19 @@ def test_the_lowest_floors_import_no_torch(floor: int) -> None:
         assert not any(m.split(".")[0] == "torch" for m in imported), name
 
 
+MODULE_LINES = 500  # the most lines a module of the product may have (one job a module)
+
+
+def test_no_module_is_over_its_lines() -> None:
+    long = {
+        str(path.relative_to(ROOT)): n
+        for folder in ("cockpit", "trainer")
+        for path in sorted((ROOT / folder).rglob("*.py"))
+        if (n := len(path.read_text(encoding="utf-8").splitlines())) > MODULE_LINES
+    }
+    assert not long, f"over {MODULE_LINES} lines: {long}"
+
+
 def test_the_table_names_each_folder_once() -> None:
     prefixes = [p for _, _, ps in LAYERS for p in ps]
     assert len(prefixes) == len(set(prefixes))

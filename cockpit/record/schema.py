@@ -125,6 +125,17 @@ HEADER: Fields = {"t": Required(TIME), "kind": Required(TEXT), "rank": INT}
 # The step event's fields by name: the writer (`trainer/callbacks.py`), the columns (`record.scalars`), the
 # importers (`cockpit.importers.model`) and the folds (`record.view`, `record.series`) name them through
 # these, never spelled again.
+# A thinking batch timed on a rehearsal's slice (`trainer.eval_timing`): these figures, at evaluation's batch
+# (no prefix), one prompt (`single_`), the largest batch (`large_`) and the batch with its decode steps
+# launched one by one (`eager_`).
+THINKING_TIMED = ("prefill_s", "prefill_sd_s", "decode_step_s", "decode_step_sd_s", "first_s", "think_s")
+THINKING_PREFIXES = ("", "single_", "large_", "eager_")
+REHEARSE_EVAL = {
+    "layers": INT, "load_s": NUMBER, "gpus": INT, "device": TEXT, "batch": INT, "prompt_tokens": INT,
+    "new_tokens": INT, "think_tokens": INT, "repeats": INT, "large_batch": INT, "decode_path": TEXT,
+    **{prefix + field: NUMBER for prefix in THINKING_PREFIXES for field in THINKING_TIMED},
+    "score_rows": INT, "score_tokens": INT, "score_s": NUMBER, "score_sd_s": NUMBER,
+}  # fmt: skip
 STEP = "step"  # the event's kind, and its field: the optimizer step's number
 MAX_STEPS = "max_steps"
 LOSS = "loss"
@@ -345,47 +356,7 @@ EVENTS: dict[str, Fields] = {
     "rehearse_begin": {"layers": INT, "steps": INT, "step_offset": INT},
     "rehearse_end": {"layers": INT, "status": TEXT, "message": TEXT, "exit_code": INT},
     "rehearsal": {"path": TEXT, "summary": TEXT},
-    "rehearse_eval": {
-        "layers": INT,
-        "load_s": NUMBER,
-        "gpus": INT,
-        "device": TEXT,
-        "batch": INT,
-        "prompt_tokens": INT,
-        "new_tokens": INT,
-        "think_tokens": INT,
-        "repeats": INT,
-        "prefill_s": NUMBER,
-        "prefill_sd_s": NUMBER,
-        "decode_step_s": NUMBER,
-        "decode_step_sd_s": NUMBER,
-        "first_s": NUMBER,
-        "think_s": NUMBER,
-        "single_prefill_s": NUMBER,
-        "single_prefill_sd_s": NUMBER,
-        "single_decode_step_s": NUMBER,
-        "single_decode_step_sd_s": NUMBER,
-        "single_first_s": NUMBER,
-        "single_think_s": NUMBER,
-        "large_batch": INT,
-        "large_prefill_s": NUMBER,
-        "large_prefill_sd_s": NUMBER,
-        "large_decode_step_s": NUMBER,
-        "large_decode_step_sd_s": NUMBER,
-        "large_first_s": NUMBER,
-        "large_think_s": NUMBER,
-        "eager_prefill_s": NUMBER,
-        "eager_prefill_sd_s": NUMBER,
-        "eager_decode_step_s": NUMBER,
-        "eager_decode_step_sd_s": NUMBER,
-        "eager_first_s": NUMBER,
-        "eager_think_s": NUMBER,
-        "decode_path": TEXT,
-        "score_rows": INT,
-        "score_tokens": INT,
-        "score_s": NUMBER,
-        "score_sd_s": NUMBER,
-    },
+    "rehearse_eval": REHEARSE_EVAL,
     "telemetry_start": {
         "pid": INT,
         "root_pid": INT,

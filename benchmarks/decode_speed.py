@@ -392,6 +392,8 @@ def _common(a: list[int], b: list[int]) -> int:
 
 def fits(rows: list[dict], depths: list[int]) -> list[dict]:
     """Per path and batch: the line through the depths (per layer, fixed), and 16 predicted from 2 and 8."""
+    from cockpit.rehearse.fit import Point, least_squares
+
     out = []
     rows = [r for r in rows if "failed" not in r]
     for key in sorted({(r["batch"], r["path"]) for r in rows}):
@@ -399,10 +401,10 @@ def fits(rows: list[dict], depths: list[int]) -> list[dict]:
         if len(pts) < 2:
             continue
         xs = sorted(pts)
-        slope, fixed = _line([(x, pts[x]) for x in xs])
+        fixed, slope = least_squares([Point(x, pts[x]) for x in xs])
         row = {"batch": key[0], "path": key[1], "per_layer_ms": round(slope, 3), "fixed_ms": round(fixed, 2)}
         if len(xs) >= 3:
-            s2, f2 = _line([(x, pts[x]) for x in xs[:-1]])
+            f2, s2 = least_squares([Point(x, pts[x]) for x in xs[:-1]])
             predicted = f2 + s2 * xs[-1]
             row.update(
                 {
@@ -413,15 +415,6 @@ def fits(rows: list[dict], depths: list[int]) -> list[dict]:
             )
         out.append(row)
     return out
-
-
-def _line(points: list[tuple[float, float]]) -> tuple[float, float]:
-    n = len(points)
-    mx = sum(p[0] for p in points) / n
-    my = sum(p[1] for p in points) / n
-    sxx = sum((p[0] - mx) ** 2 for p in points)
-    slope = sum((p[0] - mx) * (p[1] - my) for p in points) / sxx
-    return slope, my - slope * mx
 
 
 def render(result: dict[str, Any]) -> str:

@@ -120,6 +120,7 @@ def kernel_rows(
         ("before: SMALL_GROUPS", k.SMALL_GROUPS),
         ("DECODE_GROUPS", k.DECODE_GROUPS),
         ("DECODE_FEW", k.DECODE_FEW),
+        ("DECODE_WIDE", k.DECODE_WIDE),
     ]
     configs += [
         (
@@ -273,12 +274,12 @@ def decode_rows(args: argparse.Namespace, bw: float) -> tuple[list[dict], list[d
             from trainer.kernels import nf4_triton
         except ImportError:  # no Triton (a CPU without it): no kernel, nothing else to undo
             return run_generate(ids, new)
-        saved = nf4_triton.DECODE_GROUP_ROWS, nf4_triton.DECODE_FEW_ROWS
-        nf4_triton.DECODE_GROUP_ROWS = nf4_triton.DECODE_FEW_ROWS = -1
+        saved = nf4_triton.DECODE_GROUP_ROWS, nf4_triton.DECODE_FEW_ROWS, nf4_triton.DECODE_WIDE_ROWS
+        nf4_triton.DECODE_GROUP_ROWS = nf4_triton.DECODE_FEW_ROWS = nf4_triton.DECODE_WIDE_ROWS = -1
         try:
             return run_generate(ids, new)
         finally:
-            nf4_triton.DECODE_GROUP_ROWS, nf4_triton.DECODE_FEW_ROWS = saved
+            nf4_triton.DECODE_GROUP_ROWS, nf4_triton.DECODE_FEW_ROWS, nf4_triton.DECODE_WIDE_ROWS = saved
 
     paths = {
         "before": run_before,

@@ -121,6 +121,7 @@ def test_dequantize_kernel_matches_reference(kernels):
         {"bm": 32, "bn": 128, "bk": 128, "swap": True, "decode": 1},  # 128 columns: two scales a row
         {"bm": 64, "bn": 128, "bk": 64, "swap": True, "decode": 2},  # PRMT: the tree on the CPU
         {"bm": 16, "bn": 64, "bk": 128, "swap": True, "decode": 1},  # decoding's narrow token tile
+        {"bm": 32, "bn": 64, "bk": 128, "swap": True, "decode": 1, "programs_per_sm": 4},  # DECODE_WIDE's
     ],
 )
 def test_grouped_mm_kernel_matches_reference(kernels, config):
@@ -147,4 +148,6 @@ def test_grouped_mm_kernel_refuses_bad_shapes(kernels):
     assert kernels.pick_config(64 * 128, 128) is kernels.SMALL_GROUPS
     assert kernels.pick_config(256 * 128, 128) is kernels.LARGE_GROUPS
     assert kernels.pick_config(64 * 8, 128) is kernels.DECODE_GROUPS  # a decode step at batch 64
+    assert kernels.pick_config(256 * 8, 128) is kernels.DECODE_WIDE  # at batch 256, forward
+    assert kernels.pick_config(256 * 8, 128, trans=True) is kernels.DECODE_GROUPS  # its input gradient
     assert kernels.pick_config(1 * 8, 128) is kernels.DECODE_FEW  # at batch 1

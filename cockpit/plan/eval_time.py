@@ -43,8 +43,8 @@ SYSTEMS = 2  # the base model and the tuned one
 # slices, batch 64, the fast decode path): its line's per-layer time against the memory limit of the bytes
 # a layer reads gives the share of the bandwidth it reaches; its fixed part a step (the head, sampling,
 # the loop's own work) is kept as measured.
-DECODE_BANDWIDTH_SHARE = 0.1971
-DECODE_FIXED_S = 0.000494
+DECODE_BANDWIDTH_SHARE = 0.2087
+DECODE_FIXED_S = 0.000407
 DECODE_SOURCE = "benchmarks/results/eval_speed_h200.json (batch 64, one H200)"
 # A decode step launched kernel by kernel, as evaluation runs it where the model spans several GPUs (its
 # step is captured as one CUDA graph on one GPU only: `trainer/decode.py`), costs this much more a layer

@@ -144,6 +144,34 @@ def _w_tile(
     return tl.reshape(tl.reshape(values, (R, C // 64, 64)) * scales[:, :, None], (R, C))
 
 
+# --- the persistent walk over (m-tile, n-tile) of every group (shared by the grouped GEMMs) ----------
+
+
+@triton.jit
+def _tile_rows(offs_ptr, M, G, BM: tl.constexpr, GP: tl.constexpr, n_tiles):
+    """(tiles in all, group starts, ends, m-tiles a group, their running sum), read from the device.
+
+    Groups 0..G-1 are offs' groups; group G is the tail [offs[G-1], M), which has no expert (zeros)."""
+    gi = tl.arange(0, GP)
+    ends = tl.load(offs_ptr + gi, mask=gi < G, other=M)
+    starts = tl.load(offs_ptr + gi - 1, mask=(gi > 0) & (gi <= G), other=0)
+    starts = tl.where(gi > G, M, starts)
+    tiles = (tl.maximum(ends - starts, 0) + BM - 1) // BM
+    cum = tl.cumsum(tiles, 0)
+    return tl.sum(tiles, 0) * n_tiles, starts, ends, tiles, cum
+
+
+@triton.jit
+def _tile_group(mt, starts, ends, tiles, cum, eids_ptr, G, BM: tl.constexpr, GP: tl.constexpr):
+    """(first row, end row, expert or -1 for the tail) of m-tile `mt`."""
+    gi = tl.arange(0, GP)
+    g = tl.sum((cum <= mt).to(tl.int32), 0)
+    sel = gi == g
+    row0 = tl.sum(tl.where(sel, starts + (mt - cum + tiles) * BM, 0), 0)
+    row_end = tl.sum(tl.where(sel, ends, 0), 0)
+    return row0, row_end, tl.load(eids_ptr + g, mask=g < G, other=-1)
+
+
 # --- the grouped GEMM ------------------------------------------------------------------------------
 
 
@@ -179,25 +207,13 @@ def _nf4_grouped_mm_kernel(
     BK: tl.constexpr,
     GP: tl.constexpr,
 ):
-    # Groups 0..G-1 are offs' groups; group G is the tail [offs[G-1], M), which has no expert (zeros).
-    gi = tl.arange(0, GP)
-    ends = tl.load(offs_ptr + gi, mask=gi < G, other=M)
-    starts = tl.load(offs_ptr + gi - 1, mask=(gi > 0) & (gi <= G), other=0)
-    starts = tl.where(gi > G, M, starts)
-    tiles = (tl.maximum(ends - starts, 0) + BM - 1) // BM
-    cum = tl.cumsum(tiles, 0)
     n_tiles = N // BN
-    total = tl.sum(tiles, 0) * n_tiles
+    total, starts, ends, tiles, cum = _tile_rows(offs_ptr, M, G, BM, GP, n_tiles)
     dtype = x_ptr.dtype.element_ty
     tile = tl.program_id(0)
     while tile < total:  # a while loop: Triton's interpreter cannot range() over a traced scalar
-        mt = tile // n_tiles
         nt = tile % n_tiles
-        g = tl.sum((cum <= mt).to(tl.int32), 0)
-        sel = gi == g
-        row0 = tl.sum(tl.where(sel, starts + (mt - cum + tiles) * BM, 0), 0)
-        row_end = tl.sum(tl.where(sel, ends, 0), 0)
-        e = tl.load(eids_ptr + g, mask=g < G, other=-1)
+        row0, row_end, e = _tile_group(tile // n_tiles, starts, ends, tiles, cum, eids_ptr, G, BM, GP)
         rows = row0 + tl.arange(0, BM)
         rmask = rows < row_end
         amask = rmask & (e >= 0)  # the tail group multiplies zeros (it is empty unless rows went nowhere)
@@ -259,19 +275,28 @@ SMALL_GROUP_ROWS = 128  # rows an expert (on average) up to which SMALL_GROUPS i
 # Measured on an H200 (benchmarks/decode_speed.py, story shapes): at 8 and 64 tokens (0.5 and 4 rows an
 # expert) DECODE_GROUPS ran the step's expert GEMMs 1.7x faster than SMALL_GROUPS; at one token (8 experts
 # hit) the deeper K tile of DECODE_FEW was 1.4x faster than DECODE_GROUPS.
+# From 8 to 16 rows an expert (batches of 128 to 256 tokens) a 32-token tile with 4 programs an SM ran the
+# forward pass 19% faster at 16 rows and level at 8 (benchmarks/nf4_split.py, nf4_split_h200.md); it is
+# used forward only, the orientation measured.
 DECODE_GROUPS = MMConfig(bm=16, bn=128, bk=128, warps=4, stages=4, swap=True, decode=PRMT, programs_per_sm=2)
 DECODE_FEW = MMConfig(bm=16, bn=128, bk=256, warps=4, stages=3, swap=True, decode=PRMT, programs_per_sm=2)
-DECODE_GROUP_ROWS = 16  # rows an expert (on average) up to which DECODE_GROUPS is used
-DECODE_FEW_ROWS = 0.25  # and up to which DECODE_FEW is (a batch of up to 4 tokens over 128 experts, top-8)
+DECODE_WIDE = MMConfig(bm=32, bn=128, bk=128, warps=4, stages=4, swap=True, decode=PRMT, programs_per_sm=4)
+DECODE_FEW_ROWS = (
+    0.25  # rows an expert (on average) up to which DECODE_FEW is used (batch <= 4, top-8 of 128)
+)
+DECODE_GROUP_ROWS = 8  # up to which DECODE_GROUPS is
+DECODE_WIDE_ROWS = 16  # and up to which DECODE_WIDE is, forward (else DECODE_GROUPS)
 
 
-def pick_config(rows: int, groups: int) -> MMConfig:
+def pick_config(rows: int, groups: int, trans: bool = False) -> MMConfig:
     """The block config for `rows` rows over `groups` groups (host-known sizes only)."""
     per_group = rows / max(groups, 1)
     if per_group <= DECODE_FEW_ROWS:
         return DECODE_FEW
     if per_group <= DECODE_GROUP_ROWS:
         return DECODE_GROUPS
+    if per_group <= DECODE_WIDE_ROWS:
+        return DECODE_GROUPS if trans else DECODE_WIDE
     return SMALL_GROUPS if per_group <= SMALL_GROUP_ROWS else LARGE_GROUPS
 
 
@@ -320,7 +345,7 @@ def nf4_grouped_mm(
     from offs[-1] on come out zero. offs and expert_ids stay on the device (int32). See
     `trainer.kernels.nf4_ref.nf4_grouped_mm_ref` for the reference.
     """
-    cfg = config or pick_config(x.shape[0], offs.shape[0])
+    cfg = config or pick_config(x.shape[0], offs.shape[0], trans)
     k_dim, n_dim = (layout.out, layout.inp) if trans else (layout.inp, layout.out)
     if x.dim() != 2 or x.shape[1] != k_dim or x.stride(1) != 1:
         raise ValueError(f"x must be [M, {k_dim}] with contiguous rows, got {tuple(x.shape)}")

@@ -1,0 +1,120 @@
+"""Profile target: one launch of each NF4 grouped GEMM at a decoding or training shape, for Nsight Compute.
+
+Runs the interleaving kernel (`nf4_triton`, its picked config) and the split-nibble kernel
+(`benchmarks/nf4_split_kernel.py`, its default) once each on the story's gate_up weight (E=128,
+[3072, 4096], top-8) with random packed bytes, for `ncu` to read the hardware counters of. With
+--train: the fused kernel forward and in the input gradient's orientation, and torch._grouped_mm on
+the same weights dequantized to bf16 (the dense ceiling). On the H200 (Firecracker runtime):
+  ncu --clock-control none --kernel-name regex:nf4_ --section SpeedOfLight --section WarpStateStats \\
+      --section SchedulerStats --section Occupancy python benchmarks/nf4_ncu.py --tokens 64
+and with `--metrics` for the pipes and stall reasons (the commands in benchmarks/results/nf4_ncu_h200.md).
+`--summarize FILE...` reads such ncu outputs and writes the table of the metrics below
+(benchmarks/results/nf4_ncu_h200.{md,json}).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+# (ncu metric or SpeedOfLight row, the table's column)
+SUMMARY = [
+    ("Duration", "duration"),
+    ("DRAM Throughput", "DRAM % of peak"),
+    ("sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active", "tensor pipe %"),
+    ("sm__inst_executed_pipe_alu.avg.pct_of_peak_sustained_active", "ALU pipe %"),
+    ("sm__inst_executed_pipe_fma.avg.pct_of_peak_sustained_active", "FMA pipe %"),
+    ("sm__inst_executed_pipe_lsu.avg.pct_of_peak_sustained_active", "LSU pipe %"),
+    ("Issued Warp Per Scheduler", "issued/scheduler/cycle"),
+    ("smsp__average_warps_issue_stalled_wait_per_issue_active.ratio", "stall: wait"),
+    ("smsp__average_warps_issue_stalled_barrier_per_issue_active.ratio", "stall: barrier"),
+    ("smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio", "stall: long scoreboard"),
+    ("Registers Per Thread", "registers/thread"),
+    ("launch__registers_per_thread", "registers/thread"),
+    ("Achieved Occupancy", "occupancy %"),
+]
+KERNEL = re.compile(r"^  (\S.*?) \(\d+, \d+, \d+\)x\(\d+, \d+, \d+\), Context")
+
+
+def summarize(paths: list[Path], out: Path) -> None:
+    """The SUMMARY metrics of every profiled kernel in the ncu text outputs `paths`, as md and json."""
+    rows = []
+    for path in paths:
+        kernel = None
+        for line in path.read_text(errors="replace").splitlines():
+            if m := KERNEL.match(line):
+                name = m.group(1)
+                kernel = {"source": path.name, "kernel": name}
+                rows.append(kernel)
+                continue
+            if kernel is None:
+                continue
+            for metric, column in SUMMARY:
+                if line.strip().startswith(metric + " ") and column not in kernel:
+                    parts = line.split()
+                    unit = parts[-2] if parts[-2] in ("us", "ms") else ""
+                    kernel[column] = f"{parts[-1]} {unit}".strip()
+    keep = [r for r in rows if "nf4" in r["kernel"]]
+    columns = list(dict.fromkeys(c for _, c in SUMMARY))
+    lines = ["| source | kernel | " + " | ".join(columns) + " |", "|---|---|" + "---|" * len(columns)]
+    for r in keep:
+        lines.append(
+            f"| {r['source']} | {r['kernel']} | " + " | ".join(r.get(c, "-") for c in columns) + " |"
+        )
+    table = "\n".join(lines) + "\n"
+    print(table)
+    out.with_suffix(".json").write_text(json.dumps(keep, indent=1))
+    head = out.with_suffix(".md")
+    text = head.read_text() if head.exists() else ""
+    marker = "<!-- table: python benchmarks/nf4_ncu.py --summarize -->"
+    text = (text.split(marker)[0] if marker in text else text + "\n") + marker + "\n\n" + table
+    head.write_text(text)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--tokens", type=int, default=64, help="decoding batch (rows = tokens x 8)")
+    parser.add_argument(
+        "--train", action="store_true", help="training shapes: fused fwd and input grad, dense"
+    )
+    parser.add_argument("--summarize", nargs="+", type=Path, help="ncu text outputs to tabulate")
+    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results/nf4_ncu_h200.md")
+    args = parser.parse_args()
+    if args.summarize:
+        summarize(args.summarize, args.out)
+        return 0
+    import torch
+
+    from benchmarks import nf4_split_kernel as nf4_split
+    from benchmarks.nf4_kernels import make_packed, routing
+    from trainer.kernels import nf4_triton
+    from trainer.nf4_pack import PackedLayout
+
+    device = torch.device("cuda")
+    layout = PackedLayout(128, 3072, 4096, torch.bfloat16)
+    packed = make_packed(torch, layout, device, have_bnb=False)
+    _, _, offs = routing(torch, args.tokens, 128, 8, False, device, seed=args.tokens)
+    experts = torch.arange(128, device=device, dtype=torch.int32)
+    x = torch.randn(args.tokens * 8, 4096, device=device, dtype=torch.bfloat16)
+    nf4_triton.nf4_grouped_mm(x, packed, layout, experts, offs)
+    if args.train:  # the input gradient's orientation, and the dense bf16 grouped GEMM on the same shapes
+        g = torch.randn(args.tokens * 8, 3072, device=device, dtype=torch.bfloat16)
+        nf4_triton.nf4_grouped_mm(g, packed, layout, experts, offs, trans=True)
+        w = nf4_triton.nf4_dequantize(packed, layout, experts)
+        torch._grouped_mm(x, w.transpose(-2, -1), offs=offs)
+        torch._grouped_mm(g, w, offs=offs)
+    else:
+        nf4_split.nf4_split_mm(x, packed, layout, experts, offs)
+    torch.cuda.synchronize()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

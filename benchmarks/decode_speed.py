@@ -15,6 +15,8 @@ Two parts, one command:
      generate  the same with the decode tiles (`DECODE_GROUPS`, `DECODE_FEW`)
      static    `trainer.decode.GreedyDecoder` without the graph (static cache, device-side step)
      graph     the same step captured as a CUDA graph and replayed (what evaluation now runs on one GPU)
+     blocks    the step as evaluation runs it over several GPUs (`trainer/decode_blocks.py`): a graph a
+               quarter of the layers, here all on one GPU, so 4 copies-and-replays a step
    A step's time is (t(prefill + N2 tokens) - t(prefill + N1 tokens)) / (N2 - N1); per layer and fixed
    are the line through the depths. Beside each, the memory limit: the bytes one step reads (each layer's
    attention weights in NF4, the distinct experts the batch hits, its KV cache; the head in bf16) over the
@@ -44,6 +46,7 @@ sys.path.insert(0, str(ROOT))
 
 STORY = "qwen3-235b-a22b-thinking-4xh100"
 # MMConfig kwargs tried at decode sizes (over DECODE_GROUPS).
+BLOCKS = 4  # the `blocks` path: this many graphs a step, as a model over 4 GPUs has
 CANDIDATES = [
     {"bm": 16, "bn": 256, "bk": 64, "warps": 4, "stages": 4, "programs_per_sm": 2},
     {"bm": 16, "bn": 128, "bk": 64, "warps": 4, "stages": 6, "programs_per_sm": 2},
@@ -224,7 +227,7 @@ def decode_rows(args: argparse.Namespace, bw: float) -> tuple[list[dict], list[d
 
     from cockpit.contract import SCORE_TOKENS
     from cockpit.profiles import load_profile
-    from trainer import decode, eval_batch
+    from trainer import decode, decode_blocks, eval_batch
     from trainer.evaluate import row_logprobs
     from trainer.model import load_base
     from trainer.nf4_pack import PackedLayout
@@ -263,10 +266,23 @@ def decode_rows(args: argparse.Namespace, bw: float) -> tuple[list[dict], list[d
             )
         return out[:, ids.shape[1] :]
 
+    ran: dict[str, str] = {}
+
     def run_fast(ids: Any, new: int, graph: bool) -> Any:
         with torch.no_grad():
             dec = decode.GreedyDecoder(model, ids, torch.ones_like(ids), new)
-            return dec.run(ids, set(), graph=graph)
+            tokens = dec.run(ids, set(), graph=graph)
+            ran["last"] = dec.ran
+            return tokens
+
+    def run_blocks(ids: Any, new: int) -> Any:
+        """A graph for each quarter of the layers, as on 4 GPUs (`trainer/decode_blocks.py`), on one."""
+        saved = decode_blocks.SPLIT_EVERY
+        decode_blocks.SPLIT_EVERY = max(1, config.num_hidden_layers // BLOCKS)
+        try:
+            return run_fast(ids, new, True)
+        finally:
+            decode_blocks.SPLIT_EVERY = saved
 
     def run_before(ids: Any, new: int) -> Any:
         """generate with the expert kernel's block config of before (no decode tile)."""
@@ -286,9 +302,10 @@ def decode_rows(args: argparse.Namespace, bw: float) -> tuple[list[dict], list[d
         "generate": run_generate,
         "static": lambda ids, new: run_fast(ids, new, False),
         "graph": lambda ids, new: run_fast(ids, new, True),
+        "blocks": run_blocks,
     }
     if device.type != "cuda":
-        del paths["graph"]
+        del paths["graph"], paths["blocks"]
     paths = {name: fn for name, fn in paths.items() if name in args.paths}
     chosen = eval_batch.choose(model, lambda: args.prompt_tokens, 512, 10_000)
     log(f"evaluation's batch from free memory with {args.layers} layers loaded: {chosen}")
@@ -336,6 +353,7 @@ def decode_rows(args: argparse.Namespace, bw: float) -> tuple[list[dict], list[d
                     "limit_ms": round(bytes_step / bw * 1e3, 3),
                     "x_limit": round(step / (bytes_step / bw), 2),
                     "tokens_agree_with_before": round(agree, 3),
+                    "ran": ran.pop("last", name),
                 }
                 rows.append(row)
                 log(
@@ -442,16 +460,18 @@ def render(result: dict[str, Any]) -> str:
         "",
         "## Whole decode steps",
         "",
-        "| layers | batch | path | step ms | memory limit ms | x limit | tokens/s | agrees with before |",
-        "|---|---|---|---|---|---|---|---|",
+        "| layers | batch | path | ran as | step ms | memory limit ms | x limit | tokens/s "
+        "| agrees with before |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in result["steps"]:
         if "failed" in r:
-            lines.append(f"| {r['layers']} | {r['batch']} | {r['path']} | failed: {r['failed']} | | | | |")
+            lines.append(f"| {r['layers']} | {r['batch']} | {r['path']} | failed: {r['failed']} | | | | | |")
             continue
         lines.append(
-            f"| {r['layers']} | {r['batch']} | {r['path']} | {r['step_ms']} | {r['limit_ms']} | "
-            f"{r['x_limit']} | {r['tokens_per_s']:,} | {r['tokens_agree_with_before']:.0%} |"
+            f"| {r['layers']} | {r['batch']} | {r['path']} | {r.get('ran', r['path'])} | {r['step_ms']} "
+            f"| {r['limit_ms']} | {r['x_limit']} | {r['tokens_per_s']:,} "
+            f"| {r['tokens_agree_with_before']:.0%} |"
         )
     lines += [
         "",
@@ -493,7 +513,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prompt-tokens", type=int, default=512)
     parser.add_argument("--tokens", default="9,41", help="N1,N2: new tokens of the two timed calls")
     parser.add_argument("--repeat", type=int, default=2)
-    parser.add_argument("--paths", default="before,generate,static,graph", help="decode paths timed")
+    parser.add_argument("--paths", default="before,generate,static,graph,blocks", help="decode paths timed")
     parser.add_argument("--no-kernels", action="store_true", help="skip part 1")
     parser.add_argument("--name", default="", help="a suffix for the results' file names")
     parser.add_argument("--profile-step", action="store_true", help="profile 8 steps by kernel at the end")

@@ -122,3 +122,88 @@ def test_steps_use_grouped_attention(tiny, monkeypatch: pytest.MonkeyPatch) -> N
     assert len(calls) == 5 * layers
     assert model.config._attn_implementation == "sdpa"  # as it was, once decoding is done
     assert decode.path() == "launched"  # no CUDA graph on the CPU
+
+
+# --- a graph a GPU (`trainer/decode_blocks.py`): what runs without a GPU -----------------------------
+
+
+def test_blocks_cut_at_device_changes_and_every_n(tiny) -> None:
+    from trainer import decode_blocks
+
+    model, _ = tiny
+    layers = decode_blocks.layer_list(model)
+    n = len(layers)
+    assert n >= 2, "the tiny model needs two layers to cut"
+    assert decode_blocks.blocks_of(layers) == [range(0, n)]  # one device: one block
+    cut = decode_blocks.blocks_of(layers, split_every=1)
+    assert cut == [range(i, i + 1) for i in range(n)]
+    assert [i for r in cut for i in r] == list(range(n))
+
+
+def test_stand_ins_give_the_layers_outputs_and_keep_block_inputs(tiny) -> None:
+    """Installed, the stand-ins run the real layers block by block (recording each block's inputs on
+    its device) and the model's logits do not change; afterwards the real layers are back."""
+    from trainer import decode_blocks
+
+    model, tokenizer = tiny
+    model.set_attn_implementation("sdpa")
+    enc = tokenizer(PROMPTS[:1], return_tensors="pt", add_special_tokens=False)
+    layers = decode_blocks.layer_list(model)
+    real = list(layers)
+    with torch.no_grad():
+        want = model(**enc).logits
+        graphs = decode_blocks.BlockGraphs(model, decode._cache_kwarg(model), split_every=1)
+        with graphs.installed():
+            assert all(isinstance(m, decode_blocks._Stand) for m in layers)
+            got = model(**enc).logits
+    assert list(layers) == real
+    assert torch.equal(got, want)
+    first = graphs.blocks[0]
+    assert first.hidden is not None and first.hidden.shape[:2] == enc["input_ids"].shape
+    assert all(b.hidden is not None and b.graph is None for b in graphs.blocks)
+
+
+@pytest.mark.parametrize("split_every", [1, 2])
+def test_decoding_block_by_block_gives_generates_tokens(tiny, split_every: int, monkeypatch) -> None:
+    """The blocks' path (a graph a GPU on CUDA) with each block's layers run on its own buffers from the
+    second step on: every step's positions, mask and cache slot must reach them, or tokens drift."""
+    from trainer import decode_blocks
+
+    model, tokenizer = tiny
+    model.set_attn_implementation("sdpa")
+    tokenizer.padding_side = "left"
+    enc = tokenizer(PROMPTS, return_tensors="pt", padding=True, add_special_tokens=False)
+    new = 20
+    expected = _generate(model, enc, new, [-1], tokenizer.pad_token_id)
+    monkeypatch.setattr(decode_blocks, "SPLIT_EVERY", split_every)
+    got = decode.greedy(model, enc["input_ids"], enc["attention_mask"], new, set())
+    assert decode.path() == "graphs per GPU"
+    assert got.tolist() == expected
+
+
+def test_stand_ins_are_removed_when_a_step_fails(tiny) -> None:
+    from trainer import decode_blocks
+
+    model, _ = tiny
+    layers = decode_blocks.layer_list(model)
+    real = list(layers)
+    graphs = decode_blocks.BlockGraphs(model, decode._cache_kwarg(model))
+    with pytest.raises(RuntimeError, match="boom"), graphs.installed():
+        raise RuntimeError("boom")
+    assert list(layers) == real
+
+
+def test_a_layer_on_another_device_reads_the_slot_from_its_own_copy() -> None:
+    """StaticKV gives a layer on another device the slot through a buffer of its own, at one address
+    from step to step (a graph reads it there); the 'meta' device stands in for a second GPU."""
+    slot = torch.tensor([5])
+    cache = decode.StaticKV(2, 8, slot)
+    cache.sync_slot(torch.device("cpu"))  # the slot's own device: nothing to copy
+    assert cache._mirrors == {}
+    assert cache._slots(torch.device("cpu"), 2).tolist() == [5, 6]
+    meta = torch.device("meta")
+    cache.sync_slot(meta)
+    mirror = cache._mirrors[meta]
+    cache.sync_slot(meta)
+    assert cache._mirrors[meta] is mirror
+    assert cache._slots(meta, 1).device == meta and cache._mirrors[meta] is mirror

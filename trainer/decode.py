@@ -5,8 +5,9 @@ rebuilds the attention mask each step and runs its logits processors in Python: 
 fixed cost at the story's geometry, whatever the depth. Here the cache is allocated once for the whole
 prompt plus the new tokens, the 4-D mask is a buffer with one column switched on a step, and positions
 and cache slots live on the device, so a step is the same kernels on the same addresses every time. On
-one CUDA device that step is captured once as a CUDA graph and replayed (no Python, no launches); the
-host reads the tokens back only every `CHECK_EVERY` steps to stop when every row has ended.
+one CUDA device that step is captured once as a CUDA graph and replayed (no Python, no launches); over
+several GPUs each GPU's layers are one graph (`trainer.decode_blocks`). The host reads the tokens back
+only every `CHECK_EVERY` steps to stop when every row has ended.
 
 The arithmetic is the model's own: the same forward, the same greedy argmax; a row's tokens do not
 depend on the other rows of its batch, so `trainer.evaluate.cut_at_end` gives what `generate` gives.
@@ -27,12 +28,14 @@ from typing import Any
 import torch
 from transformers.cache_utils import Cache, DynamicLayer
 
+from trainer import decode_blocks
+
 log = logging.getLogger(__name__)
 
 ENABLED = os.environ.get("COCKPIT_FAST_DECODE", "1") != "0"
 CHECK_EVERY = 16  # steps between host reads of "has every row ended"
-# Whether a step is captured as a CUDA graph where it can be (one GPU); a rehearsal turns it off to time
-# the steps as evaluation runs them over several GPUs, launched one by one (`graphs_off`).
+# Whether a step is captured as CUDA graphs (one, or one a GPU); a rehearsal turns it off to time the
+# steps launched one by one, what they cost where a capture fails (`graphs_off`).
 GRAPHS = True
 ATTENTION = ("sdpa", "eager")
 
@@ -48,6 +51,7 @@ class StaticKV(Cache):
         self.keys: list[torch.Tensor | None] = [None] * layers
         self.values: list[torch.Tensor | None] = [None] * layers
         self._steps: dict[torch.device, torch.Tensor] = {}
+        self._mirrors: dict[torch.device, torch.Tensor] = {}
 
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: Any, **kwargs: Any
@@ -66,14 +70,29 @@ class StaticKV(Cache):
     def _slots(self, device: torch.device, n: int) -> torch.Tensor:
         if device not in self._steps or self._steps[device].shape[0] < n:
             self._steps[device] = torch.arange(max(n, 1), device=device)
-        slot = self.slot if self.slot.device == device else self.slot.to(device, non_blocking=True)
-        return self._steps[device][:n] + slot
+        if self.slot.device == device:
+            return self._steps[device][:n] + self.slot
+        if not _capturing():  # a graph reads the copy `sync_slot` made before its replay
+            self.sync_slot(device)
+        return self._steps[device][:n] + self._mirrors[device]
+
+    def sync_slot(self, device: torch.device) -> None:
+        """Copy the slot to `device` (another GPU's layers), into a buffer of fixed address."""
+        if device == self.slot.device:
+            return
+        if device not in self._mirrors:
+            self._mirrors[device] = torch.empty_like(self.slot, device=device)
+        self._mirrors[device].copy_(self.slot, non_blocking=True)
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return self.length
 
     def get_mask_sizes(self, *args: Any, **kwargs: Any) -> tuple[int, int]:
         return self.length, 0
+
+
+def _capturing() -> bool:
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
 
 def grouped_query_attention(
@@ -174,6 +193,7 @@ class GreedyDecoder:
         self.cache_kwarg = _cache_kwarg(model)
         self.layers = model.config.num_hidden_layers
         self.graph: torch.cuda.CUDAGraph | None = None
+        self.blocks: list[Any] = []  # the per-GPU graphs (`decode_blocks`) where the model spans GPUs
         self.ran = "launched"
         dtype = next(p for p in model.parameters() if p.is_floating_point()).dtype
         self.mask_dtype = dtype if self.additive else torch.bool
@@ -263,27 +283,44 @@ class GreedyDecoder:
         self.prefill(input_ids)
         stops = torch.tensor(sorted(stop) or [-1], device=self.device)
         done = 1
-        capturable = self.device.type == "cuda" and self.new > 2 and _one_device(self.model)
-        if graph and capturable and not _graph_failed:
-            self._step()
-            done = 2
-            try:
-                self._capture()
-            except torch.OutOfMemoryError:
-                raise
-            except Exception as exc:  # a step that cannot be captured: the same steps, launched one by one
-                _graph_failed.append(f"{type(exc).__name__}: {exc}")
-                _say_once(f"CUDA graph off: {_graph_failed[0]}")
-        self.ran = "graph" if self.graph is not None else "launched"
-        while done < self.new:
-            if done % CHECK_EVERY == 0 and _all_ended(self.state.out[:, :done], stops):
-                break
-            if self.graph is not None:
-                self.graph.replay()
-            else:
-                self._step()
-            done += 1
+        capturable = self.new > 2 and (self.device.type == "cuda" or bool(decode_blocks.SPLIT_EVERY))
+        with contextlib.ExitStack() as blocks:
+            if graph and capturable and not _graph_failed:
+                graphs = self._record(blocks)
+                done = 2
+                try:
+                    self._capture() if graphs is None else graphs.capture()
+                except torch.OutOfMemoryError:
+                    raise
+                except Exception as exc:  # not capturable: the same steps, launched one by one
+                    self.graph = None
+                    blocks.close()
+                    _graph_failed.append(f"{type(exc).__name__}: {exc}")
+                    _say_once(f"CUDA graph off: {_graph_failed[0]}")
+                else:
+                    self.blocks = graphs.blocks if graphs is not None else []
+            self.ran = "graph" if self.graph is not None else "graphs per GPU" if self.blocks else "launched"
+            while done < self.new:
+                if done % CHECK_EVERY == 0 and _all_ended(self.state.out[:, :done], stops):
+                    break
+                if self.graph is not None:
+                    self.graph.replay()
+                else:
+                    self._step()
+                done += 1
         return self.state.out[:, :done]
+
+    def _record(self, blocks: contextlib.ExitStack) -> decode_blocks.BlockGraphs | None:
+        """One step run eagerly before a capture. A model on one GPU is then captured whole (None); one
+        over several gets a graph a GPU: its decoder layers are swapped for `decode_blocks` stand-ins
+        (until `blocks` closes), which keep each block's inputs of this step."""
+        if _one_device(self.model) and not decode_blocks.SPLIT_EVERY:
+            self._step()
+            return None
+        graphs = decode_blocks.BlockGraphs(self.model, self.cache_kwarg)
+        blocks.enter_context(graphs.installed())
+        self._step()
+        return graphs
 
 
 def _one_device(model: Any) -> bool:
@@ -297,7 +334,7 @@ def _all_ended(tokens: torch.Tensor, stops: torch.Tensor) -> bool:
 
 @contextlib.contextmanager
 def graphs_off() -> Iterator[None]:
-    """Within it, decoding launches its steps one by one, as it does with a model over several GPUs."""
+    """Within it, decoding launches its steps one by one, as it does where its graphs cannot be captured."""
     global GRAPHS
     saved, GRAPHS = GRAPHS, False
     try:
@@ -312,9 +349,10 @@ _last = ["none yet"]
 
 
 def path() -> str:
-    """How the last batch decoded: `graph` (one CUDA graph replayed), `launched` (steps launched one by
-    one: several GPUs, the CPU, graphs off or not capturable) or `generate: why` (the fast path could not
-    drive the model); a rehearsal records it beside its timings."""
+    """How the last batch decoded: `graph` (one CUDA graph replayed), `graphs per GPU` (the model spans
+    GPUs: a graph a GPU, `decode_blocks`), `launched` (steps launched one by one: the CPU, graphs off or
+    not capturable) or `generate: why` (the fast path could not drive the model); a rehearsal records
+    it beside its timings."""
     return _last[0]
 
 

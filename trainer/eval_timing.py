@@ -10,8 +10,9 @@ a scoring forward at evaluation's shape and thinking batches, through evaluation
   for `EVAL_FIRST_TOKENS` new tokens and once for N; a decode step is `(time(N) - time(3)) / (N - 3)`, and
   what a call costs beyond its decode steps (the prefill, the first token, the decode path's set-up: the
   fast path captures its step as a CUDA graph only past 2 tokens) is `time(3) - 2 x step`;
-- and thinking at `EVAL_BATCH_SIZE` prompts with the steps launched one by one (`eager_*`), as
-  evaluation runs them where the model spans several GPUs (a CUDA graph is captured on one GPU only).
+- and thinking at `EVAL_BATCH_SIZE` prompts with the steps launched one by one (`eager_*`): what a step
+  costs where its graphs cannot be captured (over several GPUs evaluation replays a graph on each,
+  `trainer.decode_blocks`; the forecast counts that, and keeps these as the fallback's cost).
 
 The prompts are random tokens, as a rehearsal's weights are random: `IdsTokenizer` stands for the
 model's tokenizer (a text is its token ids written out), and its end of text is an id past the

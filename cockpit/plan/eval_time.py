@@ -46,12 +46,15 @@ SYSTEMS = 2  # the base model and the tuned one
 DECODE_BANDWIDTH_SHARE = 0.2087
 DECODE_FIXED_S = 0.000407
 DECODE_SOURCE = "benchmarks/results/eval_speed_h200.json (batch 64, one H200)"
-# A decode step launched kernel by kernel, as evaluation runs it where the model spans several GPUs (its
-# step is captured as one CUDA graph on one GPU only: `trainer/decode.py`), costs this much more a layer
-# than the replayed graph: the line of the launched steps less the graph's, measured by
-# `benchmarks/decode_speed.py` on one H200 (the story's 2-, 8- and 16-layer slices, batch 64).
-LAUNCHED_LAYER_S = 0.000676
-LAUNCHED_SOURCE = "benchmarks/results/decode_speed_h200.json (batch 64: launched less replayed, a layer)"
+# Where evaluation's model spans several GPUs, its decode step replays a CUDA graph on each
+# (`trainer/decode_blocks.py`); each costs this much beyond the one graph of a model on one GPU, as
+# `benchmarks/decode_speed.py` measured on one H200: the story's 16-layer slice cut into 4 graphs, at batch
+# 64, less the one graph, over 4. The copies between GPUs (a batch's hidden states, 0.5 MB at batch 64) are
+# not in it.
+GRAPH_BLOCK_S = 0.0000285
+GRAPH_BLOCK_SOURCE = (
+    "benchmarks/results/decode_speed_h200_blocks.json (16 layers, batch 64: 4 graphs less 1, over 4)"
+)
 # HBM bandwidth of a GPU, GB/s (datasheets: H200 4.8 TB/s, H100 SXM 3.35 TB/s, A100 80GB 2.0 TB/s).
 HBM_GBPS = {"H200": 4800.0, "H100": 3350.0, "A100": 2039.0}
 
@@ -226,10 +229,10 @@ def forward_flops(geometry: Any, tokens: float, context: float) -> float:
     return tokens * (2 * geometry.active_matmul_params() + 4 * context * geometry.q_dim * geometry.layers)
 
 
-def launched_overhead(layers: int, gpus: int) -> float:
-    """Seconds a decode step costs beyond its replayed graph where evaluation spans `gpus` GPUs (its steps
-    launched one by one: `LAUNCHED_LAYER_S` a layer); nothing on one GPU."""
-    return LAUNCHED_LAYER_S * layers if gpus > 1 else 0.0
+def spread_overhead(gpus: int) -> float:
+    """Seconds a decode step costs beyond one replayed graph where evaluation spans `gpus` GPUs (a graph
+    a GPU: `GRAPH_BLOCK_S` each); nothing on one GPU."""
+    return GRAPH_BLOCK_S * gpus if gpus > 1 else 0.0
 
 
 def modelled_costs(
@@ -249,8 +252,8 @@ def modelled_costs(
     prompt = max(1.0, shape.prompt_tokens)
     context = prompt + shape.think_tokens / 2
     read = decode_bytes(inputs.weights, shape.batch, context)
-    launched = launched_overhead(g.layers, gpus)
-    step = DECODE_FIXED_S + read / (bandwidth * 1e9 * DECODE_BANDWIDTH_SHARE) + launched
+    spread = spread_overhead(gpus)
+    step = DECODE_FIXED_S + read / (bandwidth * 1e9 * DECODE_BANDWIDTH_SHARE) + spread
     prefill = forward_flops(g, shape.batch * prompt, (prompt + 1) / 2) / flops_s
     rows = shape.rows_per_forward
     score = forward_flops(g, rows * shape.width, (shape.width + 1) / 2) / flops_s
@@ -260,9 +263,9 @@ def modelled_costs(
         f"cache) at {DECODE_BANDWIDTH_SHARE:.0%} of one GPU's {bandwidth:,.0f} GB/s, plus "
         f"{DECODE_FIXED_S * 1000:.1f} ms (both as measured: {DECODE_SOURCE})"
         + (
-            f", plus {launched * 1000:.1f} ms for its kernels launched one by one over {gpus} GPUs (no CUDA "
-            f"graph; {LAUNCHED_SOURCE})"
-            if launched
+            f", plus {spread * 1000:.2f} ms for replaying a CUDA graph on each of {gpus} GPUs "
+            f"({GRAPH_BLOCK_SOURCE})"
+            if spread
             else ""
         )
         + "; prefill and scoring at "

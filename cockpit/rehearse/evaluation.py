@@ -22,7 +22,7 @@ from typing import Any
 
 from cockpit.contract import EVAL_BATCH_SIZE, MAX_EVAL_BATCH
 from cockpit.plan.eval_time import (
-    LAUNCHED_SOURCE,
+    GRAPH_BLOCK_SOURCE,
     EvalCosts,
     EvalShape,
     EvalSplit,
@@ -30,7 +30,7 @@ from cockpit.plan.eval_time import (
     eval_seconds,
     eval_split,
     hbm_gbps,
-    launched_overhead,
+    spread_overhead,
 )
 from cockpit.rehearse.fit import Fit, Point, fit_line
 from cockpit.rehearse.measure import DepthMeasure
@@ -250,7 +250,7 @@ def _from_fits(
         if fit is not None:
             target[key], ranges[key] = _scaled(fit, bound, full, es)
     if es.gpus > 1:
-        lines.append(_launched(fits, full, es.gpus, target, ranges))
+        lines.append(_spread(es.gpus, target, ranges))
     batch = int(((plan.get("run") or {}).get("evaluation") or {}).get("batch") or EVAL_BATCH_SIZE)
     think = profile.eval.max_think_tokens
     shape = EvalShape(split, float(timed.get("prompt_tokens") or 0), think, min(batch, MAX_EVAL_BATCH))
@@ -295,26 +295,18 @@ def _from_fits(
     return result
 
 
-def _launched(
-    fits: dict[str, Fit | None], full: int, gpus: int, target: dict[str, float], ranges: dict[str, Range]
-) -> str:
-    """Where evaluation spans the target's GPUs its decode steps are launched one by one (a CUDA graph is
-    captured on one GPU only): each decode step on the target gains what the rehearsal's launched steps
-    cost beyond its replayed ones, host work left unscaled; where no depth timed them, the plan's measured
-    `LAUNCHED_LAYER_S`. Adds it to `target` and `ranges`; says how."""
-    eager, graph = fits.get("eager_decode_step_s"), fits.get("decode_step_s")
-    if eager is not None and graph is not None:
-        extra = max(0.0, eager.at(full) - graph.at(full))
-        how = "as the rehearsal timed its steps launched one by one"
-    else:
-        extra = launched_overhead(full, gpus)
-        how = f"not rehearsed: {LAUNCHED_SOURCE}"
+def _spread(gpus: int, target: dict[str, float], ranges: dict[str, Range]) -> str:
+    """Where evaluation spans the target's GPUs its decode step replays a CUDA graph on each
+    (`trainer/decode_blocks.py`): each step gains `spread_overhead`. Adds it to `target` and `ranges`;
+    says how. (The rehearsal's steps launched one by one, `eager_*`, are what it costs if a capture
+    fails: not counted.)"""
+    extra = spread_overhead(gpus)
     for key in DECODE_STEPS:
         if key in target:
             target[key] += extra
             lo, hi = ranges[key]
             ranges[key] = (lo + extra, hi + extra)
     return (
-        f"evaluation spans the target's {gpus} GPUs: its decode steps are launched one by one (a CUDA graph "
-        f"is captured on one GPU only), {extra * 1000:.1f} ms more a step ({how})"
+        f"evaluation spans the target's {gpus} GPUs: its decode step replays a CUDA graph on each, "
+        f"{extra * 1000:.2f} ms more a step ({GRAPH_BLOCK_SOURCE}; the copies between GPUs not counted)"
     )

@@ -278,7 +278,7 @@ def decode_rows(args: argparse.Namespace, bw: float) -> tuple[list[dict], list[d
     def run_blocks(ids: Any, new: int) -> Any:
         """A graph for each quarter of the layers, as on 4 GPUs (`trainer/decode_blocks.py`), on one."""
         saved = decode_blocks.SPLIT_EVERY
-        decode_blocks.SPLIT_EVERY = max(1, config.num_hidden_layers // BLOCKS)
+        decode_blocks.SPLIT_EVERY = -(-config.num_hidden_layers // BLOCKS)  # ceil: BLOCKS graphs at most
         try:
             return run_fast(ids, new, True)
         finally:

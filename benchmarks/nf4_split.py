@@ -236,6 +236,7 @@ def main(argv: list[str] | None = None) -> int:
         for label, kw in TRAIN_CONFIGS if training else DECODE_CONFIGS:
             if args.smoke:
                 kw = {**kw, "bm": 16, "bn": 64, "bk": 64, "decode": nf4_triton.TREE, "flat": True}
+            kw = dict(kw)  # the table's dicts are shared by every batch
             flat = kw.pop("flat", False)
             cfg = nf4_split.SplitConfig(**kw)
 

@@ -152,7 +152,7 @@ def test_stand_ins_give_the_layers_outputs_and_keep_block_inputs(tiny) -> None:
     real = list(layers)
     with torch.no_grad():
         want = model(**enc).logits
-        graphs = decode_blocks.BlockGraphs(model, decode._cache_kwarg(model), split_every=1)
+        graphs = decode_blocks.BlockGraphs(model, split_every=1)
         with graphs.installed():
             assert all(isinstance(m, decode_blocks._Stand) for m in layers)
             got = model(**enc).logits
@@ -160,7 +160,7 @@ def test_stand_ins_give_the_layers_outputs_and_keep_block_inputs(tiny) -> None:
     assert torch.equal(got, want)
     first = graphs.blocks[0]
     assert first.hidden is not None and first.hidden.shape[:2] == enc["input_ids"].shape
-    assert all(b.hidden is not None and b.graph is None for b in graphs.blocks)
+    assert all(b.hidden is not None for b in graphs.blocks)
 
 
 @pytest.mark.parametrize("split_every", [1, 2])
@@ -176,9 +176,46 @@ def test_decoding_block_by_block_gives_generates_tokens(tiny, split_every: int, 
     new = 20
     expected = _generate(model, enc, new, [-1], tokenizer.pad_token_id)
     monkeypatch.setattr(decode_blocks, "SPLIT_EVERY", split_every)
+    monkeypatch.setattr(decode, "_failed", [])
+    monkeypatch.setattr(decode, "_graph_failed", [])
     got = decode.greedy(model, enc["input_ids"], enc["attention_mask"], new, set())
     assert decode.path() == "graphs per GPU"
     assert got.tolist() == expected
+
+
+def test_a_capture_that_fails_leaves_the_layers_and_the_tokens(tiny, monkeypatch) -> None:
+    """A block that cannot be captured: the real layers go back, the steps are launched one by one from
+    the step recorded, and the tokens are still generate's."""
+    from trainer import decode_blocks
+
+    model, tokenizer = tiny
+    model.set_attn_implementation("sdpa")
+    tokenizer.padding_side = "left"
+    enc = tokenizer(PROMPTS, return_tensors="pt", padding=True, add_special_tokens=False)
+    new = 12
+    expected = _generate(model, enc, new, [-1], tokenizer.pad_token_id)
+    layers = decode_blocks.layer_list(model)
+    real = list(layers)
+
+    def fail(self) -> None:
+        raise RuntimeError("capture not permitted")
+
+    monkeypatch.setattr(decode_blocks, "SPLIT_EVERY", 1)
+    monkeypatch.setattr(decode_blocks.BlockGraphs, "capture", fail)
+    monkeypatch.setattr(decode, "_failed", [])
+    monkeypatch.setattr(decode, "_graph_failed", [])
+    got = decode.greedy(model, enc["input_ids"], enc["attention_mask"], new, set())
+    assert decode.path() == "launched"
+    assert decode._graph_failed and "capture not permitted" in decode._graph_failed[0]
+    assert list(layers) == real
+    assert got.tolist() == expected
+
+
+def test_a_block_input_that_changes_shape_is_refused() -> None:
+    from trainer import decode_blocks
+
+    with pytest.raises(ValueError, match="changed shape"):
+        decode_blocks._load(torch.zeros(2, 3), torch.zeros(3, 3))
 
 
 def test_stand_ins_are_removed_when_a_step_fails(tiny) -> None:
@@ -187,7 +224,7 @@ def test_stand_ins_are_removed_when_a_step_fails(tiny) -> None:
     model, _ = tiny
     layers = decode_blocks.layer_list(model)
     real = list(layers)
-    graphs = decode_blocks.BlockGraphs(model, decode._cache_kwarg(model))
+    graphs = decode_blocks.BlockGraphs(model)
     with pytest.raises(RuntimeError, match="boom"), graphs.installed():
         raise RuntimeError("boom")
     assert list(layers) == real

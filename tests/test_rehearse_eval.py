@@ -111,7 +111,7 @@ def test_decode_scales_by_hbm_bandwidth_and_forwards_by_the_bf16_rate() -> None:
     full = 40
     ev = forecast_eval(_measures(), _profile(), full, _scaling(compute=2.0, gpus=4), _plan(full), None)
     assert ev.measured
-    spread = GRAPH_BLOCK_S * 4  # over 4 GPUs, a graph replayed on each
+    spread = GRAPH_BLOCK_S * 3  # over 4 GPUs, a graph replayed on each: 3 past the first
     assert ev.target["decode_step_s"] == pytest.approx(DECODE[0] + DECODE[1] * full * 4800 / 3350 + spread)
     assert ev.target["prefill_s"] == pytest.approx((PREFILL[0] + PREFILL[1] * full) * 2.0)
     assert ev.target["score_s"] == pytest.approx((SCORE[0] + SCORE[1] * full) * 2.0)
@@ -138,7 +138,7 @@ def test_over_several_gpus_the_launched_steps_timed_are_not_what_is_counted() ->
         events += depth
     full = 40
     ev = forecast_eval(depth_measures(events), _profile(), full, _scaling(gpus=4), _plan(full), None)
-    spread = GRAPH_BLOCK_S * 4
+    spread = GRAPH_BLOCK_S * 3
     assert ev.target["decode_step_s"] == pytest.approx(DECODE[0] + DECODE[1] * full * 4800 / 3350 + spread)
     assert any("replays a CUDA graph on each" in line for line in ev.assumptions)
 

@@ -191,6 +191,11 @@ class GreedyDecoder:
         self.length = self.prompt + new
         self.additive = _attention(model) == "eager"
         self.cache_kwarg = _cache_kwarg(model)
+        # An MoE config that asks for router logits records them with hooks, which a replayed graph does
+        # not run; decoding needs none of them.
+        self.router_off = (
+            {"output_router_logits": False} if getattr(model.config, "output_router_logits", False) else {}
+        )
         self.layers = model.config.num_hidden_layers
         self.graph: torch.cuda.CUDAGraph | None = None
         self.blocks: list[Any] = []  # the per-GPU graphs (`decode_blocks`) where the model spans GPUs
@@ -229,6 +234,7 @@ class GreedyDecoder:
             use_cache=True,
             logits_to_keep=1,
             **{self.cache_kwarg: self.cache},
+            **self.router_off,
         )
         return out.logits[:, -1, :]
 
@@ -283,7 +289,10 @@ class GreedyDecoder:
         self.prefill(input_ids)
         stops = torch.tensor(sorted(stop) or [-1], device=self.device)
         done = 1
-        capturable = self.new > 2 and (self.device.type == "cuda" or bool(decode_blocks.SPLIT_EVERY))
+        one = _one_device(self.model) and not decode_blocks.SPLIT_EVERY
+        test_blocks = bool(decode_blocks.SPLIT_EVERY) and self.device.type != "cuda"  # tests, on the CPU
+        placed = one or test_blocks or decode_blocks.placeable(self.model)
+        capturable = self.new > 2 and placed and (self.device.type == "cuda" or test_blocks)
         with contextlib.ExitStack() as blocks:
             if graph and capturable and not _graph_failed:
                 graphs = self._record(blocks)
@@ -317,7 +326,7 @@ class GreedyDecoder:
         if _one_device(self.model) and not decode_blocks.SPLIT_EVERY:
             self._step()
             return None
-        graphs = decode_blocks.BlockGraphs(self.model, self.cache_kwarg)
+        graphs = decode_blocks.BlockGraphs(self.model)
         blocks.enter_context(graphs.installed())
         self._step()
         return graphs

@@ -38,6 +38,22 @@ def _device(module: torch.nn.Module) -> torch.device:
     return next(p.device for p in module.parameters())
 
 
+def _on(device: torch.device) -> contextlib.AbstractContextManager[Any]:
+    """The block's GPU as the current device (kernels that launch on it: Triton's)."""
+    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
+
+
+def placeable(model: Any) -> bool:
+    """Whether every decoder layer sits on a CUDA device (not offloaded to the CPU or the disk by
+    accelerate, where its parameters are on `meta`): then a graph a GPU can hold them."""
+    n = model.config.num_hidden_layers
+    try:
+        layers = layer_list(model)[:n]
+    except ValueError:
+        return False
+    return all(_device(layer).type == "cuda" for layer in layers)
+
+
 def blocks_of(layers: torch.nn.ModuleList, split_every: int | None = None) -> list[range]:
     """Runs of consecutive layers on one device (cut every `split_every` layers too, where given)."""
     blocks: list[range] = []
@@ -60,8 +76,12 @@ def _static(value: Any, device: torch.device) -> Any:
 
 
 def _load(static: Any, value: Any) -> None:
-    """Copy this step's input into the buffer a graph reads."""
+    """Copy this step's input into the buffer a graph reads (the same shape, or ValueError)."""
     if isinstance(static, torch.Tensor):
+        if static.shape != value.shape:
+            raise ValueError(
+                f"a block's input changed shape: {tuple(value.shape)}, recorded {tuple(static.shape)}"
+            )
         if static is not value:
             static.copy_(value, non_blocking=True)
     elif isinstance(static, (tuple, list)):
@@ -72,10 +92,9 @@ def _load(static: Any, value: Any) -> None:
 class _Block:
     """The layers of one block: run (and their inputs kept), captured, or replayed."""
 
-    def __init__(self, layers: list[torch.nn.Module], cache_kwarg: str) -> None:
+    def __init__(self, layers: list[torch.nn.Module]) -> None:
         self.layers = layers
         self.device = _device(layers[0])
-        self.cache_kwarg = cache_kwarg
         self.mode = "record"
         self.hidden: torch.Tensor | None = None
         self.kwargs: dict[str, Any] = {}
@@ -83,8 +102,9 @@ class _Block:
         self.graph: torch.cuda.CUDAGraph | None = None
 
     def _run(self, hidden: torch.Tensor, kwargs: dict[str, Any]) -> torch.Tensor:
-        for layer in self.layers:
-            hidden = layer(hidden, **kwargs)
+        with _on(self.device):
+            for layer in self.layers:
+                hidden = layer(hidden, **kwargs)
         return hidden
 
     def __call__(self, hidden: torch.Tensor, kwargs: dict[str, Any]) -> torch.Tensor:
@@ -95,9 +115,9 @@ class _Block:
         _load(self.hidden, hidden)
         for name, value in kwargs.items():
             _load(self.kwargs[name], value)
-        cache = kwargs.get(self.cache_kwarg)
-        if cache is not None and hasattr(cache, "sync_slot"):
-            cache.sync_slot(self.device)
+        for value in kwargs.values():  # the cache, whatever the transformers version calls it
+            if hasattr(value, "sync_slot"):
+                value.sync_slot(self.device)
         if self.graph is None:  # no CUDA (tests): the layers run on the buffers, as a replay would
             self.out = self._run(self.hidden, self.kwargs)
             return self.out
@@ -135,11 +155,11 @@ class _Stand(torch.nn.Module):
 class BlockGraphs:
     """The blocks of a model's decoder layers (see the module docstring)."""
 
-    def __init__(self, model: Any, cache_kwarg: str, split_every: int | None = None) -> None:
+    def __init__(self, model: Any, split_every: int | None = None) -> None:
         self.layers = layer_list(model)
         n = model.config.num_hidden_layers
         ranges = blocks_of(self.layers[:n], split_every if split_every is not None else SPLIT_EVERY)
-        self.blocks = [_Block([self.layers[i] for i in r], cache_kwarg) for r in ranges]
+        self.blocks = [_Block([self.layers[i] for i in r]) for r in ranges]
         self._stands = [_Stand(b, i == r.start) for b, r in zip(self.blocks, ranges, strict=True) for i in r]
 
     @contextlib.contextmanager

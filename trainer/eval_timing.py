@@ -194,7 +194,7 @@ def time_evaluation(
         large = {}
         gc.collect()
         torch.cuda.empty_cache()
-    with decode.graphs_off():  # as evaluation runs its steps when the model spans several GPUs
+    with decode.graphs_off():  # what a step costs where its graphs cannot be captured
         eager = time_thinking(model, prompts[:EVAL_BATCH_SIZE], vocab, new_tokens, repeats)
     scoring = time_scoring(model, vocab, width, repeats)
     devices = model.cockpit_load_facts.get("layer_devices") or []

@@ -15,9 +15,10 @@ table, bf16 operands, on the story's shapes). Otherwise the arithmetic is `train
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from functools import cache
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 import triton
@@ -316,6 +317,11 @@ def _fit(block: int, dim: int) -> int:
     return block
 
 
+def _on(device: torch.device) -> contextlib.AbstractContextManager[Any]:
+    """The tensors' GPU as the current device while a kernel launches (nothing to switch off CUDA)."""
+    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
+
+
 def _decode(decode: int, device: torch.device) -> int:
     """PRMT is inline PTX: Triton's interpreter (CPU) takes the select tree instead."""
     return TREE if decode == PRMT and device.type != "cuda" else decode
@@ -366,14 +372,15 @@ def nf4_grouped_mm(
     expert_ids = expert_ids.to(device=x.device, dtype=torch.int32)
     bound = (triton.cdiv(m, cfg.bm) + g) * (n_dim // bn)
     programs = max(1, min(bound, _num_sms(x.device) * cfg.programs_per_sm))
-    _nf4_grouped_mm_kernel[(programs,)](
-        x, out, codes, qscale, qstate, dynamic_map(x.device), nf4_table(x.device), offs, expert_ids,
-        m, g, programs, x.stride(0), out.stride(0), codes.stride(0), qscale.stride(0), qstate.stride(0),
-        N=n_dim, K=k_dim, W_IN=layout.inp, QOFF=layout.blocks // layout.nested, NESTED=layout.nested,
-        TRANS=trans, SWAP=cfg.swap, DECODE=_decode(cfg.decode, x.device),
-        BM=cfg.bm, BN=bn, BK=bk, GP=triton.next_power_of_2(g + 1),
-        num_warps=cfg.warps, num_stages=cfg.stages,
-    )  # fmt: skip
+    with _on(x.device):  # Triton launches on the current device; the layer may be on another GPU
+        _nf4_grouped_mm_kernel[(programs,)](
+            x, out, codes, qscale, qstate, dynamic_map(x.device), nf4_table(x.device), offs, expert_ids,
+            m, g, programs, x.stride(0), out.stride(0), codes.stride(0), qscale.stride(0), qstate.stride(0),
+            N=n_dim, K=k_dim, W_IN=layout.inp, QOFF=layout.blocks // layout.nested, NESTED=layout.nested,
+            TRANS=trans, SWAP=cfg.swap, DECODE=_decode(cfg.decode, x.device),
+            BM=cfg.bm, BN=bn, BK=bk, GP=triton.next_power_of_2(g + 1),
+            num_warps=cfg.warps, num_stages=cfg.stages,
+        )  # fmt: skip
     return out
 
 
@@ -451,10 +458,11 @@ def nf4_dequantize(
     nbytes = layout.numel // 2
     if k == 0:
         return out
-    _nf4_dequant_kernel[(triton.cdiv(nbytes, cfg.block), k)](
-        out, codes, qscale, qstate, dynamic_map(device), nf4_table(device), expert_ids,
-        codes.stride(0), qscale.stride(0), qstate.stride(0),
-        NBYTES=nbytes, QOFF=layout.blocks // layout.nested, NESTED=layout.nested, BLOCK=cfg.block,
-        DECODE=_decode(cfg.decode, device), num_warps=cfg.warps,
-    )  # fmt: skip
+    with _on(device):  # Triton launches on the current device
+        _nf4_dequant_kernel[(triton.cdiv(nbytes, cfg.block), k)](
+            out, codes, qscale, qstate, dynamic_map(device), nf4_table(device), expert_ids,
+            codes.stride(0), qscale.stride(0), qstate.stride(0),
+            NBYTES=nbytes, QOFF=layout.blocks // layout.nested, NESTED=layout.nested, BLOCK=cfg.block,
+            DECODE=_decode(cfg.decode, device), num_warps=cfg.warps,
+        )  # fmt: skip
     return out

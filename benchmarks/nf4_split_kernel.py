@@ -29,13 +29,13 @@ import triton.language as tl
 from trainer.kernels.nf4_ref import NF4_VALUES, dynamic_map, nf4_table
 from trainer.kernels.nf4_triton import (
     PRMT,
-    _block_scales,
-    _decode,
-    _nf4_lookup,
-    _num_sms,
-    _packed_views,
-    _tile_group,
-    _tile_rows,
+    block_scales,
+    decode_for,
+    nf4_lookup,
+    num_sms,
+    packed_views,
+    tile_group,
+    tile_rows,
 )
 
 if TYPE_CHECKING:
@@ -82,7 +82,7 @@ def _split_values(packed, lut_ptr, dtype: tl.constexpr, DECODE: tl.constexpr):
         return tl.inline_asm_elementwise(
             _SPLIT_ASM, "=r,=r,=r,=r,r", [packed], dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=4
         )
-    return _nf4_lookup(packed >> 4, lut_ptr, DECODE).to(dtype), _nf4_lookup(packed & 15, lut_ptr, DECODE).to(
+    return nf4_lookup(packed >> 4, lut_ptr, DECODE).to(dtype), nf4_lookup(packed & 15, lut_ptr, DECODE).to(
         dtype
     )
 
@@ -122,12 +122,12 @@ def _nf4_split_mm_kernel(
 ):
     dtype = x_ptr.dtype.element_ty
     n_tiles = N // BN
-    total, starts, ends, tiles, cum = _tile_rows(offs_ptr, M, G, BM, GP, n_tiles)
+    total, starts, ends, tiles, cum = tile_rows(offs_ptr, M, G, BM, GP, n_tiles)
     j = tl.arange(0, 32)
     tile = tl.program_id(0)
     while tile < total:  # the tail group (e = -1) multiplies zeros, so its rows come out zero
         nt = tile % n_tiles
-        row0, row_end, e = _tile_group(tile // n_tiles, starts, ends, tiles, cum, eids_ptr, G, BM, GP)
+        row0, row_end, e = tile_group(tile // n_tiles, starts, ends, tiles, cum, eids_ptr, G, BM, GP)
         rows = row0 + tl.arange(0, BM)
         amask = (rows < row_end) & (e >= 0)
         e = tl.maximum(e, 0)
@@ -146,7 +146,7 @@ def _nf4_split_mm_kernel(
                     s = tl.load(scale_ptr + e * s_scale + blk + kb // 64)
                 else:
                     blocks = blk + kb // 64
-                    s = _block_scales(
+                    s = block_scales(
                         blocks, e, qscale_ptr, qstate_ptr, code2_ptr, s_qscale, s_qstate, NESTED, QOFF
                     )
                 if LATE:
@@ -207,18 +207,18 @@ def nf4_split_mm(
         raise ValueError(f"out must be [{m}, {n_dim}] with contiguous rows, got {tuple(out.shape)}")
     if m == 0:
         return out
-    codes, qscale, qstate = _packed_views(packed)
+    codes, qscale, qstate = packed_views(packed)
     offs = offs.to(device=x.device, dtype=torch.int32)
     expert_ids = expert_ids.to(device=x.device, dtype=torch.int32)
     bound = (triton.cdiv(m, cfg.bm) + g) * (n_dim // cfg.bn)
-    programs = max(1, min(bound, _num_sms(x.device) * cfg.programs_per_sm))
+    programs = max(1, min(bound, num_sms(x.device) * cfg.programs_per_sm))
     _nf4_split_mm_kernel[(programs,)](
         x, out, codes, qscale, qstate, dynamic_map(x.device), nf4_table(x.device), offs, expert_ids,
         qstate if scales is None else scales, m, g, programs, x.stride(0), out.stride(0), codes.stride(0),
         qscale.stride(0), qstate.stride(0), 0 if scales is None else scales.stride(0),
         N=n_dim, K=k_dim, QOFF=layout.blocks // layout.nested, NESTED=layout.nested, LATE=cfg.late,
         FLAT=scales is not None,
-        DECODE=_decode(cfg.decode, x.device), BM=cfg.bm, BN=cfg.bn, BK=cfg.bk,
+        DECODE=decode_for(cfg.decode, x.device), BM=cfg.bm, BN=cfg.bn, BK=cfg.bk,
         GP=triton.next_power_of_2(g + 1), num_warps=cfg.warps, num_stages=cfg.stages,
     )  # fmt: skip
     return out

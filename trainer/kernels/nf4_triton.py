@@ -67,7 +67,7 @@ _PRMT_ASM = tl.constexpr(_prmt_asm())
 
 
 @triton.jit
-def _nf4_lookup(codes, lut_ptr, DECODE: tl.constexpr):
+def nf4_lookup(codes, lut_ptr, DECODE: tl.constexpr):
     """NF4 value (float32) of each 4-bit code: a gather from the 16-entry table, or a select tree."""
     if DECODE == 1:
         b0 = (codes & 1) != 0
@@ -100,11 +100,11 @@ def _decode_pairs(packed, lut_ptr, DECODE: tl.constexpr):
             _PRMT_ASM, "=r,=r,=r,=r,r", [packed], dtype=tl.int32, is_pure=True, pack=4
         )
         return (pairs << 16).to(tl.float32, bitcast=True), (pairs & -65536).to(tl.float32, bitcast=True)
-    return _nf4_lookup(packed >> 4, lut_ptr, DECODE), _nf4_lookup(packed & 15, lut_ptr, DECODE)
+    return nf4_lookup(packed >> 4, lut_ptr, DECODE), nf4_lookup(packed & 15, lut_ptr, DECODE)
 
 
 @triton.jit
-def _block_scales(blk, e, qscale_ptr, qstate_ptr, code2_ptr, s_qscale, s_qstate, NESTED: tl.constexpr, QOFF):
+def block_scales(blk, e, qscale_ptr, qstate_ptr, code2_ptr, s_qscale, s_qstate, NESTED: tl.constexpr, QOFF):
     """Float32 scales of 64-element blocks `blk` of expert e (the double quantization undone inline)."""
     q = tl.load(qscale_ptr + e * s_qscale + blk)
     nested = tl.load(qstate_ptr + e * s_qstate + blk // NESTED)
@@ -139,7 +139,7 @@ def _w_tile(
     high, low = _decode_pairs(packed, lut_ptr, DECODE)
     values = tl.reshape(tl.join(high, low), (R, C))
     blk = r[:, None] * (W_IN // 64) + c0 // 64 + tl.arange(0, C // 64)[None, :]
-    scales = _block_scales(blk, e, qscale_ptr, qstate_ptr, code2_ptr, s_qscale, s_qstate, NESTED, QOFF)
+    scales = block_scales(blk, e, qscale_ptr, qstate_ptr, code2_ptr, s_qscale, s_qstate, NESTED, QOFF)
     if C == 64:
         return values * scales
     return tl.reshape(tl.reshape(values, (R, C // 64, 64)) * scales[:, :, None], (R, C))
@@ -149,7 +149,7 @@ def _w_tile(
 
 
 @triton.jit
-def _tile_rows(offs_ptr, M, G, BM: tl.constexpr, GP: tl.constexpr, n_tiles):
+def tile_rows(offs_ptr, M, G, BM: tl.constexpr, GP: tl.constexpr, n_tiles):
     """(tiles in all, group starts, ends, m-tiles a group, their running sum), read from the device.
 
     Groups 0..G-1 are offs' groups; group G is the tail [offs[G-1], M), which has no expert (zeros)."""
@@ -163,7 +163,7 @@ def _tile_rows(offs_ptr, M, G, BM: tl.constexpr, GP: tl.constexpr, n_tiles):
 
 
 @triton.jit
-def _tile_group(mt, starts, ends, tiles, cum, eids_ptr, G, BM: tl.constexpr, GP: tl.constexpr):
+def tile_group(mt, starts, ends, tiles, cum, eids_ptr, G, BM: tl.constexpr, GP: tl.constexpr):
     """(first row, end row, expert or -1 for the tail) of m-tile `mt`."""
     gi = tl.arange(0, GP)
     g = tl.sum((cum <= mt).to(tl.int32), 0)
@@ -209,12 +209,12 @@ def _nf4_grouped_mm_kernel(
     GP: tl.constexpr,
 ):
     n_tiles = N // BN
-    total, starts, ends, tiles, cum = _tile_rows(offs_ptr, M, G, BM, GP, n_tiles)
+    total, starts, ends, tiles, cum = tile_rows(offs_ptr, M, G, BM, GP, n_tiles)
     dtype = x_ptr.dtype.element_ty
     tile = tl.program_id(0)
     while tile < total:  # a while loop: Triton's interpreter cannot range() over a traced scalar
         nt = tile % n_tiles
-        row0, row_end, e = _tile_group(tile // n_tiles, starts, ends, tiles, cum, eids_ptr, G, BM, GP)
+        row0, row_end, e = tile_group(tile // n_tiles, starts, ends, tiles, cum, eids_ptr, G, BM, GP)
         rows = row0 + tl.arange(0, BM)
         rmask = rows < row_end
         amask = rmask & (e >= 0)  # the tail group multiplies zeros (it is empty unless rows went nowhere)
@@ -302,7 +302,8 @@ def pick_config(rows: int, groups: int, trans: bool = False) -> MMConfig:
 
 
 @cache
-def _num_sms(device: torch.device) -> int:
+def num_sms(device: torch.device) -> int:
+    """The device's multiprocessors (4 on the CPU, for the interpreter's persistent launches)."""
     if device.type == "cuda":
         return torch.cuda.get_device_properties(device).multi_processor_count
     return 4
@@ -322,12 +323,13 @@ def _on(device: torch.device) -> contextlib.AbstractContextManager[Any]:
     return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
 
 
-def _decode(decode: int, device: torch.device) -> int:
+def decode_for(decode: int, device: torch.device) -> int:
     """PRMT is inline PTX: Triton's interpreter (CPU) takes the select tree instead."""
     return TREE if decode == PRMT and device.type != "cuda" else decode
 
 
-def _packed_views(packed: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def packed_views(packed: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(codes as bytes, block scales as bytes, quantization state as float32) of a packed weight."""
     return (
         packed["nf4"].view(torch.uint8),
         packed["absmax"].view(torch.uint8),
@@ -367,17 +369,17 @@ def nf4_grouped_mm(
         raise ValueError("x or out too large for 32-bit offsets")
     if m == 0:
         return out
-    codes, qscale, qstate = _packed_views(packed)
+    codes, qscale, qstate = packed_views(packed)
     offs = offs.to(device=x.device, dtype=torch.int32)
     expert_ids = expert_ids.to(device=x.device, dtype=torch.int32)
     bound = (triton.cdiv(m, cfg.bm) + g) * (n_dim // bn)
-    programs = max(1, min(bound, _num_sms(x.device) * cfg.programs_per_sm))
+    programs = max(1, min(bound, num_sms(x.device) * cfg.programs_per_sm))
     with _on(x.device):  # Triton launches on the current device; the layer may be on another GPU
         _nf4_grouped_mm_kernel[(programs,)](
             x, out, codes, qscale, qstate, dynamic_map(x.device), nf4_table(x.device), offs, expert_ids,
             m, g, programs, x.stride(0), out.stride(0), codes.stride(0), qscale.stride(0), qstate.stride(0),
             N=n_dim, K=k_dim, W_IN=layout.inp, QOFF=layout.blocks // layout.nested, NESTED=layout.nested,
-            TRANS=trans, SWAP=cfg.swap, DECODE=_decode(cfg.decode, x.device),
+            TRANS=trans, SWAP=cfg.swap, DECODE=decode_for(cfg.decode, x.device),
             BM=cfg.bm, BN=bn, BK=bk, GP=triton.next_power_of_2(g + 1),
             num_warps=cfg.warps, num_stages=cfg.stages,
         )  # fmt: skip
@@ -447,7 +449,7 @@ def nf4_dequantize(
 ) -> torch.Tensor:
     """The [k, out, in] weights of experts `expert_ids` (on the device; -1 gives zeros), in one launch."""
     cfg = config or DEFAULT_DEQUANT
-    codes, qscale, qstate = _packed_views(packed)
+    codes, qscale, qstate = packed_views(packed)
     device = codes.device
     expert_ids = expert_ids.to(device=device, dtype=torch.int32)
     k = expert_ids.shape[0]
@@ -463,6 +465,6 @@ def nf4_dequantize(
             out, codes, qscale, qstate, dynamic_map(device), nf4_table(device), expert_ids,
             codes.stride(0), qscale.stride(0), qstate.stride(0),
             NBYTES=nbytes, QOFF=layout.blocks // layout.nested, NESTED=layout.nested, BLOCK=cfg.block,
-            DECODE=_decode(cfg.decode, device), num_warps=cfg.warps,
+            DECODE=decode_for(cfg.decode, device), num_warps=cfg.warps,
         )  # fmt: skip
     return out

@@ -276,9 +276,9 @@ SMALL_GROUP_ROWS = 128  # rows an expert (on average) up to which SMALL_GROUPS i
 # Measured on an H200 (benchmarks/decode_speed.py, story shapes): at 8 and 64 tokens (0.5 and 4 rows an
 # expert) DECODE_GROUPS ran the step's expert GEMMs 1.7x faster than SMALL_GROUPS; at one token (8 experts
 # hit) the deeper K tile of DECODE_FEW was 1.4x faster than DECODE_GROUPS.
-# From 8 to 16 rows an expert (batches of 128 to 256 tokens) a 32-token tile with 4 programs an SM ran the
-# forward pass 19% faster at 16 rows and level at 8 (benchmarks/nf4_split.py, nf4_split_h200.md); it is
-# used forward only, the orientation measured.
+# Past 8 rows an expert up to 16 (batches of 129 to 256 tokens, top-8 of 128) a 32-token tile with 4
+# programs an SM (DECODE_WIDE) ran the forward pass 19% faster at 16 rows and level at 8
+# (benchmarks/nf4_split.py, nf4_split_h200.md); it is used forward only, the orientation measured.
 DECODE_GROUPS = MMConfig(bm=16, bn=128, bk=128, warps=4, stages=4, swap=True, decode=PRMT, programs_per_sm=2)
 DECODE_FEW = MMConfig(bm=16, bn=128, bk=256, warps=4, stages=3, swap=True, decode=PRMT, programs_per_sm=2)
 DECODE_WIDE = MMConfig(bm=32, bn=128, bk=128, warps=4, stages=4, swap=True, decode=PRMT, programs_per_sm=4)

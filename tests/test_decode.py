@@ -211,6 +211,32 @@ def test_a_capture_that_fails_leaves_the_layers_and_the_tokens(tiny, monkeypatch
     assert got.tolist() == expected
 
 
+def test_a_replay_that_fails_decodes_the_batch_again_launched(tiny, monkeypatch) -> None:
+    """Graphs that fail once replaying: the batch is decoded again with its steps launched one by one
+    (generate's tokens, said once), and the fast path stays on for the batches after."""
+    from trainer import decode_blocks
+
+    model, tokenizer = tiny
+    model.set_attn_implementation("sdpa")
+    tokenizer.padding_side = "left"
+    enc = tokenizer(PROMPTS, return_tensors="pt", padding=True, add_special_tokens=False)
+    new = 12
+    expected = _generate(model, enc, new, [-1], tokenizer.pad_token_id)
+
+    def fail(static, value) -> None:
+        raise RuntimeError("replay failed")
+
+    monkeypatch.setattr(decode_blocks, "SPLIT_EVERY", 1)
+    monkeypatch.setattr(decode_blocks, "_load", fail)
+    monkeypatch.setattr(decode, "_failed", [])
+    monkeypatch.setattr(decode, "_graph_failed", [])
+    got = decode.greedy(model, enc["input_ids"], enc["attention_mask"], new, set())
+    assert got is not None and got.tolist() == expected
+    assert decode.path() == "launched" and decode._failed == []
+    assert "replay failed" in decode._graph_failed[0]
+    assert all(not isinstance(m, decode_blocks._Stand) for m in decode_blocks.layer_list(model))
+
+
 def test_a_block_input_that_changes_shape_is_refused() -> None:
     from trainer import decode_blocks
 

@@ -199,6 +199,7 @@ class GreedyDecoder:
         self.layers = model.config.num_hidden_layers
         self.graph: torch.cuda.CUDAGraph | None = None
         self.blocks: list[Any] = []  # the per-GPU graphs (`decode_blocks`) where the model spans GPUs
+        self.tried_graphs = False
         self.ran = "launched"
         dtype = next(p for p in model.parameters() if p.is_floating_point()).dtype
         self.mask_dtype = dtype if self.additive else torch.bool
@@ -295,6 +296,7 @@ class GreedyDecoder:
         capturable = self.new > 2 and placed and (self.device.type == "cuda" or test_blocks)
         with contextlib.ExitStack() as blocks:
             if graph and capturable and not _graph_failed:
+                self.tried_graphs = True
                 graphs = self._record(blocks)
                 done = 2
                 try:
@@ -376,12 +378,19 @@ def greedy(
         _say_once(why)
         _last[0] = f"generate: {why}"
         return None
+    decoder = None
     try:
         decoder = GreedyDecoder(model, input_ids, attention_mask, new)
         tokens = decoder.run(input_ids, stop, graph=GRAPHS)
     except torch.OutOfMemoryError:
         raise
-    except Exception as exc:  # a model this path cannot drive: generate instead, from now on
+    except Exception as exc:
+        if decoder is not None and decoder.tried_graphs and not _graph_failed:
+            # Failed with its graphs (a capture or a replay): the batch again, steps launched one by one.
+            _graph_failed.append(f"{type(exc).__name__}: {exc}")
+            _say_once(f"CUDA graph off: {_graph_failed[0]}")
+            return greedy(model, input_ids, attention_mask, new, stop)
+        # A model this path cannot drive: generate instead, from now on.
         _failed.append(f"{type(exc).__name__}: {exc}")
         _say_once(_failed[0])
         _last[0] = f"generate: {_failed[0]}"

@@ -26,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from trainer.kernels.nf4_ref import NF4_VALUES, dynamic_map, nf4_table
+from trainer.kernels.nf4_ref import dynamic_map, nf4_table
 from trainer.kernels.nf4_triton import (
     PRMT,
     block_scales,
@@ -34,6 +34,7 @@ from trainer.kernels.nf4_triton import (
     nf4_lookup,
     num_sms,
     packed_views,
+    prmt_asm,
     tile_group,
     tile_rows,
 )
@@ -42,37 +43,12 @@ if TYPE_CHECKING:
     from trainer.nf4_pack import PackedLayout
 
 
-def _split_asm() -> str:
-    """PTX: 4 packed bytes -> 2 registers of high-nibble values and 2 of low-nibble values, bf16 pairs in
-    byte order (`[v(b0) | v(b1) << 16]`, `[v(b2) | v(b3) << 16]`), by `prmt` lookups in two 8-entry
-    halves of the bf16 table (bit 3 of a code picks the half)."""
-    bits = torch.tensor(NF4_VALUES, dtype=torch.float32).bfloat16().view(torch.int16).int() & 0xFFFF
-    lo = [int(b) & 0xFF for b in bits]
-    hi = [int(b) >> 8 for b in bits]
-
-    def word(table: list[int], k: int) -> str:
-        return f"0x{sum(table[4 * k + i] << (8 * i) for i in range(4)):08X}"
-
-    tables = "".join(f"mov.b32 lo{k}, {word(lo, k)}; mov.b32 hi{k}, {word(hi, k)}; " for k in range(4))
-    # s: 3-bit selectors of the nibbles [b.lo, b.hi, b'.lo, b'.hi] of two bytes; m: their bit 3 as bytes.
-    # l/h: the low/high bytes of those four bf16 values; then high = [l1 h1 l3 h3], low = [l0 h0 l2 h2].
-    half = (
-        "prmt.b32 a, lo0, lo1, {s}; prmt.b32 b, lo2, lo3, {s}; lop3.b32 l, b, a, {m}, 0xE4; "
-        "prmt.b32 a, hi0, hi1, {s}; prmt.b32 b, hi2, hi3, {s}; lop3.b32 h, b, a, {m}, 0xE4; "
-        "prmt.b32 ${hi}, l, h, 0x7351; prmt.b32 ${lo}, l, h, 0x6240; "
-    )
-    return (
-        "{ .reg .b32 lo0, lo1, lo2, lo3, hi0, hi1, hi2, hi3, s0, s1, t, m0, m1, a, b, l, h; "
-        + tables
-        + "and.b32 s0, $4, 0x7777; shr.u32 s1, $4, 16; and.b32 s1, s1, 0x7777; shl.b32 t, $4, 4; "
-        "prmt.b32 m0, t, $4, 0xD9C8; prmt.b32 m1, t, $4, 0xFBEA; "
-        + half.format(s="s0", m="m0", hi=0, lo=2)
-        + half.format(s="s1", m="m1", hi=1, lo=3)
-        + "}"
-    )
-
-
-_SPLIT_ASM = tl.constexpr(_split_asm())
+# 4 packed bytes -> 2 registers of high-nibble values and 2 of low-nibble values, bf16 pairs in byte order
+# (`[v(b0) | v(b1) << 16]`, `[v(b2) | v(b3) << 16]`): from a half's l/h, high = [l1 h1 l3 h3], low = [l0 h0
+# l2 h2]; outputs 0-1 the high pairs, 2-3 the low.
+_SPLIT_ASM = tl.constexpr(
+    prmt_asm("prmt.b32 ${o0}, l, h, 0x7351; prmt.b32 ${o1}, l, h, 0x6240; ", ((0, 2), (1, 3)))
+)
 
 
 @triton.jit

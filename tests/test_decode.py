@@ -127,6 +127,15 @@ def test_steps_use_grouped_attention(tiny, monkeypatch: pytest.MonkeyPatch) -> N
 # --- a graph a GPU (`trainer/decode_blocks.py`): what runs without a GPU -----------------------------
 
 
+def _left_padded(tiny, new: int):
+    """(the sdpa model, the left-padded prompts, generate's `new` tokens for them, no stop)."""
+    model, tokenizer = tiny
+    model.set_attn_implementation("sdpa")
+    tokenizer.padding_side = "left"
+    enc = tokenizer(PROMPTS, return_tensors="pt", padding=True, add_special_tokens=False)
+    return model, enc, _generate(model, enc, new, [-1], tokenizer.pad_token_id)
+
+
 def test_blocks_cut_at_device_changes_and_every_n(tiny) -> None:
     from trainer import decode_blocks
 
@@ -169,12 +178,8 @@ def test_decoding_block_by_block_gives_generates_tokens(tiny, split_every: int, 
     second step on: every step's positions, mask and cache slot must reach them, or tokens drift."""
     from trainer import decode_blocks
 
-    model, tokenizer = tiny
-    model.set_attn_implementation("sdpa")
-    tokenizer.padding_side = "left"
-    enc = tokenizer(PROMPTS, return_tensors="pt", padding=True, add_special_tokens=False)
     new = 20
-    expected = _generate(model, enc, new, [-1], tokenizer.pad_token_id)
+    model, enc, expected = _left_padded(tiny, new)
     monkeypatch.setattr(decode_blocks, "SPLIT_EVERY", split_every)
     monkeypatch.setattr(decode, "_failed", [])
     monkeypatch.setattr(decode, "_graph_failed", [])
@@ -188,12 +193,8 @@ def test_a_capture_that_fails_leaves_the_layers_and_the_tokens(tiny, monkeypatch
     the step recorded, and the tokens are still generate's."""
     from trainer import decode_blocks
 
-    model, tokenizer = tiny
-    model.set_attn_implementation("sdpa")
-    tokenizer.padding_side = "left"
-    enc = tokenizer(PROMPTS, return_tensors="pt", padding=True, add_special_tokens=False)
     new = 12
-    expected = _generate(model, enc, new, [-1], tokenizer.pad_token_id)
+    model, enc, expected = _left_padded(tiny, new)
     layers = decode_blocks.layer_list(model)
     real = list(layers)
 
@@ -216,12 +217,8 @@ def test_a_replay_that_fails_decodes_the_batch_again_launched(tiny, monkeypatch)
     (generate's tokens, said once), and the fast path stays on for the batches after."""
     from trainer import decode_blocks
 
-    model, tokenizer = tiny
-    model.set_attn_implementation("sdpa")
-    tokenizer.padding_side = "left"
-    enc = tokenizer(PROMPTS, return_tensors="pt", padding=True, add_special_tokens=False)
     new = 12
-    expected = _generate(model, enc, new, [-1], tokenizer.pad_token_id)
+    model, enc, expected = _left_padded(tiny, new)
 
     def fail(static, value) -> None:
         raise RuntimeError("replay failed")

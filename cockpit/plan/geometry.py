@@ -8,6 +8,7 @@ not `nn.Linear` modules, which is why bitsandbytes leaves them in 16 bit.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from dataclasses import dataclass, field
@@ -36,11 +37,11 @@ class TensorSpec:
     linear: bool = False  # the weight of an nn.Linear: what bitsandbytes replaces with Linear4bit
     merged_from: int = 1  # checkpoint tensors stacked into this one at load (fused experts), else 1
 
-    @property
+    @functools.cached_property
     def numel(self) -> int:
         return math.prod(self.shape)
 
-    @property
+    @functools.cached_property
     def kind(self) -> str:
         return kind_of(self.name)
 
@@ -98,6 +99,9 @@ class ModelGeometry:
     # --- tensors -------------------------------------------------------------------------------
     def tensors(self) -> list[TensorSpec]:
         """Every parameter, in the order the model registers them (tied lm_head omitted, as PyTorch does)."""
+        return list(_tensors_of(self))
+
+    def _all_tensors(self) -> list[TensorSpec]:
         h = self.hidden
         out = [TensorSpec("model.embed_tokens.weight", (self.vocab, h), "embed")]
         for i in range(self.layers):
@@ -191,6 +195,12 @@ class ModelGeometry:
             else:
                 active += t.numel
         return active
+
+
+@functools.lru_cache(maxsize=32)
+def _tensors_of(geometry: ModelGeometry) -> tuple[TensorSpec, ...]:
+    """A geometry's tensors, built once: a plan weighs its options against the same geometry ~100 times."""
+    return tuple(geometry._all_tensors())
 
 
 def check_packable(geometry: ModelGeometry, profile: Profile) -> None:

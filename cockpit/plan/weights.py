@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cached_property, lru_cache
 
 from cockpit.contract import ZERO3_LAYER_FETCHES, dequant_chunk_experts, load_builder
 from cockpit.plan.configuration import Setup
@@ -240,9 +240,15 @@ class Weights:
 
 def lora_params(geometry: ModelGeometry, targets: list[str] | tuple[str, ...], r: int) -> int:
     """LoRA adds r * (in + out) to every nn.Linear whose leaf name is a target (never the fused experts)."""
+    return r * _lora_widths(geometry, frozenset(targets))
+
+
+@lru_cache(maxsize=32)
+def _lora_widths(geometry: ModelGeometry, targets: frozenset[str]) -> int:
+    """The sum of in + out over the targeted nn.Linear weights (what one unit of LoRA rank adds)."""
     total = 0
     for t in geometry.tensors():
         if t.linear and t.name.endswith(".weight") and t.module in targets:
             out_f, in_f = t.shape
-            total += r * (in_f + out_f)
+            total += in_f + out_f
     return total

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -22,7 +23,7 @@ def asset_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session", autouse=True)
-def private_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def private_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """Every test's `$COCKPIT_CACHE`: a folder of this session's (or `COCKPIT_TEST_CACHE`), never the
     user's own, so what a test builds or keeps there (the tiny model, NF4 caches of its loads) stays out
     of `~/.cache/cockpit`."""
@@ -34,6 +35,21 @@ def private_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
         os.environ.pop("COCKPIT_CACHE", None)
     else:
         os.environ["COCKPIT_CACHE"] = old
+
+
+@pytest.fixture(scope="session", autouse=True)
+def one_extensions_folder() -> Iterator[str]:
+    """`$TORCH_EXTENSIONS_DIR` for every process a test starts: this environment's own folder, the one the
+    supervisor gives its children. A test that launches DeepSpeed itself (two ZeRO-3 ranks) then loads the
+    CPU Adam the runs built, instead of compiling it again into torch's shared default folder (minutes on
+    two cores, and again whenever another environment built there last)."""
+    from cockpit.ops.extcache import ENV, use_keyed_root
+
+    old = os.environ.get(ENV)
+    folder = use_keyed_root(os.environ)
+    yield folder
+    if old is None:
+        os.environ.pop(ENV, None)
 
 
 @pytest.fixture(scope="session")

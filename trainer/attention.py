@@ -4,22 +4,34 @@ With packing, Transformers' "sdpa" builds a dense block-diagonal mask, and a mas
 query against every key of the row: at 8,192 tokens of ~2,000-token documents that is four times the
 FLOPs, on a slower masked kernel. Here the packed collator says where each document starts
 (`doc_lens`, passed through the model's keyword arguments to every attention call), and each document
-runs through causal SDPA on its own (FlashAttention-2 where the device has it, no per-shape planning).
-Without `doc_lens` (no packing) it is Transformers' own SDPA.
+runs as its own causal segment. On a GPU that is one call for the whole micro-batch: torch's
+`varlen_attn` (FlashAttention-2 over packed segments, grouped key/value heads as they are), with each row's
+padding a segment of its own. Elsewhere (the CPU, dropout, an older torch) it is
+causal SDPA one document at a time. Without `doc_lens` (no packing) it is Transformers' own SDPA.
 
 Registered with Transformers as the attention implementation `"varlen"` (with no mask of its own).
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
+import itertools
+import logging
 import os
 from typing import Any
 
 import torch
 from torch.nn import functional as F
 
+log = logging.getLogger(__name__)
+
 NAME = "varlen"
 _BACKENDS: list[Any] | None = None
+# Off for the speed benchmark's control row: COCKPIT_VARLEN_KERNEL=0 (one SDPA call a document).
+KERNEL = os.environ.get("COCKPIT_VARLEN_KERNEL", "1") != "0"
+_kernel_failed = False
+_SEGMENTS: dict[tuple[Any, ...], tuple[torch.Tensor, int]] = {}  # the last micro-batches' offsets
 
 
 def _backends() -> list[Any]:
@@ -44,8 +56,9 @@ def varlen_attention_forward(
 ) -> tuple[torch.Tensor, None]:
     """Causal attention within each document of each row; query [B, H, T, D], key/value [B, Hkv, T, D].
 
-    Returns [B, T, H, D] as Transformers' attention functions do. Positions past a row's documents
-    (padding) get zeros.
+    Returns [B, T, H, D] as Transformers' attention functions do. Padding (past a row's documents) attends
+    only to itself: zeros on the per-document path, its own average on the packed one. Either way no
+    document reads it and the loss ignores it, so its gradient is zero.
     """
     if doc_lens is None:
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
@@ -53,9 +66,112 @@ def varlen_attention_forward(
         return sdpa_attention_forward(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
         )
+    p = dropout if module.training else 0.0
+    if KERNEL and p == 0.0 and query.is_cuda and not _kernel_failed:
+        out = _packed(query, key, value, doc_lens, scaling)
+        if out is not None:
+            return out, None
+    return _per_document(query, key, value, doc_lens, p, scaling), None
+
+
+def segments(doc_lens: list[list[int]], length: int) -> list[int]:
+    """The packed micro-batch as segments over its `len(doc_lens) * length` tokens: the cumulative
+    offsets, every document one segment and a row's padding one more."""
+    offsets, base = [0], 0
+    for lens in doc_lens:
+        for n in lens:
+            if n:  # an empty document is no segment
+                offsets.append(offsets[-1] + n)
+        used = sum(lens)
+        if used > length:
+            raise ValueError(f"documents of {used} tokens in a row of {length}")
+        if used < length:
+            offsets.append(base + length)
+        base += length
+    return offsets
+
+
+def _segments_on(doc_lens: list[list[int]], length: int, device: torch.device) -> tuple[torch.Tensor, int]:
+    """`segments` as the kernel takes them, made once a micro-batch (every layer, its recompute and its
+    backward see the same `doc_lens`): int32 offsets on `device`, copied from pinned memory so that the
+    host never waits for the GPU, and the longest segment."""
+    key = (tuple(map(tuple, doc_lens)), length, device)
+    found = _SEGMENTS.get(key)
+    if found is None:
+        offsets = segments(doc_lens, length)
+        cu = torch.tensor(offsets, dtype=torch.int32)
+        cu = (cu.pin_memory() if torch.cuda.is_available() else cu).to(device, non_blocking=True)
+        if len(_SEGMENTS) >= 8:
+            _SEGMENTS.clear()
+        found = _SEGMENTS[key] = (cu, max(b - a for a, b in itertools.pairwise(offsets)))
+    return found
+
+
+@functools.lru_cache(maxsize=16)
+def varlen_kwargs(fn: Any, scaling: float | None, gqa: bool, head_dim: int) -> dict[str, Any] | None:
+    """Causal, with grouped key/value heads and the scale, in the words of this torch's `varlen_attn`
+    (2.10 says `is_causal`, 2.11 `window_size`, 2.12 adds `enable_gqa`); None where it cannot say them."""
+    params = inspect.signature(fn).parameters
+    if scaling is not None and "scale" not in params and abs(scaling - head_dim**-0.5) < 1e-9:
+        scaling = None  # the default scale: nothing to say
+    kwargs: dict[str, Any] = {}
+    if "window_size" in params:
+        kwargs["window_size"] = (-1, 0)
+    elif "is_causal" in params:
+        kwargs["is_causal"] = True
+    else:
+        return None
+    if scaling is not None:
+        if "scale" not in params:
+            return None
+        kwargs["scale"] = scaling
+    if gqa and "enable_gqa" in params:
+        kwargs["enable_gqa"] = True
+    return kwargs
+
+
+def _packed(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    doc_lens: list[list[int]],
+    scaling: float | None,
+) -> torch.Tensor | None:
+    """Every document of the micro-batch in one `varlen_attn` call; [B, T, H, D], or None (and the
+    per-document path from then on) where this torch has no such call or it fails here."""
+    global _kernel_failed
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+
+        b, h, t, d = query.shape
+        kwargs = varlen_kwargs(varlen_attn, scaling, key.shape[1] != h, d)
+        if kwargs is None:
+            raise RuntimeError("this torch's varlen_attn takes no causal flag or scale")
+        cu, longest = _segments_on(doc_lens, t, query.device)
+
+        def packed(x: torch.Tensor) -> torch.Tensor:  # [B, H, T, D] -> [B*T, H, D] (a view after RoPE)
+            return x.transpose(1, 2).reshape(b * t, x.shape[1], d)
+
+        out = varlen_attn(packed(query), packed(key), packed(value), cu, cu, longest, longest, **kwargs)
+    except (ImportError, RuntimeError, TypeError, ValueError, NotImplementedError) as exc:
+        _kernel_failed = True
+        log.warning("packed attention: varlen_attn unavailable (%s: %s); one SDPA call a document",
+                    type(exc).__name__, exc)  # fmt: skip
+        return None
+    return out.view(b, t, h, d)
+
+
+def _per_document(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    doc_lens: list[list[int]],
+    p: float,
+    scaling: float | None,
+) -> torch.Tensor:
+    """Causal SDPA one document at a time (FlashAttention-2 where the device has it); [B, T, H, D]."""
     from torch.nn.attention import sdpa_kernel
 
-    p = dropout if module.training else 0.0
     gqa = key.shape[1] != query.shape[1]
     rows = []
     with sdpa_kernel(_backends()):
@@ -73,7 +189,7 @@ def varlen_attention_forward(
                 parts.append(query.new_zeros(1, query.shape[1], query.shape[2] - start, query.shape[3]))
             rows.append(torch.cat(parts, dim=2) if len(parts) > 1 else parts[0])
     out = torch.cat(rows, dim=0) if len(rows) > 1 else rows[0]
-    return out.transpose(1, 2).contiguous(), None
+    return out.transpose(1, 2).contiguous()
 
 
 def register() -> str:

@@ -1,0 +1,258 @@
+"""Benchmark: packed causal attention at the story's shape, each path the trainer could take, side by side.
+
+Shape: a micro-batch of the story's profile (4 rows of 4,096 tokens, documents of about 2,000 tokens packed
+whole, best fit, each row's tail padding), Qwen3-235B-A22B's attention (64 query heads, 4 key/value heads,
+head_dim 128), bf16, the layout Transformers hands the attention ([B, H, T, D] views of [B, T, H, D]).
+
+Paths:
+  per-document   `trainer.attention._per_document`: causal SDPA one document at a time (FlashAttention-2),
+                 outputs concatenated: the trainer's path before, and its path where the packed call is not
+  packed         `trainer.attention._packed`: the whole micro-batch in one `varlen_attn` call (what the
+                 trainer runs now on a GPU)
+  cudnn          the per-document loop under SDPA's cuDNN backend (timed after its per-length plans are
+                 built: a first length costs ~0.1 s)
+  flex           FlexAttention, compiled, with a document-causal block mask (mask built outside the timing)
+
+Timings: CUDA events, median of `--iters` after 3 warm-ups; forward alone and forward + backward.
+FLOPs (causal, per document of n tokens): forward 4 x n^2/2 x heads x head_dim (QK^T and PV), backward
+2.5x the forward; TFLOP/s and MFU against the H200's 989 TFLOP/s datasheet dense bf16 rate and the
+8192^3 bf16 matmul rate this script measures. Numerics: each path's output and gradients against a
+float32 per-document reference, rel = ||d|| / ||ref||, outputs over the documents' tokens (the padding
+attends to itself only, and its output differs by path), with no upstream gradient on the padding (as the
+loss gives none there).
+
+    python benchmarks/attention_speed.py --out DIR  # DIR/attention_speed.{md,json} (committed as _h200)
+    python benchmarks/attention_speed.py --smoke    # CPU, tiny shapes: the per-document path only
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+DATASHEET_TFLOPS = 989.0  # H100/H200 SXM dense bf16
+MEAN_TOKENS = 2000  # the story's examples (benchmarks/step_speed.py STORY_MEAN_TOKENS)
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def story_rows(rows: int, length: int, mean: int, seed: int = 0) -> list[list[int]]:
+    """Documents of about `mean` tokens (normal, sd mean/5, 64 to length) packed whole, best fit, into
+    `rows` rows of `length` (`trainer.packing.best_fit_decreasing`), first rows kept."""
+    from trainer.packing import best_fit_decreasing
+
+    rng = random.Random(seed)
+    lens = [max(64, min(length, int(rng.gauss(mean, mean / 5)))) for _ in range(rows * length // mean + 8)]
+    bins = best_fit_decreasing(lens, length, seed)
+    return [[lens[i] for i in members] for members in bins[:rows]]
+
+
+def flops(doc_lens: list[list[int]], heads: int, head_dim: int) -> float:
+    """Forward FLOPs of causal attention over every document: 4 x n^2/2 x heads x head_dim each."""
+    return sum(2.0 * n * n * heads * head_dim for lens in doc_lens for n in lens)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--out", type=Path, default=None, help="folder for the .md and .json")
+    parser.add_argument("--iters", type=int, default=20)
+    parser.add_argument("--smoke", action="store_true", help="CPU, tiny shapes, the per-document path")
+    args = parser.parse_args(argv)
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from trainer import attention
+
+    if not args.smoke and not torch.cuda.is_available():
+        log("no CUDA device: run with --smoke for the CPU check of this script")
+        return 2
+    device = torch.device("cpu" if args.smoke else "cuda")
+    dtype = torch.float32 if args.smoke else torch.bfloat16
+    b, t, h, hkv, d = (2, 256, 4, 2, 16) if args.smoke else (4, 4096, 64, 4, 128)
+    doc_lens = story_rows(b, t, 100 if args.smoke else MEAN_TOKENS)
+    scale = d**-0.5
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    q0, k0, v0 = (torch.randn(b, t, n, d, generator=gen).to(device, dtype) for n in (h, hkv, hkv))
+    valid = torch.zeros(b, t, dtype=torch.bool, device=device)
+    for i, lens in enumerate(doc_lens):
+        valid[i, : sum(lens)] = True
+    # no gradient reaches the padding, as in training (it has no label and no document reads it)
+    grad_out = (torch.randn(b, t, h, d, generator=gen).to(device) * valid[:, :, None, None]).to(dtype)
+
+    def per_document(q: Any, k: Any, v: Any) -> Any:
+        return attention._per_document(q, k, v, doc_lens, 0.0, scale)
+
+    def packed(q: Any, k: Any, v: Any) -> Any:
+        out = attention._packed(q, k, v, doc_lens, scale)
+        if out is None:
+            raise RuntimeError("the packed call is unavailable here")
+        return out
+
+    def cudnn(q: Any, k: Any, v: Any) -> Any:
+        rows = []
+        with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+            for i, lens in enumerate(doc_lens):
+                parts, start = [], 0
+                for n in lens:
+                    qs, ks, vs = (x[i : i + 1, :, start : start + n] for x in (q, k, v))
+                    parts.append(F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=scale,
+                                                                enable_gqa=True))  # fmt: skip
+                    start += n
+                parts.append(q.new_zeros(1, h, t - start, d))
+                rows.append(torch.cat(parts, dim=2))
+        return torch.cat(rows).transpose(1, 2)
+
+    paths: dict[str, Any] = {"per-document": per_document}
+    if not args.smoke:
+        paths["packed"] = packed
+        paths["cudnn"] = cudnn
+        try:
+            from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+            doc = torch.full((b, t), -1, dtype=torch.int32, device=device)
+            for i, lens in enumerate(doc_lens):
+                start = 0
+                for j, n in enumerate(lens):
+                    doc[i, start : start + n] = j
+                    start += n
+
+            def document_causal(bi: Any, hi: Any, qi: Any, ki: Any) -> Any:
+                return (doc[bi, qi] == doc[bi, ki]) & (qi >= ki) & (doc[bi, qi] >= 0)
+
+            mask = create_block_mask(document_causal, b, None, t, t, device=device)
+            compiled = torch.compile(flex_attention)
+
+            def flex(q: Any, k: Any, v: Any) -> Any:
+                out = compiled(q, k, v, block_mask=mask, scale=scale, enable_gqa=True)
+                return out.transpose(1, 2) * valid[:, :, None, None]
+
+            paths["flex"] = flex
+        except Exception as exc:  # no FlexAttention here: the table says so
+            log(f"flex: {type(exc).__name__}: {exc}")
+
+    def fresh(requires_grad: bool) -> tuple[Any, Any, Any]:
+        return tuple(x.transpose(1, 2).detach().clone().requires_grad_(requires_grad) for x in (q0, k0, v0))
+
+    def reference() -> list[Any]:
+        q, k, v = (x.float().transpose(1, 2).detach().clone().requires_grad_(True) for x in (q0, k0, v0))
+        out = attention._per_document(q, k, v, doc_lens, 0.0, scale)
+        out.backward(grad_out.float())
+        return [out.detach(), *(x.grad.transpose(1, 2) for x in (q, k, v))]
+
+    def timed(fn: Any, backward: bool) -> float:
+        times = []
+        for i in range(args.iters + 3):
+            q, k, v = fresh(backward)
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+                start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+            wall = time.perf_counter()
+            out = fn(q, k, v)
+            if backward:
+                out.backward(grad_out)
+            if device.type == "cuda":
+                stop.record()
+                torch.cuda.synchronize()
+                ms = start.elapsed_time(stop)
+            else:
+                ms = (time.perf_counter() - wall) * 1e3
+            if i >= 3:
+                times.append(ms)
+        return statistics.median(times)
+
+    meta: dict[str, Any] = {
+        "gpu": torch.cuda.get_device_name() if device.type == "cuda" else "CPU",
+        "torch": torch.__version__,
+        "shape": {"rows": b, "tokens": t, "heads": h, "kv_heads": hkv, "head_dim": d},
+        "doc_lens": doc_lens,
+    }
+    if device.type == "cuda":
+        a = torch.randn(8192, 8192, device=device, dtype=dtype)
+        meta["matmul_tflops"] = 2 * 8192**3 / timed(lambda *_: a @ a, False) / 1e9
+        del a
+    else:
+        meta["matmul_tflops"] = float("nan")
+    fwd_flops = flops(doc_lens, h, d)
+    ref = reference()
+    rows: list[dict[str, Any]] = []
+    for name, fn in paths.items():
+        row: dict[str, Any] = {"path": name}
+        try:
+            q, k, v = fresh(True)
+            out = fn(q, k, v)
+            out.backward(grad_out)
+            mine = [out.detach(), *(x.grad.transpose(1, 2) for x in (q, k, v))]
+            keep = valid[:, :, None, None]
+            for label, x, r in zip(("out", "dq", "dk", "dv"), mine, ref, strict=True):
+                x, r = x.float(), r.float()
+                if label == "out":
+                    x, r = x * keep, r * keep
+                row[f"rel_{label}"] = float((x - r).norm() / r.norm())
+            row["fwd_ms"] = timed(fn, False)
+            row["fwd_bwd_ms"] = timed(fn, True)
+            row["fwd_bwd_tflops"] = 3.5 * fwd_flops / row["fwd_bwd_ms"] / 1e9
+            row["mfu_datasheet"] = row["fwd_bwd_tflops"] / DATASHEET_TFLOPS
+            row["mfu_matmul"] = row["fwd_bwd_tflops"] / meta["matmul_tflops"]
+        except Exception as exc:
+            row["error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+        log(json.dumps(row))
+        rows.append(row)
+    text = table(meta, rows, fwd_flops)
+    print(text)
+    out_dir = args.out or Path(os.environ.get("OUT") or Path(__file__).parent / "results")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "attention_speed.md").write_text(text)
+    (out_dir / "attention_speed.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+    return 0
+
+
+def table(meta: dict[str, Any], rows: list[dict[str, Any]], fwd_flops: float) -> str:
+    """The results as markdown: one row a path, the per-document path the baseline."""
+    s = meta["shape"]
+    base = next((r.get("fwd_bwd_ms") for r in rows if r["path"] == "per-document"), None)
+    lines = [
+        "# Packed causal attention, the story's micro-batch",
+        "",
+        f"{meta['gpu']}, torch {meta['torch']}: {s['rows']} rows x {s['tokens']} tokens, "
+        f"{s['heads']} query / {s['kv_heads']} key-value heads, head_dim {s['head_dim']}; "
+        f"documents {meta['doc_lens']}. "
+        f"Forward {fwd_flops / 1e12:.2f} TFLOP (4 x n^2/2 x heads x head_dim a document), forward + "
+        f"backward 3.5x that; bf16 matmul measured {meta['matmul_tflops']:.0f} TFLOP/s, datasheet "
+        f"{DATASHEET_TFLOPS:.0f}.",
+        "",
+        "| path | forward ms | fwd+bwd ms | vs per-document | TFLOP/s | % of 989 | % of matmul "
+        "| rel err out / dq / dk / dv |",
+        "|---|---|---|---|---|---|---|---|",
+    ]  # fmt: skip
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['path']} | - | - | - | - | - | - | {r['error']} |")
+            continue
+        speed = f"{base / r['fwd_bwd_ms']:.2f}x" if base else "-"
+        errs = " / ".join(f"{r[f'rel_{x}']:.1e}" for x in ("out", "dq", "dk", "dv"))
+        lines.append(
+            f"| {r['path']} | {r['fwd_ms']:.2f} | {r['fwd_bwd_ms']:.2f} | {speed} | "
+            f"{r['fwd_bwd_tflops']:.0f} | {100 * r['mfu_datasheet']:.1f}% | "
+            f"{100 * r['mfu_matmul']:.1f}% | {errs} |"
+        )
+    lines += ["", "Reproduce: `python benchmarks/attention_speed.py` on the GPU (about a minute)."]
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -19,6 +19,8 @@ are sorted by expert and each weight is applied by one of these paths (`COCKPIT_
   auto     on CUDA (bf16/fp16) where Triton works: fused below `DEQUANT_MIN_ROWS` token-expert pairs an
            expert, dequant from there on (the faster of the two on an H200); else grouped (CPU) or loop
 Dequantized weights are never kept for backward: it dequantizes them again (or runs the fused kernel).
+On fused and dequant, the activation and the routing weight (`silu(gate) * up * w`) are one Triton
+kernel each way (`trainer.kernels.swiglu`; COCKPIT_FUSED_ACT=0 gives torch's kernels).
 Expert LoRA works on every path (on fused and dequant its term loops over the experts, one host sync).
 """
 
@@ -47,6 +49,8 @@ PASS_THROUGH: tuple[type[BaseException], ...] = (
     getattr(torch.utils.checkpoint, "_StopRecomputationError", torch.OutOfMemoryError),
 )
 log = logging.getLogger(__name__)
+# Off for the speed benchmark's control row: COCKPIT_FUSED_ACT=0 (torch's kernels for the activation).
+FUSED_ACT = os.environ.get("COCKPIT_FUSED_ACT", "1") != "0"
 
 
 # --- the experts module ---------------------------------------------------------------------------
@@ -356,12 +360,23 @@ class NF4Experts(nn.Module):
                 y = y + self._lora_sorted(which, rows, lora_sizes)
             return y
 
-        gate, up = apply("gate_up_proj", x).chunk(2, dim=-1)
-        h = self.act_fn(gate) * up
+        gu = apply("gate_up_proj", x)
         if routing.ENABLED:  # down(h) * w == down(h * w): scale the narrower tensor
-            h = h * routing.pair_weights(top_k_weights, pairs).to(h.dtype)
+            h = self._activate(gu, routing.pair_weights(top_k_weights, pairs))
             return routing.combine(apply("down_proj", h), pairs, None).to(hidden_states.dtype)
+        gate, up = gu.chunk(2, dim=-1)
+        h = self.act_fn(gate) * up
         return routing.combine(apply("down_proj", h), pairs, top_k_weights).to(hidden_states.dtype)
+
+    def _activate(self, gu: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        """`act(gate) * up * weight` of the sorted pairs: for SiLU one Triton kernel each way
+        (`trainer.kernels.swiglu`; this path's kernels already run here), else torch's."""
+        from trainer.kernels import swiglu
+
+        if FUSED_ACT and swiglu.is_silu(self.act_fn):
+            return swiglu.swiglu_rows(gu, weights)
+        gate, up = gu.chunk(2, dim=-1)
+        return self.act_fn(gate) * up * weights.to(gu.dtype)
 
     def _lora_sorted(self, which: str, x: torch.Tensor, sizes: list[int]) -> torch.Tensor:
         """The expert LoRA term of rows sorted by expert (`sizes` rows an expert), zero on the tail."""

@@ -27,6 +27,10 @@ offload-prefetch3-4096-prof --merge benchmarks/results/step_speed_h200.json --bu
 overhead-full-story-2` (4 min). DeepSpeed's CPU Adam is built before the first timed offload row (about
 a minute on a fresh machine). Not yet run: the 8- and 16-layer offload rows profiled for their copied
 bytes (`offload-prefetch3-4096-8L-prof`, `offload-prefetch3-4096-16L-prof`).
+This session's calls, each its own results file: `--rows story-4096-mb4-ga2-prof,story-4096-mb4-ga2-loop,
+story-4096-mb4-ga2-8L-prof,story-4096-mb4-ga2-8L-loop` (`step_speed_h200_story_profile`), then
+`--rows levers-off-4L,levers-on-4L,levers-act-off-4L,levers-off-8L,levers-on-8L,levers-act-off-8L,
+levers-on-8L-prof` (`step_speed_h200_levers`; `benchmarks/marginal_layer.py` reads both).
 
 Writes step_speed.md and step_speed.json under $OUT (else benchmarks/results/).
 """
@@ -56,6 +60,8 @@ MOE_LEAF = ('deepspeed.zero3_leaf="moe_block"',)
 NO_PERSIST = ("deepspeed.persistence_threshold=40960",)
 NO_FUSED_NORM = (("COCKPIT_FUSED_NORM", "0"),)
 NO_FAST_ROUTING = (("COCKPIT_FAST_ROUTING", "0"),)
+PER_DOCUMENT = (("COCKPIT_VARLEN_KERNEL", "0"),)  # attention one SDPA call a document (trainer/attention.py)
+NO_FUSED_ACT = (("COCKPIT_FUSED_ACT", "0"),)  # the experts' activation in torch's kernels (kernels/swiglu.py)
 PREFETCH2 = ("deepspeed.prefetch_layers=2",)
 STAGE2 = ("deepspeed.stage=2",)  # ZeRO-2 at one rank: no parameter hooks (what ZeRO-3's cost)
 STACK = (("COCKPIT_PROFILE_STACK", "1"),)  # Python frames in the kept trace
@@ -217,6 +223,20 @@ def gpu_rows() -> list[Row]:
             extra=PREFETCH3,
         ),
         Row("story-4096-mb4-ga2", 4, 4096, mb=4, ga=2, steps=9),
+        # Where a further layer's time goes at the story's shape: the profiles at 4 and 8 layers, differenced.
+        Row("story-4096-mb4-ga2-prof", 4, 4096, mb=4, ga=2, steps=7, profile=True),
+        Row("story-4096-mb4-ga2-8L-prof", 8, 4096, mb=4, ga=2, steps=7, profile=True),
+        # The same depths with attention one SDPA call a document (the packed varlen_attn call off).
+        Row("story-4096-mb4-ga2-loop", 4, 4096, mb=4, ga=2, steps=7, env_extra=PER_DOCUMENT),
+        Row("story-4096-mb4-ga2-8L-loop", 8, 4096, mb=4, ga=2, steps=7, env_extra=PER_DOCUMENT),
+        # The packed attention and the fused expert activation, each lever on and off, at 4 and 8 layers:
+        # the slope is the marginal layer (interleaved so that drift falls on every side).
+        *(
+            Row(f"levers-{kind}-{layers}L", layers, 4096, mb=4, ga=2, steps=10, env_extra=env)
+            for layers in (4, 8)
+            for kind, env in (("off", PER_DOCUMENT + NO_FUSED_ACT), ("on", ()), ("act-off", NO_FUSED_ACT))
+        ),
+        Row("levers-on-8L-prof", 8, 4096, mb=4, ga=2, steps=9, profile=True),
         # the 1-row story step again, in the same session as the rows above (run-to-run spread ~8%)
         Row("story-offload-prefetch3-4096-ga8-again", 4, 4096, ga=8, offload=True, steps=7, extra=PREFETCH3),
         Row(

@@ -18,7 +18,7 @@ CATEGORIES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("collectives (ZeRO-3 gathers, reductions)", ("nccl",)),
     ("expert GEMMs, fused NF4", ("nf4_grouped", "nf4_gemm", "nf4_mm")),
     ("dequantization", ("dequant", "nf4")),
-    ("expert GEMMs", ("grouped",)),
+    ("expert GEMMs", ("grouped", "groupproblemshape")),  # the latter: torch._grouped_mm (CUTLASS)
     ("attention", ("flash", "fmha", "attention", "attn", "sdpa", "softmax_warp")),
     ("optimizer", ("adam", "multi_tensor", "fused_optim")),
     (
@@ -27,6 +27,8 @@ CATEGORIES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ),
 )
 OTHER = "other kernels"
+TOP_KERNELS = 30  # the kernels a profile event lists, longest first
+KERNEL_NAME = 240  # characters of a name kept: enough for an elementwise kernel's functor
 DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 RUNTIME_CATS = ("cuda_runtime", "cuda_driver")  # host-side CUDA calls: launches, synchronizations
 # record_function ranges the trainer opens, as they appear on the device timeline.
@@ -88,7 +90,7 @@ def summarize_trace(trace: dict[str, Any], steps: int, wall_s: float) -> dict[st
     n = max(1, steps)
     busy = _union(intervals) / 1e6 / n
     wall = wall_s / n
-    top = sorted(kernels.items(), key=lambda kv: -kv[1])[:12]
+    top = sorted(kernels.items(), key=lambda kv: -kv[1])[:TOP_KERNELS]
     return {
         "steps": steps,
         "step_wall_s": round(wall, 5),
@@ -97,7 +99,7 @@ def summarize_trace(trace: dict[str, Any], steps: int, wall_s: float) -> dict[st
         "categories_s": {k: round(v / 1e6 / n, 5) for k, v in sorted(by_cat.items(), key=lambda kv: -kv[1])},
         "annotations_s": {k: round(v / 1e6 / n, 5) for k, v in annotated.items()},
         "h2d_bytes_per_step": h2d_bytes // n,
-        "top_kernels_s": [[name[:120], round(t / 1e6 / n, 5)] for name, t in top],
+        "top_kernels_s": [[name[:KERNEL_NAME], round(t / 1e6 / n, 5)] for name, t in top],
         "runtime_calls": {
             k: [v[0] // n, round(v[1] / 1e6 / n, 5)]
             for k, v in sorted(runtime.items(), key=lambda kv: -kv[1][1])[:12]

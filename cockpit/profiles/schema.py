@@ -207,8 +207,9 @@ class TrainingSpec(_Section):
     )
     attention: Literal["varlen", "sdpa", "eager", "flex_attention"] = Field(
         default="varlen",
-        description="varlen: causal SDPA one packed example at a time (no mask, nothing computed across "
-        "examples); otherwise a Transformers attention implementation.",
+        description="varlen: causal attention within each packed example, nothing computed across "
+        "examples (on a GPU one varlen_attn call a micro-batch, else SDPA one example at a time); "
+        "otherwise a Transformers attention implementation.",
     )
     save_steps: NonNegInt = Field(
         default=0, description="Checkpoint every N optimizer steps; 0 = only at the end."

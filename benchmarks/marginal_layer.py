@@ -1,0 +1,147 @@
+"""The marginal decoder layer of the story's step, before and after the packed attention and the fused
+expert activation: seconds, TFLOP/s, and the share of the datasheet and of the measured matmul rate.
+
+Reads committed H200 results (no GPU needed):
+  with offload   the story's rehearsals as shipped (parameter and optimizer offload, 3 layers prefetched),
+                 depths 4, 8 and 16: `results/forecast/records/offload_1-16` (before) and
+                 `offload_1-16_levers` (after, `benchmarks/rehearsal_accuracy.py --configs nf4-offload
+                 --depths 1,2,4,8,16`); the slope is the least-squares line through the three depths
+  no offload     `results/step_speed_h200_levers.json` (`benchmarks/step_speed.py --rows levers-...`): both
+                 levers off, both on, and the activation alone off, at 4 and 8 layers in one call
+Where a further layer's device time goes: the torch.profiler summaries of the 4- and 8-layer steps
+(`results/step_speed_h200_story_profile.json`, packed attention on in its first version, which also
+zeroed the padding's output, the expert activation in torch's kernels, no offload), each kernel's
+seconds differenced and divided by 4 (kernels grouped by the start of their name; the 30 longest of each
+profile).
+
+A layer's FLOPs a step = (FLOPs a token at 8 layers - at 4) / 4 x the step's tokens, as `step_speed.py`
+counted them (`cockpit.plan.flops`, its formula printed, at the rows' measured document length and target
+fraction). The datasheet rate is `cockpit.plan.inputs.datasheet_tflops` (989 TFLOP/s dense bf16 for the
+H200 SXM); the measured rate is the 8192^3 bf16 matmul `step_speed.py` timed in the same call.
+
+    python benchmarks/marginal_layer.py   # writes results/marginal_layer.{md,json}
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+RESULTS = ROOT / "benchmarks/results"
+OFFLOAD_RECORDS = {"before": "offload_1-16", "after": "offload_1-16_levers"}
+PROFILES = ("story-4096-mb4-ga2-prof", "story-4096-mb4-ga2-8L-prof")  # step_speed_h200_story_profile.json
+STEP_ROWS = {  # label -> (4-layer row, 8-layer row)
+    "before (both off)": ("levers-off-4L", "levers-off-8L"),
+    "packed attention only": ("levers-act-off-4L", "levers-act-off-8L"),
+    "after (both on)": ("levers-on-4L", "levers-on-8L"),
+}
+
+
+def slope(points: list[tuple[int, float]]) -> float:
+    """Least-squares seconds a layer through (layers, seconds) points."""
+    n = len(points)
+    mx = sum(x for x, _ in points) / n
+    my = sum(y for _, y in points) / n
+    return sum((x - mx) * (y - my) for x, y in points) / sum((x - mx) ** 2 for x, _ in points)
+
+
+def main() -> int:
+    from benchmarks.forecast_consistency import measures_of
+    from cockpit.plan.flops import FORMULA
+    from cockpit.plan.inputs import datasheet_tflops
+
+    speed = json.loads((RESULTS / "step_speed_h200_levers.json").read_text())
+    rows = {r["name"]: r["result"] for r in speed["rows"]}
+    matmul, datasheet = speed["ceilings"]["bf16_tflops"], datasheet_tflops(speed["ceilings"]["gpu"])
+    four, eight = rows["levers-on-4L"], rows["levers-on-8L"]
+    tokens = four["tokens_per_step"]
+    layer_tflop = (eight["flops_per_token"] - four["flops_per_token"]) / 4 * tokens / 1e12
+    out: dict[str, Any] = {
+        "tokens_per_step": tokens, "layer_tflop": layer_tflop, "matmul_tflops": matmul,
+        "datasheet_tflops": datasheet, "formula": FORMULA, "rows": [],
+    }  # fmt: skip
+
+    def add(config: str, label: str, seconds: float, depths: list[int], points: list[float]) -> None:
+        rate = layer_tflop / seconds
+        out["rows"].append({
+            "config": config, "label": label, "s": seconds, "depths": depths, "step_s": points,
+            "tflops": rate, "datasheet": rate / datasheet, "matmul": rate / matmul,
+        })  # fmt: skip
+
+    for label, record in OFFLOAD_RECORDS.items():
+        by_depth = measures_of([record])
+        depths = [d for d in (4, 8, 16) if d in by_depth]
+        points = [by_depth[d].step_s for d in depths]
+        add("offload", label, slope(list(zip(depths, points, strict=True))), depths, points)
+    for label, (four, eight) in STEP_ROWS.items():
+        points = [rows[four]["step_s"], rows[eight]["step_s"]]
+        add("no offload", label, (points[1] - points[0]) / 4, [4, 8], points)
+    out["layer_kernels"] = layer_kernels()
+    text = table(out)
+    print(text)
+    dest = Path(os.environ.get("OUT") or RESULTS)
+    (dest / "marginal_layer.md").write_text(text)
+    (dest / "marginal_layer.json").write_text(json.dumps(out, indent=1))
+    return 0
+
+
+def layer_kernels() -> dict[str, Any]:
+    """Seconds a further layer spends in each kernel: the 8-layer profile less the 4-layer one, over 4."""
+    speed = json.loads((RESULTS / "step_speed_h200_story_profile.json").read_text())
+    profiles = {r["name"]: r["result"]["profile"] for r in speed["rows"] if r["name"] in PROFILES}
+    four, eight = (profiles[name] for name in PROFILES)
+
+    def grouped(profile: dict[str, Any]) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for name, seconds in profile["top_kernels_s"]:
+            out[name[:90]] = out.get(name[:90], 0.0) + seconds
+        return out
+
+    a, b = grouped(four), grouped(eight)
+    busy = (eight["device_busy_s"] - four["device_busy_s"]) / 4
+    kernels = sorted(((name, (b[name] - a.get(name, 0.0)) / 4) for name in b), key=lambda kv: -kv[1])
+    return {"device_busy_s": busy, "kernels": [[name, s] for name, s in kernels[:12]]}
+
+
+def table(out: dict[str, Any]) -> str:
+    lines = [
+        "# The story's marginal decoder layer on an H200, before and after",
+        "",
+        f"A step of {out['tokens_per_step']:,.0f} tokens (4 rows of 4,096 a micro-batch, 2 micro-batches); a "
+        f"further layer is {out['layer_tflop']:.1f} TFLOP of it by {out['formula']}.",
+        "",
+        f"Rates: {out['datasheet_tflops']:.0f} TFLOP/s datasheet dense bf16; {out['matmul_tflops']:.0f} "
+        "TFLOP/s measured (8192^3 bf16 matmul, step_speed.py). In sample: each slope fits its depths.",
+        "",
+        "| configuration | layer | depths (step s) | s a layer | TFLOP/s | % of datasheet | % of matmul |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in out["rows"]:
+        steps = ", ".join(f"{d}: {s:.3f}" for d, s in zip(r["depths"], r["step_s"], strict=True))
+        lines.append(
+            f"| {r['config']} | {r['label']} | {steps} | {r['s']:.4f} | {r['tflops']:.0f} | "
+            f"{100 * r['datasheet']:.1f}% | {100 * r['matmul']:.1f}% |"
+        )
+    lk = out["layer_kernels"]
+    lines += [
+        "",
+        f"Where a further layer's device time goes ({lk['device_busy_s']:.4f} s busy; packed attention on, "
+        "the expert activation in torch's kernels, no offload; the 8-layer profile less the 4-layer, "
+        "over 4):",
+        "",
+        "| kernel | s a layer | share of busy |",
+        "|---|---|---|",
+        *(f"| `{name}` | {s:.4f} | {100 * s / lk['device_busy_s']:.1f}% |" for name, s in lk["kernels"]),
+    ]
+    lines += ["", "Reproduce: `python benchmarks/marginal_layer.py` (reads the committed results)."]
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

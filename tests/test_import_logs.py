@@ -66,6 +66,7 @@ def import_cli(path: Path, runs: Path, capsys: pytest.CaptureFixture[str]) -> Pa
     return Path(capsys.readouterr().out.strip())
 
 
+@pytest.mark.e2e  # a real HF Trainer run (plain_run)
 def test_hf_output_dir_replays_the_trainers_own_losses(plain_run, tmp_path, capsys) -> None:
     out, _ = plain_run
     run_dir = import_cli(out, tmp_path / "runs", capsys)
@@ -80,6 +81,7 @@ def test_hf_output_dir_replays_the_trainers_own_losses(plain_run, tmp_path, caps
     assert "cuda_peak_alloc_mib" in imported["absent"]  # a CPU run: no CUDA memory, and none made up
 
 
+@pytest.mark.e2e  # a real HF Trainer run (plain_run)
 def test_console_log_replays_the_printed_losses(plain_run, tmp_path, capsys) -> None:
     """The console holds the losses as HF printed them (4 significant digits), at the bar's steps."""
     out, log = plain_run
@@ -94,6 +96,7 @@ def test_console_log_replays_the_printed_losses(plain_run, tmp_path, capsys) -> 
 
 
 @sync
+@pytest.mark.e2e  # a real HF Trainer run (plain_run)
 async def test_replay_opens_the_app_on_a_foreign_log(plain_run, tmp_path, monkeypatch) -> None:
     """`cockpit replay PATH` imports into the cache once and shows the run: the header's last loss."""
     out, _ = plain_run

@@ -240,6 +240,7 @@ def test_ls_and_doctor_list_and_clear_caches(model: Path, capsys: pytest.Capture
     assert caches() == []
 
 
+@pytest.mark.e2e  # the load benchmark, two real loads of a checkpoint on disk
 def test_the_benchmark_runs_on_the_cpu(
     tiny_dir: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -9,6 +9,8 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
+
 from devtools.faults import Watch, env_for, run_watched
 
 # Run first in a fresh interpreter: `datasets` and `pyarrow` cannot be found or imported, as on a machine
@@ -62,6 +64,7 @@ print("ok", len(rows))
 """
 
 
+@pytest.mark.e2e  # a real rehearsal run
 def test_the_random_token_rehearsal_needs_no_datasets(tmp_path: Path, asset_cache: Path) -> None:
     done = run_watched(
         [sys.executable, "-c", BLOCK + "import sys\n" + REHEARSAL, str(tmp_path)],

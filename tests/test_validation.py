@@ -180,6 +180,7 @@ torch.distributed.destroy_process_group()
 """
 
 
+@pytest.mark.e2e  # two real processes over gloo
 def test_two_ranks_all_reduce_to_one_ranks_sums(tmp_path) -> None:
     """Two real processes (gloo): each runs its share, one all-reduce, both hold the whole sums; and both
     hear rank 0's answer to a question (`rank0_says`, how the best adapter's saves are decided)."""

@@ -94,10 +94,10 @@ def main(argv: list[str] | None = None) -> int:
     grad_out = (torch.randn(b, t, h, d, generator=gen).to(device) * valid[:, :, None, None]).to(dtype)
 
     def per_document(q: Any, k: Any, v: Any) -> Any:
-        return attention._per_document(q, k, v, doc_lens, 0.0, scale)
+        return attention.per_document_attention(q, k, v, doc_lens, 0.0, scale)
 
     def packed(q: Any, k: Any, v: Any) -> Any:
-        out = attention._packed(q, k, v, doc_lens, scale)
+        out = attention.packed_attention(q, k, v, doc_lens, scale)
         if out is None:
             raise RuntimeError("the packed call is unavailable here")
         return out
@@ -149,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def reference() -> list[Any]:
         q, k, v = (x.float().transpose(1, 2).detach().clone().requires_grad_(True) for x in (q0, k0, v0))
-        out = attention._per_document(q, k, v, doc_lens, 0.0, scale)
+        out = attention.per_document_attention(q, k, v, doc_lens, 0.0, scale)
         out.backward(grad_out.float())
         return [out.detach(), *(x.grad.transpose(1, 2) for x in (q, k, v))]
 

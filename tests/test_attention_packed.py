@@ -31,8 +31,10 @@ def _reference_varlen(q, k, v, cu_seq_q, cu_seq_k, max_q, max_k, *, return_aux=N
     return torch.cat(parts)
 
 
-def test_segments_are_the_documents_and_each_rows_padding() -> None:
+def test_segments_are_the_documents_and_each_rows_padding(monkeypatch) -> None:
     assert attention.segments([[5, 4], [12], [3, 0, 7]], 12) == [0, 5, 9, 12, 24, 27, 34, 36]
+    monkeypatch.setattr(attention, "PAD_SEGMENT", 4)  # long padding runs as short segments
+    assert attention.segments([[3], [], [12]], 12) == [0, 3, 7, 11, 12, 16, 20, 24, 36]
     try:
         attention.segments([[8, 5]], 12)
     except ValueError as exc:
@@ -49,6 +51,7 @@ def test_one_call_equals_one_sdpa_call_a_document(monkeypatch) -> None:
     monkeypatch.setattr(varlen, "varlen_attn", _reference_varlen)
     monkeypatch.setattr(attention, "_kernel_failed", False)
     monkeypatch.setattr(attention, "_SEGMENTS", {})
+    monkeypatch.setattr(attention, "PAD_SEGMENT", 2)  # the first row's padding in two segments
     torch.manual_seed(0)
     b, h, hkv, t, d = 2, 4, 2, 12, 8
     doc_lens = [[5, 4], [3, 7]]
@@ -62,9 +65,9 @@ def test_one_call_equals_one_sdpa_call_a_document(monkeypatch) -> None:
         q, k, v = (x.clone().requires_grad_(True) for x in (q0, k0, v0))
         qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
         if packed:
-            out = attention._packed(qt, kt, vt, doc_lens, d**-0.5)
+            out = attention.packed_attention(qt, kt, vt, doc_lens, d**-0.5)
         else:
-            out = attention._per_document(qt, kt, vt, doc_lens, 0.0, d**-0.5)
+            out = attention.per_document_attention(qt, kt, vt, doc_lens, 0.0, d**-0.5)
         assert out.shape == (b, t, h, d) and out.is_contiguous()
         (out * upstream).sum().backward()
         outs.append(out.detach() * docs)

@@ -57,8 +57,10 @@ def varlen_attention_forward(
     """Causal attention within each document of each row; query [B, H, T, D], key/value [B, Hkv, T, D].
 
     Returns [B, T, H, D] as Transformers' attention functions do. Padding (past a row's documents) attends
-    only to itself: zeros on the per-document path, its own average on the packed one. Either way no
-    document reads it and the loss ignores it, so its gradient is zero.
+    only to itself: zeros on the per-document path, causal attention within its own segments on the
+    packed one. No document reads it and the loss ignores it, so its gradient is zero, unless the model
+    adds its MoE load-balancing loss (`output_router_logits`, off for the shipped models; the chunked
+    loss is then off too), which counts every token's routing, padding included.
     """
     if doc_lens is None:
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
@@ -68,15 +70,18 @@ def varlen_attention_forward(
         )
     p = dropout if module.training else 0.0
     if KERNEL and p == 0.0 and query.is_cuda and not _kernel_failed:
-        out = _packed(query, key, value, doc_lens, scaling)
+        out = packed_attention(query, key, value, doc_lens, scaling)
         if out is not None:
             return out, None
-    return _per_document(query, key, value, doc_lens, p, scaling), None
+    return per_document_attention(query, key, value, doc_lens, p, scaling), None
+
+
+PAD_SEGMENT = 128  # padding runs as segments of at most this many tokens: its attention costs next to nothing
 
 
 def segments(doc_lens: list[list[int]], length: int) -> list[int]:
     """The packed micro-batch as segments over its `len(doc_lens) * length` tokens: the cumulative
-    offsets, every document one segment and a row's padding one more."""
+    offsets, every document one segment and a row's padding more (`PAD_SEGMENT` tokens at most each)."""
     offsets, base = [0], 0
     for lens in doc_lens:
         for n in lens:
@@ -85,6 +90,7 @@ def segments(doc_lens: list[list[int]], length: int) -> list[int]:
         used = sum(lens)
         if used > length:
             raise ValueError(f"documents of {used} tokens in a row of {length}")
+        offsets += range(base + used + PAD_SEGMENT, base + length, PAD_SEGMENT)
         if used < length:
             offsets.append(base + length)
         base += length
@@ -130,7 +136,7 @@ def varlen_kwargs(fn: Any, scaling: float | None, gqa: bool, head_dim: int) -> d
     return kwargs
 
 
-def _packed(
+def packed_attention(
     query: torch.Tensor,
     key: torch.Tensor,
     value: torch.Tensor,
@@ -140,28 +146,32 @@ def _packed(
     """Every document of the micro-batch in one `varlen_attn` call; [B, T, H, D], or None (and the
     per-document path from then on) where this torch has no such call or it fails here."""
     global _kernel_failed
+    from trainer.experts4bit import PASS_THROUGH
+
+    b, h, t, d = query.shape
+    cu, longest = _segments_on(doc_lens, t, query.device)  # a row longer than its length: ValueError
+
+    def packed(x: torch.Tensor) -> torch.Tensor:  # [B, H, T, D] -> [B*T, H, D] (a view after RoPE)
+        return x.transpose(1, 2).reshape(b * t, x.shape[1], d)
+
     try:
         from torch.nn.attention.varlen import varlen_attn
 
-        b, h, t, d = query.shape
         kwargs = varlen_kwargs(varlen_attn, scaling, key.shape[1] != h, d)
         if kwargs is None:
             raise RuntimeError("this torch's varlen_attn takes no causal flag or scale")
-        cu, longest = _segments_on(doc_lens, t, query.device)
-
-        def packed(x: torch.Tensor) -> torch.Tensor:  # [B, H, T, D] -> [B*T, H, D] (a view after RoPE)
-            return x.transpose(1, 2).reshape(b * t, x.shape[1], d)
-
         out = varlen_attn(packed(query), packed(key), packed(value), cu, cu, longest, longest, **kwargs)
+    except PASS_THROUGH:  # out of memory is no reason to change paths (nor is checkpointing's own stop)
+        raise
     except (ImportError, RuntimeError, TypeError, ValueError, NotImplementedError) as exc:
         _kernel_failed = True
         log.warning("packed attention: varlen_attn unavailable (%s: %s); one SDPA call a document",
                     type(exc).__name__, exc)  # fmt: skip
         return None
-    return out.view(b, t, h, d)
+    return out.view(b, t, h, d).contiguous()  # a no-op but where q itself was [B, H, T, D]-contiguous
 
 
-def _per_document(
+def per_document_attention(
     query: torch.Tensor,
     key: torch.Tensor,
     value: torch.Tensor,

@@ -373,10 +373,7 @@ class NF4Experts(nn.Module):
         (`trainer.kernels.swiglu`; this path's kernels already run here), else torch's."""
         from trainer.kernels import swiglu
 
-        if FUSED_ACT and swiglu.is_silu(self.act_fn):
-            return swiglu.swiglu_rows(gu, weights)
-        gate, up = gu.chunk(2, dim=-1)
-        return self.act_fn(gate) * up * weights.to(gu.dtype)
+        return swiglu.activate(gu, weights, self.act_fn, fused=FUSED_ACT)
 
     def _lora_sorted(self, which: str, x: torch.Tensor, sizes: list[int]) -> torch.Tensor:
         """The expert LoRA term of rows sorted by expert (`sizes` rows an expert), zero on the tail."""

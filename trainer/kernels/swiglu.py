@@ -11,11 +11,16 @@ dtype (torch rounds after each of its kernels); `reference` is the same formula 
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import torch
 import triton
 import triton.language as tl
+from torch.autograd.function import once_differentiable
+
+log = logging.getLogger(__name__)
+_failed = False
 
 BLOCK_ROWS = 16
 BLOCK_COLS = 256
@@ -105,6 +110,7 @@ class _SwigluRows(torch.autograd.Function):
         return out
 
     @staticmethod
+    @once_differentiable
     def backward(ctx: Any, dh: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         gu, flat = ctx.saved_tensors
         dh = dh if dh.stride(-1) == 1 else dh.contiguous()
@@ -128,3 +134,21 @@ def swiglu_rows(gu: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
     if gu.dim() != 2 or gu.shape[1] % 2 or weights.numel() != gu.shape[0]:
         raise ValueError(f"swiglu_rows: gu {tuple(gu.shape)} with {weights.numel()} weights")
     return _SwigluRows.apply(gu, weights)
+
+
+def activate(gu: torch.Tensor, weights: torch.Tensor, act_fn: Any, fused: bool = True) -> torch.Tensor:
+    """`act_fn(gate) * up * weights` of sorted pairs: `swiglu_rows` for SiLU where `fused`, torch's kernels
+    otherwise, and from then on where the kernel fails here (out of memory is raised, not a failure)."""
+    global _failed
+    if fused and not _failed and is_silu(act_fn):
+        from trainer.experts4bit import PASS_THROUGH
+
+        try:
+            return swiglu_rows(gu, weights)
+        except PASS_THROUGH:
+            raise
+        except Exception as exc:  # a kernel that does not build or run here: torch's activation
+            _failed = True
+            log.warning("fused expert activation unavailable (%s: %s); torch's", type(exc).__name__, exc)
+    gate, up = gu.chunk(2, dim=-1)
+    return act_fn(gate) * up * weights.to(gu.dtype)

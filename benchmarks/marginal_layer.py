@@ -7,7 +7,12 @@ Reads committed H200 results (no GPU needed):
                  `offload_1-16_levers` (after, `benchmarks/rehearsal_accuracy.py --configs nf4-offload
                  --depths 1,2,4,8,16`); the slope is the least-squares line through the three depths
   no offload     `results/step_speed_h200_levers.json` (`benchmarks/step_speed.py --rows levers-...`): both
-                 levers off, both on, and the activation alone off, at 4 and 8 layers in one call
+                 levers off, both on, and the activation alone off, at 4 and 8 layers in one call; and
+                 `results/step_speed_h200_rope.json` (`--rows rope-...`): the fused rotary embedding off
+                 and on, the two levers on, in another call (the same configuration as "both on" there
+                 measured 5% slower: the spread between calls; compare rows of one call)
+The offload rows come from two calls hours apart (the rehearsals before and after), without the fused
+rotary embedding, which came later: their difference carries the spread between calls.
 Where a further layer's device time goes: the torch.profiler summaries of the 4- and 8-layer steps
 (`results/step_speed_h200_story_profile.json`, packed attention on in its first version, which also
 zeroed the padding's output, the expert activation in torch's kernels, no offload), each kernel's
@@ -36,10 +41,12 @@ sys.path.insert(0, str(ROOT))
 RESULTS = ROOT / "benchmarks/results"
 OFFLOAD_RECORDS = {"before": "offload_1-16", "after": "offload_1-16_levers"}
 PROFILES = ("story-4096-mb4-ga2-prof", "story-4096-mb4-ga2-8L-prof")  # step_speed_h200_story_profile.json
-STEP_ROWS = {  # label -> (4-layer row, 8-layer row)
-    "before (both off)": ("levers-off-4L", "levers-off-8L"),
-    "packed attention only": ("levers-act-off-4L", "levers-act-off-8L"),
-    "after (both on)": ("levers-on-4L", "levers-on-8L"),
+STEP_ROWS = {  # label -> (results file, 4-layer row, 8-layer row); rows of one file ran in one call
+    "before (both off)": ("step_speed_h200_levers", "levers-off-4L", "levers-off-8L"),
+    "packed attention only": ("step_speed_h200_levers", "levers-act-off-4L", "levers-act-off-8L"),
+    "after (both on)": ("step_speed_h200_levers", "levers-on-4L", "levers-on-8L"),
+    "both on, torch RoPE (another call)": ("step_speed_h200_rope", "rope-off-4L", "rope-off-8L"),
+    "both on and fused RoPE": ("step_speed_h200_rope", "rope-on-4L", "rope-on-8L"),
 }
 
 
@@ -67,11 +74,13 @@ def main() -> int:
         "datasheet_tflops": datasheet, "formula": FORMULA, "rows": [],
     }  # fmt: skip
 
-    def add(config: str, label: str, seconds: float, depths: list[int], points: list[float]) -> None:
+    def add(config: str, label: str, seconds: float, depths: list[int], points: list[float],
+            measured: float = matmul) -> None:  # fmt: skip
         rate = layer_tflop / seconds
         out["rows"].append({
             "config": config, "label": label, "s": seconds, "depths": depths, "step_s": points,
-            "tflops": rate, "datasheet": rate / datasheet, "matmul": rate / matmul,
+            "tflops": rate, "datasheet": rate / datasheet, "matmul": rate / measured,
+            "matmul_tflops": measured,
         })  # fmt: skip
 
     for label, record in OFFLOAD_RECORDS.items():
@@ -79,9 +88,18 @@ def main() -> int:
         depths = [d for d in (4, 8, 16) if d in by_depth]
         points = [by_depth[d].step_s for d in depths]
         add("offload", label, slope(list(zip(depths, points, strict=True))), depths, points)
-    for label, (four, eight) in STEP_ROWS.items():
-        points = [rows[four]["step_s"], rows[eight]["step_s"]]
-        add("no offload", label, (points[1] - points[0]) / 4, [4, 8], points)
+    for label, (name, four, eight) in STEP_ROWS.items():
+        results = json.loads((RESULTS / f"{name}.json").read_text())
+        by_name = {r["name"]: r["result"] for r in results["rows"]}
+        points = [by_name[four]["step_s"], by_name[eight]["step_s"]]
+        add(
+            "no offload",
+            label,
+            (points[1] - points[0]) / 4,
+            [4, 8],
+            points,
+            results["ceilings"]["bf16_tflops"],
+        )
     out["layer_kernels"] = layer_kernels()
     text = table(out)
     print(text)
@@ -116,8 +134,9 @@ def table(out: dict[str, Any]) -> str:
         f"A step of {out['tokens_per_step']:,.0f} tokens (4 rows of 4,096 a micro-batch, 2 micro-batches); a "
         f"further layer is {out['layer_tflop']:.1f} TFLOP of it by {out['formula']}.",
         "",
-        f"Rates: {out['datasheet_tflops']:.0f} TFLOP/s datasheet dense bf16; {out['matmul_tflops']:.0f} "
-        "TFLOP/s measured (8192^3 bf16 matmul, step_speed.py). In sample: each slope fits its depths.",
+        f"Rates: {out['datasheet_tflops']:.0f} TFLOP/s datasheet dense bf16; the measured rate is the 8192^3 "
+        "bf16 matmul step_speed.py timed in each call (the offload rows: the levers call's, "
+        f"{out['matmul_tflops']:.0f} TFLOP/s). In sample: each slope fits its depths.",
         "",
         "| configuration | layer | depths (step s) | s a layer | TFLOP/s | % of datasheet | % of matmul |",
         "|---|---|---|---|---|---|---|",

@@ -61,6 +61,7 @@ NO_PERSIST = ("deepspeed.persistence_threshold=40960",)
 NO_FUSED_NORM = (("COCKPIT_FUSED_NORM", "0"),)
 NO_FAST_ROUTING = (("COCKPIT_FAST_ROUTING", "0"),)
 PER_DOCUMENT = (("COCKPIT_VARLEN_KERNEL", "0"),)  # attention one SDPA call a document (trainer/attention.py)
+NO_FUSED_ROPE = (("COCKPIT_FUSED_ROPE", "0"),)  # Transformers' rotary embedding (trainer/rope.py)
 NO_FUSED_ACT = (("COCKPIT_FUSED_ACT", "0"),)  # the experts' activation in torch's kernels (kernels/swiglu.py)
 PREFETCH2 = ("deepspeed.prefetch_layers=2",)
 STAGE2 = ("deepspeed.stage=2",)  # ZeRO-2 at one rank: no parameter hooks (what ZeRO-3's cost)
@@ -237,6 +238,12 @@ def gpu_rows() -> list[Row]:
             for kind, env in (("off", PER_DOCUMENT + NO_FUSED_ACT), ("on", ()), ("act-off", NO_FUSED_ACT))
         ),
         Row("levers-on-8L-prof", 8, 4096, mb=4, ga=2, steps=9, profile=True),
+        # The fused rotary embedding on and off (every other lever on), at 4 and 8 layers.
+        *(
+            Row(f"rope-{kind}-{layers}L", layers, 4096, mb=4, ga=2, steps=10, env_extra=env)
+            for layers in (4, 8)
+            for kind, env in (("off", NO_FUSED_ROPE), ("on", ()))
+        ),
         # the 1-row story step again, in the same session as the rows above (run-to-run spread ~8%)
         Row("story-offload-prefetch3-4096-ga8-again", 4, 4096, ga=8, offload=True, steps=7, extra=PREFETCH3),
         Row(

@@ -128,8 +128,8 @@ def load_base(
 
 def configure_training(profile: Profile, model: Any) -> dict[str, Any]:
     """The profile's training-time choices on a loaded base model: attention kernel, chunked loss, fused
-    RMSNorm, and ZeRO-3's fetch without host waits (`trainer/zero3_fetch.py`)."""
-    from trainer import zero3_fetch
+    RMSNorm and rotary embedding, and ZeRO-3's fetch without host waits (`trainer/zero3_fetch.py`)."""
+    from trainer import rope, zero3_fetch
     from trainer.ds_config import embeddings_kept
     from trainer.fused_norm import fuse_rms_norms
     from trainer.loss import use_chunked_loss
@@ -148,6 +148,7 @@ def configure_training(profile: Profile, model: Any) -> dict[str, Any]:
         "attention": model.config._attn_implementation,
         "chunked_loss": chunked,
         "fused_rms_norms": fuse_rms_norms(model),
+        "fused_rope": rope.install(model),
         # One rank offloading to the CPU only: several ranks gather through collectives this ordering does
         # not cover, and NVMe swap buffers are reused as soon as released (trainer/zero3_fetch.py).
         "async_fetch": profile.deepspeed.stage == 3

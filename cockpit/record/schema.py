@@ -227,6 +227,7 @@ EVENTS: dict[str, Fields] = {
         "attention": TEXT,
         "chunked_loss": FLAG,
         "fused_rms_norms": INT,
+        "fused_rope": FLAG,
         "cuda_peak_per_layer_mib": NUMBERS,
         "async_fetch": FLAG,
         "embeddings_on_gpu": INT,

@@ -1,0 +1,80 @@
+"""The model family's `apply_rotary_pos_emb` replaced by one that runs the fused kernel on a GPU.
+
+Transformers' attention modules call their modeling file's `apply_rotary_pos_emb(q, k, cos, sin)` by
+name, so `install` swaps that name in the file of the model's attention class (once; idempotent). The
+replacement takes `trainer.kernels.rope` for bf16/fp16 CUDA tensors in the usual layout and falls back
+to the original everywhere else (the CPU, another layout, a kernel that fails here: then for good).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+log = logging.getLogger(__name__)
+# Off for the speed benchmark's control row: COCKPIT_FUSED_ROPE=0 (Transformers' own).
+ENABLED = os.environ.get("COCKPIT_FUSED_ROPE", "1") != "0"
+_failed = False
+
+
+def fusable(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, unsqueeze_dim: int) -> bool:
+    """Whether the kernel takes this call: CUDA bf16/fp16 [B, H, T, D] q and k, [B, T, D] cos, D a power
+    of two, nothing asking for the gradient of cos."""
+    d = q.shape[-1] if q.dim() == 4 else 0
+    return (
+        not _failed
+        and unsqueeze_dim == 1
+        and q.is_cuda
+        and q.dtype in (torch.bfloat16, torch.float16)
+        and k.dtype == q.dtype
+        and q.dim() == k.dim() == 4
+        and cos.dim() == 3
+        and d >= 16
+        and d & (d - 1) == 0
+        and not cos.requires_grad
+    )
+
+
+def _fused(original: Callable[..., Any]) -> Callable[..., Any]:
+    def apply_rotary_pos_emb(
+        q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, unsqueeze_dim: int = 1
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        global _failed
+        if fusable(q, k, cos, unsqueeze_dim):
+            from trainer.experts4bit import PASS_THROUGH
+
+            try:
+                from trainer.kernels import rope
+
+                return rope.rotate(q, cos, sin), rope.rotate(k, cos, sin)
+            except PASS_THROUGH:  # out of memory is no reason to change paths
+                raise
+            except (ImportError, RuntimeError, ValueError) as exc:
+                _failed = True
+                log.warning("fused RoPE unavailable (%s: %s); Transformers' own", type(exc).__name__, exc)
+        return original(q, k, cos, sin, unsqueeze_dim)
+
+    apply_rotary_pos_emb.cockpit_original = original  # type: ignore[attr-defined]
+    return apply_rotary_pos_emb
+
+
+def install(model: torch.nn.Module) -> bool:
+    """Swap `apply_rotary_pos_emb` in the modeling file of `model`'s attention; whether it is in place."""
+    if not ENABLED:
+        return False
+    for module in model.modules():
+        if not type(module).__name__.endswith("Attention"):
+            continue
+        modeling = sys.modules.get(type(module).__module__)
+        current = getattr(modeling, "apply_rotary_pos_emb", None)
+        if current is None or not callable(current):
+            return False
+        if not hasattr(current, "cockpit_original"):
+            modeling.apply_rotary_pos_emb = _fused(current)
+        return True
+    return False

@@ -146,7 +146,7 @@ def packed_attention(
     """Every document of the micro-batch in one `varlen_attn` call; [B, T, H, D], or None (and the
     per-document path from then on) where this torch has no such call or it fails here."""
     global _kernel_failed
-    from trainer.experts4bit import PASS_THROUGH
+    from trainer.pass_through import PASS_THROUGH
 
     b, h, t, d = query.shape
     cu, longest = _segments_on(doc_lens, t, query.device)  # a row longer than its length: ValueError

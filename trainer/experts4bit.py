@@ -41,13 +41,8 @@ from trainer.nf4_pack import (
     dequantize_experts_nf4,
     quantize_experts_nf4,
 )
+from trainer.pass_through import PASS_THROUGH
 
-# Exceptions that are control flow, never a path that failed: out of memory, and the signal with which
-# non-reentrant gradient checkpointing stops a recomputation once it has what backward needs.
-PASS_THROUGH: tuple[type[BaseException], ...] = (
-    torch.OutOfMemoryError,
-    getattr(torch.utils.checkpoint, "_StopRecomputationError", torch.OutOfMemoryError),
-)
 log = logging.getLogger(__name__)
 # Off for the speed benchmark's control row: COCKPIT_FUSED_ACT=0 (torch's kernels for the activation).
 FUSED_ACT = os.environ.get("COCKPIT_FUSED_ACT", "1") != "0"

@@ -46,7 +46,7 @@ def _fused(original: Callable[..., Any]) -> Callable[..., Any]:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         global _failed
         if fusable(q, k, cos, unsqueeze_dim):
-            from trainer.experts4bit import PASS_THROUGH
+            from trainer.pass_through import PASS_THROUGH
 
             try:
                 from trainer.kernels import rope

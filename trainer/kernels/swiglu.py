@@ -141,7 +141,7 @@ def activate(gu: torch.Tensor, weights: torch.Tensor, act_fn: Any, fused: bool =
     otherwise, and from then on where the kernel fails here (out of memory is raised, not a failure)."""
     global _failed
     if fused and not _failed and is_silu(act_fn):
-        from trainer.experts4bit import PASS_THROUGH
+        from trainer.pass_through import PASS_THROUGH
 
         try:
             return swiglu_rows(gu, weights)

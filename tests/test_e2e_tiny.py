@@ -234,7 +234,6 @@ def test_validation_loss_is_in_the_record_and_falls(
         assert len(e["tenant_loss"]) == 5 and e["examples"] == 30 and e["split"] == "eval"
         assert e["loss"] == pytest.approx(statistics.fmean(e["tenant_loss"].values()), abs=1e-4)
     assert vals[-1]["loss"] < 0.5 * vals[0]["loss"], (vals[0]["loss"], vals[-1]["loss"])
-    assert sum(e["eval_s"] for e in vals) < 15, "validation stays cheap on the tiny profile"
     pb = Playback(run_dir, live=False)
     pb.load()
     pb.command("end")

@@ -19,6 +19,8 @@ from typing import Any
 
 import torch
 
+from trainer.kernels.device import on_device
+
 # Tests and benchmarks: also cut a block every N layers on one device (None: cut at device changes only).
 # Set, it also takes the blocks' path on the CPU, where a "replay" runs the layers on the blocks' buffers.
 SPLIT_EVERY: int | None = None
@@ -36,11 +38,6 @@ def layer_list(model: Any) -> torch.nn.ModuleList:
 
 def _device(module: torch.nn.Module) -> torch.device:
     return next(p.device for p in module.parameters())
-
-
-def _on(device: torch.device) -> contextlib.AbstractContextManager[Any]:
-    """The block's GPU as the current device (kernels that launch on it: Triton's)."""
-    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
 
 
 def placeable(model: Any) -> bool:
@@ -102,7 +99,7 @@ class _Block:
         self.graph: torch.cuda.CUDAGraph | None = None
 
     def _run(self, hidden: torch.Tensor, kwargs: dict[str, Any]) -> torch.Tensor:
-        with _on(self.device):
+        with on_device(self.device):
             for layer in self.layers:
                 hidden = layer(hidden, **kwargs)
         return hidden

@@ -15,15 +15,15 @@ table, bf16 operands, on the story's shapes). Otherwise the arithmetic is `train
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
 from functools import cache
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 import triton
 import triton.language as tl
 
+from trainer.kernels.device import on_device
 from trainer.kernels.nf4_ref import NF4_VALUES, dynamic_map, nf4_table
 
 if TYPE_CHECKING:
@@ -323,11 +323,6 @@ def _fit(block: int, dim: int) -> int:
     return block
 
 
-def _on(device: torch.device) -> contextlib.AbstractContextManager[Any]:
-    """The tensors' GPU as the current device while a kernel launches (nothing to switch off CUDA)."""
-    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
-
-
 def decode_for(decode: int, device: torch.device) -> int:
     """PRMT is inline PTX: Triton's interpreter (CPU) takes the select tree instead."""
     return TREE if decode == PRMT and device.type != "cuda" else decode
@@ -379,7 +374,7 @@ def nf4_grouped_mm(
     expert_ids = expert_ids.to(device=x.device, dtype=torch.int32)
     bound = (triton.cdiv(m, cfg.bm) + g) * (n_dim // bn)
     programs = max(1, min(bound, num_sms(x.device) * cfg.programs_per_sm))
-    with _on(x.device):  # Triton launches on the current device; the layer may be on another GPU
+    with on_device(x.device):  # Triton launches on the current device; the layer may be on another GPU
         _nf4_grouped_mm_kernel[(programs,)](
             x, out, codes, qscale, qstate, dynamic_map(x.device), nf4_table(x.device), offs, expert_ids,
             m, g, programs, x.stride(0), out.stride(0), codes.stride(0), qscale.stride(0), qstate.stride(0),
@@ -465,7 +460,7 @@ def nf4_dequantize(
     nbytes = layout.numel // 2
     if k == 0:
         return out
-    with _on(device):  # Triton launches on the current device
+    with on_device(device):  # Triton launches on the current device
         _nf4_dequant_kernel[(triton.cdiv(nbytes, cfg.block), k)](
             out, codes, qscale, qstate, dynamic_map(device), nf4_table(device), expert_ids,
             codes.stride(0), qscale.stride(0), qstate.stride(0),

@@ -12,13 +12,14 @@ view), float32 inside and one rounding. With x = [x1 | x2] and cos, sin split th
 
 from __future__ import annotations
 
-import contextlib
 from typing import Any
 
 import torch
 import triton
 import triton.language as tl
 from torch.autograd.function import once_differentiable
+
+from trainer.kernels.device import on_device
 
 BLOCK_HEADS = 16
 
@@ -70,8 +71,7 @@ def _launch(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, backward: boo
         *[order.index(i) for i in range(4)]
     )
     if x.numel():
-        guard = torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext()
-        with guard:
+        with on_device(x.device):
             _rope_kernel[(b * t, triton.cdiv(h, BLOCK_HEADS))](
                 x, cos, sin, out, h, t,
                 x.stride(0), x.stride(1), x.stride(2), cos.stride(0), cos.stride(1),

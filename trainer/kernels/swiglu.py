@@ -19,6 +19,8 @@ import triton
 import triton.language as tl
 from torch.autograd.function import once_differentiable
 
+from trainer.kernels.device import on_device
+
 log = logging.getLogger(__name__)
 _failed = False
 
@@ -86,13 +88,6 @@ def _backward_kernel(
         tl.store(dw + rows, acc, mask=live)
 
 
-def _on(device: torch.device) -> Any:
-    """Triton launches on the current CUDA device: the tensors' own."""
-    import contextlib
-
-    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
-
-
 class _SwigluRows(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, gu: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
@@ -101,7 +96,7 @@ class _SwigluRows(torch.autograd.Function):
         n, width = gu.shape[0], gu.shape[1] // 2
         out = torch.empty(n, width, dtype=gu.dtype, device=gu.device)
         if n:
-            with _on(gu.device):
+            with on_device(gu.device):
                 _forward_kernel[(triton.cdiv(n, BLOCK_ROWS),)](
                     gu, flat, out, n, gu.stride(0), out.stride(0), width=width, BM=BLOCK_ROWS, BN=BLOCK_COLS
                 )
@@ -119,7 +114,7 @@ class _SwigluRows(torch.autograd.Function):
         dgu = torch.empty_like(gu)
         dw = torch.empty(n, dtype=torch.float32, device=gu.device) if want_dw else flat
         if n:
-            with _on(gu.device):
+            with on_device(gu.device):
                 _backward_kernel[(triton.cdiv(n, BLOCK_ROWS),)](
                     gu, flat, dh, dgu, dw, n, gu.stride(0), dh.stride(0), dgu.stride(0),
                     width=width, WANT_DW=want_dw, BM=BLOCK_ROWS, BN=BLOCK_COLS,

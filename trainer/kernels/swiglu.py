@@ -40,19 +40,32 @@ def reference(gu: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
 
 
 @triton.jit
-def _forward_kernel(
-    gu, wts, out, n_rows, stride_gu, stride_out, width: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr
-):
+def _rows(wts, n_rows, BM: tl.constexpr):
+    """This program's rows (int64), which of them exist, and their routing weights in float32."""
     rows = tl.program_id(0) * BM + tl.arange(0, BM)
     live = rows < n_rows
     rows = rows.to(tl.int64)
-    w = tl.load(wts + rows, mask=live, other=0.0).to(tl.float32)
+    return rows, live, tl.load(wts + rows, mask=live, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _gate_up(gu, rows, live, stride_gu, c0, width: tl.constexpr, BN: tl.constexpr):
+    """Columns c0.. of the rows' gate and up halves in float32, with the columns and the mask."""
+    cols = c0 + tl.arange(0, BN)
+    mask = live[:, None] & (cols < width)[None, :]
+    at = gu + rows[:, None] * stride_gu + cols[None, :]
+    g = tl.load(at, mask=mask, other=0.0).to(tl.float32)
+    u = tl.load(at + width, mask=mask, other=0.0).to(tl.float32)
+    return cols, mask, g, u
+
+
+@triton.jit
+def _forward_kernel(
+    gu, wts, out, n_rows, stride_gu, stride_out, width: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr
+):
+    rows, live, w = _rows(wts, n_rows, BM)
     for c0 in range(0, width, BN):
-        cols = c0 + tl.arange(0, BN)
-        mask = live[:, None] & (cols < width)[None, :]
-        at = gu + rows[:, None] * stride_gu + cols[None, :]
-        g = tl.load(at, mask=mask, other=0.0).to(tl.float32)
-        u = tl.load(at + width, mask=mask, other=0.0).to(tl.float32)
+        cols, mask, g, u = _gate_up(gu, rows, live, stride_gu, c0, width, BN)
         h = g * tl.sigmoid(g) * u * w[:, None]
         tl.store(out + rows[:, None] * stride_out + cols[None, :], h.to(out.dtype.element_ty), mask=mask)
 
@@ -62,17 +75,10 @@ def _backward_kernel(
     gu, wts, dh, dgu, dw, n_rows, stride_gu, stride_dh, stride_dgu,
     width: tl.constexpr, WANT_DW: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
 ):  # fmt: skip
-    rows = tl.program_id(0) * BM + tl.arange(0, BM)
-    live = rows < n_rows
-    rows = rows.to(tl.int64)
-    w = tl.load(wts + rows, mask=live, other=0.0).to(tl.float32)
+    rows, live, w = _rows(wts, n_rows, BM)
     acc = tl.zeros([BM], dtype=tl.float32)
     for c0 in range(0, width, BN):
-        cols = c0 + tl.arange(0, BN)
-        mask = live[:, None] & (cols < width)[None, :]
-        at = gu + rows[:, None] * stride_gu + cols[None, :]
-        g = tl.load(at, mask=mask, other=0.0).to(tl.float32)
-        u = tl.load(at + width, mask=mask, other=0.0).to(tl.float32)
+        cols, mask, g, u = _gate_up(gu, rows, live, stride_gu, c0, width, BN)
         d = tl.load(dh + rows[:, None] * stride_dh + cols[None, :], mask=mask, other=0.0).to(tl.float32)
         s = tl.sigmoid(g)
         silu = g * s

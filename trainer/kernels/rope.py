@@ -38,18 +38,19 @@ def _rope_kernel(
     BACKWARD: tl.constexpr, HALF: tl.constexpr, BH: tl.constexpr,
 ):  # fmt: skip
     row = tl.program_id(0)  # one (b, t)
-    b = row // seq
-    t = row % seq
+    b = (row // seq).to(tl.int64)
+    t = (row % seq).to(tl.int64)
     hs = tl.program_id(1) * BH + tl.arange(0, BH)
     live = hs < heads
     d = tl.arange(0, HALF)
-    at_c = cs + b.to(tl.int64) * scb + t.to(tl.int64) * sct + d
-    at_s = sn + b.to(tl.int64) * scb + t.to(tl.int64) * sct + d
+    at_c = cs + b * scb + t * sct + d
+    at_s = sn + b * scb + t * sct + d
     c1 = tl.load(at_c).to(tl.float32)[None, :]
     c2 = tl.load(at_c + HALF).to(tl.float32)[None, :]
     s1 = tl.load(at_s).to(tl.float32)[None, :]
     s2 = tl.load(at_s + HALF).to(tl.float32)[None, :]
-    at_x = x + b.to(tl.int64) * sxb + t.to(tl.int64) * sxt + hs.to(tl.int64)[:, None] * sxh + d[None, :]
+    heads_at = hs.to(tl.int64)[:, None]
+    at_x = x + b * sxb + t * sxt + heads_at * sxh + d[None, :]
     x1 = tl.load(at_x, mask=live[:, None], other=0.0).to(tl.float32)
     x2 = tl.load(at_x + HALF, mask=live[:, None], other=0.0).to(tl.float32)
     if BACKWARD:
@@ -58,18 +59,14 @@ def _rope_kernel(
     else:
         o1 = x1 * c1 - x2 * s1
         o2 = x2 * c2 + x1 * s2
-    at_o = out + b.to(tl.int64) * sob + t.to(tl.int64) * sot + hs.to(tl.int64)[:, None] * soh + d[None, :]
+    at_o = out + b * sob + t * sot + heads_at * soh + d[None, :]
     tl.store(at_o, o1.to(out.dtype.element_ty), mask=live[:, None])
     tl.store(at_o + HALF, o2.to(out.dtype.element_ty), mask=live[:, None])
 
 
 def _launch(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, backward: bool) -> torch.Tensor:
     b, h, t, d = x.shape
-    # the output in x's memory order: [B, T, H, D] memory for Transformers' transposed view
-    order = sorted(range(4), key=lambda i: -x.stride(i))
-    out = torch.empty([x.shape[i] for i in order], dtype=x.dtype, device=x.device).permute(
-        *[order.index(i) for i in range(4)]
-    )
+    out = torch.empty_like(x)  # in x's memory order: [B, T, H, D] memory for Transformers' transposed view
     if x.numel():
         with on_device(x.device):
             _rope_kernel[(b * t, triton.cdiv(h, BLOCK_HEADS))](

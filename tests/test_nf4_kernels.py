@@ -9,14 +9,9 @@ default is PTX byte permutes (inline assembly, which it cannot run).
 
 from __future__ import annotations
 
-import os
-
-import torch
-
-if not torch.cuda.is_available():  # before anything defines the Triton kernels
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-
 import pytest
+import torch
+from triton_kernels import interpreted  # first: it sets TRITON_INTERPRET where no GPU is
 
 from trainer.kernels.nf4_ref import (
     NF4_VALUES,
@@ -42,12 +37,7 @@ def packed_weights(experts: int, out: int, inp: int, storage: torch.dtype = torc
 @pytest.fixture(scope="module")
 def kernels():
     """`trainer.kernels.nf4_triton`, built for Triton's interpreter; skips where Triton does not import."""
-    pytest.importorskip("triton")
-    from trainer.kernels import nf4_triton, triton_status
-
-    ok, why = triton_status(torch.device("cpu"))
-    assert ok, f"Triton imports but its kernels do not run on the CPU here: {why}"
-    return nf4_triton
+    return interpreted("nf4_triton")
 
 
 # --- the reference -----------------------------------------------------------------------------------

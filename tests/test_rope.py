@@ -4,24 +4,14 @@ swap of the modeling file's `apply_rotary_pos_emb`, which leaves CPU tensors to 
 
 from __future__ import annotations
 
-import os
-
-import torch
-
-if not torch.cuda.is_available():  # before anything defines the Triton kernels
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-
 import pytest
+import torch
+from triton_kernels import interpreted  # first: it sets TRITON_INTERPRET where no GPU is
 
 
 @pytest.fixture(scope="module")
 def kernel():
-    pytest.importorskip("triton")
-    from trainer.kernels import rope, triton_status
-
-    ok, why = triton_status(torch.device("cpu"))
-    assert ok, f"Triton imports but its kernels do not run on the CPU here: {why}"
-    return rope
+    return interpreted("rope")
 
 
 @pytest.mark.parametrize("heads,batch_cos", [(5, 2), (20, 1), (16, 2)])

@@ -244,6 +244,10 @@ def gpu_rows() -> list[Row]:
             for layers in (4, 8)
             for kind, env in (("off", NO_FUSED_ROPE), ("on", ()))
         ),
+        # Every lever on, profiled at 4 and 8 layers with Python frames: each kernel charged to the operator
+        # and the code that launched it (the profile event's top_ops_s), the difference a further layer.
+        Row("now-4L-prof", 4, 4096, mb=4, ga=2, steps=7, profile=True, env_extra=STACK),
+        Row("now-8L-prof", 8, 4096, mb=4, ga=2, steps=7, profile=True, env_extra=STACK),
         # the 1-row story step again, in the same session as the rows above (run-to-run spread ~8%)
         Row("story-offload-prefetch3-4096-ga8-again", 4, 4096, ga=8, offload=True, steps=7, extra=PREFETCH3),
         Row(

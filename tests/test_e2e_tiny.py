@@ -1,6 +1,7 @@
 """End to end: the README's main job, `cockpit run --no-ui` on the built-in tiny profile, for real.
 
-One full run per test session (about 4 minutes on 2 CPU cores); the tests below read its record.
+One run per test session, of two epochs instead of the profile's four (160 steps instead of 320: the
+same path, half the suite's longest wait); the tests below read its record.
 """
 
 from __future__ import annotations
@@ -15,12 +16,14 @@ from cockpit.record import load_manifest, read_events
 from tests.conftest import REPO, run_cockpit
 
 pytestmark = pytest.mark.e2e
+EPOCHS = 2  # of the profile's 4: what is checked here needs a run that learns, not the whole default
 
 
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory: pytest.TempPathFactory, asset_cache: Path) -> tuple[Path, str]:
     runs = tmp_path_factory.mktemp("runs")
-    result = run_cockpit(["run", "--no-ui", "--runs-dir", str(runs)], asset_cache)
+    args = ["run", "--no-ui", "--runs-dir", str(runs), "--set", f"training.epochs={EPOCHS}"]
+    result = run_cockpit(args, asset_cache)
     assert result.returncode == 0, result.stderr[-3000:]
     (run_dir,) = [p for p in runs.iterdir() if p.is_dir()]
     return run_dir, result.stdout  # the results: `cockpit run --no-ui > log` keeps them
@@ -80,7 +83,12 @@ def test_audit_says_linear_layers_and_experts_are_4bit_under_zero3_offload(
     assert experts["params_4bit"] == experts["params"] > 0, "fused experts packed in NF4"
     assert audit["fraction_4bit"] >= 0.95, "at least 95% of all parameters stored in 4 bit"
     assert audit["applied"]["partitioned_at_load"] is True, "the layer-by-layer loader partitions at load"
+    assert audit["fraction_4bit_body"] >= 0.95 and audit["applied"]["params_partitioned"]
     assert audit["warnings"] == []
+    (loaded,) = read_events(run_dir, "loaded")
+    assert loaded["partitioned_at_load"] and loaded["loader"] == "layerwise"
+    assert loaded["nf4_expert_tensors"] == loaded["nf4_expert_tensors_partitioned"] == 24  # 4 layers x 2 x 3
+    assert loaded["zero3_leaf_modules"] == ["Qwen3MoeDecoderLayer"]  # the default: whole layers
 
 
 def test_load_and_train_phases_and_adapter(tiny_run: tuple[Path, str]) -> None:
@@ -171,13 +179,16 @@ def test_eval_only_run_compares_several_base_models(tmp_path: Path, asset_cache:
     assert "| tenant |" in result.stdout, "the report is printed"
 
 
-def test_evaluating_the_ended_run_again_goes_through_a_supervisor(
-    tiny_run: tuple[Path, str], asset_cache: Path
-) -> None:
-    """`cockpit eval RUN`: a new supervisor attempt on the record; the run keeps its training's status."""
+def test_evaluating_the_ended_run_again_on_a_sample(tiny_run: tuple[Path, str], asset_cache: Path) -> None:
+    """`cockpit eval RUN --examples 12`: a new supervisor attempt on the record (the run keeps its
+    training's status), scoring a stratified sample of 12 of the 200 held-out examples (5 tenants of 40),
+    the same for the base and the tuned model; progress counts to 12; the report says 12 of 200, each
+    tenant's n of 40, and names the vllm command for the adapter."""
+    from cockpit.predictions import own_predictions
+
     run_dir, _ = tiny_run
     training = load_manifest(run_dir)["training"]
-    result = run_cockpit(["eval", str(run_dir)], asset_cache)
+    result = run_cockpit(["eval", str(run_dir), "--examples", "12"], asset_cache)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "| tenant |" in result.stdout, "the report is printed"
     manifest = load_manifest(run_dir)
@@ -186,20 +197,7 @@ def test_evaluating_the_ended_run_again_goes_through_a_supervisor(
     assert manifest["evaluation"]["status"] == "finished"
     assert manifest["diagnosis"] == f"{training['diagnosis']}; {manifest['evaluation']['summary']}"
     assert [e["stage"] for e in read_events(run_dir, "launch")] == ["train", "eval", "eval"]
-
-
-def test_evaluating_a_sample_scores_every_system_on_the_same_examples(
-    tiny_run: tuple[Path, str], asset_cache: Path
-) -> None:
-    """`cockpit eval RUN --examples 12`: a stratified sample of 12 of the 200 held-out examples (5 tenants
-    of 40), the same for the base and the tuned model; progress counts to 12; the report says 12 of 200,
-    each tenant's n of 40, and names the vllm command for the adapter."""
-    from cockpit.predictions import own_predictions
-
-    run_dir, _ = tiny_run
-    result = run_cockpit(["eval", str(run_dir), "--examples", "12"], asset_cache)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert load_manifest(run_dir)["eval_request"] == {"examples": 12}
+    assert manifest["eval_request"] == {"examples": 12}
     files = {p.system: p for p in own_predictions(run_dir)}
     assert set(files["base"].rows) == set(files["finetuned"].rows) and len(files["base"].rows) == 12
     per_tenant = {t: sum(1 for k in files["base"].rows if k[0] == t) for t, _ in files["base"].rows}

@@ -47,7 +47,8 @@ def test_install_swaps_the_modeling_files_function_once(monkeypatch) -> None:
 
     from trainer import rope
 
-    original = modeling.apply_rotary_pos_emb
+    # Transformers' own, also where a model built earlier in this process swapped it in already
+    original = getattr(modeling.apply_rotary_pos_emb, "cockpit_original", modeling.apply_rotary_pos_emb)
     monkeypatch.setattr(modeling, "apply_rotary_pos_emb", original)  # restored after the test
     config = Qwen3MoeConfig(
         vocab_size=64, hidden_size=32, intermediate_size=32, moe_intermediate_size=16, num_hidden_layers=1,

@@ -38,3 +38,35 @@ def test_busy_is_the_union_and_the_longest_kernels_are_listed() -> None:
     assert len(top) == TOP_KERNELS and top[0][0] == GROUPED[:KERNEL_NAME]
     assert all(len(name) <= KERNEL_NAME for name, _ in top)
     assert [t for _, t in top] == sorted((t for _, t in top), reverse=True)
+
+
+def host(cat: str, name: str, ts: float, dur: float, tid: int = 1, ext: int | None = None) -> dict:
+    event = {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur, "pid": 1, "tid": tid}
+    if ext is not None:
+        event["args"] = {"External id": ext}
+    return event
+
+
+def test_kernels_are_charged_to_the_operator_that_launched_them() -> None:
+    events = [
+        # forward: trainer code -> torch code -> aten::mul launching two kernels
+        host("python_function", "trainer/experts4bit.py(300): forward", 0.0, 100.0),
+        host("python_function", "torch/nn/functional.py(10): silu", 1.0, 50.0),
+        host("cpu_op", "aten::silu", 2.0, 10.0, ext=7),
+        host("cpu_op", "aten::to", 20.0, 20.0, ext=8),
+        host("cpu_op", "aten::copy_", 21.0, 5.0, ext=9),
+        # backward on another thread, no Python frame
+        host("cpu_op", "autograd::engine::evaluate_function: MulBackward0", 0.0, 40.0, tid=2),
+        host("cpu_op", "aten::mul", 1.0, 3.0, tid=2, ext=11),
+        kernel("silu_kernel", 5.0, 30.0) | {"args": {"External id": 7}},
+        kernel("silu_kernel", 40.0, 10.0) | {"args": {"External id": 7}},
+        kernel("copy_kernel", 50.0, 20.0) | {"args": {"External id": 9}},
+        kernel("mul_kernel", 80.0, 60.0) | {"args": {"External id": 11}},
+        kernel("graph_replay_kernel", 200.0, 500.0),  # no launching operator: not charged
+    ]
+    ops = summarize_trace({"traceEvents": events}, steps=1, wall_s=0.001)["top_ops_s"]
+    assert ops == [
+        ["aten::mul < autograd::engine::evaluate_function: MulBackward0", 6e-05],
+        ["aten::silu @ trainer/experts4bit.py(300): forward", 4e-05],
+        ["aten::copy_ < aten::to @ trainer/experts4bit.py(300): forward", 2e-05],
+    ]

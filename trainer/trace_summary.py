@@ -28,6 +28,10 @@ CATEGORIES: tuple[tuple[str, tuple[str, ...]], ...] = (
 )
 OTHER = "other kernels"
 TOP_KERNELS = 30  # the kernels a profile event lists, longest first
+TOP_OPS = 30  # the launching operators a profile event lists, longest first
+HOST_CATS = ("cpu_op", "python_function", "user_annotation")  # host ranges a kernel's launch nests in
+# Python frames in torch's own code: an operator is attributed to the nearest frame outside them.
+TORCH_FRAMES = ("torch/", "<built-in", "<string>", "threading.py")
 KERNEL_NAME = 240  # characters of a name kept: enough for an elementwise kernel's functor
 DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 RUNTIME_CATS = ("cuda_runtime", "cuda_driver")  # host-side CUDA calls: launches, synchronizations
@@ -100,8 +104,70 @@ def summarize_trace(trace: dict[str, Any], steps: int, wall_s: float) -> dict[st
         "annotations_s": {k: round(v / 1e6 / n, 5) for k, v in annotated.items()},
         "h2d_bytes_per_step": h2d_bytes // n,
         "top_kernels_s": [[name[:KERNEL_NAME], round(t / 1e6 / n, 5)] for name, t in top],
+        "top_ops_s": device_time_by_op(trace, n),
         "runtime_calls": {
             k: [v[0] // n, round(v[1] / 1e6 / n, 5)]
             for k, v in sorted(runtime.items(), key=lambda kv: -kv[1][1])[:12]
         },
     }
+
+
+def _host_ranges(trace: dict[str, Any]) -> tuple[list[dict[str, Any]], list[int]]:
+    """The host ranges (operators, Python frames, annotations) and each one's enclosing range (-1: none),
+    by nesting in time on its own thread."""
+    events = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X" and e.get("cat") in HOST_CATS]
+    events.sort(key=lambda e: (e.get("pid"), e.get("tid"), float(e.get("ts", 0.0)), -float(e.get("dur", 0.0))))
+    parent = [-1] * len(events)
+    stack: list[int] = []
+    thread: tuple[Any, Any] | None = None
+    for i, event in enumerate(events):
+        if (event.get("pid"), event.get("tid")) != thread:
+            thread, stack = (event.get("pid"), event.get("tid")), []
+        start = float(event.get("ts", 0.0))
+        while stack and start >= float(events[stack[-1]]["ts"]) + float(events[stack[-1]].get("dur", 0.0)):
+            stack.pop()
+        parent[i] = stack[-1] if stack else -1
+        stack.append(i)
+    return events, parent
+
+
+def _op_label(events: list[dict[str, Any]], parent: list[int], i: int) -> str:
+    """`op < enclosing op @ nearest frame outside torch`: what launched a kernel, in words."""
+    label, outer, frame = events[i].get("name", ""), "", ""
+    j = parent[i]
+    while j >= 0 and not (outer and frame):
+        event = events[j]
+        if event.get("cat") == "python_function":
+            name = event.get("name", "")
+            if not frame and not any(t in name for t in TORCH_FRAMES):
+                frame = name
+        elif not outer:
+            outer = event.get("name", "")
+        j = parent[j]
+    return label + (f" < {outer}" if outer else "") + (f" @ {frame}" if frame else "")
+
+
+def device_time_by_op(trace: dict[str, Any], steps: int) -> list[list[Any]]:
+    """Device seconds a step by the host operator that launched each kernel (the trace links them by
+    `External id`), with its enclosing operator and, in a trace with Python frames, the nearest frame
+    outside torch: the longest `TOP_OPS`, as [label, seconds]. Kernels with no launching operator (a
+    graph replay, a collective's own stream) are left out."""
+    events, parent = _host_ranges(trace)
+    by_id = {
+        (e.get("args") or {}).get("External id"): i for i, e in enumerate(events) if e.get("cat") == "cpu_op"
+    }
+    by_id.pop(None, None)
+    labels: dict[int, str] = {}
+    totals: dict[str, float] = {}
+    for event in trace.get("traceEvents", []):
+        if event.get("ph") != "X" or event.get("cat") not in DEVICE_CATS:
+            continue
+        i = by_id.get((event.get("args") or {}).get("External id"))
+        if i is None:
+            continue
+        if i not in labels:
+            labels[i] = _op_label(events, parent, i)[:KERNEL_NAME]
+        totals[labels[i]] = totals.get(labels[i], 0.0) + float(event.get("dur", 0.0))
+    n = max(1, steps)
+    top = sorted(totals.items(), key=lambda kv: -kv[1])[:TOP_OPS]
+    return [[label, round(t / 1e6 / n, 5)] for label, t in top]

@@ -342,6 +342,7 @@ EVENTS: dict[str, Fields] = {
         "categories_s": NUMBER_TABLE,
         "h2d_bytes_per_step": NUMBER,
         "top_kernels_s": LIST,
+        "top_ops_s": LIST,
         "python_top": LIST,
     },
     "launch": {"stage": TEXT, "argv": LIST, "pid": INT, "world_size": INT},

@@ -62,8 +62,7 @@ NO_FUSED_NORM = (("COCKPIT_FUSED_NORM", "0"),)
 NO_FAST_ROUTING = (("COCKPIT_FAST_ROUTING", "0"),)
 PER_DOCUMENT = (("COCKPIT_VARLEN_KERNEL", "0"),)  # attention one SDPA call a document (trainer/attention.py)
 NO_FUSED_ROPE = (("COCKPIT_FUSED_ROPE", "0"),)  # Transformers' rotary embedding (trainer/rope.py)
-NO_FUSED_ACT = (("COCKPIT_FUSED_ACT", "0"),)
-NO_LORA_ADD = (("COCKPIT_LORA_ADD", "0"),)  # PEFT's own 4-bit LoRA forward: clone, scale, add (lora_add.py)  # the experts' activation in torch's kernels (kernels/swiglu.py)
+NO_FUSED_ACT = (("COCKPIT_FUSED_ACT", "0"),)  # the experts' activation in torch's kernels (kernels/swiglu.py)
 PREFETCH2 = ("deepspeed.prefetch_layers=2",)
 STAGE2 = ("deepspeed.stage=2",)  # ZeRO-2 at one rank: no parameter hooks (what ZeRO-3's cost)
 STACK = (("COCKPIT_PROFILE_STACK", "1"),)  # Python frames in the kept trace
@@ -249,12 +248,6 @@ def gpu_rows() -> list[Row]:
         # and the code that launched it (the profile event's top_ops_s), the difference a further layer.
         Row("now-4L-prof", 4, 4096, mb=4, ga=2, steps=7, profile=True, env_extra=STACK),
         Row("now-8L-prof", 8, 4096, mb=4, ga=2, steps=7, profile=True, env_extra=STACK),
-        # The LoRA sum in one kernel on and off (every other lever on), at 4 and 8 layers, interleaved.
-        *(
-            Row(f"lora-{kind}-{layers}L", layers, 4096, mb=4, ga=2, steps=10, env_extra=env)
-            for layers in (4, 8)
-            for kind, env in (("off", NO_LORA_ADD), ("on", ()))
-        ),
         # the 1-row story step again, in the same session as the rows above (run-to-run spread ~8%)
         Row("story-offload-prefetch3-4096-ga8-again", 4, 4096, ga=8, offload=True, steps=7, extra=PREFETCH3),
         Row(
@@ -732,6 +725,14 @@ def table(rows: list[Row], ceilings: dict[str, float]) -> str:
 
 # Levers measured and dropped: (what, the evidence, rows shown here that ran with it).
 DROPPED = (
+    (
+        "The 4-bit LoRA projections' scaled adapter term added in one kernel (`torch.add(base, lora, "
+        "alpha=scaling)` in place of PEFT's clone, scale and add; 2.9 ms of a further layer's device time "
+        "by the now-8L-prof profile)",
+        "lora-off/on-4L 0.667 against 0.661 s, 8L 1.226 against 1.227 s, one call, interleaved: no effect "
+        "beyond the run-to-run spread (benchmarks/results/step_speed_h200_lora.json; the code was removed)",
+        (),
+    ),
     (
         "Python's collector frozen after the load and run only between steps",
         "after-4096 0.1395 s with it against 0.157 s without in one run, 0.142 s against 0.138 s in the "

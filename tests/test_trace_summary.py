@@ -70,3 +70,13 @@ def test_kernels_are_charged_to_the_operator_that_launched_them() -> None:
         ["aten::silu @ trainer/experts4bit.py(300): forward", 4e-05],
         ["aten::copy_ < aten::to @ trainer/experts4bit.py(300): forward", 2e-05],
     ]
+
+
+def test_a_range_that_only_overlaps_encloses_nothing() -> None:
+    """A range recorded as running past the next op's end is not taken for that op's caller."""
+    events = [
+        host("cpu_op", "torch_attn::_varlen_attn", 0.0, 10.0),
+        host("cpu_op", "aten::mm", 5.0, 20.0, ext=3),  # starts inside, ends after: not its child
+        kernel("gemm", 30.0, 20.0) | {"args": {"External id": 3}},
+    ]
+    assert summarize_trace({"traceEvents": events}, steps=1, wall_s=0.001)["top_ops_s"] == [["aten::mm", 2e-05]]

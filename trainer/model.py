@@ -164,7 +164,6 @@ def attach_lora(profile: Profile, model: Any) -> Any:
     from peft import LoraConfig, get_peft_model
     from transformers import set_seed
 
-    from trainer import lora_add
     from trainer.experts_model import add_expert_lora
 
     if profile.training.gradient_checkpointing:
@@ -183,7 +182,6 @@ def attach_lora(profile: Profile, model: Any) -> Any:
     # same way every time (and its gradients with them; B starts at zero, so the first loss never showed it)
     set_seed(profile.training.seed)
     peft_model = get_peft_model(model, config)
-    lora_add.install(peft_model)
     if lora.target_experts:
         add_expert_lora(peft_model, lora.r, lora.alpha, lora.dropout)
     if profile.training.bf16 and any(hasattr(p, "ds_id") for p in peft_model.parameters()):

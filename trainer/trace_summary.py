@@ -124,7 +124,10 @@ def _host_ranges(trace: dict[str, Any]) -> tuple[list[dict[str, Any]], list[int]
         if (event.get("pid"), event.get("tid")) != thread:
             thread, stack = (event.get("pid"), event.get("tid")), []
         start = float(event.get("ts", 0.0))
-        while stack and start >= float(events[stack[-1]]["ts"]) + float(events[stack[-1]].get("dur", 0.0)):
+        end = start + float(event.get("dur", 0.0))
+        # an enclosing range holds the whole of this one; one it only overlaps (a range whose recorded end
+        # runs past its callers') encloses nothing from here on
+        while stack and end > float(events[stack[-1]]["ts"]) + float(events[stack[-1]].get("dur", 0.0)):
             stack.pop()
         parent[i] = stack[-1] if stack else -1
         stack.append(i)

@@ -3,14 +3,16 @@ expert activation: seconds, TFLOP/s, and the share of the datasheet and of the m
 
 Reads committed H200 results (no GPU needed):
   with offload   the story's rehearsals as shipped (parameter and optimizer offload, 3 layers prefetched),
-                 depths 4, 8 and 16: `results/forecast/records/offload_1-16` (before) and
-                 `offload_1-16_levers` (after, `benchmarks/rehearsal_accuracy.py --configs nf4-offload
-                 --depths 1,2,4,8,16`); the slope is the least-squares line through the three depths
+                 depths 4, 8 and 16: `results/forecast/records/offload_1-16` (before),
+                 `offload_1-16_levers` (packed attention and fused activation) and `offload_1-16_all`
+                 (every lever, the fused RoPE too), each `benchmarks/rehearsal_accuracy.py --configs
+                 nf4-offload --depths 1,2,4,8,16`; the slope is the least-squares line through 4, 8, 16
   no offload     `results/step_speed_h200_levers.json` (`benchmarks/step_speed.py --rows levers-...`): both
                  levers off, both on, and the activation alone off, at 4 and 8 layers in one call; and
                  `results/step_speed_h200_rope.json` (`--rows rope-...`): the fused rotary embedding off
                  and on, the two levers on, in another call (the same configuration as "both on" there
-                 measured 5% slower: the spread between calls; compare rows of one call)
+                 measured 5% slower: the spread between calls; compare rows of one call); and
+                 `results/step_speed_h200_lora.json`'s `lora-off` rows: every lever, as shipped
 The offload rows come from two calls hours apart (the rehearsals before and after), without the fused
 rotary embedding, which came later: their difference carries the spread between calls.
 Where a further layer's device time goes: the torch.profiler summaries of the 4- and 8-layer steps
@@ -39,7 +41,12 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 RESULTS = ROOT / "benchmarks/results"
-OFFLOAD_RECORDS = {"before": "offload_1-16", "after": "offload_1-16_levers"}
+OFFLOAD_RECORDS = {
+    "before": "offload_1-16",
+    "attention + activation": "offload_1-16_levers",
+    "every lever": "offload_1-16_all",
+}
+NOW_PROFILES = ("now-4L-prof", "now-8L-prof")  # step_speed_h200_now_profile.json: every lever on
 PROFILES = ("story-4096-mb4-ga2-prof", "story-4096-mb4-ga2-8L-prof")  # step_speed_h200_story_profile.json
 STEP_ROWS = {  # label -> (results file, 4-layer row, 8-layer row); rows of one file ran in one call
     "before (both off)": ("step_speed_h200_levers", "levers-off-4L", "levers-off-8L"),
@@ -47,6 +54,7 @@ STEP_ROWS = {  # label -> (results file, 4-layer row, 8-layer row); rows of one 
     "after (both on)": ("step_speed_h200_levers", "levers-on-4L", "levers-on-8L"),
     "both on, torch RoPE (another call)": ("step_speed_h200_rope", "rope-off-4L", "rope-off-8L"),
     "both on and fused RoPE": ("step_speed_h200_rope", "rope-on-4L", "rope-on-8L"),
+    "every lever, as shipped (a third call)": ("step_speed_h200_lora", "lora-off-4L", "lora-off-8L"),
 }
 
 
@@ -101,6 +109,7 @@ def main() -> int:
             results["ceilings"]["bf16_tflops"],
         )
     out["layer_kernels"] = layer_kernels()
+    out["layer_ops"] = layer_ops()
     text = table(out)
     print(text)
     dest = Path(os.environ.get("OUT") or RESULTS)
@@ -125,6 +134,23 @@ def layer_kernels() -> dict[str, Any]:
     busy = (eight["device_busy_s"] - four["device_busy_s"]) / 4
     kernels = sorted(((name, (b[name] - a.get(name, 0.0)) / 4) for name in b), key=lambda kv: -kv[1])
     return {"device_busy_s": busy, "kernels": [[name, s] for name, s in kernels[:12]]}
+
+
+def layer_ops() -> dict[str, Any]:
+    """Seconds a further layer's kernels take, by the operator that launched them (every lever on): the
+    8-layer profile's `top_ops_s` less the 4-layer one's, over 4."""
+    speed = json.loads((RESULTS / "step_speed_h200_now_profile.json").read_text())
+    profiles = {r["name"]: r["result"]["profile"] for r in speed["rows"] if r["name"] in NOW_PROFILES}
+    four, eight = (profiles[name] for name in NOW_PROFILES)
+    a, b = dict(map(tuple, four["top_ops_s"])), dict(map(tuple, eight["top_ops_s"]))
+    busy = (eight["device_busy_s"] - four["device_busy_s"]) / 4
+    ops = sorted(((name, (b[name] - a.get(name, 0.0)) / 4) for name in b), key=lambda kv: -kv[1])
+    step = [r["result"]["step_s"] for r in speed["rows"] if r["name"] in NOW_PROFILES]
+    return {
+        "device_busy_s": busy,
+        "step_s_per_layer": (step[1] - step[0]) / 4,
+        "ops": [[name, s] for name, s in ops if s >= 0.0005],
+    }
 
 
 def table(out: dict[str, Any]) -> str:
@@ -157,6 +183,25 @@ def table(out: dict[str, Any]) -> str:
         "| kernel | s a layer | share of busy |",
         "|---|---|---|",
         *(f"| `{name}` | {s:.4f} | {100 * s / lk['device_busy_s']:.1f}% |" for name, s in lk["kernels"]),
+    ]
+    lo = out["layer_ops"]
+    lines += [
+        "",
+        f"Where a further layer's device time goes now ({lo['device_busy_s']:.4f} s busy, "
+        f"{lo['step_s_per_layer']:.4f} s of step with Python frames profiled; every lever on, no offload; "
+        "`step_speed_h200_now_profile`): each kernel charged to the operator that launched it, then its "
+        "enclosing operator and the nearest Python frame outside torch. Kernels launched by a Python "
+        "autograd function itself (the Triton ones) are charged to that function. The 8-layer profile less "
+        "the 4-layer, over 4; 0.5 ms and over:",
+        "",
+        "| launched by | s a layer | share of busy |",
+        "|---|---|---|",
+        *(f"| `{name}` | {s:.4f} | {100 * s / lo['device_busy_s']:.1f}% |" for name, s in lo["ops"]),
+        "",
+        "These profiles were taken before `trainer/trace_summary.py` stopped taking a range that only "
+        "overlaps the next for its caller: a few enclosing names (after `<`) and frames (after `@`) are "
+        "wrong, such as "
+        "`_PackedGroupedMM < torch_attn::_varlen_attn`; the launching operator (first) is exact.",
     ]
     lines += ["", "Reproduce: `python benchmarks/marginal_layer.py` (reads the committed results)."]
     return "\n".join(lines) + "\n"

@@ -32,9 +32,9 @@ sys.path.insert(0, str(ROOT))
 
 STORY = "qwen3-235b-a22b-thinking-4xh100"
 # The rehearsal records each forecast reads (results/forecast/records/): with offload, the depths rehearsed
-# after the packed attention and the fused expert activation (1-16 layers); without offload, the earlier
-# rehearsals (not run again: device time), so that forecast is the slower code's.
-RECORDS = {"offload": ["offload_1-16_levers"], "none": ["none_1-16"]}
+# with every lever (packed attention, fused expert activation, fused RoPE; 1-16 layers); without offload,
+# the earlier rehearsals (not run again: device time), so that forecast is the slower code's.
+RECORDS = {"offload": ["offload_1-16_all"], "none": ["none_1-16"]}
 EVAL_TIMINGS = ROOT / "benchmarks/results/eval_speed_h200.json"
 
 

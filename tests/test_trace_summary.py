@@ -79,4 +79,6 @@ def test_a_range_that_only_overlaps_encloses_nothing() -> None:
         host("cpu_op", "aten::mm", 5.0, 20.0, ext=3),  # starts inside, ends after: not its child
         kernel("gemm", 30.0, 20.0) | {"args": {"External id": 3}},
     ]
-    assert summarize_trace({"traceEvents": events}, steps=1, wall_s=0.001)["top_ops_s"] == [["aten::mm", 2e-05]]
+    assert summarize_trace({"traceEvents": events}, steps=1, wall_s=0.001)["top_ops_s"] == [
+        ["aten::mm", 2e-05]
+    ]

@@ -116,7 +116,9 @@ def _host_ranges(trace: dict[str, Any]) -> tuple[list[dict[str, Any]], list[int]
     """The host ranges (operators, Python frames, annotations) and each one's enclosing range (-1: none),
     by nesting in time on its own thread."""
     events = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X" and e.get("cat") in HOST_CATS]
-    events.sort(key=lambda e: (e.get("pid"), e.get("tid"), float(e.get("ts", 0.0)), -float(e.get("dur", 0.0))))
+    events.sort(
+        key=lambda e: (e.get("pid"), e.get("tid"), float(e.get("ts", 0.0)), -float(e.get("dur", 0.0)))
+    )
     parent = [-1] * len(events)
     stack: list[int] = []
     thread: tuple[Any, Any] | None = None

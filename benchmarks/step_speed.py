@@ -30,7 +30,9 @@ bytes (`offload-prefetch3-4096-8L-prof`, `offload-prefetch3-4096-16L-prof`).
 This session's calls, each its own results file: `--rows story-4096-mb4-ga2-prof,story-4096-mb4-ga2-loop,
 story-4096-mb4-ga2-8L-prof,story-4096-mb4-ga2-8L-loop` (`step_speed_h200_story_profile`), then
 `--rows levers-off-4L,levers-on-4L,levers-act-off-4L,levers-off-8L,levers-on-8L,levers-act-off-8L,
-levers-on-8L-prof` (`step_speed_h200_levers`; `benchmarks/marginal_layer.py` reads both).
+levers-on-8L-prof` (`step_speed_h200_levers`; `benchmarks/marginal_layer.py` reads both). Later:
+`--rows now-4L-prof,now-8L-prof` (`step_speed_h200_now_profile`: every lever on, each kernel charged to
+its launching operator) and the LoRA-sum rows since dropped (`step_speed_h200_lora`).
 
 Writes step_speed.md and step_speed.json under $OUT (else benchmarks/results/).
 """

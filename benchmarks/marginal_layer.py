@@ -12,9 +12,10 @@ Reads committed H200 results (no GPU needed):
                  `results/step_speed_h200_rope.json` (`--rows rope-...`): the fused rotary embedding off
                  and on, the two levers on, in another call (the same configuration as "both on" there
                  measured 5% slower: the spread between calls; compare rows of one call); and
-                 `results/step_speed_h200_lora.json`'s `lora-off` rows: every lever, as shipped
-The offload rows come from two calls hours apart (the rehearsals before and after), without the fused
-rotary embedding, which came later: their difference carries the spread between calls.
+                 `results/step_speed_h200_lora.json`'s `lora-off` rows: every lever, as shipped (those
+                 rows' lever was dropped and its rows with it; `--rows rope-on-4L,rope-on-8L` runs the
+                 same configuration)
+The offload rows come from three calls hours apart: their differences carry the spread between calls.
 Where a further layer's device time goes: the torch.profiler summaries of the 4- and 8-layer steps
 (`results/step_speed_h200_story_profile.json`, packed attention on in its first version, which also
 zeroed the padding's output, the expert activation in torch's kernels, no offload), each kernel's
@@ -198,10 +199,11 @@ def table(out: dict[str, Any]) -> str:
         "|---|---|---|",
         *(f"| `{name}` | {s:.4f} | {100 * s / lo['device_busy_s']:.1f}% |" for name, s in lo["ops"]),
         "",
-        "These profiles were taken before `trainer/trace_summary.py` stopped taking a range that only "
-        "overlaps the next for its caller: a few enclosing names (after `<`) and frames (after `@`) are "
-        "wrong, such as "
-        "`_PackedGroupedMM < torch_attn::_varlen_attn`; the launching operator (first) is exact.",
+        "These profiles were taken before `trainer/trace_summary.py` left out Python frames still open at "
+        "the profiler's stop and ranges that only overlap the next: there, one frame whose return was "
+        "missed seems to enclose all that follows on its thread, so many enclosing names (after `<`, such "
+        "as `_PackedGroupedMM < torch_attn::_varlen_attn`) and frames (after `@`, backward operators at "
+        "`packed_attention`) are wrong. The launching operator (first) is exact.",
     ]
     lines += ["", "Reproduce: `python benchmarks/marginal_layer.py` (reads the committed results)."]
     return "\n".join(lines) + "\n"

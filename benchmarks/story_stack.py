@@ -1,7 +1,8 @@
 """Side by side, in one call: the story's own training stack against the cockpit, on the same slice.
 
 **The story's stack**, as its team ran it: the HF Trainer; DeepSpeed ZeRO-3 with parameter and
-optimizer offload to the CPU (a plain config, "auto" where HF fills it in, DeepSpeed's CPU Adam);
+optimizer offload to the CPU (the docs' config: "auto" where HF fills it in, an AdamW block, so
+DeepSpeed's CPU Adam steps the offloaded adapters);
 bitsandbytes NF4 (double quantization, bf16 compute and storage) through `from_pretrained`'s
 `quantization_config`, which quantizes `nn.Linear` layers only and leaves the fused experts in 16 bit;
 PEFT LoRA with the profile's rank, alpha, dropout and target modules; gradient checkpointing; bf16. One
@@ -12,11 +13,13 @@ profile's tokens an optimizer step. The slice is loaded from real safetensors on
 bf16 weights in the hub's layout).
 
 **The cockpit**: `benchmarks/step_speed.py`'s row `COCKPIT_ROW` in the same call: the story profile as
-shipped (packed rows, parameter and optimizer offload, the fused kernels), the same architecture and
-depth with random weights.
+shipped (4 packed rows of 4,096 tokens a micro-batch, 2 an optimizer step, parameter and optimizer
+offload, the fused kernels), the same architecture and depth from random weights built in memory (a
+step's speed does not depend on the weights' values).
 
-tokens/s = tokens an optimizer step / the median step time after the warm-up steps. Both sides count
-every token of the micro-batches they trained on (padding none: one example a row on the story's side).
+tokens/s = tokens an optimizer step (mean) / the median step time, after the warm-up steps, on both
+sides. Both count every token of the micro-batches they trained on (the story's side: the Trainer's own
+`num_input_tokens_seen`; one example a row, so no padding).
 
     python benchmarks/story_stack.py                 # GPU: 4 layers; writes $OUT/story_stack.{md,json}
     python benchmarks/story_stack.py --cpu           # the tiny model on the CPU: a smoke test of both sides
@@ -41,7 +44,7 @@ sys.path.insert(0, str(ROOT))
 STORY = "qwen3-235b-a22b-thinking-4xh100"
 COCKPIT_ROW = "story-offload-prefetch3-4096-mb4-ga2"  # step_speed.py: the story profile, offload, 4 layers
 COCKPIT_CPU_ROW = "offload-192"  # step_speed.py --cpu: the tiny profile with offload
-WARMUP = 1  # optimizer steps not timed (DeepSpeed's first step, the allocator's growth)
+WARMUP = 2  # optimizer steps not timed (DeepSpeed's first step and CPU Adam build, the allocator's growth)
 GiB = 2**30
 
 
@@ -56,6 +59,10 @@ def story_config(gpu: bool) -> dict[str, Any]:
             "overlap_comm": True,
             "contiguous_gradients": True,
             "stage3_gather_16bit_weights_on_model_save": False,
+        },
+        "optimizer": {
+            "type": "AdamW",
+            "params": {"lr": "auto", "betas": "auto", "eps": "auto", "weight_decay": "auto"},
         },
         "gradient_accumulation_steps": "auto",
         "gradient_clipping": "auto",
@@ -121,6 +128,7 @@ def story_child(args: argparse.Namespace) -> int:
         disable_tqdm=True,
         deepspeed=story_config(gpu),
         dataloader_num_workers=0,
+        include_num_input_tokens_seen="all",  # counted as trained, not as the loader reads ahead
     )
     quant = BitsAndBytesConfig(
         load_in_4bit=True,
@@ -155,10 +163,8 @@ def story_child(args: argparse.Namespace) -> int:
     )  # fmt: skip
     vocab = model.config.vocab_size
     data = Examples(args.grad_accum * args.steps + 8, vocab, args.min_tokens, args.max_tokens)
-    seen = {"tokens": 0}
 
     def collate(rows: list[dict[str, Any]]) -> dict[str, Any]:
-        seen["tokens"] += sum(len(r["input_ids"]) for r in rows)
         return {k: torch.stack([r[k] for r in rows]) for k in rows[0]}
 
     steps: list[dict[str, float]] = []
@@ -167,12 +173,12 @@ def story_child(args: argparse.Namespace) -> int:
         def __init__(self) -> None:
             self.t, self.tokens = time.perf_counter(), 0
 
-        def on_step_end(self, *a: Any, **k: Any) -> None:
+        def on_step_end(self, _args: Any, state: Any, *a: Any, **k: Any) -> None:
             if gpu:
                 torch.cuda.synchronize()
             now = time.perf_counter()
-            steps.append({"s": now - self.t, "tokens": seen["tokens"] - self.tokens})
-            self.t, self.tokens = now, seen["tokens"]
+            steps.append({"s": now - self.t, "tokens": state.num_input_tokens_seen - self.tokens})
+            self.t, self.tokens = now, state.num_input_tokens_seen
             print(
                 f"story stack: step {len(steps)} {steps[-1]['s']:.2f} s, {steps[-1]['tokens']} tokens",
                 flush=True,
@@ -193,7 +199,7 @@ def story_child(args: argparse.Namespace) -> int:
         "params_4bit_share": four_bit / total if total else 0.0,
         "step_s": step_s,
         "tokens_per_step": tokens,
-        "tokens_per_s": sum(s["tokens"] for s in timed) / sum(s["s"] for s in timed),
+        "tokens_per_s": tokens / step_s,
         "steps": steps,
         "gpu_peak_gib": torch.cuda.max_memory_allocated() / GiB if gpu else None,
         "grad_accum": args.grad_accum,
@@ -210,8 +216,12 @@ def run_story(model_dir: Path, args: argparse.Namespace, work: Path) -> dict[str
         "--profile", args.profile, "--steps", str(args.steps), "--grad-accum", str(args.grad_accum),
         "--min-tokens", str(args.min_tokens), "--max-tokens", str(args.max_tokens),
     ]  # fmt: skip
+    result.unlink(missing_ok=True)
     t0 = time.perf_counter()
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, check=False)
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, check=False)
+    except subprocess.TimeoutExpired as exc:
+        return {"stack": "story", "error": f"no end in {args.timeout:.0f} s", "tail": str(exc.stderr)[-3000:]}
     if done.returncode != 0 or not result.is_file():
         tail = (done.stdout[-1500:] + done.stderr[-3000:]).strip()
         return {"stack": "story", "error": f"exit {done.returncode}", "tail": tail}
@@ -223,13 +233,19 @@ def run_cockpit(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     row = COCKPIT_CPU_ROW if args.cpu else COCKPIT_ROW
     cmd = [sys.executable, str(ROOT / "benchmarks/step_speed.py"), "--rows", row, "--budget-s", "600"]
     cmd += ["--cpu"] if args.cpu else []
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, check=False,
-                          env={**os.environ, "OUT": str(work)})  # fmt: skip
     path = work / ("step_speed_cpu.json" if args.cpu else "step_speed.json")
+    path.unlink(missing_ok=True)
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, check=False,
+                              env={**os.environ, "OUT": str(work)})  # fmt: skip
+    except subprocess.TimeoutExpired:
+        return {"stack": "cockpit", "error": f"no end in {args.timeout:.0f} s"}
     if not path.is_file():
         return {"stack": "cockpit", "error": f"exit {done.returncode}", "tail": done.stderr[-3000:]}
     (found,) = [r for r in json.loads(path.read_text())["rows"] if r["name"] == row]
     r = found["result"]
+    if r.get("exit") != 0 or not isinstance(r.get("tokens_per_s"), (int, float)):
+        return {"stack": "cockpit", "error": f"row {row}: {r.get('exit')}", "tail": done.stdout[-3000:]}
     keys = {"step_s": "step_s", "tokens_per_step": "tokens_per_step", "tokens_per_s": "tokens_per_s",
             "gpu_peak_gib": "cuda_peak_gib", "exit": "exit"}  # fmt: skip
     return {"stack": "cockpit", "row": row, **{mine: r.get(theirs) for mine, theirs in keys.items()}}
@@ -274,7 +290,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cpu", action="store_true", help="the tiny model on the CPU (a smoke test)")
     parser.add_argument("--layers", type=int, default=4)
-    parser.add_argument("--steps", type=int, default=4, help="optimizer steps of the story's stack")
+    parser.add_argument("--steps", type=int, default=6, help="optimizer steps of the story's stack")
     parser.add_argument("--grad-accum", type=int, default=16, help="examples an optimizer step (~32k tokens)")
     parser.add_argument("--min-tokens", type=int, default=1000)
     parser.add_argument("--max-tokens", type=int, default=3000)
@@ -321,6 +337,9 @@ def main(argv: list[str] | None = None) -> int:
     }  # fmt: skip
     text = table(out)
     print(text)
+    if speedup is None and not os.environ.get("OUT"):
+        print("a side failed: benchmarks/results/ left as it was", file=sys.stderr)
+        return 1
     dest = Path(os.environ.get("OUT") or ROOT / "benchmarks/results")
     name = "story_stack_cpu" if args.cpu else "story_stack"
     (dest / f"{name}.md").write_text(text)

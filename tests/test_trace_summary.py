@@ -58,6 +58,7 @@ def test_kernels_are_charged_to_the_operator_that_launched_them() -> None:
         # backward on another thread, no Python frame
         host("cpu_op", "autograd::engine::evaluate_function: MulBackward0", 0.0, 40.0, tid=2),
         host("cpu_op", "aten::mul", 1.0, 3.0, tid=2, ext=11),
+        host("cpu_op", "aten::empty", 150.0, 1.0),  # the step goes on: the frames above had returned
         kernel("silu_kernel", 5.0, 30.0) | {"args": {"External id": 7}},
         kernel("silu_kernel", 40.0, 10.0) | {"args": {"External id": 7}},
         kernel("copy_kernel", 50.0, 20.0) | {"args": {"External id": 9}},
@@ -73,7 +74,7 @@ def test_kernels_are_charged_to_the_operator_that_launched_them() -> None:
 
 
 def test_a_range_that_only_overlaps_encloses_nothing() -> None:
-    """A range recorded as running past the next op's end is not taken for that op's caller."""
+    """An op that starts inside a range and ends after it is not taken for that range's callee."""
     events = [
         host("cpu_op", "torch_attn::_varlen_attn", 0.0, 10.0),
         host("cpu_op", "aten::mm", 5.0, 20.0, ext=3),  # starts inside, ends after: not its child
@@ -82,3 +83,25 @@ def test_a_range_that_only_overlaps_encloses_nothing() -> None:
     assert summarize_trace({"traceEvents": events}, steps=1, wall_s=0.001)["top_ops_s"] == [
         ["aten::mm", 2e-05]
     ]
+
+
+def test_a_frame_left_open_at_the_profilers_stop_encloses_nothing() -> None:
+    """A Python frame whose return the profiler missed is closed at its stop: taken as a range, it would
+    seem to enclose every later op of its thread. Ends a rounding apart are one end."""
+    events = [
+        host("python_function", "trainer/layer.py(10): forward", 0.0, 50.0),
+        host("cpu_op", "aten::mm", 1.0, 10.0, ext=1),
+        host("python_function", "trainer/attention.py(139): packed_attention", 20.0, 980.0),  # never returned
+        host("python_function", "trainer/experts.py(5): apply", 30.0, 10.001),  # rounding past its op
+        host("cpu_op", "aten::_grouped_mm", 30.0, 10.0, ext=2),
+        host("cpu_op", "aten::sum", 900.0, 100.0, ext=3),  # the last op: the profiler stopped after it
+        kernel("gemm", 100.0, 30.0) | {"args": {"External id": 1}},
+        kernel("grouped", 140.0, 20.0) | {"args": {"External id": 2}},
+        kernel("sum", 1000.0, 10.0) | {"args": {"External id": 3}},
+    ]
+    ops = dict(summarize_trace({"traceEvents": events}, steps=1, wall_s=0.001)["top_ops_s"])
+    assert ops == {
+        "aten::mm @ trainer/layer.py(10): forward": 3e-05,
+        "aten::_grouped_mm @ trainer/experts.py(5): apply": 2e-05,
+        "aten::sum": 1e-05,
+    }

@@ -31,7 +31,8 @@ TOP_KERNELS = 30  # the kernels a profile event lists, longest first
 TOP_OPS = 30  # the launching operators a profile event lists, longest first
 HOST_CATS = ("cpu_op", "python_function", "user_annotation")  # host ranges a kernel's launch nests in
 # Python frames in torch's own code: an operator is attributed to the nearest frame outside them.
-TORCH_FRAMES = ("torch/", "<built-in", "<string>", "threading.py")
+TORCH_FRAMES = ("torch/", "<built-in", "<string>", "threading.py", "nn.Module: ")
+SAME_US = 0.01  # trace times are float microseconds: ends this close are one end (rounding)
 KERNEL_NAME = 240  # characters of a name kept: enough for an elementwise kernel's functor
 DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 RUNTIME_CATS = ("cuda_runtime", "cuda_driver")  # host-side CUDA calls: launches, synchronizations
@@ -112,13 +113,25 @@ def summarize_trace(trace: dict[str, Any], steps: int, wall_s: float) -> dict[st
     }
 
 
+def _end(event: dict[str, Any]) -> float:
+    return float(event.get("ts", 0.0)) + float(event.get("dur", 0.0))
+
+
 def _host_ranges(trace: dict[str, Any]) -> tuple[list[dict[str, Any]], list[int]]:
     """The host ranges (operators, Python frames, annotations) and each one's enclosing range (-1: none),
-    by nesting in time on its own thread."""
-    events = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X" and e.get("cat") in HOST_CATS]
+    by nesting in time on its own thread.
+
+    Python frames still open when the profiler stopped are left out: the profiler closes them there, so
+    a frame whose return it missed would seem to enclose everything after it on its thread (the outer
+    frames of the training loop go too; a label needs the innermost frame only). A range that only
+    overlaps the next one (a recorded end running past its caller's) encloses nothing from there on."""
+    host = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X" and e.get("cat") in HOST_CATS]
+    stop = max((_end(e) for e in host), default=0.0)
+    events = [e for e in host if e.get("cat") != "python_function" or _end(e) < stop - SAME_US]
     events.sort(
         key=lambda e: (e.get("pid"), e.get("tid"), float(e.get("ts", 0.0)), -float(e.get("dur", 0.0)))
     )
+    ends = [_end(e) for e in events]
     parent = [-1] * len(events)
     stack: list[int] = []
     thread: tuple[Any, Any] | None = None
@@ -126,10 +139,7 @@ def _host_ranges(trace: dict[str, Any]) -> tuple[list[dict[str, Any]], list[int]
         if (event.get("pid"), event.get("tid")) != thread:
             thread, stack = (event.get("pid"), event.get("tid")), []
         start = float(event.get("ts", 0.0))
-        end = start + float(event.get("dur", 0.0))
-        # an enclosing range holds the whole of this one; one it only overlaps (a range whose recorded end
-        # runs past its callers') encloses nothing from here on
-        while stack and end > float(events[stack[-1]]["ts"]) + float(events[stack[-1]].get("dur", 0.0)):
+        while stack and (start >= ends[stack[-1]] - SAME_US or ends[i] > ends[stack[-1]] + SAME_US):
             stack.pop()
         parent[i] = stack[-1] if stack else -1
         stack.append(i)
@@ -156,7 +166,7 @@ def device_time_by_op(trace: dict[str, Any], steps: int) -> list[list[Any]]:
     """Device seconds a step by the host operator that launched each kernel (the trace links them by
     `External id`), with its enclosing operator and, in a trace with Python frames, the nearest frame
     outside torch: the longest `TOP_OPS`, as [label, seconds]. Kernels with no launching operator (a
-    graph replay, a collective's own stream) are left out."""
+    CUDA graph's replay) are left out."""
     events, parent = _host_ranges(trace)
     by_id = {
         (e.get("args") or {}).get("External id"): i for i, e in enumerate(events) if e.get("cat") == "cpu_op"

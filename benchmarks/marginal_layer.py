@@ -119,37 +119,41 @@ def main() -> int:
     return 0
 
 
-def layer_kernels() -> dict[str, Any]:
-    """Seconds a further layer spends in each kernel: the 8-layer profile less the 4-layer one, over 4."""
-    speed = json.loads((RESULTS / "step_speed_h200_story_profile.json").read_text())
-    profiles = {r["name"]: r["result"]["profile"] for r in speed["rows"] if r["name"] in PROFILES}
-    four, eight = (profiles[name] for name in PROFILES)
+def further_layer(
+    name: str, rows: tuple[str, str], key: str, width: int | None = None
+) -> tuple[float, list[tuple[str, float]], float]:
+    """A further layer by a results file's profiled 4- and 8-layer `rows`: its device busy seconds, each
+    entry of the profiles' `key` list (names cut to `width` characters, entries of one cut name summed),
+    longest first, and its step seconds; each the 8-layer figure less the 4-layer one, over 4."""
+    speed = json.loads((RESULTS / f"{name}.json").read_text())
+    results = {r["name"]: r["result"] for r in speed["rows"]}
+    four, eight = (results[row] for row in rows)
 
-    def grouped(profile: dict[str, Any]) -> dict[str, float]:
+    def summed(result: dict[str, Any]) -> dict[str, float]:
         out: dict[str, float] = {}
-        for name, seconds in profile["top_kernels_s"]:
-            out[name[:90]] = out.get(name[:90], 0.0) + seconds
+        for label, seconds in result["profile"][key]:
+            out[label[:width]] = out.get(label[:width], 0.0) + seconds
         return out
 
-    a, b = grouped(four), grouped(eight)
-    busy = (eight["device_busy_s"] - four["device_busy_s"]) / 4
-    kernels = sorted(((name, (b[name] - a.get(name, 0.0)) / 4) for name in b), key=lambda kv: -kv[1])
+    a, b = summed(four), summed(eight)
+    entries = sorted(((label, (b[label] - a.get(label, 0.0)) / 4) for label in b), key=lambda kv: -kv[1])
+    busy = (eight["profile"]["device_busy_s"] - four["profile"]["device_busy_s"]) / 4
+    return busy, entries, (eight["step_s"] - four["step_s"]) / 4
+
+
+def layer_kernels() -> dict[str, Any]:
+    """Seconds a further layer spends in each kernel: the 8-layer profile less the 4-layer one, over 4."""
+    busy, kernels, _ = further_layer("step_speed_h200_story_profile", PROFILES, "top_kernels_s", width=90)
     return {"device_busy_s": busy, "kernels": [[name, s] for name, s in kernels[:12]]}
 
 
 def layer_ops() -> dict[str, Any]:
     """Seconds a further layer's kernels take, by the operator that launched them (every lever on): the
     8-layer profile's `top_ops_s` less the 4-layer one's, over 4."""
-    speed = json.loads((RESULTS / "step_speed_h200_now_profile.json").read_text())
-    profiles = {r["name"]: r["result"]["profile"] for r in speed["rows"] if r["name"] in NOW_PROFILES}
-    four, eight = (profiles[name] for name in NOW_PROFILES)
-    a, b = dict(map(tuple, four["top_ops_s"])), dict(map(tuple, eight["top_ops_s"]))
-    busy = (eight["device_busy_s"] - four["device_busy_s"]) / 4
-    ops = sorted(((name, (b[name] - a.get(name, 0.0)) / 4) for name in b), key=lambda kv: -kv[1])
-    step = [r["result"]["step_s"] for r in speed["rows"] if r["name"] in NOW_PROFILES]
+    busy, ops, step = further_layer("step_speed_h200_now_profile", NOW_PROFILES, "top_ops_s")
     return {
         "device_busy_s": busy,
-        "step_s_per_layer": (step[1] - step[0]) / 4,
+        "step_s_per_layer": step,
         "ops": [[name, s] for name, s in ops if s >= 0.0005],
     }
 

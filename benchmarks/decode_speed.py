@@ -22,7 +22,8 @@ Two parts, one command:
    attention weights in NF4, the distinct experts the batch hits, its KV cache; the head in bf16) over the
    measured bandwidth. Tokens agree: how far (of 32 greedy tokens, averaged over rows) each path's tokens
    follow the path before (random weights give near-ties: a bf16 rounding apart flips one). Also the
-   scoring forward (`trainer.evaluate.row_logprobs`, SCORE_TOKENS tokens) per depth.
+   scoring forward (`trainer.scoring.score_ids`, rows of a prefix and its labels, SCORE_TOKENS tokens)
+   per depth.
 
     python benchmarks/decode_speed.py                       # on a GPU: the story's profile
     python benchmarks/decode_speed.py --profile tiny-cpu --layers 2 --batches 1,4 --depths 1,2  # CPU check
@@ -225,12 +226,14 @@ def step_bytes(config: Any, layout_bytes: dict[str, float], batch: int, context:
 def decode_rows(args: argparse.Namespace, bw: float) -> tuple[list[dict], list[dict], dict]:
     import torch
 
-    from cockpit.contract import SCORE_TOKENS
+    from cockpit.contract import LABEL_TOKENS, SCORE_TOKENS
+    from cockpit.plan.run_length import ASSUMED_LABELS
     from cockpit.profiles import load_profile
     from trainer import decode, decode_blocks, eval_batch
-    from trainer.evaluate import row_logprobs
+    from trainer.eval_timing import scoring_rows
     from trainer.model import load_base
     from trainer.nf4_pack import PackedLayout
+    from trainer.scoring import score_ids
 
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from eval_placement import model_dir_of
@@ -312,12 +315,9 @@ def decode_rows(args: argparse.Namespace, bw: float) -> tuple[list[dict], list[d
     for depth in args.depths:
         config.num_hidden_layers = depth
         width = min(profile.training.seq_len, SCORE_TOKENS)
-        score_rows = [
-            torch.randint(1, vocab, (width,), generator=gen).tolist()
-            for _ in range(max(1, SCORE_TOKENS // width))
-        ]
-        score_s = timed(torch, device, lambda r=score_rows: row_logprobs(model, r, 0), repeat=3)
-        scoring.append({"layers": depth, "tokens": len(score_rows) * width, "seconds": round(score_s, 4)})
+        prefixes, tails = scoring_rows(vocab, width - ASSUMED_LABELS * LABEL_TOKENS, ASSUMED_LABELS)
+        score_s = timed(torch, device, lambda p=prefixes, t=tails: score_ids(model, p, t, 0), repeat=3)
+        scoring.append({"layers": depth, "tokens": len(prefixes) * width, "seconds": round(score_s, 4)})
         log(f"scoring forward at {depth} layers: {score_s:.3f} s")
         for batch in args.batches:
             ids = torch.randint(1, vocab, (batch, args.prompt_tokens), generator=gen).to(device)

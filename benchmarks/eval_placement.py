@@ -16,7 +16,7 @@ Writes eval_placement.md and .json under $OUT (else benchmarks/results/).
 With `--run`, on the GPUs here (none: it says so and exits 2): the profile's model is loaded as
 evaluation loads it (`load_base(spread=True)`), from its weights where `model.path` holds them, else with
 random weights of its config sliced to `--layers`; then one scoring forward of SCORE_TOKENS tokens
-(`trainer.evaluate.row_logprobs`) and one thinking batch (`generate`, EVAL_BATCH_SIZE prompts of
+(`trainer.scoring.score_ids`) and one thinking batch (`generate`, EVAL_BATCH_SIZE prompts of
 `--prompt-tokens`, `eval.max_think_tokens` new tokens each). Per GPU: the planned layers and bytes
 against the allocated peak of the load, the scoring forward and the thinking; load time and tokens/s.
 Writes eval_placement_run.md and .json.
@@ -193,10 +193,12 @@ def run_on_gpus(profile_name: str, layers: int | None, prompt_tokens: int) -> di
     """Load as evaluation does over the GPUs here, run a scoring forward and a thinking batch."""
     import torch
 
-    from cockpit.contract import EVAL_BATCH_SIZE, SCORE_TOKENS
+    from cockpit.contract import EVAL_BATCH_SIZE, LABEL_TOKENS, SCORE_TOKENS
+    from cockpit.plan.run_length import ASSUMED_LABELS
     from cockpit.profiles import load_profile
-    from trainer.evaluate import row_logprobs
+    from trainer.eval_timing import scoring_rows
     from trainer.model import load_base
+    from trainer.scoring import score_ids
 
     profile, _ = load_profile(profile_name)
     model_dir, here = model_dir_of(profile)
@@ -228,9 +230,9 @@ def run_on_gpus(profile_name: str, layers: int | None, prompt_tokens: int) -> di
 
     g = torch.Generator().manual_seed(0)
     width = min(profile.training.seq_len, SCORE_TOKENS)
-    rows = [torch.randint(1, vocab, (width,), generator=g).tolist() for _ in range(SCORE_TOKENS // width)]
-    row_logprobs(model, rows[:1], 0)  # warm-up: kernels, caches
-    score_s, score_peak = peaks(lambda: row_logprobs(model, rows, 0))
+    prefixes, tails = scoring_rows(vocab, width - ASSUMED_LABELS * LABEL_TOKENS, ASSUMED_LABELS)
+    score_ids(model, prefixes[:1], tails[:1], 0)  # warm-up: kernels, caches
+    score_s, score_peak = peaks(lambda: score_ids(model, prefixes, tails, 0))
     think_tokens = profile.eval.max_think_tokens
     prompts = torch.randint(1, vocab, (EVAL_BATCH_SIZE, prompt_tokens), generator=g).to(model.device)
 
@@ -256,10 +258,10 @@ def run_on_gpus(profile_name: str, layers: int | None, prompt_tokens: int) -> di
         "layer_devices": facts.get("layer_devices"),
         "load_peak_bytes": loaded,
         "score": {
-            "tokens": len(rows) * width,
+            "tokens": len(prefixes) * width,
             "seconds": round(score_s, 3),
             "peak_bytes": score_peak,
-            "tokens_per_s": round(len(rows) * width / score_s, 1),
+            "tokens_per_s": round(len(prefixes) * width / score_s, 1),
         },
         "think": {
             "batch": EVAL_BATCH_SIZE,

@@ -100,10 +100,20 @@ def eval_batch(free_bytes: list[int], row_bytes: list[int], examples: int) -> in
 # and kernels' workspaces keep the rest): `trainer/eval_batch.py` measures the free memory, the plan
 # models it (`cockpit/plan/eval_time.py`).
 EVAL_BATCH_MARGIN = 0.9
-# Bytes a logit of the scoring forward (`trainer.evaluate.row_logprobs`) holds: the fp32 copy of the
-# logits (4) and its log-softmax (4) are alive together; the compute-dtype logits are freed before the
-# second. Placement, the batch and the plan keep room for SCORE_TOKENS of them on the head's GPU.
+# Bytes a logit of the scoring forward (`trainer.scoring`) holds: the fp32 copy of the kept logits (4)
+# and its log-softmax (4) are alive together; the compute-dtype logits are freed before the second.
 SCORE_LOGIT_BYTES = 8
+# Positions whose logits a scoring forward keeps, at most (`trainer.scoring.chunks`): a row's prefix
+# last and its labels' tokens (at the story's 4 labels of a few tokens, about 20 a row, 21 rows a forward).
+SCORE_LOGITS = 1_024
+
+
+def score_logit_bytes(vocab: int) -> int:
+    """Bytes a scoring forward's kept logits take on the head's device (placement, the batch and the
+    plan keep room for them there)."""
+    return SCORE_LOGITS * vocab * SCORE_LOGIT_BYTES
+
+
 # A scored row's tail: the label and its end of turn (assumed: a few tokens), after prompt and thinking.
 LABEL_TOKENS = 4
 # The share of an example before its answer where no data says so: the rehearsal's random rows
@@ -112,8 +122,8 @@ PROMPT_FRACTION = 0.5
 # The shorter thinking call a timed decode step is the difference from (`trainer.eval_timing`): past 2
 # tokens, so that every decode path sets itself up (the fast path's CUDA graph) as for a whole thinking.
 EVAL_FIRST_TOKENS = 3
-# Label scoring runs rows of (prefix, label) for several examples at once, at most this many tokens a
-# forward (trainer/evaluate.py); their logits are evaluation's largest working memory (trainer/placement.py).
+# Label scoring runs rows of an example's prefix and its labels (`trainer.scoring`), several examples a
+# forward, at most this many tokens a forward.
 SCORE_TOKENS = 32_768
 
 # --- the loader --------------------------------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""Label scores batched over several examples equal each example's scores alone."""
+"""Label scoring (`trainer/scoring.py`): an example's labels scored behind one shared prefix give the
+scores of one row a label, alone or batched over several examples and forwards, with sdpa and eager."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import pytest
 import torch
 import transformers
 
-from trainer import evaluate
+from trainer import scoring
 
 
 class _Tok:
@@ -21,21 +22,86 @@ class _Tok:
         return {"input_ids": ids[:-1]}
 
 
-def test_scores_batched_over_examples_equal_scores_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+PREFIXES = ["classify: acme corp", "a longer prefix about a river bank", "x"]
+LABELS = [["ORG", "PER"], ["LOC", "ORG", "MISCELLANEOUS"], ["PER"]]
+
+
+def _dense() -> torch.nn.Module:
     config = transformers.AutoConfig.for_model(
         "qwen3", vocab_size=260, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
         num_key_value_heads=1, head_dim=16, intermediate_size=64,
     )  # fmt: skip
     torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
-    prefixes = ["classify: acme corp", "a longer prefix about a river bank", "x"]
-    labels = [["ORG", "PER"], ["LOC", "ORG", "MISC"], ["PER"]]
-    alone = [evaluate.score_many(model, _Tok(), [p], [ls])[0] for p, ls in zip(prefixes, labels, strict=True)]
-    together = evaluate.score_many(model, _Tok(), prefixes, labels)
-    monkeypatch.setattr(evaluate, "SCORE_TOKENS", 60)  # several forwards, each under the budget
-    chunked = evaluate.score_many(model, _Tok(), prefixes, labels)
-    for a, t, c in zip(alone, together, chunked, strict=True):
-        assert a.keys() == t.keys() == c.keys()
-        for label in a:
-            assert t[label] == pytest.approx(a[label], abs=1e-4)
-            assert c[label] == pytest.approx(a[label], abs=1e-4)
+    return transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+
+
+def _one_row_a_label(model, tok, prefix: str, labels: list[str]) -> dict[str, float]:
+    """The reference: each label its own row, alone in its forward."""
+    p = tok(prefix)["input_ids"]
+    out = {}
+    for label in labels:
+        row = p + tok(label + tok.eos_token)["input_ids"]
+        out[label] = scoring.row_logprobs(model, [row], tok.pad_token_id)[0][len(p) - 1 :].sum().item()
+    return out
+
+
+def _close(got: list[dict[str, float]], want: list[dict[str, float]]) -> None:
+    for g, w in zip(got, want, strict=True):
+        assert g.keys() == w.keys()
+        for label in w:
+            assert g[label] == pytest.approx(w[label], abs=1e-4), label
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+def test_shared_prefix_scores_equal_a_row_a_label(attention: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    model = _dense()
+    model.set_attn_implementation(attention)
+    tok = _Tok()
+    want = [_one_row_a_label(model, tok, p, ls) for p, ls in zip(PREFIXES, LABELS, strict=True)]
+    assert scoring.shares_prefix(model)
+    _close(scoring.score_many(model, tok, PREFIXES, LABELS), want)  # one forward, left padding
+    _close(
+        [scoring.score_many(model, tok, [p], [ls])[0] for p, ls in zip(PREFIXES, LABELS, strict=True)], want
+    )
+    monkeypatch.setattr(scoring, "SCORE_TOKENS", 60)  # several forwards, each under the budget
+    assert len(scoring.chunks([40, 50, 10], [5, 5, 5])) == 3
+    _close(scoring.score_many(model, tok, PREFIXES, LABELS), want)
+
+
+def test_a_model_without_a_4d_mask_scores_a_row_a_label(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fallback path (an attention that takes no 4-D mask) gives the same scores."""
+    model = _dense()
+    tok = _Tok()
+    want = [_one_row_a_label(model, tok, p, ls) for p, ls in zip(PREFIXES, LABELS, strict=True)]
+    monkeypatch.setattr(scoring, "shares_prefix", lambda m: False)
+    _close(scoring.score_many(model, tok, PREFIXES, LABELS), want)
+
+
+def test_the_tiny_moe_scores_a_label_the_same_behind_a_shared_prefix(tiny_dir: str) -> None:
+    """The built-in model (MoE routing, its own tokenizer): the same scores either way."""
+    tokenizer = transformers.AutoTokenizer.from_pretrained(tiny_dir)
+    model = transformers.AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32).eval()
+    model.set_attn_implementation("sdpa")
+    prefixes = ["entity: Acme Corp <think>it is a company</think>", "entity: the Nile <think></think>"]
+    labels = [["organization", "person", "location"], ["location", "organization"]]
+    want = [_one_row_a_label(model, tokenizer, p, ls) for p, ls in zip(prefixes, labels, strict=True)]
+    _close(scoring.score_many(model, tokenizer, prefixes, labels), want)
+
+
+def test_shared_rows_layout() -> None:
+    """Left padding; a label's tokens see the prefix and their own label only, at positions after it; each
+    scored token is predicted by the column before it, the first by the prefix's last."""
+    b = scoring.shared_rows([[5, 6, 7], [8]], [[[1, 2], [3]], [[4]]], pad=0)
+    assert b.ids.tolist() == [[5, 6, 7, 1, 2, 3], [0, 0, 0, 0, 8, 4]]
+    assert b.positions[0].tolist() == [0, 1, 2, 3, 4, 3]
+    assert b.positions[1, 4:].tolist() == [0, 1]
+    assert b.keep == 4  # the prefix's last column and the longest run of labels
+    seen = b.allowed[0].int().tolist()
+    assert seen[5] == [1, 1, 1, 0, 0, 1]  # label 2 sees the prefix and itself, not label 1
+    assert seen[4] == [1, 1, 1, 1, 1, 0]
+    assert b.allowed[1, 4].tolist() == [False] * 4 + [True, False]  # padding is never seen
+    assert b.allowed[1, 0].tolist() == [True] + [False] * 5  # a padding query sees itself only
+    # Row 0 keeps columns 2..5: token 1 from col 0 (the prefix's 7), 2 from col 1, 3 from col 0 again.
+    picks = zip(b.rows.tolist(), b.columns.tolist(), b.targets.tolist(), b.labels.tolist(), strict=True)
+    assert list(picks) == [(0, 0, 1, 0), (0, 1, 2, 0), (0, 0, 3, 1), (1, 2, 4, 2)]
+    assert b.shape == [2, 1]

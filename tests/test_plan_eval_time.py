@@ -68,8 +68,8 @@ def test_evaluation_is_both_systems_over_the_split() -> None:
     split = EvalSplit(400, 4, "given")
     shape = EvalShape(split, 1000, 512)
     costs = EvalCosts(prefill_s=2.0, decode_step_s=0.1, score_s=3.0)
-    rows = 32_768 // (1000 + 512 + 4)
-    expected = 2 * (math.ceil(400 / EVAL_BATCH_SIZE) * (2.0 + 512 * 0.1) + math.ceil(400 * 4 / rows) * 3.0)
+    rows = 32_768 // (1000 + 512 + 4 * 4)  # a row an example: its prefix once, its 4 labels behind it
+    expected = 2 * (math.ceil(400 / EVAL_BATCH_SIZE) * (2.0 + 512 * 0.1) + math.ceil(400 / rows) * 3.0)
     assert eval_seconds(shape, costs) == pytest.approx(expected)
 
 

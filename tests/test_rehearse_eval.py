@@ -151,10 +151,10 @@ def test_evaluation_counts_both_systems_batches_thinking_and_scoring() -> None:
     examples = len(TENANTS) * profile.data.eval_examples_per_tenant
     labels = sum(len(t.labels) for t in TENANTS) / len(TENANTS)
     think = profile.eval.max_think_tokens
-    rows = SCORE_TOKENS // (PROMPT + think + LABEL_TOKENS)
+    rows = SCORE_TOKENS // (PROMPT + think + math.ceil(labels) * LABEL_TOKENS)  # a prefix, its labels
     prefill, step = PREFILL[0] + PREFILL[1] * full, DECODE[0] + DECODE[1] * full
     score = SCORE[0] + SCORE[1] * full
-    batches, forwards = math.ceil(examples / EVAL_BATCH_SIZE), math.ceil(examples * labels / rows)
+    batches, forwards = math.ceil(examples / EVAL_BATCH_SIZE), math.ceil(examples / rows)
     assert ev.total_s == pytest.approx(2 * (batches * (prefill + think * step) + forwards * score))
     lo, hi = ev.range_s
     assert lo < ev.total_s < hi
@@ -212,7 +212,7 @@ def test_a_sample_and_a_time_budget_cut_evaluation() -> None:
 
 
 def test_serving_is_priced_from_the_same_fits() -> None:
-    """A request alone: prefill + thinking at batch 1 + its labels' share of a scoring forward; tokens/s
+    """A request alone: prefill + thinking at batch 1 + its row's share of a scoring forward; tokens/s
     of a thinking batch; the profile's hourly price over them, beside the API's."""
     profile, full = _profile(), 40
     ev = forecast_eval(_measures(), profile, full, _scaling(there="NVIDIA H200"), _plan(full), None)
@@ -220,9 +220,9 @@ def test_serving_is_priced_from_the_same_fits() -> None:
     think = profile.eval.max_think_tokens
     single = SINGLE_PREFILL[0] + SINGLE_PREFILL[1] * full
     step1 = SINGLE_DECODE[0] + SINGLE_DECODE[1] * full
-    rows = SCORE_TOKENS // (PROMPT + think + LABEL_TOKENS)
     labels = sum(len(t.labels) for t in TENANTS) / len(TENANTS)
-    answer = (SCORE[0] + SCORE[1] * full) * labels / rows
+    rows = SCORE_TOKENS // (PROMPT + think + math.ceil(labels) * LABEL_TOKENS)
+    answer = (SCORE[0] + SCORE[1] * full) / rows  # the request's row: its prefix and its labels
     assert s["latency_s"] == pytest.approx(single + think * step1 + answer)
     batch_s = PREFILL[0] + PREFILL[1] * full + think * (DECODE[0] + DECODE[1] * full)
     tps = EVAL_BATCH_SIZE * think / batch_s

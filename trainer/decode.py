@@ -91,6 +91,20 @@ class StaticKV(Cache):
         return self.length, 0
 
 
+def model_dtype(model: Any) -> torch.dtype:
+    """The dtype of a model's first floating-point parameter: its compute dtype."""
+    return next(p for p in model.parameters() if p.is_floating_point()).dtype
+
+
+def attention_mask(allowed: torch.Tensor, additive: torch.dtype | None) -> torch.Tensor:
+    """A mask of the keys each query sees as the attention takes it: `allowed` itself (sdpa), or, given
+    `additive`, zeros and that dtype's lowest value (eager)."""
+    if additive is None:
+        return allowed
+    zero = torch.zeros((), dtype=additive, device=allowed.device)
+    return torch.where(allowed, zero, torch.finfo(additive).min)
+
+
 def _capturing() -> bool:
     return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
@@ -201,8 +215,7 @@ class GreedyDecoder:
         self.blocks: list[Any] = []  # the per-GPU graphs (`decode_blocks`) where the model spans GPUs
         self.tried_graphs = False
         self.ran = "launched"
-        dtype = next(p for p in model.parameters() if p.is_floating_point()).dtype
-        self.mask_dtype = dtype if self.additive else torch.bool
+        self.mask_dtype = model_dtype(model) if self.additive else torch.bool
         valid = attention_mask.to(self.device).bool()
         self.valid = valid
         self.state = _State(
@@ -216,10 +229,7 @@ class GreedyDecoder:
         self.cache = StaticKV(self.layers, self.length, self.state.slot)
 
     def _mask(self, allowed: torch.Tensor) -> torch.Tensor:
-        if not self.additive:
-            return allowed
-        zero = torch.zeros((), dtype=self.mask_dtype, device=self.device)
-        return torch.where(allowed, zero, torch.finfo(self.mask_dtype).min)
+        return attention_mask(allowed, self.mask_dtype if self.additive else None)
 
     def _keys_mask(self, valid: torch.Tensor) -> torch.Tensor:
         """[B, 1, 1, L]: the prompt's real tokens; the new slots are switched on as they are written."""

@@ -19,10 +19,9 @@ import torch
 from cockpit.contract import (
     EVAL_BATCH_MARGIN,
     EVAL_BATCH_SIZE,
-    SCORE_LOGIT_BYTES,
-    SCORE_TOKENS,
     eval_batch,
     eval_row_bytes,
+    score_logit_bytes,
 )
 from trainer.placement import attention_shape
 
@@ -54,7 +53,7 @@ def choose(model: Any, prompt_tokens: Callable[[], int], new_tokens: int, exampl
     text, kv_heads, head_dim = attention_shape(model.config)
     item = next(p for p in model.parameters() if p.is_floating_point()).element_size()
     head = model.get_output_embeddings().weight.device
-    logits = SCORE_TOKENS * text.vocab_size * SCORE_LOGIT_BYTES
+    logits = score_logit_bytes(text.vocab_size)
     free, rows = [], []
     for device, count in layers.items():
         keep = logits if device == head else 0

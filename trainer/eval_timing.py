@@ -1,10 +1,10 @@
 """Evaluation timed on a rehearsal's slice (`trainer.rehearsal`): the slice loaded as evaluation loads it
 (`trainer.model.load_base(spread=True)`: no ZeRO, spread over the GPUs here), then, each after a warm-up,
 a scoring forward at evaluation's shape and thinking batches, through evaluation's own functions
-(`trainer.evaluate.think` and `row_logprobs`): the rehearsal measures whatever evaluation runs.
+(`trainer.evaluate.think` and `trainer.scoring.score_ids`): the rehearsal measures whatever evaluation runs.
 
-- a scoring forward: rows of a prompt, the thinking and a label (`cockpit.plan.eval_time`), as many as
-  `SCORE_TOKENS` holds;
+- a scoring forward: rows of a prompt, the thinking and `ASSUMED_LABELS` labels behind them
+  (`cockpit.plan.eval_time`), as many as `SCORE_TOKENS` holds;
 - thinking at `EVAL_BATCH_SIZE` prompts, at `MAX_EVAL_BATCH` (evaluation chooses its batch up to it
   from the memory free once loaded: `trainer.eval_batch`) and at batch 1 (a request served alone): once
   for `EVAL_FIRST_TOKENS` new tokens and once for N; a decode step is `(time(N) - time(3)) / (N - 3)`, and
@@ -30,6 +30,7 @@ from typing import Any
 import torch
 
 from cockpit.contract import EVAL_BATCH_SIZE, EVAL_FIRST_TOKENS, LABEL_TOKENS, MAX_EVAL_BATCH, SCORE_TOKENS
+from cockpit.plan.run_length import ASSUMED_LABELS
 from trainer import decode
 
 REPEATS = 2  # timed calls of each shape after its warm-up (the median is kept, their spread too)
@@ -142,18 +143,29 @@ def time_thinking(
     }
 
 
-def time_scoring(model: Any, vocab: int, width: int, repeats: int) -> dict[str, Any]:
-    """One scoring forward (`trainer.evaluate.row_logprobs`) of rows `width` tokens wide, as many as
-    `SCORE_TOKENS` holds."""
-    from trainer.evaluate import row_logprobs
+def scoring_rows(
+    vocab: int, prefix: int, labels: int, seed: int = 1
+) -> tuple[list[list[int]], list[list[list[int]]]]:
+    """Random rows for a scoring forward: prefixes of `prefix` tokens, each with `labels` labels of
+    `LABEL_TOKENS` tokens behind it, as many as `SCORE_TOKENS` holds (one at least)."""
+    g = torch.Generator().manual_seed(seed)
+    prefix = max(1, min(prefix, SCORE_TOKENS - labels * LABEL_TOKENS))
+    n = max(1, SCORE_TOKENS // (prefix + labels * LABEL_TOKENS))
+    prefixes = [torch.randint(1, vocab, (prefix,), generator=g).tolist() for _ in range(n)]
+    tails = [[torch.randint(1, vocab, (LABEL_TOKENS,), generator=g).tolist() for _ in range(labels)]] * n
+    return prefixes, tails
 
-    g = torch.Generator().manual_seed(1)
-    width = max(2, min(width, SCORE_TOKENS))
-    rows = [torch.randint(1, vocab, (width,), generator=g).tolist() for _ in range(SCORE_TOKENS // width)]
-    times = _timed(lambda: row_logprobs(model, rows, 0), repeats)
+
+def time_scoring(model: Any, vocab: int, prefix: int, labels: int, repeats: int) -> dict[str, Any]:
+    """One scoring forward (`trainer.scoring.score_ids`) of `scoring_rows`."""
+    from trainer.scoring import score_ids
+
+    prefixes, tails = scoring_rows(vocab, prefix, labels)
+    times = _timed(lambda: score_ids(model, prefixes, tails, 0), repeats)
     return {
-        "score_rows": len(rows),
-        "score_tokens": len(rows) * width,
+        "score_rows": len(prefixes),
+        "score_labels": labels,
+        "score_tokens": sum(len(p) + labels * LABEL_TOKENS for p in prefixes),
         "score_s": statistics.median(times),
         "score_sd_s": _sd(times),
     }
@@ -184,7 +196,6 @@ def time_evaluation(
         IdsTokenizer.text(torch.randint(1, vocab, (prompt_len,), generator=g).tolist())
         for _ in range(MAX_EVAL_BATCH)
     ]
-    width = prompt_len + profile.eval.max_think_tokens + LABEL_TOKENS
     batch = time_thinking(model, prompts[:EVAL_BATCH_SIZE], vocab, new_tokens, repeats)
     single = time_thinking(model, prompts[:1], vocab, new_tokens, repeats)
     graph_path = decode.path()  # how the batches above decoded (a graph on one GPU)
@@ -196,7 +207,7 @@ def time_evaluation(
         torch.cuda.empty_cache()
     with decode.graphs_off():  # what a step costs where its graphs cannot be captured
         eager = time_thinking(model, prompts[:EVAL_BATCH_SIZE], vocab, new_tokens, repeats)
-    scoring = time_scoring(model, vocab, width, repeats)
+    scoring = time_scoring(model, vocab, prompt_len + profile.eval.max_think_tokens, ASSUMED_LABELS, repeats)
     devices = model.cockpit_load_facts.get("layer_devices") or []
     fields = {
         "layers": layers,

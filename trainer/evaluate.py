@@ -2,7 +2,8 @@
 
 Each example is classified by the model's own scores: it first writes its thinking section (greedy,
 at most `max_think_tokens`), then every label of the example's tenant is scored by the
-log-probability of `label<end of turn>` after that thinking; the best one is the prediction. The same
+log-probability of `label<end of turn>` after that thinking (`trainer.scoring`: the prompt and the
+thinking go through the model once for all the labels); the best one is the prediction. The same
 code scores a base model and a fine-tuned adapter, so their numbers are comparable.
 """
 
@@ -16,9 +17,9 @@ from typing import Any
 
 import torch
 
-from cockpit.contract import SCORE_TOKENS
 from cockpit.data.chat import THINK_CLOSE, THINK_OPEN, prompt_text
 from trainer import decode, eval_batch
+from trainer.scoring import score_many
 
 THINK_END = "</think>"
 
@@ -97,53 +98,6 @@ def think(model: Any, tokenizer: Any, prompts: list[str], max_new_tokens: int) -
     # goes on): what follows depends on the other prompts of the batch, not on this one.
     ends = set(stop) | ({tokenizer.pad_token_id} - {None})
     return tokenizer.batch_decode(cut_at_end(new, ends), skip_special_tokens=False)
-
-
-@torch.no_grad()
-def row_logprobs(model: Any, rows: list[list[int]], pad: int) -> list[torch.Tensor]:
-    """Each row's next-token log-probabilities of its own tokens (one right-padded forward)."""
-    width = max(len(r) for r in rows)
-    ids = torch.tensor([r + [pad] * (width - len(r)) for r in rows], device=model.device)
-    mask = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows], device=model.device)
-    logits = model(input_ids=ids, attention_mask=mask).logits.float()
-    picked = torch.log_softmax(logits[:, :-1], dim=-1).gather(2, ids[:, 1:].unsqueeze(-1)).squeeze(-1)
-    return [picked[i, : len(r) - 1] for i, r in enumerate(rows)]
-
-
-@torch.no_grad()
-def score_many(
-    model: Any, tokenizer: Any, prefixes: list[str], label_sets: list[list[str]]
-) -> list[dict[str, float]]:
-    """For each prefix, the log-probability of each of its labels (`label<eos>`) after it; the rows of
-    several examples share forwards (right-padded, at most SCORE_TOKENS tokens each)."""
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    jobs: list[tuple[int, str, int, list[int]]] = []  # (example, label, prefix length, row)
-    for n, (prefix, labels) in enumerate(zip(prefixes, label_sets, strict=True)):
-        prefix_ids = tokenizer(prefix, add_special_tokens=False)["input_ids"]
-        for label in labels:
-            tail = tokenizer(label + tokenizer.eos_token, add_special_tokens=False)["input_ids"]
-            jobs.append((n, label, len(prefix_ids), prefix_ids + tail))
-    scores: list[dict[str, float]] = [{} for _ in prefixes]
-    start = 0
-    while start < len(jobs):
-        end, width = start, 0
-        while end < len(jobs) and (
-            end == start or max(width, len(jobs[end][3])) * (end - start + 1) <= SCORE_TOKENS
-        ):
-            width = max(width, len(jobs[end][3]))
-            end += 1
-        chunk = jobs[start:end]
-        for (n, label, plen, _), lp in zip(
-            chunk, row_logprobs(model, [j[3] for j in chunk], pad), strict=True
-        ):
-            scores[n][label] = lp[plen - 1 :].sum().item()
-        start = end
-    return scores
-
-
-def score_labels(model: Any, tokenizer: Any, prefix: str, labels: list[str]) -> dict[str, float]:
-    """Log-probability of each `label<eos>` after `prefix`."""
-    return score_many(model, tokenizer, [prefix], [labels])[0]
 
 
 def classify(

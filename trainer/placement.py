@@ -33,7 +33,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from cockpit.contract import EVAL_BATCH_SIZE, SCORE_LOGIT_BYTES, SCORE_TOKENS, kv_cache_bytes
+from cockpit.contract import EVAL_BATCH_SIZE, kv_cache_bytes, score_logit_bytes
 from cockpit.profiles import Profile
 
 # Share of each GPU's free memory the weights and working memory above may take: the rest is for what
@@ -58,7 +58,7 @@ class WorkingMemory:
 
     @classmethod
     def of(cls, config: Any, profile: Profile) -> WorkingMemory:
-        """For SCORE_TOKENS tokens a scoring forward, and EVAL_BATCH_SIZE prompts of at most
+        """For a scoring forward's kept logits (`score_logit_bytes`), and EVAL_BATCH_SIZE prompts of at most
         `training.seq_len` tokens (a bound, not a measure) thinking `eval.max_think_tokens` each."""
         from trainer.quant import DTYPES
 
@@ -66,7 +66,7 @@ class WorkingMemory:
         item = torch.empty(0, dtype=DTYPES[profile.quantization.compute_dtype]).element_size()
         tokens = EVAL_BATCH_SIZE * (profile.training.seq_len + profile.eval.max_think_tokens)
         return cls(
-            logits_bytes=SCORE_TOKENS * text.vocab_size * SCORE_LOGIT_BYTES,
+            logits_bytes=score_logit_bytes(text.vocab_size),
             kv_bytes_per_layer=kv_cache_bytes(1, kv_heads, head_dim, tokens, item),
         )
 

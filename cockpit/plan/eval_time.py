@@ -5,8 +5,9 @@ shared by `cockpit plan` (modelled here) and the rehearsal's forecast (measured 
 Evaluation classifies the held-out examples `EVAL_BATCH_SIZE` at a time: the batch's prompts are
 prefilled, each thinks greedily for up to `eval.max_think_tokens` tokens (one decode step a token for the
 whole batch, until its longest row ends: counted to the limit, an upper bound), then every label of an
-example is scored after its thinking, rows of prompt + thinking + label packed several to a forward of at
-most `SCORE_TOKENS` tokens. Two systems, the base model and the tuned one, each over the whole split:
+example is scored after its thinking: a row of the prompt, the thinking and each label's tokens (the
+prefix once for all the labels, `trainer.scoring`), several rows to a forward of at most `SCORE_TOKENS`
+tokens. Two systems, the base model and the tuned one, each over the whole split:
 
     time = systems x [batches x (prefill + think tokens x decode step) + scoring forwards x a forward]
 
@@ -32,9 +33,9 @@ from cockpit.contract import (
     EVAL_BATCH_SIZE,
     LABEL_TOKENS,
     PROMPT_FRACTION,
-    SCORE_LOGIT_BYTES,
     SCORE_TOKENS,
     kv_cache_bytes,
+    score_logit_bytes,
 )
 from cockpit.plan.run_length import ASSUMED_LABELS, EvalSplit, from_data_file
 
@@ -122,8 +123,9 @@ class EvalShape:
 
     @property
     def width(self) -> int:
-        """Tokens of a scored row: the prompt, the thinking and the label."""
-        return math.ceil(self.prompt_tokens) + self.think_tokens + LABEL_TOKENS
+        """Tokens of a scored row: the prompt, the thinking and every label of the example."""
+        labels = math.ceil(self.split.labels)
+        return math.ceil(self.prompt_tokens) + self.think_tokens + labels * LABEL_TOKENS
 
     @property
     def rows_per_forward(self) -> int:
@@ -134,8 +136,8 @@ class EvalShape:
         return math.ceil(examples / self.batch)
 
     def forwards(self, examples: float) -> int:
-        """Scoring forwards of one system: every example's labels, `rows_per_forward` rows each."""
-        return math.ceil(examples * self.split.labels / self.rows_per_forward)
+        """Scoring forwards of one system: a row an example, `rows_per_forward` rows each."""
+        return math.ceil(examples / self.rows_per_forward)
 
 
 @dataclass(frozen=True)
@@ -286,7 +288,7 @@ def target_batch(inputs: Any, hw: Any, prompt: float, think: int, examples: floa
     gpus = hw.gpus  # evaluation is one process over one host's GPUs (trainer/placement.py)
     if not gpus or not hw.gpu_mem_gib:
         return EVAL_BATCH_SIZE, f"{EVAL_BATCH_SIZE} (no GPU memory known)"
-    held = w.stored_bytes + SCORE_TOKENS * g.vocab * SCORE_LOGIT_BYTES
+    held = w.stored_bytes + score_logit_bytes(g.vocab)
     free = EVAL_BATCH_MARGIN * (hw.gpu_mem_gib * 1024**3 - held / gpus)
     layers = math.ceil(g.layers / gpus)
     row = eval_row_bytes(

@@ -134,7 +134,7 @@ REHEARSE_EVAL = {
     "layers": INT, "load_s": NUMBER, "gpus": INT, "device": TEXT, "batch": INT, "prompt_tokens": INT,
     "new_tokens": INT, "think_tokens": INT, "repeats": INT, "large_batch": INT, "decode_path": TEXT,
     **{prefix + field: NUMBER for prefix in THINKING_PREFIXES for field in THINKING_TIMED},
-    "score_rows": INT, "score_tokens": INT, "score_s": NUMBER, "score_sd_s": NUMBER,
+    "score_rows": INT, "score_labels": INT, "score_tokens": INT, "score_s": NUMBER, "score_sd_s": NUMBER,
 }  # fmt: skip
 STEP = "step"  # the event's kind, and its field: the optimizer step's number
 MAX_STEPS = "max_steps"

@@ -3,7 +3,8 @@
 profile's GPUs).
 
 - **Latency of a request** served alone (batch 1): its prompt's prefill, its thinking (`eval.max_think_tokens`
-  decode steps at batch 1), and its answer scored (its labels' rows: their share of a scoring forward).
+  decode steps at batch 1), and its answer scored (its row, the prefix and its labels: its share of a
+  scoring forward).
 - **Throughput** at evaluation's batch on the target (as evaluation chooses it from the free memory):
   new tokens a second while a batch thinks (the batch's tokens over its prefill and its decode steps).
 - **Cost** of 1M generated tokens at that throughput on the profile's machine (`cost.serving_hour_usd`),
@@ -29,7 +30,7 @@ def serving(ev: EvalForecast, profile: Any, machine: str) -> dict[str, Any] | No
     if not ev.measured or shape is None or any(k not in t for k in needed):
         return None
     think = shape.think_tokens
-    answer_s = t["score_s"] * shape.split.labels / shape.rows_per_forward
+    answer_s = t["score_s"] / shape.rows_per_forward  # one row: the request's prefix and its labels
     thinking_s = think * t["single_decode_step_s"]
     latency = t["single_prefill_s"] + thinking_s + answer_s
     at = ev.costs()  # at evaluation's batch on the target
@@ -60,7 +61,8 @@ def serving(ev: EvalForecast, profile: Any, machine: str) -> dict[str, Any] | No
         "assumptions": [
             f"a request alone (batch 1): its {shape.prompt_tokens:,.0f}-token prompt prefilled, {think} "
             f"thinking tokens (eval.max_think_tokens, each thinks to the limit), its "
-            f"{shape.split.labels:.1f} labels scored (their rows' share of a scoring forward, compute-bound)",
+            f"{shape.split.labels:.1f} labels scored behind it (its row's share of a scoring forward, "
+            "compute-bound)",
             f"throughput: {shape.batch} requests a batch (evaluation's), new tokens over the batch's prefill "
             "and decode steps; prompt tokens are not counted as output",
             f"price: cost.serving_hour_usd ${cost.serving_hour_usd:g} an hour for {machine}, one copy of the "

@@ -62,8 +62,13 @@ def keeps_embeddings(embeddings_on_gpu: bool, stage: int, offload_param: str, gp
 EVAL_BATCH_SIZE = 64
 # On a GPU the batch is as large as the memory left after loading holds (`eval_batch`), up to this: at
 # 64 prompts a decode step already reads nearly every expert of a layer (126 of 128 at top-8), so a larger
-# batch adds rows at little more cost a step (benchmarks/results/decode_speed_h200.md).
-MAX_EVAL_BATCH = 256
+# batch adds rows at little more cost a step (benchmarks/results/decode_speed_h200.md); 512 holds the
+# story's held-out 400 in one batch.
+MAX_EVAL_BATCH = 512
+# A thinking batch's prompts go through the model a chunk of rows at a time (`trainer/decode.py`), at
+# most this many prompt tokens a chunk (one row at least): the prefill's activations are a chunk's, not
+# the batch's, so the batch is bounded by its KV cache alone.
+PREFILL_TOKENS = 32_768
 # Bytes a token holds in a layer's activations while a prompt goes through it (the prefill), besides its
 # KV cache: its hidden state a few times over (residual, norm, attention output), its query, and its
 # top-k expert rows (the input spread to each expert and the gate/up output), in the compute dtype.
@@ -75,17 +80,26 @@ def kv_cache_bytes(layers: int, kv_heads: int, head_dim: int, tokens: float, ite
     return int(layers * 2 * kv_heads * head_dim * tokens * item)
 
 
+def prefill_rows(prompt_tokens: int) -> int:
+    """Rows of a thinking batch prefilled together: as many prompts as `PREFILL_TOKENS` holds (one at
+    least)."""
+    return max(1, PREFILL_TOKENS // max(1, prompt_tokens))
+
+
 def eval_row_bytes(
-    layers: int, kv_heads: int, head_dim: int, hidden: int, expert_width: int, top_k: int,
-    prompt_tokens: int, new_tokens: int, item: int = 2,
-) -> int:  # fmt: skip
+    layers: int, kv_heads: int, head_dim: int, prompt_tokens: int, new_tokens: int, item: int = 2
+) -> int:
     """Device bytes one evaluation row holds on a GPU that runs `layers` decoder layers: its KV cache for
-    the prompt and the new tokens in every one of them, and the prefill's activations of one layer at a
-    time (`PREFILL_HIDDEN_COPIES` hidden states, the query, and each of the top-k experts' input row and
-    gate/up output)."""
-    kv = kv_cache_bytes(layers, kv_heads, head_dim, prompt_tokens + new_tokens, item)
+    the prompt and the new tokens in every one of them."""
+    return kv_cache_bytes(layers, kv_heads, head_dim, prompt_tokens + new_tokens, item)
+
+
+def prefill_bytes(hidden: int, expert_width: int, top_k: int, prompt_tokens: int, item: int = 2) -> int:
+    """Device bytes a prefill chunk's activations take in the layer it runs (`prefill_rows` prompts of
+    `prompt_tokens`: `PREFILL_HIDDEN_COPIES` hidden states, the query, and each of the top-k experts' input
+    row and gate/up output a token), on every GPU that runs decoder layers, beside the batch's rows."""
     per_token = PREFILL_HIDDEN_COPIES * hidden + top_k * (hidden + 2 * expert_width)
-    return kv + item * prompt_tokens * per_token
+    return item * prefill_rows(prompt_tokens) * max(1, prompt_tokens) * per_token
 
 
 def eval_batch(free_bytes: list[int], row_bytes: list[int], examples: int) -> int:

@@ -41,6 +41,24 @@ def test_greedy_tokens_equal_generate(tiny, attention: str) -> None:
     assert got.tolist() == expected
 
 
+@pytest.mark.parametrize("per", [1, 2])
+def test_a_prefill_in_chunks_of_rows_gives_the_same_tokens(
+    tiny, monkeypatch: pytest.MonkeyPatch, per: int
+) -> None:
+    """The prompts go through the model a chunk of rows at a time (one row, two, the last chunk short):
+    each row's tokens are still generate's."""
+    model, tokenizer = tiny
+    model.set_attn_implementation("sdpa")
+    tokenizer.padding_side = "left"
+    enc = tokenizer(PROMPTS, return_tensors="pt", padding=True, add_special_tokens=False)
+    expected = _generate(model, enc, 8, [-1], tokenizer.pad_token_id)
+    chunks = []
+    monkeypatch.setattr(decode, "prefill_rows", lambda prompt: chunks.append(prompt) or per)
+    got = decode.greedy(model, enc["input_ids"], enc["attention_mask"], 8, set())
+    assert chunks, "the decoder must ask how many rows a chunk holds"
+    assert got is not None and got.tolist() == expected
+
+
 def test_greedy_stops_once_every_row_ended(tiny) -> None:
     """With the tokens each row makes first as its stop token, the loop ends at the next check, and
     each row, cut at its end, is what generate gives."""
@@ -257,7 +275,7 @@ def test_a_layer_on_another_device_reads_the_slot_from_its_own_copy() -> None:
     """StaticKV gives a layer on another device the slot through a buffer of its own, at one address
     from step to step (a graph reads it there); the 'meta' device stands in for a second GPU."""
     slot = torch.tensor([5])
-    cache = decode.StaticKV(2, 8, slot)
+    cache = decode.StaticKV(2, 8, slot, batch=1)
     cache.sync_slot(torch.device("cpu"))  # the slot's own device: nothing to copy
     assert cache._mirrors == {}
     assert cache._slots(torch.device("cpu"), 2).tolist() == [5, 6]

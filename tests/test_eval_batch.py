@@ -2,18 +2,36 @@
 
 from __future__ import annotations
 
-from cockpit.contract import MAX_EVAL_BATCH, eval_batch, eval_row_bytes
+from cockpit.contract import (
+    MAX_EVAL_BATCH,
+    PREFILL_TOKENS,
+    eval_batch,
+    eval_row_bytes,
+    prefill_bytes,
+    prefill_rows,
+)
 
-STORY = {"kv_heads": 4, "head_dim": 128, "hidden": 4096, "expert_width": 1536, "top_k": 8}
+STORY = {"kv_heads": 4, "head_dim": 128}
+EXPERTS = {"hidden": 4096, "expert_width": 1536, "top_k": 8}
 
 
-def test_a_row_holds_its_kv_cache_in_every_layer_it_runs_and_one_layer_s_prefill() -> None:
+def test_a_row_holds_its_kv_cache_in_every_layer_it_runs() -> None:
     one = eval_row_bytes(1, **STORY, prompt_tokens=512, new_tokens=512)
     two = eval_row_bytes(2, **STORY, prompt_tokens=512, new_tokens=512)
     kv_layer = 2 * 4 * 128 * 1024 * 2  # keys and values, 1,024 positions, bf16
-    assert two - one == kv_layer  # the prefill's activations are one layer's, whatever the depth
+    assert one == kv_layer and two == 2 * kv_layer
     longer = eval_row_bytes(1, **STORY, prompt_tokens=512, new_tokens=1024)
-    assert longer - one == kv_layer // 2  # new tokens add cache, not prefill
+    assert longer - one == kv_layer // 2  # new tokens add cache
+
+
+def test_a_prefill_chunk_holds_as_many_prompts_as_its_tokens_allow() -> None:
+    """The prefill's activations are one chunk's: the same for prompts of 512 and of 1,024 tokens (half
+    the rows), one row at least for a prompt longer than the chunk."""
+    assert prefill_rows(512) == PREFILL_TOKENS // 512 and prefill_rows(10 * PREFILL_TOKENS) == 1
+    per_token = 2 * (6 * 4096 + 8 * (4096 + 2 * 1536))
+    assert prefill_bytes(**EXPERTS, prompt_tokens=512) == PREFILL_TOKENS * per_token
+    assert prefill_bytes(**EXPERTS, prompt_tokens=1024) == prefill_bytes(**EXPERTS, prompt_tokens=512)
+    assert prefill_bytes(**EXPERTS, prompt_tokens=2 * PREFILL_TOKENS) == 2 * PREFILL_TOKENS * per_token
 
 
 def test_the_batch_is_what_the_fullest_gpu_holds_within_the_bounds() -> None:

@@ -141,10 +141,10 @@ def test_the_batch_is_what_the_gpus_hold_beside_the_weights_as_evaluation_choose
     from cockpit.plan.eval_time import target_batch
 
     _, inputs = _story_inputs()
-    small, _ = target_batch(inputs, Hardware(4, "H100-80GB", 80, 960), 1000, 512, 400)
-    large, _ = target_batch(inputs, Hardware(4, "NVIDIA H200", 141, 960), 1000, 512, 400)
+    small, _ = target_batch(inputs, Hardware(4, "H100-80GB", 80, 960), 2000, 512, 2000)
+    large, _ = target_batch(inputs, Hardware(4, "NVIDIA H200", 141, 960), 2000, 512, 2000)
     few, _ = target_batch(inputs, Hardware(4, "NVIDIA H200", 141, 960), 1000, 512, 20)
-    longer, _ = target_batch(inputs, Hardware(4, "H100-80GB", 80, 960), 4000, 512, 400)
+    longer, _ = target_batch(inputs, Hardware(4, "H100-80GB", 80, 960), 4000, 512, 2000)
     assert 1 <= longer < small < large <= MAX_EVAL_BATCH and few == 20
     profile, _ = load_profile(STORY)
     plan = build_plan(profile)

@@ -28,6 +28,7 @@ from typing import Any
 import torch
 from transformers.cache_utils import Cache, DynamicLayer
 
+from cockpit.contract import prefill_rows
 from trainer import decode_blocks
 
 log = logging.getLogger(__name__)
@@ -41,13 +42,16 @@ ATTENTION = ("sdpa", "eager")
 
 
 class StaticKV(Cache):
-    """Each layer's keys and values in buffers of `length` slots, written at the slots `slot` says
-    (a device tensor the decoder advances); allocated on a layer's first write, on that layer's device."""
+    """Each layer's keys and values of `batch` rows in buffers of `length` slots, written at the slots
+    `slot` says (a device tensor the decoder advances); allocated on a layer's first write, on that layer's
+    device. A forward reads and writes the rows `rows` says: all of them, or a prefill chunk's."""
 
-    def __init__(self, layers: int, length: int, slot: torch.Tensor) -> None:
+    def __init__(self, layers: int, length: int, slot: torch.Tensor, batch: int) -> None:
         super().__init__(layers=[DynamicLayer() for _ in range(layers)])
         self.length = length
         self.slot = slot
+        self.batch = batch
+        self.rows = slice(None)
         self.keys: list[torch.Tensor | None] = [None] * layers
         self.values: list[torch.Tensor | None] = [None] * layers
         self._steps: dict[torch.device, torch.Tensor] = {}
@@ -57,10 +61,12 @@ class StaticKV(Cache):
         self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: Any, **kwargs: Any
     ) -> tuple[torch.Tensor, torch.Tensor]:
         if self.keys[layer_idx] is None:
-            b, h, _, d = key_states.shape
-            self.keys[layer_idx] = key_states.new_zeros(b, h, self.length, d)
-            self.values[layer_idx] = value_states.new_zeros(b, h, self.length, value_states.shape[-1])
-        keys, values = self.keys[layer_idx], self.values[layer_idx]
+            _, h, _, d = key_states.shape
+            self.keys[layer_idx] = key_states.new_zeros(self.batch, h, self.length, d)
+            self.values[layer_idx] = value_states.new_zeros(
+                self.batch, h, self.length, value_states.shape[-1]
+            )
+        keys, values = self.keys[layer_idx][self.rows], self.values[layer_idx][self.rows]
         n = key_states.shape[-2]
         where = self._slots(keys.device, n)
         keys.index_copy_(2, where, key_states)
@@ -226,7 +232,7 @@ class GreedyDecoder:
             out=torch.zeros(self.batch, max(new, 1), dtype=torch.long, device=self.device),
             step=torch.zeros(1, dtype=torch.long, device=self.device),
         )
-        self.cache = StaticKV(self.layers, self.length, self.state.slot)
+        self.cache = StaticKV(self.layers, self.length, self.state.slot, self.batch)
 
     def _mask(self, allowed: torch.Tensor) -> torch.Tensor:
         return attention_mask(allowed, self.mask_dtype if self.additive else None)
@@ -250,17 +256,25 @@ class GreedyDecoder:
         return out.logits[:, -1, :]
 
     def prefill(self, input_ids: torch.Tensor) -> None:
-        """The prompt through the model (left-padded rows), its last logits giving the first new token."""
+        """The prompt through the model (left-padded rows), its last logits giving the first new token;
+        a chunk of `prefill_rows` rows a forward, so its activations are a chunk's, not the batch's."""
         valid = self.valid
         positions = (valid.long().cumsum(-1) - 1).masked_fill(~valid, 1)
         causal = torch.ones(self.prompt, self.length, dtype=torch.bool, device=self.device).tril()
-        allowed = causal[None] & torch.nn.functional.pad(valid, (0, self.new))[:, None, :]
         # A padding query sees itself, so no row of the softmax is empty (its output is never used).
-        allowed |= torch.eye(self.prompt, self.length, dtype=torch.bool, device=self.device)[None]
+        itself = torch.eye(self.prompt, self.length, dtype=torch.bool, device=self.device)
+        keys = torch.nn.functional.pad(valid, (0, self.new))
+        per = prefill_rows(self.prompt)
         self.cache.slot.zero_()
-        logits = self._forward(input_ids, positions, self._mask(allowed)[:, None])
+        logits = []
+        for start in range(0, self.batch, per):
+            rows = slice(start, min(start + per, self.batch))
+            allowed = (causal[None] & keys[rows, None, :]) | itself[None]
+            self.cache.rows = rows
+            logits.append(self._forward(input_ids[rows], positions[rows], self._mask(allowed)[:, None]))
+        self.cache.rows = slice(None)
         self.cache.slot.fill_(self.prompt)
-        self._take(logits)
+        self._take(torch.cat(logits))
 
     def _take(self, logits: torch.Tensor) -> None:
         """Record the argmax as this step's token and make it the next step's input."""

@@ -2,10 +2,10 @@
 
 A decode step reads each layer's weights once for the whole batch, so the larger the batch, the more
 tokens each read pays for. The batch is the most rows every GPU holding decoder layers can take: its
-free memory (the driver's, plus what torch's allocator holds unused), less what the scoring forward's
-logits need on the head's GPU and a margin, over one row's KV cache for the layers it runs and a
-prefill's activations (`cockpit.contract.eval_row_bytes`, which the plan counts too). Without a GPU it
-is `EVAL_BATCH_SIZE`.
+free memory (the driver's, plus what torch's allocator holds unused), less a margin, a prefill chunk's
+activations (`cockpit.contract.prefill_bytes`: the prompts go through a chunk of rows at a time) and, on
+the head's GPU, the scoring forward's kept logits, over one row's KV cache for the layers it runs
+(`cockpit.contract.eval_row_bytes`; the plan counts the same). Without a GPU it is `EVAL_BATCH_SIZE`.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from cockpit.contract import (
     EVAL_BATCH_SIZE,
     eval_batch,
     eval_row_bytes,
+    prefill_bytes,
     score_logit_bytes,
 )
 from trainer.placement import attention_shape
@@ -54,21 +55,13 @@ def choose(model: Any, prompt_tokens: Callable[[], int], new_tokens: int, exampl
     item = next(p for p in model.parameters() if p.is_floating_point()).element_size()
     head = model.get_output_embeddings().weight.device
     logits = score_logit_bytes(text.vocab_size)
+    expert_width = getattr(text, "moe_intermediate_size", None) or text.intermediate_size
+    prefill = prefill_bytes(
+        text.hidden_size, expert_width, getattr(text, "num_experts_per_tok", 1), longest, item
+    )
     free, rows = [], []
     for device, count in layers.items():
-        keep = logits if device == head else 0
+        keep = prefill + (logits if device == head else 0)
         free.append(max(0, int(free_bytes(device) * EVAL_BATCH_MARGIN) - keep))
-        rows.append(
-            eval_row_bytes(
-                count,
-                kv_heads,
-                head_dim,
-                text.hidden_size,
-                getattr(text, "moe_intermediate_size", None) or text.intermediate_size,
-                getattr(text, "num_experts_per_tok", 1),
-                longest,
-                new_tokens,
-                item,
-            )
-        )
+        rows.append(eval_row_bytes(count, kv_heads, head_dim, longest, new_tokens, item))
     return eval_batch(free, rows, examples)

@@ -104,9 +104,10 @@ def shared_logprobs(model: Any, batch: SharedRows) -> list[list[float]]:
         **_router_off(model),
     ).logits
     logp = torch.log_softmax(logits.float(), dim=-1)
-    picked = logp[batch.rows.to(device), batch.columns.to(device), batch.targets.to(device)]
-    sums = torch.zeros(sum(batch.shape), dtype=picked.dtype, device=device)
-    sums.index_add_(0, batch.labels.to(device), picked)
+    at = logp.device  # the head's, where the model spans devices
+    picked = logp[batch.rows.to(at), batch.columns.to(at), batch.targets.to(at)]
+    sums = torch.zeros(sum(batch.shape), dtype=picked.dtype, device=at)
+    sums.index_add_(0, batch.labels.to(at), picked)
     flat = sums.tolist()
     out, start = [], 0
     for n in batch.shape:

@@ -281,25 +281,25 @@ def target_batch(inputs: Any, hw: Any, prompt: float, think: int, examples: floa
     (`cockpit.contract.eval_row_bytes`) a GPU holds in what is left free, at most `MAX_EVAL_BATCH`. The
     placement balances the weights and the scoring logits over the GPUs (`trainer.placement`: the first
     GPU, which keeps the embeddings, the head and the logits, gets fewer layers), so each GPU is left about
-    the same. Without GPU memory known, `EVAL_BATCH_SIZE`, as on the CPU."""
-    from cockpit.contract import eval_batch, eval_row_bytes
+    the same; each also keeps room for a prefill chunk's activations (`cockpit.contract.prefill_bytes`).
+    Without GPU memory known, `EVAL_BATCH_SIZE`, as on the CPU."""
+    from cockpit.contract import eval_batch, eval_row_bytes, prefill_bytes
 
     g, w = inputs.geometry, inputs.weights
     gpus = hw.gpus  # evaluation is one process over one host's GPUs (trainer/placement.py)
     if not gpus or not hw.gpu_mem_gib:
         return EVAL_BATCH_SIZE, f"{EVAL_BATCH_SIZE} (no GPU memory known)"
+    item, tokens = inputs.precision.act_bytes, math.ceil(prompt)
     held = w.stored_bytes + score_logit_bytes(g.vocab)
-    free = EVAL_BATCH_MARGIN * (hw.gpu_mem_gib * 1024**3 - held / gpus)
+    prefill = prefill_bytes(g.hidden, g.moe_intermediate or g.intermediate, g.top_k or 1, tokens, item)
+    free = EVAL_BATCH_MARGIN * (hw.gpu_mem_gib * 1024**3 - held / gpus) - prefill
     layers = math.ceil(g.layers / gpus)
-    row = eval_row_bytes(
-        layers, g.kv_heads, g.head_dim, g.hidden, g.moe_intermediate or g.intermediate, g.top_k or 1,
-        math.ceil(prompt), think, inputs.precision.act_bytes,
-    )  # fmt: skip
+    row = eval_row_bytes(layers, g.kv_heads, g.head_dim, tokens, think, item)
     batch = eval_batch([max(0, int(free))], [row], math.ceil(examples))
     return batch, (
-        f"{batch}: the rows of {math.ceil(prompt):,} + {think} tokens ({row / 2**20:,.0f} MiB each on a GPU "
-        f"of {layers} layers) that {hw.gpu_mem_gib:g} GiB hold beside its share of the weights and the "
-        "scoring logits, as evaluation chooses"
+        f"{batch}: the rows of {tokens:,} + {think} tokens ({row / 2**20:,.0f} MiB of KV cache each on a "
+        f"GPU of {layers} layers) that {hw.gpu_mem_gib:g} GiB hold beside its share of the weights, the "
+        f"scoring logits and a prefill chunk's activations ({prefill / 2**30:.1f} GiB), as evaluation chooses"
     )
 
 

@@ -194,17 +194,18 @@ def time_evaluation(
     prompt_len = max(1, prompt_len)
     prompts = [
         IdsTokenizer.text(torch.randint(1, vocab, (prompt_len,), generator=g).tolist())
-        for _ in range(MAX_EVAL_BATCH)
+        for _ in range(MAX_EVAL_BATCH if torch.cuda.is_available() else EVAL_BATCH_SIZE)
     ]
     batch = time_thinking(model, prompts[:EVAL_BATCH_SIZE], vocab, new_tokens, repeats)
     single = time_thinking(model, prompts[:1], vocab, new_tokens, repeats)
     graph_path = decode.path()  # how the batches above decoded (a graph on one GPU)
-    try:
-        large = time_thinking(model, prompts, vocab, new_tokens, repeats)
-    except torch.OutOfMemoryError:  # more than this slice leaves room for: the batches timed stay
-        large = {}
-        gc.collect()
-        torch.cuda.empty_cache()
+    large: dict[str, Any] = {}
+    if torch.cuda.is_available():  # on the CPU evaluation's batch is EVAL_BATCH_SIZE: nothing larger to time
+        try:
+            large = time_thinking(model, prompts, vocab, new_tokens, repeats)
+        except torch.OutOfMemoryError:  # more than this slice leaves room for: the batches timed stay
+            gc.collect()
+            torch.cuda.empty_cache()
     with decode.graphs_off():  # what a step costs where its graphs cannot be captured
         eager = time_thinking(model, prompts[:EVAL_BATCH_SIZE], vocab, new_tokens, repeats)
     scoring = time_scoring(model, vocab, prompt_len + profile.eval.max_think_tokens, ASSUMED_LABELS, repeats)

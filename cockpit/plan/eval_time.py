@@ -135,6 +135,11 @@ class EvalShape:
     def batches(self, examples: float) -> int:
         return math.ceil(examples / self.batch)
 
+    def batches_words(self, examples: float) -> str:
+        """`1 batch`, `3 batches`."""
+        n = self.batches(examples)
+        return f"{n} batch" if n == 1 else f"{n} batches"
+
     def forwards(self, examples: float) -> int:
         """Scoring forwards of one system: a row an example, `rows_per_forward` rows each."""
         return math.ceil(examples / self.rows_per_forward)
@@ -196,7 +201,7 @@ class EvalTime:
         lo, hi = self.range_s
         span = f" ({lo / 3600:.2f}-{hi / 3600:.2f} h)" if hi > lo else ""
         return (
-            f"{s.systems} systems x {n:,.0f} examples ({s.batches(n)} batches of {s.batch}: prefill "
+            f"{s.systems} systems x {n:,.0f} examples ({s.batches_words(n)} of {s.batch}: prefill "
             f"{c.prefill_s:.2f} s + {s.think_tokens} thinking tokens x {c.decode_step_s * 1000:.1f} ms a "
             f"step; {s.forwards(n)} scoring forwards x {c.score_s:.2f} s) = {self.total_s / 3600:.2f} h"
             f"{span} ({self.how}); examples: {s.split.how}"

@@ -281,7 +281,7 @@ def _from_fits(
     depths = ", ".join(str(d) for d, _ in fits["decode_step_s"].points)  # type: ignore[union-attr]
     result.how = (
         f"evaluation timed on the slices ({depths} layers) and scaled: {shape.systems} systems x {n:,.0f} "
-        f"examples, {shape.batches(n)} batches of {shape.batch} prompts of {shape.prompt_tokens:,.0f} tokens "
+        f"examples, {shape.batches_words(n)} of {shape.batch} prompts of {shape.prompt_tokens:,.0f} tokens "
         f"(prefill {result.costs().prefill_s:.2f} s + {shape.think_tokens} thinking tokens x "
         f"{result.costs().decode_step_s * 1000:.1f} ms a step), {shape.forwards(n)} scoring forwards x "
         f"{target['score_s']:.2f} s; each example thinks to eval.max_think_tokens (an upper bound); "

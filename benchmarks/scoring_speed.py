@@ -2,7 +2,7 @@
 
 Evaluation scores every label of an example after the example's prompt and thinking. Before, each label
 was a row of its own: the prefix went through the model once a label, rows packed to `SCORE_TOKENS`
-tokens a forward, every position's logits kept (`trainer.scoring.row_logprobs`, as evaluation called it).
+tokens a forward, every position's logits kept (`row_logprobs` here, as evaluation ran it).
 Now an example is one row, its prefix once and its labels behind it under a 4-D mask, and only the
 scored positions reach the head (`trainer.scoring.score_ids`). Both score the same random examples here:
 `--examples` prefixes of `--prefix` tokens (the story's 1,000-token prompt and 512 thinking tokens), each
@@ -41,11 +41,23 @@ def log(text: str) -> None:
     print(text, flush=True)
 
 
+def row_logprobs(model: Any, rows: list[list[int]], pad: int) -> list[Any]:
+    """Each row's next-token log-probabilities of its own tokens, one right-padded forward with every
+    position's logits: evaluation's scoring before the shared prefix, kept here to measure it."""
+    import torch
+
+    width = max(len(r) for r in rows)
+    ids = torch.tensor([r + [pad] * (width - len(r)) for r in rows], device=model.device)
+    mask = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows], device=model.device)
+    logits = model(input_ids=ids, attention_mask=mask).logits.float()
+    picked = torch.log_softmax(logits[:, :-1], dim=-1).gather(2, ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+    return [picked[i, : len(r) - 1] for i, r in enumerate(rows)]
+
+
 def one_row_a_label(model: Any, prefixes: list[list[int]], tails: list[list[list[int]]]) -> list[list[float]]:
     """The scoring evaluation ran before the shared prefix: a row a label, `SCORE_TOKENS` tokens a
     forward, every position's logits."""
     from cockpit.contract import SCORE_TOKENS
-    from trainer.scoring import row_logprobs
 
     jobs = [(n, len(p), [*p, *t]) for n, (p, ts) in enumerate(zip(prefixes, tails, strict=True)) for t in ts]
     width = max(len(j[2]) for j in jobs)

@@ -66,8 +66,9 @@ EVAL_BATCH_SIZE = 64
 # story's held-out 400 in one batch.
 MAX_EVAL_BATCH = 512
 # A thinking batch's prompts go through the model a chunk of rows at a time (`trainer/decode.py`), at
-# most this many prompt tokens a chunk (one row at least): the prefill's activations are a chunk's, not
-# the batch's, so the batch is bounded by its KV cache alone.
+# most this many of a row's key slots (its prompt and new tokens) a chunk, one row at least: the prefill's
+# activations are a chunk's, not the batch's, so the batch is bounded by its KV cache alone. A scoring
+# forward (`SCORE_TOKENS`) fits in the same room.
 PREFILL_TOKENS = 32_768
 # Bytes a token holds in a layer's activations while a prompt goes through it (the prefill), besides its
 # KV cache: its hidden state a few times over (residual, norm, attention output), its query, and its
@@ -80,10 +81,10 @@ def kv_cache_bytes(layers: int, kv_heads: int, head_dim: int, tokens: float, ite
     return int(layers * 2 * kv_heads * head_dim * tokens * item)
 
 
-def prefill_rows(prompt_tokens: int) -> int:
-    """Rows of a thinking batch prefilled together: as many prompts as `PREFILL_TOKENS` holds (one at
-    least)."""
-    return max(1, PREFILL_TOKENS // max(1, prompt_tokens))
+def prefill_rows(row_tokens: int) -> int:
+    """Rows of a thinking batch prefilled together: as many rows of `row_tokens` key slots (a prompt and
+    its new tokens) as `PREFILL_TOKENS` holds, one at least."""
+    return max(1, PREFILL_TOKENS // max(1, row_tokens))
 
 
 def eval_row_bytes(
@@ -94,12 +95,15 @@ def eval_row_bytes(
     return kv_cache_bytes(layers, kv_heads, head_dim, prompt_tokens + new_tokens, item)
 
 
-def prefill_bytes(hidden: int, expert_width: int, top_k: int, prompt_tokens: int, item: int = 2) -> int:
-    """Device bytes a prefill chunk's activations take in the layer it runs (`prefill_rows` prompts of
-    `prompt_tokens`: `PREFILL_HIDDEN_COPIES` hidden states, the query, and each of the top-k experts' input
-    row and gate/up output a token), on every GPU that runs decoder layers, beside the batch's rows."""
-    per_token = PREFILL_HIDDEN_COPIES * hidden + top_k * (hidden + 2 * expert_width)
-    return item * prefill_rows(prompt_tokens) * max(1, prompt_tokens) * per_token
+def prefill_bytes(
+    hidden: int, expert_width: int, top_k: int, q_dim: int, row_tokens: int, item: int = 2
+) -> int:  # fmt: skip
+    """Device bytes a prefill chunk takes in the layer it runs, on every GPU that runs decoder layers,
+    beside the batch's rows: `PREFILL_TOKENS` tokens (or one longer row of `row_tokens`), each with
+    `PREFILL_HIDDEN_COPIES` hidden states, the top-k experts' input row and gate/up output, and its key
+    and value repeated for every query head (sdpa with a mask attends over the whole row's slots)."""
+    per_token = PREFILL_HIDDEN_COPIES * hidden + top_k * (hidden + 2 * expert_width) + 2 * q_dim
+    return item * max(PREFILL_TOKENS, row_tokens) * per_token
 
 
 def eval_batch(free_bytes: list[int], row_bytes: list[int], examples: int) -> int:

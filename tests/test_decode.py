@@ -85,6 +85,8 @@ def test_think_same_text_either_path(tiny, monkeypatch: pytest.MonkeyPatch) -> N
     slow = evaluate.think(model, tokenizer, PROMPTS, 24)
     assert fast == slow
     assert any(text for text in fast)
+    monkeypatch.setattr(evaluate, "prefill_rows", lambda tokens: 2)  # generate over chunks of 2 rows, 1
+    assert evaluate.think(model, tokenizer, PROMPTS, 24) == fast
 
 
 def test_unusable_attention_falls_back(tiny) -> None:

@@ -36,12 +36,15 @@ def _dense() -> torch.nn.Module:
 
 
 def _one_row_a_label(model, tok, prefix: str, labels: list[str]) -> dict[str, float]:
-    """The reference: each label its own row, alone in its forward."""
+    """The reference: each label after the prefix in a forward of its own, no padding, no mask."""
     p = tok(prefix)["input_ids"]
     out = {}
     for label in labels:
-        row = p + tok(label + tok.eos_token)["input_ids"]
-        out[label] = scoring.row_logprobs(model, [row], tok.pad_token_id)[0][len(p) - 1 :].sum().item()
+        tail = tok(label + tok.eos_token)["input_ids"]
+        with torch.no_grad():
+            logits = model(input_ids=torch.tensor([p + tail])).logits.float()
+        logp = torch.log_softmax(logits[0], dim=-1)
+        out[label] = sum(logp[len(p) - 1 + i, t].item() for i, t in enumerate(tail))
     return out
 
 
@@ -63,18 +66,41 @@ def test_shared_prefix_scores_equal_a_row_a_label(attention: str, monkeypatch: p
     _close(
         [scoring.score_many(model, tok, [p], [ls])[0] for p, ls in zip(PREFIXES, LABELS, strict=True)], want
     )
-    monkeypatch.setattr(scoring, "SCORE_TOKENS", 60)  # several forwards, each under the budget
-    assert len(scoring.chunks([40, 50, 10], [5, 5, 5])) == 3
+    monkeypatch.setattr(scoring, "SCORE_TOKENS", 120)  # rows 1 and 2 in a forward (2 x 56), row 3 alone
+    assert [list(c) for c in scoring.chunks([27, 56, 5], [9, 23, 5])] == [[0, 1], [2]]
+    _close(scoring.score_many(model, tok, PREFIXES, LABELS), want)
+    monkeypatch.setattr(scoring, "SCORE_LOGITS", 20)  # the kept logits bound them too: a row a forward
+    assert [list(c) for c in scoring.chunks([27, 56, 5], [9, 23, 5])] == [[0], [1], [2]]
     _close(scoring.score_many(model, tok, PREFIXES, LABELS), want)
 
 
 def test_a_model_without_a_4d_mask_scores_a_row_a_label(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The fallback path (an attention that takes no 4-D mask) gives the same scores."""
+    """An attention that takes no 4-D mask scores a row a label, with the same scores."""
     model = _dense()
     tok = _Tok()
     want = [_one_row_a_label(model, tok, p, ls) for p, ls in zip(PREFIXES, LABELS, strict=True)]
-    monkeypatch.setattr(scoring, "shares_prefix", lambda m: False)
+    model.set_attn_implementation("eager")
+    monkeypatch.setattr(scoring, "SHARED_ATTENTION", ())
+    assert not scoring.shares_prefix(model)
     _close(scoring.score_many(model, tok, PREFIXES, LABELS), want)
+
+
+def test_a_forward_that_refuses_the_4d_mask_falls_back_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A model whose forward raises on a 4-D mask (remote code) is scored a row a label from then on."""
+    model = _dense()
+    tok = _Tok()
+    want = [_one_row_a_label(model, tok, p, ls) for p, ls in zip(PREFIXES, LABELS, strict=True)]
+    monkeypatch.setattr(scoring, "_refused", [])
+    forward = model.forward
+
+    def no_4d_masks(*args, attention_mask=None, **kwargs):
+        if attention_mask is not None and attention_mask.ndim == 4:
+            raise ValueError("this model builds its own mask")
+        return forward(*args, attention_mask=attention_mask, **kwargs)
+
+    monkeypatch.setattr(model, "forward", no_4d_masks)
+    _close(scoring.score_many(model, tok, PREFIXES, LABELS), want)
+    assert scoring._refused and not scoring.shares_prefix(model)
 
 
 def test_the_tiny_moe_scores_a_label_the_same_behind_a_shared_prefix(tiny_dir: str) -> None:
@@ -92,16 +118,25 @@ def test_shared_rows_layout() -> None:
     """Left padding; a label's tokens see the prefix and their own label only, at positions after it; each
     scored token is predicted by the column before it, the first by the prefix's last."""
     b = scoring.shared_rows([[5, 6, 7], [8]], [[[1, 2], [3]], [[4]]], pad=0)
+    allowed = b.allowed(torch.device("cpu"))
     assert b.ids.tolist() == [[5, 6, 7, 1, 2, 3], [0, 0, 0, 0, 8, 4]]
     assert b.positions[0].tolist() == [0, 1, 2, 3, 4, 3]
     assert b.positions[1, 4:].tolist() == [0, 1]
     assert b.keep == 4  # the prefix's last column and the longest run of labels
-    seen = b.allowed[0].int().tolist()
+    seen = allowed[0].int().tolist()
     assert seen[5] == [1, 1, 1, 0, 0, 1]  # label 2 sees the prefix and itself, not label 1
     assert seen[4] == [1, 1, 1, 1, 1, 0]
-    assert b.allowed[1, 4].tolist() == [False] * 4 + [True, False]  # padding is never seen
-    assert b.allowed[1, 0].tolist() == [True] + [False] * 5  # a padding query sees itself only
+    assert allowed[1, 4].tolist() == [False] * 4 + [True, False]  # padding is never seen
+    assert allowed[1, 0].tolist() == [True] + [False] * 5  # a padding query sees itself only
     # Row 0 keeps columns 2..5: token 1 from col 0 (the prefix's 7), 2 from col 1, 3 from col 0 again.
     picks = zip(b.rows.tolist(), b.columns.tolist(), b.targets.tolist(), b.labels.tolist(), strict=True)
     assert list(picks) == [(0, 0, 1, 0), (0, 1, 2, 0), (0, 0, 3, 1), (1, 2, 4, 2)]
     assert b.shape == [2, 1]
+
+
+def test_rows_without_labels_and_an_empty_prefix() -> None:
+    """An example without labels scores nothing (and breaks no index); a prefix needs a token."""
+    b = scoring.shared_rows([[5, 6]], [[]], pad=0)
+    assert b.shape == [0] and b.rows.dtype == torch.long and b.rows.numel() == 0
+    with pytest.raises(ValueError, match="needs a token"):
+        scoring.shared_rows([[]], [[[1]]], pad=0)

@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from cockpit.contract import EVAL_BATCH_SIZE, LABEL_TOKENS, SCORE_TOKENS
+from cockpit.contract import EVAL_BATCH_SIZE, LABEL_TOKENS, SCORE_LOGITS, SCORE_TOKENS
 from cockpit.data.tenants import TENANTS
 from cockpit.plan.eval_time import GRAPH_BLOCK_S
 from cockpit.profiles import load_profile
@@ -151,7 +151,8 @@ def test_evaluation_counts_both_systems_batches_thinking_and_scoring() -> None:
     examples = len(TENANTS) * profile.data.eval_examples_per_tenant
     labels = sum(len(t.labels) for t in TENANTS) / len(TENANTS)
     think = profile.eval.max_think_tokens
-    rows = SCORE_TOKENS // (PROMPT + think + math.ceil(labels) * LABEL_TOKENS)  # a prefix, its labels
+    tail = math.ceil(labels) * LABEL_TOKENS  # a row: the prefix, then its labels; kept: its tail and one
+    rows = min(SCORE_TOKENS // (PROMPT + think + tail), SCORE_LOGITS // (1 + tail))
     prefill, step = PREFILL[0] + PREFILL[1] * full, DECODE[0] + DECODE[1] * full
     score = SCORE[0] + SCORE[1] * full
     batches, forwards = math.ceil(examples / EVAL_BATCH_SIZE), math.ceil(examples / rows)
@@ -221,7 +222,8 @@ def test_serving_is_priced_from_the_same_fits() -> None:
     single = SINGLE_PREFILL[0] + SINGLE_PREFILL[1] * full
     step1 = SINGLE_DECODE[0] + SINGLE_DECODE[1] * full
     labels = sum(len(t.labels) for t in TENANTS) / len(TENANTS)
-    rows = SCORE_TOKENS // (PROMPT + think + math.ceil(labels) * LABEL_TOKENS)
+    tail = math.ceil(labels) * LABEL_TOKENS
+    rows = min(SCORE_TOKENS // (PROMPT + think + tail), SCORE_LOGITS // (1 + tail))
     answer = (SCORE[0] + SCORE[1] * full) / rows  # the request's row: its prefix and its labels
     assert s["latency_s"] == pytest.approx(single + think * step1 + answer)
     batch_s = PREFILL[0] + PREFILL[1] * full + think * (DECODE[0] + DECODE[1] * full)

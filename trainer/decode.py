@@ -97,6 +97,13 @@ class StaticKV(Cache):
         return self.length, 0
 
 
+def router_off(model: Any) -> dict[str, bool]:
+    """The forward's argument that turns an MoE config's router logits off, where it asks for them: they
+    are recorded with hooks, which a replayed graph does not run, and neither decoding nor scoring
+    needs them."""
+    return {"output_router_logits": False} if getattr(model.config, "output_router_logits", False) else {}
+
+
 def model_dtype(model: Any) -> torch.dtype:
     """The dtype of a model's first floating-point parameter: its compute dtype."""
     return next(p for p in model.parameters() if p.is_floating_point()).dtype
@@ -211,11 +218,7 @@ class GreedyDecoder:
         self.length = self.prompt + new
         self.additive = _attention(model) == "eager"
         self.cache_kwarg = _cache_kwarg(model)
-        # An MoE config that asks for router logits records them with hooks, which a replayed graph does
-        # not run; decoding needs none of them.
-        self.router_off = (
-            {"output_router_logits": False} if getattr(model.config, "output_router_logits", False) else {}
-        )
+        self.router_off = router_off(model)
         self.layers = model.config.num_hidden_layers
         self.graph: torch.cuda.CUDAGraph | None = None
         self.blocks: list[Any] = []  # the per-GPU graphs (`decode_blocks`) where the model spans GPUs
@@ -257,14 +260,15 @@ class GreedyDecoder:
 
     def prefill(self, input_ids: torch.Tensor) -> None:
         """The prompt through the model (left-padded rows), its last logits giving the first new token;
-        a chunk of `prefill_rows` rows a forward, so its activations are a chunk's, not the batch's."""
+        a chunk of `prefill_rows` rows a forward (their keys span the whole cache), so its activations are
+        a chunk's, not the batch's."""
         valid = self.valid
         positions = (valid.long().cumsum(-1) - 1).masked_fill(~valid, 1)
         causal = torch.ones(self.prompt, self.length, dtype=torch.bool, device=self.device).tril()
         # A padding query sees itself, so no row of the softmax is empty (its output is never used).
         itself = torch.eye(self.prompt, self.length, dtype=torch.bool, device=self.device)
         keys = torch.nn.functional.pad(valid, (0, self.new))
-        per = prefill_rows(self.prompt)
+        per = prefill_rows(self.length)
         self.cache.slot.zero_()
         logits = []
         for start in range(0, self.batch, per):

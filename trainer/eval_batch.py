@@ -56,9 +56,9 @@ def choose(model: Any, prompt_tokens: Callable[[], int], new_tokens: int, exampl
     head = model.get_output_embeddings().weight.device
     logits = score_logit_bytes(text.vocab_size)
     expert_width = getattr(text, "moe_intermediate_size", None) or text.intermediate_size
-    prefill = prefill_bytes(
-        text.hidden_size, expert_width, getattr(text, "num_experts_per_tok", 1), longest, item
-    )
+    q_dim = text.num_attention_heads * head_dim
+    top_k = getattr(text, "num_experts_per_tok", 1)
+    prefill = prefill_bytes(text.hidden_size, expert_width, top_k, q_dim, longest + new_tokens, item)
     free, rows = [], []
     for device, count in layers.items():
         keep = prefill + (logits if device == head else 0)

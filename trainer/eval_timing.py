@@ -29,7 +29,14 @@ from typing import Any
 
 import torch
 
-from cockpit.contract import EVAL_BATCH_SIZE, EVAL_FIRST_TOKENS, LABEL_TOKENS, MAX_EVAL_BATCH, SCORE_TOKENS
+from cockpit.contract import (
+    EVAL_BATCH_SIZE,
+    EVAL_FIRST_TOKENS,
+    LABEL_TOKENS,
+    MAX_EVAL_BATCH,
+    SCORE_LOGITS,
+    SCORE_TOKENS,
+)
 from cockpit.plan.run_length import ASSUMED_LABELS
 from trainer import decode
 
@@ -150,7 +157,8 @@ def scoring_rows(
     `LABEL_TOKENS` tokens behind it, as many as `SCORE_TOKENS` holds (one at least)."""
     g = torch.Generator().manual_seed(seed)
     prefix = max(1, min(prefix, SCORE_TOKENS - labels * LABEL_TOKENS))
-    n = max(1, SCORE_TOKENS // (prefix + labels * LABEL_TOKENS))
+    kept = 1 + labels * LABEL_TOKENS
+    n = max(1, min(SCORE_TOKENS // (prefix + labels * LABEL_TOKENS), SCORE_LOGITS // kept))
     prefixes = [torch.randint(1, vocab, (prefix,), generator=g).tolist() for _ in range(n)]
     tails = [[torch.randint(1, vocab, (LABEL_TOKENS,), generator=g).tolist() for _ in range(labels)]] * n
     return prefixes, tails

@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from cockpit.contract import prefill_rows
 from cockpit.data.chat import THINK_CLOSE, THINK_OPEN, prompt_text
 from trainer import decode, eval_batch
 from trainer.scoring import score_many
@@ -77,6 +78,25 @@ def cut_at_end(rows: list[list[int]], ends: set[int]) -> list[list[int]]:
     return [next((row[:i] for i, tok in enumerate(row) if tok in ends), row) for row in rows]
 
 
+def _generated(model: Any, tokenizer: Any, enc: Any, max_new_tokens: int, stop: list[int]) -> list[list[int]]:
+    """Transformers' own loop, for a model the fast path cannot drive: a chunk of rows at a time, as the
+    fast path prefills (`prefill_rows`), so the batch chosen for the fast path fits here too."""
+    width = enc["input_ids"].shape[1]
+    per = prefill_rows(width + max_new_tokens)
+    rows: list[list[int]] = []
+    for start in range(0, enc["input_ids"].shape[0], per):
+        out = model.generate(
+            input_ids=enc["input_ids"][start : start + per],
+            attention_mask=enc["attention_mask"][start : start + per],
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            eos_token_id=stop,
+            pad_token_id=tokenizer.pad_token_id,
+        )
+        rows += out[:, width:].tolist()
+    return rows
+
+
 @torch.no_grad()
 def think(model: Any, tokenizer: Any, prompts: list[str], max_new_tokens: int) -> list[str]:
     """Greedy thinking sections for a batch of prompts (left-padded)."""
@@ -84,16 +104,7 @@ def think(model: Any, tokenizer: Any, prompts: list[str], max_new_tokens: int) -
     enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False).to(model.device)
     stop = [s for s in (tokenizer.convert_tokens_to_ids(THINK_END), tokenizer.eos_token_id) if s is not None]
     fast = decode.greedy(model, enc["input_ids"], enc["attention_mask"], max_new_tokens, set(stop))
-    if fast is None:  # a model the fast path cannot drive: transformers' own loop
-        out = model.generate(
-            **enc,
-            max_new_tokens=max_new_tokens,
-            do_sample=False,
-            eos_token_id=stop,
-            pad_token_id=tokenizer.pad_token_id,
-        )
-        fast = out[:, enc["input_ids"].shape[1] :]
-    new = fast.tolist()
+    new = fast.tolist() if fast is not None else _generated(model, tokenizer, enc, max_new_tokens, stop)
     # Each row up to its own end (</think>, eos, or the padding a finished row gets while its batch
     # goes on): what follows depends on the other prompts of the batch, not on this one.
     ends = set(stop) | ({tokenizer.pad_token_id} - {None})

@@ -4,17 +4,20 @@
 Every label of an example follows the same prefix, so the prefix goes through the model once (`SharedRows`):
 a row holds the prefix, then each label's tokens one after another, and a 4-D mask lets a label's tokens
 see the prefix and the earlier tokens of their own label only, at the positions they would have right
-after the prefix. That is the arithmetic of one row a label (`row_logprobs`), with the prefix's tokens
-counted once instead of once a label: at the story's shape (a prefix of about 1,500 tokens, 4 labels of a
-few tokens) a quarter of the tokens. Only the positions a score reads reach the head (`logits_to_keep`:
-rows are left-padded, so those are the last columns of every row), not the whole row's vocabulary logits.
+after the prefix. That is the arithmetic of one row a label, with the prefix's tokens counted once
+instead of once a label: at the story's shape (a prefix of about 1,500 tokens, 4 labels of a few tokens)
+a quarter of the tokens. Rows are left-padded, so the positions a score reads are the last columns of
+every row, and only those reach the head (`logits_to_keep`), not the whole row's vocabulary logits.
 
-A model whose attention takes no 4-D mask (other than sdpa and eager) scores one row a label.
-Forwards hold at most `SCORE_TOKENS` tokens and `SCORE_LOGITS` kept positions (one row at least).
+A model whose attention takes no 4-D mask (other than sdpa and eager), or whose forward refuses one, scores
+a row a label (`label_rows`), with the same kept logits. Forwards hold at most `SCORE_TOKENS` tokens and
+`SCORE_LOGITS` kept positions (one row at least).
 """
 
 from __future__ import annotations
 
+import inspect
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -22,6 +25,8 @@ from typing import Any
 import torch
 
 from cockpit.contract import SCORE_LOGITS, SCORE_TOKENS
+
+log = logging.getLogger(__name__)
 
 SHARED_ATTENTION = ("sdpa", "eager")  # attentions that take the 4-D mask a shared row needs
 PAD_SEGMENT, PREFIX_SEGMENT = -1, 0  # a column's segment; label j's columns are segment j + 1
@@ -32,7 +37,7 @@ class SharedRows:
     """Left-padded rows of a prefix and its labels, with what one forward over them needs."""
 
     ids: torch.Tensor  # [R, W]
-    allowed: torch.Tensor  # [R, W, W] bool: the keys each query sees
+    segment: torch.Tensor  # [R, W] each column's: padding, the prefix, or label j (j + 1)
     positions: torch.Tensor  # [R, W] rotary positions: a label's tokens follow the prefix
     keep: int  # the last columns whose logits the scores read
     rows: torch.Tensor  # [N] for each scored token: its row,
@@ -40,6 +45,18 @@ class SharedRows:
     targets: torch.Tensor  # [N] its id,
     labels: torch.Tensor  # [N] and which (row, label) score it adds to (an index into `shape`)
     shape: list[int]  # labels a row
+
+    def allowed(self, device: torch.device) -> torch.Tensor:
+        """[R, W, W] bool, built on `device`: the keys each query sees (the prefix and its own label's
+        earlier tokens; a padding query sees itself only, so no row of the softmax is empty)."""
+        segment = self.segment.to(device)
+        width = segment.shape[1]
+        seg_q, seg_k = segment[:, :, None], segment[:, None, :]
+        causal = torch.ones(width, width, dtype=torch.bool, device=device).tril()[None]
+        sees = ((seg_k == PREFIX_SEGMENT) & (seg_q != PAD_SEGMENT)) | (
+            (seg_k == seg_q) & (seg_q > PREFIX_SEGMENT)
+        )
+        return (causal & sees) | torch.eye(width, dtype=torch.bool, device=device)[None]
 
 
 def shared_rows(
@@ -56,6 +73,8 @@ def shared_rows(
     rows, columns, targets, labels = [], [], [], []
     label = 0  # the labels numbered in row order
     for r, (prefix, row_tails) in enumerate(zip(prefixes, tails, strict=True)):
+        if not prefix:
+            raise ValueError("a scored prefix needs a token: its last predicts every label's first")
         col = width - lengths[r]
         n = len(prefix)
         ids[r, col : col + n] = torch.tensor(prefix)
@@ -75,35 +94,53 @@ def shared_rows(
             labels += [label] * k
             label += 1
             col += k
-    seg_q, seg_k = segment[:, :, None], segment[:, None, :]
-    causal = torch.ones(width, width, dtype=torch.bool).tril()[None]
-    sees = ((seg_k == PREFIX_SEGMENT) & (seg_q != PAD_SEGMENT)) | (
-        (seg_k == seg_q) & (seg_q > PREFIX_SEGMENT)
-    )
-    # A padding query sees itself, so no row of the softmax is empty (its output is never read).
-    allowed = (causal & sees) | torch.eye(width, dtype=torch.bool)[None]
+    as_long = lambda xs: torch.tensor(xs, dtype=torch.long)  # noqa: E731  (empty when no row has labels)
     return SharedRows(
-        ids, allowed, positions, keep, torch.tensor(rows), torch.tensor(columns), torch.tensor(targets),
-        torch.tensor(labels), [len(ts) for ts in tails],
+        ids, segment, positions, keep, as_long(rows), as_long(columns), as_long(targets), as_long(labels),
+        [len(ts) for ts in tails],
     )  # fmt: skip
 
 
-def shared_logprobs(model: Any, batch: SharedRows) -> list[list[float]]:
-    """One forward over `batch`: each row's labels' log-probabilities, in order."""
+def _takes_keep(model: Any) -> bool:
+    """Whether the model's forward takes `logits_to_keep` (a PEFT model's base model's does)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return "logits_to_keep" in inspect.signature(base.forward).parameters
+
+
+def _kept_logprobs(model: Any, batch: SharedRows, mask: torch.Tensor) -> torch.Tensor:
+    """[R, keep, V] fp32 log-probabilities at the rows' last `batch.keep` columns (the compute-dtype
+    logits are gone before the log-softmax: two fp32 copies at most, `SCORE_LOGIT_BYTES`)."""
+    from trainer.decode import router_off
+
+    device = model.device
+    keep = {"logits_to_keep": batch.keep} if _takes_keep(model) else {}
+    logits = (
+        model(
+            input_ids=batch.ids.to(device),
+            attention_mask=mask,
+            position_ids=batch.positions.to(device),
+            use_cache=False,
+            **keep,
+            **router_off(model),
+        )
+        .logits[:, -batch.keep :]
+        .float()
+    )
+    return torch.log_softmax(logits, dim=-1)
+
+
+def row_scores(model: Any, batch: SharedRows, shared: bool) -> list[list[float]]:
+    """One forward over `batch`: each row's labels' log-probabilities, in order. `shared`: rows of several
+    labels under their 4-D mask; else rows of one label each, where the padding is all a mask says."""
     from trainer.decode import attention_mask, model_dtype
 
     device = model.device
-    eager = getattr(model.config, "_attn_implementation", None) == "eager"
-    mask = attention_mask(batch.allowed.to(device), model_dtype(model) if eager else None)
-    logits = model(
-        input_ids=batch.ids.to(device),
-        attention_mask=mask[:, None],
-        position_ids=batch.positions.to(device),
-        logits_to_keep=batch.keep,
-        use_cache=False,
-        **_router_off(model),
-    ).logits
-    logp = torch.log_softmax(logits.float(), dim=-1)
+    if shared:
+        eager = getattr(model.config, "_attn_implementation", None) == "eager"
+        mask = attention_mask(batch.allowed(device), model_dtype(model) if eager else None)[:, None]
+    else:
+        mask = (batch.segment != PAD_SEGMENT).long().to(device)
+    logp = _kept_logprobs(model, batch, mask)
     at = logp.device  # the head's, where the model spans devices
     picked = logp[batch.rows.to(at), batch.columns.to(at), batch.targets.to(at)]
     sums = torch.zeros(sum(batch.shape), dtype=picked.dtype, device=at)
@@ -116,30 +153,13 @@ def shared_logprobs(model: Any, batch: SharedRows) -> list[list[float]]:
     return out
 
 
-@torch.no_grad()
-def row_logprobs(model: Any, rows: list[list[int]], pad: int) -> list[torch.Tensor]:
-    """Each row's next-token log-probabilities of its own tokens (one right-padded forward): the path of
-    a model whose attention takes no 4-D mask, a row a label."""
-    width = max(len(r) for r in rows)
-    ids = torch.tensor([r + [pad] * (width - len(r)) for r in rows], device=model.device)
-    mask = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows], device=model.device)
-    logits = model(input_ids=ids, attention_mask=mask, use_cache=False, **_router_off(model)).logits.float()
-    picked = torch.log_softmax(logits[:, :-1], dim=-1).gather(2, ids[:, 1:].unsqueeze(-1)).squeeze(-1)
-    return [picked[i, : len(r) - 1] for i, r in enumerate(rows)]
-
-
-def _router_off(model: Any) -> dict[str, bool]:
-    """An MoE config that asks for router logits would return them too: scoring needs none."""
-    return {"output_router_logits": False} if getattr(model.config, "output_router_logits", False) else {}
-
-
 def shares_prefix(model: Any) -> bool:
-    """Whether `model`'s attention takes the 4-D mask of a shared row."""
-    return getattr(model.config, "_attn_implementation", None) in SHARED_ATTENTION
+    """Whether `model`'s attention takes the 4-D mask of a shared row (and no shared row failed before)."""
+    return not _refused and getattr(model.config, "_attn_implementation", None) in SHARED_ATTENTION
 
 
 def chunks(widths: Sequence[int], kept: Sequence[int]) -> list[range]:
-    """Consecutive rows a forward at a time: right-padded to the widest, at most `SCORE_TOKENS` tokens and
+    """Consecutive rows a forward at a time: padded to the widest, at most `SCORE_TOKENS` tokens and
     `SCORE_LOGITS` kept positions (`kept[i]` each), one row at least."""
     out, start = [], 0
     while start < len(widths):
@@ -154,25 +174,45 @@ def chunks(widths: Sequence[int], kept: Sequence[int]) -> list[range]:
     return out
 
 
+def _scores(
+    model: Any,
+    prefixes: Sequence[Sequence[int]],
+    tails: Sequence[Sequence[Sequence[int]]],
+    pad: int,
+    shared: bool,
+) -> list[list[float]]:
+    widths = [len(p) + sum(len(t) for t in ts) for p, ts in zip(prefixes, tails, strict=True)]
+    kept = [1 + sum(len(t) for t in ts) for ts in tails]
+    out: list[list[float]] = []
+    for part in chunks(widths, kept):
+        out += row_scores(
+            model, shared_rows([prefixes[i] for i in part], [tails[i] for i in part], pad), shared
+        )
+    return out
+
+
+_refused: list[str] = []  # why a shared row failed once: a row a label from then on
+
+
 @torch.no_grad()
 def score_ids(
     model: Any, prefixes: Sequence[Sequence[int]], tails: Sequence[Sequence[Sequence[int]]], pad: int
 ) -> list[list[float]]:
-    """For each prefix (token ids), the summed log-probability of each of its tails after it."""
+    """For each prefix (token ids, one at least), the summed log-probability of each of its tails after
+    it: behind a shared prefix where the model allows (`shares_prefix`), else a row a label."""
     if shares_prefix(model):
-        widths = [len(p) + sum(len(t) for t in ts) for p, ts in zip(prefixes, tails, strict=True)]
-        kept = [1 + sum(len(t) for t in ts) for ts in tails]
-        out: list[list[float]] = []
-        for part in chunks(widths, kept):
-            batch = shared_rows([prefixes[i] for i in part], [tails[i] for i in part], pad)
-            out += shared_logprobs(model, batch)
-        return out
-    jobs = [(n, len(p), [*p, *t]) for n, (p, ts) in enumerate(zip(prefixes, tails, strict=True)) for t in ts]
+        try:
+            return _scores(model, prefixes, tails, pad, shared=True)
+        except torch.OutOfMemoryError:
+            raise
+        except Exception as exc:  # a forward that refuses the 4-D mask: a row a label, said once
+            _refused.append(f"{type(exc).__name__}: {exc}")
+            log.warning("label scoring: a row a label (a shared prefix failed: %s)", _refused[0])
+    jobs = [(n, p, t) for n, (p, ts) in enumerate(zip(prefixes, tails, strict=True)) for t in ts]
+    flat = _scores(model, [p for _, p, _ in jobs], [[t] for _, _, t in jobs], pad, shared=False)
     scores: list[list[float]] = [[] for _ in prefixes]
-    for part in chunks([len(j[2]) for j in jobs], [len(j[2]) for j in jobs]):
-        chunk = [jobs[i] for i in part]
-        for (n, plen, _), lp in zip(chunk, row_logprobs(model, [j[2] for j in chunk], pad), strict=True):
-            scores[n].append(lp[plen - 1 :].sum().item())
+    for (n, _, _), (score,) in zip(jobs, flat, strict=True):
+        scores[n].append(score)
     return scores
 
 

@@ -33,6 +33,7 @@ from cockpit.contract import (
     EVAL_BATCH_SIZE,
     LABEL_TOKENS,
     PROMPT_FRACTION,
+    SCORE_LOGITS,
     SCORE_TOKENS,
     kv_cache_bytes,
     score_logit_bytes,
@@ -129,8 +130,10 @@ class EvalShape:
 
     @property
     def rows_per_forward(self) -> int:
-        """Scored rows a forward holds (at most `SCORE_TOKENS` tokens, one row at least)."""
-        return max(1, SCORE_TOKENS // self.width)
+        """Scored rows a forward holds (`trainer.scoring.chunks`: at most `SCORE_TOKENS` tokens and
+        `SCORE_LOGITS` kept positions, one row at least)."""
+        kept = 1 + math.ceil(self.split.labels) * LABEL_TOKENS
+        return max(1, min(SCORE_TOKENS // self.width, SCORE_LOGITS // kept))
 
     def batches(self, examples: float) -> int:
         return math.ceil(examples / self.batch)
@@ -296,7 +299,8 @@ def target_batch(inputs: Any, hw: Any, prompt: float, think: int, examples: floa
         return EVAL_BATCH_SIZE, f"{EVAL_BATCH_SIZE} (no GPU memory known)"
     item, tokens = inputs.precision.act_bytes, math.ceil(prompt)
     held = w.stored_bytes + score_logit_bytes(g.vocab)
-    prefill = prefill_bytes(g.hidden, g.moe_intermediate or g.intermediate, g.top_k or 1, tokens, item)
+    width = g.moe_intermediate or g.intermediate
+    prefill = prefill_bytes(g.hidden, width, g.top_k or 1, g.q_dim, tokens + think, item)
     free = EVAL_BATCH_MARGIN * (hw.gpu_mem_gib * 1024**3 - held / gpus) - prefill
     layers = math.ceil(g.layers / gpus)
     row = eval_row_bytes(layers, g.kv_heads, g.head_dim, tokens, think, item)

@@ -124,6 +124,7 @@ def analyse(run_dir: Path, profile: Any) -> dict[str, Any]:
             "think_tokens": shape.think_tokens,
             "timed_new_tokens": first.get("new_tokens"),
             "large_batch": first.get("large_batch"),
+            "score_labels": first.get("score_labels"),
             "examples": split.examples,
             "labels": split.labels,
             "examples_how": split.how,
@@ -161,7 +162,9 @@ def render(result: dict[str, Any]) -> str:
         f"{s['prompt_tokens']:.0f} tokens (and of one, and of {s.get('large_batch')}), timed for 3 and "
         f"{s['timed_new_tokens']} new "
         "tokens; "
-        f"a scoring forward of rows of prompt + {s['think_tokens']} thinking tokens + a label. Each after a "
+        f"a scoring forward of rows of prompt + {s['think_tokens']} thinking tokens + "
+        + (f"{s['score_labels']} labels behind them" if s.get("score_labels") else "a label")
+        + ". Each after a "
         f"warm-up of its shape. The {deep}-layer figures predicted from the line through "
         f"{' and '.join(map(str, fitted))} layers.",
         "",

@@ -54,14 +54,16 @@ def row_logprobs(model: Any, rows: list[list[int]], pad: int) -> list[Any]:
     return [picked[i, : len(r) - 1] for i, r in enumerate(rows)]
 
 
-def one_row_a_label(model: Any, prefixes: list[list[int]], tails: list[list[list[int]]]) -> list[list[float]]:
+def one_row_a_label(
+    model: Any, prefixes: list[list[int]], tails: list[list[list[int]]], per: int | None = None
+) -> list[list[float]]:
     """The scoring evaluation ran before the shared prefix: a row a label, `SCORE_TOKENS` tokens a
-    forward, every position's logits."""
+    forward (or `per` rows), every position's logits."""
     from cockpit.contract import SCORE_TOKENS
 
     jobs = [(n, len(p), [*p, *t]) for n, (p, ts) in enumerate(zip(prefixes, tails, strict=True)) for t in ts]
     width = max(len(j[2]) for j in jobs)
-    per = max(1, SCORE_TOKENS // width)
+    per = per or max(1, SCORE_TOKENS // width)
     scores: list[list[float]] = [[] for _ in prefixes]
     for start in range(0, len(jobs), per):
         chunk = jobs[start : start + per]
@@ -158,6 +160,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                          "seconds": round(secs, 4), "peak_gib": round(peak, 2)})  # fmt: skip
         log(f"{depth} layers: before {b_s:.3f} s ({b_peak:.1f} GiB), now {a_s:.3f} s ({a_peak:.1f} GiB), "
             f"{b_s / a_s:.2f}x; scores differ by {diff:.3g} at most, same label {same:.0%}")  # fmt: skip
+    # The present path's own spread: the same rows, an example's labels a forward instead of 21 examples'
+    # (other GEMM shapes, so other bf16 roundings), at the deepest depth.
+    with torch.no_grad():
+        alone = one_row_a_label(model, prefixes, tails, per=args.labels)
+    floor = max(abs(x - y) for bs, cs in zip(b, alone, strict=True) for x, y in zip(bs, cs, strict=True))
+    log(f"the present path against itself, {args.labels} rows a forward: {floor:.3g} at most")
     lines = {}
     for path in ("a row a label (before)", "shared prefix (now)"):
         per, fixed = slope([(r["layers"], r["seconds"]) for r in rows if r["path"] == path])
@@ -173,9 +181,24 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "rows": rows,
         "lines": lines,
         "max_abs_diff": worst,
+        "max_abs_diff_before_alone": floor,
         "same_label": agree,
-        "command": "python benchmarks/scoring_speed.py " + " ".join(sys.argv[1:]),
+        "command": " ".join(["python benchmarks/scoring_speed.py", *_shown_args()]),
     }
+
+
+def _shown_args() -> list[str]:
+    """This run's arguments as a command to reproduce it: `--out DIR` left out (a machine's own path)."""
+    args, skip = [], False
+    for arg in sys.argv[1:]:
+        if skip or arg.startswith("--out="):
+            skip = False
+            continue
+        if arg == "--out":
+            skip = True
+            continue
+        args.append(arg)
+    return args
 
 
 def render(result: dict[str, Any]) -> str:
@@ -208,13 +231,18 @@ def render(result: dict[str, Any]) -> str:
             f"| {path} | {line['per_layer_s']:.5f} | {line['fixed_s']:.4f} | {line['at_full_s']:.2f} |"
         )
     before, now = (line["at_full_s"] for line in r["lines"].values())
+    deepest = max(row["layers"] for row in r["rows"])
     out += [
         "",
         f"At full depth: {before / now:.2f}x faster for these {r['examples']} examples.",
         "",
         f"Scores: the two paths differ by {r['max_abs_diff']:.3g} at most (sums of log-probabilities, "
         "in the model's compute dtype); "
-        f"the same label picked for {r['same_label']:.0%} of the examples at every depth.",
+        f"the same label picked for {r['same_label']:.0%} of the examples at every depth. Beside it, the "
+        f"path before against itself with an example's {r['labels']} rows a forward instead of "
+        f"{r['examples']} examples' (other matmul shapes, other roundings), at {deepest} layers: "
+        f"{r['max_abs_diff_before_alone']:.3g} at most. Random weights make the labels' scores close, "
+        "so a small difference can change which is highest.",
     ]
     return "\n".join(out) + "\n"
 

@@ -159,7 +159,9 @@ def render(result: dict[str, Any]) -> str:
         f"{', '.join(map(str, depths))}",
         "",
         f"Random weights, loaded as evaluation loads them; a thinking batch of {s['batch']} prompts of "
-        f"{s['prompt_tokens']:.0f} tokens (and of one, and of {s.get('large_batch')}), timed for 3 and "
+        f"{s['prompt_tokens']:.0f} tokens (and of one"
+        + (f", and of {s['large_batch']}" if s.get("large_batch") else "")
+        + "), timed for 3 and "
         f"{s['timed_new_tokens']} new "
         "tokens; "
         f"a scoring forward of rows of prompt + {s['think_tokens']} thinking tokens + "

@@ -108,8 +108,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     from cockpit.contract import LABEL_TOKENS, SCORE_TOKENS
     from cockpit.profiles import load_profile
+    from trainer import scoring
     from trainer.model import load_base
-    from trainer.scoring import score_ids, shares_prefix
+    from trainer.scoring import chunks, score_ids, shares_prefix
 
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from eval_placement import model_dir_of
@@ -136,12 +137,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     before_tokens = args.examples * args.labels * (args.prefix + LABEL_TOKENS)
     after_tokens = args.examples * (args.prefix + args.labels * LABEL_TOKENS)
     before_per = max(1, SCORE_TOKENS // (args.prefix + LABEL_TOKENS))
+    shared_forwards = chunks([args.prefix + args.labels * LABEL_TOKENS] * args.examples,
+                             [1 + args.labels * LABEL_TOKENS] * args.examples)  # fmt: skip
     rows, worst, agree = [], 0.0, 1.0
     for depth in sorted(args.depths):
         config.num_hidden_layers = depth
         with torch.no_grad():
             b_s, b_peak, b = measure(torch, lambda: one_row_a_label(model, prefixes, tails))
             a_s, a_peak, a = measure(torch, lambda: score_ids(model, prefixes, tails, 0))
+        if scoring.path() != "shared prefix":
+            raise SystemExit(f"scoring took {scoring.path()}: the shared prefix was not what was timed")
         diff = max(abs(x - y) for bs, as_ in zip(b, a, strict=True) for x, y in zip(bs, as_, strict=True))
         same = sum(max(range(len(bs)), key=bs.__getitem__) == max(range(len(as_)), key=as_.__getitem__)
                    for bs, as_ in zip(b, a, strict=True)) / len(b)  # fmt: skip
@@ -154,18 +159,18 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 before_tokens,
                 -(-args.examples * args.labels // before_per),
             ),
-            ("shared prefix (now)", a_s, a_peak, after_tokens, 1),
+            ("shared prefix (now)", a_s, a_peak, after_tokens, len(shared_forwards)),
         ):
             rows.append({"layers": depth, "path": path, "forwards": forwards, "tokens": tokens,
                          "seconds": round(secs, 4), "peak_gib": round(peak, 2)})  # fmt: skip
         log(f"{depth} layers: before {b_s:.3f} s ({b_peak:.1f} GiB), now {a_s:.3f} s ({a_peak:.1f} GiB), "
             f"{b_s / a_s:.2f}x; scores differ by {diff:.3g} at most, same label {same:.0%}")  # fmt: skip
-    # The present path's own spread: the same rows, an example's labels a forward instead of 21 examples'
+    # The path before against itself: the same rows, an example's labels a forward instead of 21 examples'
     # (other GEMM shapes, so other bf16 roundings), at the deepest depth.
     with torch.no_grad():
         alone = one_row_a_label(model, prefixes, tails, per=args.labels)
     floor = max(abs(x - y) for bs, cs in zip(b, alone, strict=True) for x, y in zip(bs, cs, strict=True))
-    log(f"the present path against itself, {args.labels} rows a forward: {floor:.3g} at most")
+    log(f"the path before against itself, {args.labels} rows a forward: {floor:.3g} at most")
     lines = {}
     for path in ("a row a label (before)", "shared prefix (now)"):
         per, fixed = slope([(r["layers"], r["seconds"]) for r in rows if r["path"] == path])

@@ -85,8 +85,14 @@ def test_think_same_text_either_path(tiny, monkeypatch: pytest.MonkeyPatch) -> N
     slow = evaluate.think(model, tokenizer, PROMPTS, 24)
     assert fast == slow
     assert any(text for text in fast)
+    calls = []
+    generate = model.generate
+    monkeypatch.setattr(
+        model, "generate", lambda **kw: calls.append(kw["input_ids"].shape[0]) or generate(**kw)
+    )
     monkeypatch.setattr(evaluate, "prefill_rows", lambda tokens: 2)  # generate over chunks of 2 rows, 1
     assert evaluate.think(model, tokenizer, PROMPTS, 24) == fast
+    assert calls == [2, 1]
 
 
 def test_unusable_attention_falls_back(tiny) -> None:

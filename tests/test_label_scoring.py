@@ -55,6 +55,12 @@ def _close(got: list[dict[str, float]], want: list[dict[str, float]]) -> None:
             assert g[label] == pytest.approx(w[label], abs=1e-4), label
 
 
+@pytest.fixture(autouse=True)
+def _no_refusal_yet(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test starts with no forward having refused a shared row (the fallback is once a process)."""
+    monkeypatch.setattr(scoring, "_refused", [])
+
+
 @pytest.mark.parametrize("attention", ["sdpa", "eager"])
 def test_shared_prefix_scores_equal_a_row_a_label(attention: str, monkeypatch: pytest.MonkeyPatch) -> None:
     model = _dense()
@@ -72,6 +78,7 @@ def test_shared_prefix_scores_equal_a_row_a_label(attention: str, monkeypatch: p
     monkeypatch.setattr(scoring, "SCORE_LOGITS", 20)  # the kept logits bound them too: a row a forward
     assert [list(c) for c in scoring.chunks([27, 56, 5], [9, 23, 5])] == [[0], [1], [2]]
     _close(scoring.score_many(model, tok, PREFIXES, LABELS), want)
+    assert scoring.path() == "shared prefix" and not scoring._refused  # no fallback stood in for it
 
 
 def test_a_model_without_a_4d_mask_scores_a_row_a_label(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -83,6 +90,7 @@ def test_a_model_without_a_4d_mask_scores_a_row_a_label(monkeypatch: pytest.Monk
     monkeypatch.setattr(scoring, "SHARED_ATTENTION", ())
     assert not scoring.shares_prefix(model)
     _close(scoring.score_many(model, tok, PREFIXES, LABELS), want)
+    assert scoring.path() == "a row a label: attention eager"
 
 
 def test_a_forward_that_refuses_the_4d_mask_falls_back_once(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -90,7 +98,6 @@ def test_a_forward_that_refuses_the_4d_mask_falls_back_once(monkeypatch: pytest.
     model = _dense()
     tok = _Tok()
     want = [_one_row_a_label(model, tok, p, ls) for p, ls in zip(PREFIXES, LABELS, strict=True)]
-    monkeypatch.setattr(scoring, "_refused", [])
     forward = model.forward
 
     def no_4d_masks(*args, attention_mask=None, **kwargs):
@@ -101,6 +108,9 @@ def test_a_forward_that_refuses_the_4d_mask_falls_back_once(monkeypatch: pytest.
     monkeypatch.setattr(model, "forward", no_4d_masks)
     _close(scoring.score_many(model, tok, PREFIXES, LABELS), want)
     assert scoring._refused and not scoring.shares_prefix(model)
+    assert (
+        scoring.path() == f"a row a label: {scoring._refused[0]}" and "builds its own mask" in scoring.path()
+    )
 
 
 def test_the_tiny_moe_scores_a_label_the_same_behind_a_shared_prefix(tiny_dir: str) -> None:
@@ -112,6 +122,7 @@ def test_the_tiny_moe_scores_a_label_the_same_behind_a_shared_prefix(tiny_dir: s
     labels = [["organization", "person", "location"], ["location", "organization"]]
     want = [_one_row_a_label(model, tokenizer, p, ls) for p, ls in zip(prefixes, labels, strict=True)]
     _close(scoring.score_many(model, tokenizer, prefixes, labels), want)
+    assert scoring.path() == "shared prefix"
 
 
 def test_shared_rows_layout() -> None:
@@ -140,3 +151,6 @@ def test_rows_without_labels_and_an_empty_prefix() -> None:
     assert b.shape == [0] and b.rows.dtype == torch.long and b.rows.numel() == 0
     with pytest.raises(ValueError, match="needs a token"):
         scoring.shared_rows([[]], [[[1]]], pad=0)
+    with pytest.raises(ValueError, match="needs a token"):  # refused before any forward, no fallback
+        scoring.score_ids(_dense(), [[]], [[[1]]], pad=0)
+    assert not scoring._refused

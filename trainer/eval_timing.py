@@ -4,7 +4,7 @@ a scoring forward at evaluation's shape and thinking batches, through evaluation
 (`trainer.evaluate.think` and `trainer.scoring.score_ids`): the rehearsal measures whatever evaluation runs.
 
 - a scoring forward: rows of a prompt, the thinking and `ASSUMED_LABELS` labels behind them
-  (`cockpit.plan.eval_time`), as many as `SCORE_TOKENS` holds;
+  (`cockpit.plan.eval_time`), as many as a forward holds (`SCORE_TOKENS` tokens, `SCORE_LOGITS` kept);
 - thinking at `EVAL_BATCH_SIZE` prompts, at `MAX_EVAL_BATCH` (evaluation chooses its batch up to it
   from the memory free once loaded: `trainer.eval_batch`) and at batch 1 (a request served alone): once
   for `EVAL_FIRST_TOKENS` new tokens and once for N; a decode step is `(time(N) - time(3)) / (N - 3)`, and
@@ -165,12 +165,13 @@ def scoring_rows(
 
 
 def time_scoring(model: Any, vocab: int, prefix: int, labels: int, repeats: int) -> dict[str, Any]:
-    """One scoring forward (`trainer.scoring.score_ids`) of `scoring_rows`."""
-    from trainer.scoring import score_ids
+    """One scoring forward (`trainer.scoring.score_ids`) of `scoring_rows`, and the path it took."""
+    from trainer import scoring
 
     prefixes, tails = scoring_rows(vocab, prefix, labels)
-    times = _timed(lambda: score_ids(model, prefixes, tails, 0), repeats)
+    times = _timed(lambda: scoring.score_ids(model, prefixes, tails, 0), repeats)
     return {
+        "score_path": scoring.path(),
         "score_rows": len(prefixes),
         "score_labels": labels,
         "score_tokens": sum(len(p) + labels * LABEL_TOKENS for p in prefixes),

@@ -19,7 +19,7 @@ import torch
 
 from cockpit.contract import prefill_rows
 from cockpit.data.chat import THINK_CLOSE, THINK_OPEN, prompt_text
-from trainer import decode, eval_batch
+from trainer import decode, eval_batch, scoring
 from trainer.scoring import score_many
 
 THINK_END = "</think>"
@@ -154,6 +154,7 @@ def classify(
             )
         if progress is not None:
             progress(len(predictions), len(examples))
+    print(f"[cockpit] eval: labels scored by {scoring.path()}", flush=True)
     return predictions
 
 

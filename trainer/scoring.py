@@ -10,7 +10,7 @@ a quarter of the tokens. Rows are left-padded, so the positions a score reads ar
 every row, and only those reach the head (`logits_to_keep`), not the whole row's vocabulary logits.
 
 A model whose attention takes no 4-D mask (other than sdpa and eager), or whose forward refuses one, scores
-a row a label (`label_rows`), with the same kept logits. Forwards hold at most `SCORE_TOKENS` tokens and
+a row a label (`row_scores`), with the same kept logits. Forwards hold at most `SCORE_TOKENS` tokens and
 `SCORE_LOGITS` kept positions (one row at least).
 """
 
@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from cockpit.contract import SCORE_LOGITS, SCORE_TOKENS
+from trainer.pass_through import PASS_THROUGH
 
 log = logging.getLogger(__name__)
 
@@ -101,10 +102,19 @@ def shared_rows(
     )  # fmt: skip
 
 
+class MaskRefused(Exception):
+    """The model's forward failed on a shared row (remote code that builds its own mask, say)."""
+
+
 def _takes_keep(model: Any) -> bool:
-    """Whether the model's forward takes `logits_to_keep` (a PEFT model's base model's does)."""
+    """Whether the model's forward takes `logits_to_keep` (a PEFT model's base model's does); where it
+    does not, the forward makes every position's logits, said once."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    return "logits_to_keep" in inspect.signature(base.forward).parameters
+    takes = "logits_to_keep" in inspect.signature(base.forward).parameters
+    if not takes and not _said_full:
+        _said_full.append(True)
+        log.warning("label scoring: the model's forward takes no logits_to_keep: every position's logits")
+    return takes
 
 
 def _kept_logprobs(model: Any, batch: SharedRows, mask: torch.Tensor) -> torch.Tensor:
@@ -140,7 +150,14 @@ def row_scores(model: Any, batch: SharedRows, shared: bool) -> list[list[float]]
         mask = attention_mask(batch.allowed(device), model_dtype(model) if eager else None)[:, None]
     else:
         mask = (batch.segment != PAD_SEGMENT).long().to(device)
-    logp = _kept_logprobs(model, batch, mask)
+    try:
+        logp = _kept_logprobs(model, batch, mask)
+    except PASS_THROUGH:
+        raise
+    except Exception as exc:
+        if not shared:
+            raise
+        raise MaskRefused(f"{type(exc).__name__}: {exc}") from exc
     at = logp.device  # the head's, where the model spans devices
     picked = logp[batch.rows.to(at), batch.columns.to(at), batch.targets.to(at)]
     sums = torch.zeros(sum(batch.shape), dtype=picked.dtype, device=at)
@@ -191,7 +208,15 @@ def _scores(
     return out
 
 
-_refused: list[str] = []  # why a shared row failed once: a row a label from then on
+_refused: list[str] = []  # why a model's forward refused a shared row: a row a label from then on
+_said_full: list[bool] = []
+_last = ["none yet"]
+
+
+def path() -> str:
+    """How the last scoring ran: `shared prefix`, or `a row a label: why`; the rehearsal records it
+    beside its timing, evaluation prints it."""
+    return _last[0]
 
 
 @torch.no_grad()
@@ -200,14 +225,19 @@ def score_ids(
 ) -> list[list[float]]:
     """For each prefix (token ids, one at least), the summed log-probability of each of its tails after
     it: behind a shared prefix where the model allows (`shares_prefix`), else a row a label."""
+    if any(not p for p in prefixes):
+        raise ValueError("a scored prefix needs a token: its last predicts every label's first")
     if shares_prefix(model):
         try:
-            return _scores(model, prefixes, tails, pad, shared=True)
-        except torch.OutOfMemoryError:
-            raise
-        except Exception as exc:  # a forward that refuses the 4-D mask: a row a label, said once
-            _refused.append(f"{type(exc).__name__}: {exc}")
-            log.warning("label scoring: a row a label (a shared prefix failed: %s)", _refused[0])
+            scores = _scores(model, prefixes, tails, pad, shared=True)
+        except MaskRefused as exc:  # a row a label from then on, said once
+            _refused.append(str(exc))
+            log.warning("label scoring: a row a label (the forward refused a shared row: %s)", _refused[0])
+        else:
+            _last[0] = "shared prefix"
+            return scores
+    attention = getattr(model.config, "_attn_implementation", None)
+    _last[0] = f"a row a label: {_refused[0] if _refused else f'attention {attention}'}"
     jobs = [(n, p, t) for n, (p, ts) in enumerate(zip(prefixes, tails, strict=True)) for t in ts]
     flat = _scores(model, [p for _, p, _ in jobs], [[t] for _, _, t in jobs], pad, shared=False)
     scores: list[list[float]] = [[] for _ in prefixes]

@@ -135,6 +135,7 @@ REHEARSE_EVAL = {
     "new_tokens": INT, "think_tokens": INT, "repeats": INT, "large_batch": INT, "decode_path": TEXT,
     **{prefix + field: NUMBER for prefix in THINKING_PREFIXES for field in THINKING_TIMED},
     "score_rows": INT, "score_labels": INT, "score_tokens": INT, "score_s": NUMBER, "score_sd_s": NUMBER,
+    "score_path": TEXT,
 }  # fmt: skip
 STEP = "step"  # the event's kind, and its field: the optimizer step's number
 MAX_STEPS = "max_steps"

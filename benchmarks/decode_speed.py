@@ -17,6 +17,8 @@ Two parts, one command:
      graph     the same step captured as a CUDA graph and replayed (what evaluation now runs on one GPU)
      blocks    the step as evaluation runs it over several GPUs (`trainer/decode_blocks.py`): a graph a
                quarter of the layers, here all on one GPU, so 4 copies-and-replays a step
+     graph-acc the graph with the decode tiles' expert GEMMs scaled on the accumulator
+               (`trainer.kernels.nf4_decode`, `MMConfig.scale_acc`)
    A step's time is (t(prefill + N2 tokens) - t(prefill + N1 tokens)) / (N2 - N1); per layer and fixed
    are the line through the depths. Beside each, the memory limit: the bytes one step reads (each layer's
    attention weights in NF4, the distinct experts the batch hits, its KV cache; the head in bf16) over the
@@ -34,11 +36,14 @@ Writes decode_speed_<gpu>.md and .json under --out (default $OUT, else benchmark
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
 import sys
 import time
+from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -50,10 +55,18 @@ STORY = "qwen3-235b-a22b-thinking-4xh100"
 BLOCKS = 4  # the `blocks` path: this many graphs a step, as a model over 4 GPUs has
 CANDIDATES = [
     {"bm": 16, "bn": 256, "bk": 64, "warps": 4, "stages": 4, "programs_per_sm": 2},
-    {"bm": 16, "bn": 128, "bk": 64, "warps": 4, "stages": 6, "programs_per_sm": 2},
-    {"bm": 16, "bn": 128, "bk": 128, "warps": 8, "stages": 4, "programs_per_sm": 2},
-    {"bm": 16, "bn": 64, "bk": 256, "warps": 4, "stages": 3, "programs_per_sm": 4},
     {"bm": 16, "bn": 128, "bk": 128, "warps": 4, "stages": 3, "programs_per_sm": 3},
+]
+# The same with the scale on the accumulator (`trainer.kernels.nf4_decode`: K steps of one scale block).
+ACC_CANDIDATES = [
+    {"bm": 16, "bn": 64, "warps": 4, "stages": 4, "programs_per_sm": 2},
+    {"bm": 16, "bn": 64, "warps": 4, "stages": 4, "programs_per_sm": 4},
+    {"bm": 16, "bn": 128, "warps": 4, "stages": 3, "programs_per_sm": 3},
+    {"bm": 16, "bn": 128, "warps": 4, "stages": 6, "programs_per_sm": 2},
+    {"bm": 16, "bn": 128, "warps": 8, "stages": 4, "programs_per_sm": 2},
+    {"bm": 16, "bn": 256, "warps": 4, "stages": 4, "programs_per_sm": 1},
+    {"bm": 16, "bn": 256, "warps": 8, "stages": 4, "programs_per_sm": 2},
+    {"bm": 32, "bn": 128, "warps": 4, "stages": 4, "programs_per_sm": 2},
 ]
 
 
@@ -133,8 +146,16 @@ def kernel_rows(
         )
         for c in CANDIDATES
     ]
+    configs += [(f"{name} +acc", replace(getattr(k, name), scale_acc=True)) for name in DECODE_NAMES]
+    configs += [
+        (
+            f"acc bm{c['bm']} bn{c['bn']} w{c['warps']} s{c['stages']} {c['programs_per_sm']}/SM",
+            k.MMConfig(**{**k.DECODE_GROUPS.__dict__, **c, "scale_acc": True}),
+        )
+        for c in ACC_CANDIDATES
+    ]
     if device.type != "cuda":
-        configs = [(label, k.MMConfig(**{**cfg.__dict__, "decode": k.TREE})) for label, cfg in configs[:2]]
+        configs = [(label, replace(cfg, decode=k.TREE)) for label, cfg in configs[:2] + configs[-2:]]
     rows = []
     for tokens in batches:
         scores = torch.rand(tokens, e_n, generator=gen, device=device)
@@ -187,6 +208,24 @@ def kernel_rows(
                 f"kernel {label:>36} @{tokens:>3} tokens: {ms:.3f} ms, {row['x_limit']}x limit, rel {rel:.1e}"
             )
     return rows
+
+
+DECODE_NAMES = ("DECODE_GROUPS", "DECODE_FEW", "DECODE_WIDE")
+
+
+@contextlib.contextmanager
+def scaled_on_accumulator() -> Iterator[None]:
+    """The decode tiles' configs with `scale_acc` (what `pick_config` hands out at decode sizes)."""
+    from trainer.kernels import nf4_triton as k
+
+    saved = {name: getattr(k, name) for name in DECODE_NAMES}
+    for name, cfg in saved.items():
+        setattr(k, name, replace(cfg, scale_acc=True))
+    try:
+        yield
+    finally:
+        for name, cfg in saved.items():
+            setattr(k, name, cfg)
 
 
 def _ref(torch: Any, x: Any, weights: Any, experts: Any) -> Any:
@@ -300,15 +339,20 @@ def decode_rows(args: argparse.Namespace, bw: float) -> tuple[list[dict], list[d
         finally:
             nf4_triton.DECODE_GROUP_ROWS, nf4_triton.DECODE_FEW_ROWS, nf4_triton.DECODE_WIDE_ROWS = saved
 
+    def run_acc(ids: Any, new: int) -> Any:
+        with scaled_on_accumulator():
+            return run_fast(ids, new, True)
+
     paths = {
         "before": run_before,
         "generate": run_generate,
         "static": lambda ids, new: run_fast(ids, new, False),
         "graph": lambda ids, new: run_fast(ids, new, True),
         "blocks": run_blocks,
+        "graph-acc": run_acc,
     }
     if device.type != "cuda":
-        del paths["graph"], paths["blocks"]
+        del paths["graph"], paths["blocks"], paths["graph-acc"]
     paths = {name: fn for name, fn in paths.items() if name in args.paths}
     chosen = eval_batch.choose(model, lambda: args.prompt_tokens, 512, 10_000)
     log(f"evaluation's batch from free memory with {args.layers} layers loaded: {chosen}")
@@ -360,7 +404,12 @@ def decode_rows(args: argparse.Namespace, bw: float) -> tuple[list[dict], list[d
                     f"{depth:>2} layers batch {batch:>2} {name:>8}: {row['step_ms']} ms a step "
                     f"({row['x_limit']}x the memory limit), tokens agree {agree:.0%} of the way"
                 )
-    profiled = profile_steps(model, device, gen, args) if args.profile_step else []
+    profiled = []
+    if args.profile_step:
+        profiled = [{**r, "with": "decode tiles"} for r in profile_steps(model, device, gen, args)]
+        if "graph-acc" in paths:
+            with scaled_on_accumulator():
+                profiled += [{**r, "with": "+acc"} for r in profile_steps(model, device, gen, args)]
     load = {"load_s": round(time.perf_counter() - t0, 1), "device": str(device), "eval_batch_chosen": chosen}
     return rows, scoring, load, profiled
 
@@ -491,11 +540,12 @@ def render(result: dict[str, Any]) -> str:
             "",
             "## Where a step's device time goes (static path, deepest slice, largest batch)",
             "",
-            "| kernel | calls a step | ms a step |",
-            "|---|---|---|",
+            "| expert GEMMs | kernel | calls a step | ms a step |",
+            "|---|---|---|---|",
         ]
         lines += [
-            f"| `{r['kernel']}` | {r['calls_a_step']:.0f} | {r['ms_a_step']:.3f} |" for r in result["profile"]
+            f"| {r.get('with', '')} | `{r['kernel']}` | {r['calls_a_step']:.0f} | {r['ms_a_step']:.3f} |"
+            for r in result["profile"]
         ]
     lines += ["", "## Scoring forward", "", "| layers | tokens | seconds |", "|---|---|---|"]
     lines += [f"| {r['layers']} | {r['tokens']} | {r['seconds']} |" for r in result["scoring"]]

@@ -141,3 +141,26 @@ def test_grouped_mm_kernel_refuses_bad_shapes(kernels):
     assert kernels.pick_config(256 * 8, 128) is kernels.DECODE_WIDE  # at batch 256, forward
     assert kernels.pick_config(256 * 8, 128, trans=True) is kernels.DECODE_GROUPS  # its input gradient
     assert kernels.pick_config(1 * 8, 128) is kernels.DECODE_FEW  # at batch 1
+
+
+@pytest.mark.parametrize("bn", [64, 32])
+def test_scale_on_accumulator_matches_reference(kernels, bn):
+    """`scale_acc` (trainer.kernels.nf4_decode): bf16 rows, the forward orientation, two scale blocks a
+    weight row; nearer the float32 reference than bf16 output allows, a tail of rows to no expert zero.
+    The input-gradient orientation and float32 rows stay on the fused kernel."""
+    packed, layout = packed_weights(5, 64, 128)
+    cfg = kernels.MMConfig(bm=16, bn=bn, bk=64, swap=True, decode=kernels.PRMT, scale_acc=True)
+    expert_ids = torch.tensor([2, 0, 4, 1], dtype=torch.int32)
+    offs = torch.tensor([3, 3, 40, 45], dtype=torch.int32)
+    x = torch.randn(50, layout.inp, generator=torch.Generator().manual_seed(3)).bfloat16()
+    want = nf4_grouped_mm_ref(x.float(), packed, layout, expert_ids, offs)
+    out = torch.full((50, layout.out), float("nan"), dtype=torch.bfloat16)
+    got = kernels.nf4_grouped_mm(x, packed, layout, expert_ids, offs, config=cfg, out=out)
+    assert got is out and torch.isfinite(got).all(), "a row was not written"
+    assert rel(got, want) < 6e-3 and (got[45:] == 0).all()  # bf16 output and the table in bf16
+    fused = kernels.nf4_grouped_mm(x, packed, layout, expert_ids, offs, config=kernels.MMConfig(bm=16, bn=bn))
+    assert rel(got, want) <= rel(fused, want)  # the scaled weights are not rounded to bf16
+    grad = torch.randn(50, layout.out, generator=torch.Generator().manual_seed(4))
+    cfg = kernels.MMConfig(bm=16, bn=64, swap=True, scale_acc=True)  # the fused kernel's columns: 64 or more
+    back = kernels.nf4_grouped_mm(grad, packed, layout, expert_ids, offs, trans=True, config=cfg)
+    assert rel(back, nf4_grouped_mm_ref(grad, packed, layout, expert_ids, offs, True)) < 1e-5

@@ -66,7 +66,7 @@ def prmt_asm(finish: str, outputs: tuple[tuple[int, int], tuple[int, int]]) -> s
 
 
 # Each byte's two values as one int32 (the high nibble's value in the low half), bytes in order.
-_PRMT_ASM = tl.constexpr(
+PRMT_PAIRS = tl.constexpr(
     prmt_asm("prmt.b32 ${o0}, l, h, 0x4051; prmt.b32 ${o1}, l, h, 0x6273; ", ((0, 1), (2, 3)))
 )
 
@@ -102,7 +102,7 @@ def _decode_pairs(packed, lut_ptr, DECODE: tl.constexpr):
     """(value of the high nibble, value of the low nibble) of every packed byte, float32."""
     if DECODE == 2:
         pairs = tl.inline_asm_elementwise(
-            _PRMT_ASM, "=r,=r,=r,=r,r", [packed], dtype=tl.int32, is_pure=True, pack=4
+            PRMT_PAIRS, "=r,=r,=r,=r,r", [packed], dtype=tl.int32, is_pure=True, pack=4
         )
         return (pairs << 16).to(tl.float32, bitcast=True), (pairs & -65536).to(tl.float32, bitcast=True)
     return nf4_lookup(packed >> 4, lut_ptr, DECODE), nf4_lookup(packed & 15, lut_ptr, DECODE)
@@ -264,6 +264,7 @@ class MMConfig:
     swap: bool = False  # the weight tile as the left operand (computes out^T, the tokens as MMA columns)
     decode: int = TREE  # GATHER, TREE or PRMT (PTX byte permutes; CUDA only, NF4 values rounded to bf16)
     programs_per_sm: int = 1
+    scale_acc: bool = False  # x @ W.T of bf16 rows by `trainer.kernels.nf4_decode` (scale on the accumulator)
 
 
 # Picked on an H200 (benchmarks/nf4_kernels.py --explore, story shapes): PTX byte-permute decoding with the
@@ -369,9 +370,13 @@ def nf4_grouped_mm(
         raise ValueError("x or out too large for 32-bit offsets")
     if m == 0:
         return out
-    codes, qscale, qstate = packed_views(packed)
     offs = offs.to(device=x.device, dtype=torch.int32)
     expert_ids = expert_ids.to(device=x.device, dtype=torch.int32)
+    if cfg.scale_acc and not trans and x.dtype == out.dtype == torch.bfloat16:
+        from trainer.kernels.nf4_decode import decode_mm  # it builds on this module's pieces
+
+        return decode_mm(x, packed, layout, expert_ids, offs, cfg, out, decode_for(cfg.decode, x.device))
+    codes, qscale, qstate = packed_views(packed)
     bound = (triton.cdiv(m, cfg.bm) + g) * (n_dim // bn)
     programs = max(1, min(bound, num_sms(x.device) * cfg.programs_per_sm))
     with on_device(x.device):  # Triton launches on the current device; the layer may be on another GPU

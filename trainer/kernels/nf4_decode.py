@@ -1,0 +1,149 @@
+"""The NF4 grouped GEMM for a few rows an expert (decoding), with the block scale on the accumulator.
+
+At decode sizes (a handful of rows an expert) the fused kernel in `trainer.kernels.nf4_triton` streams
+the weights, and its limit is the integer pipe that turns codes into values (benchmarks/results/
+nf4_ncu_h200.md: 67% busy with DRAM at 23%), not memory. There every value goes code -> bf16 pair (PTX
+byte permutes) -> float32 -> times its block's scale -> bf16 again: about 4 integer operations a value
+and a float32 weight tile in registers.
+
+Here a K step is one 64-value scale block, so the scale leaves the weights: the tile is the table's
+bf16 values as the byte permutes give them (no float32 round trip, half the registers), the tensor
+cores multiply it by the rows, and the block's float32 scale multiplies that product on the accumulator:
+`acc += s[n] * (T[q[n, k0:k0+64]] @ x[:, k0:k0+64].T)`, a few multiply-adds a weight row for a handful
+of rows. The weights are never rounded after scaling, so the result is nearer the float32 reference than
+the fused kernel's (which rounds every scaled weight to bf16). `x @ W.T` only (the forward's
+orientation: the blocks run along K), bf16 rows only; `trainer.kernels.nf4_triton.nf4_grouped_mm`
+sends such calls here when its config says `scale_acc`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+import triton
+import triton.language as tl
+
+from trainer.kernels.device import on_device
+from trainer.kernels.nf4_ref import dynamic_map, nf4_table
+from trainer.kernels.nf4_triton import (
+    PRMT_PAIRS,
+    block_scales,
+    nf4_lookup,
+    num_sms,
+    packed_views,
+    tile_group,
+    tile_rows,
+)
+
+if TYPE_CHECKING:
+    from trainer.kernels.nf4_triton import MMConfig
+    from trainer.nf4_pack import PackedLayout
+
+BLOCK = 64  # values a scale covers (bitsandbytes' blocksize for NF4): the K step
+
+
+@triton.jit
+def _values(e, n0, k0, codes_ptr, lut_ptr, s_codes, K: tl.constexpr, BN: tl.constexpr, DECODE: tl.constexpr):
+    """Unscaled NF4 values of W_e[n0:n0+BN, k0:k0+64] in bf16 (the table rounded to bf16)."""
+    r = n0 + tl.arange(0, BN)
+    jb = k0 // 2 + tl.arange(0, 32)
+    packed = tl.load(codes_ptr + e * s_codes + r[:, None] * (K // 2) + jb[None, :])
+    if DECODE == 2:  # each byte -> one int32 holding its two values as bf16, the high nibble's low
+        pairs = tl.inline_asm_elementwise(
+            PRMT_PAIRS, "=r,=r,=r,=r,r", [packed], dtype=tl.int32, is_pure=True, pack=4
+        )
+        first = pairs.to(tl.int16).to(tl.bfloat16, bitcast=True)
+        second = (pairs >> 16).to(tl.int16).to(tl.bfloat16, bitcast=True)
+    else:
+        first = nf4_lookup(packed >> 4, lut_ptr, DECODE).to(tl.bfloat16)
+        second = nf4_lookup(packed & 15, lut_ptr, DECODE).to(tl.bfloat16)
+    return tl.reshape(tl.join(first, second), (BN, 64))
+
+
+@triton.jit
+def _nf4_decode_mm_kernel(
+    x_ptr,
+    out_ptr,
+    codes_ptr,
+    qscale_ptr,
+    qstate_ptr,
+    code2_ptr,
+    lut_ptr,
+    offs_ptr,
+    eids_ptr,
+    M,
+    G,
+    NUM_PROGS,
+    s_xm,
+    s_om,
+    s_codes,
+    s_qscale,
+    s_qstate,
+    N: tl.constexpr,
+    K: tl.constexpr,
+    QOFF: tl.constexpr,
+    NESTED: tl.constexpr,
+    DECODE: tl.constexpr,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    GP: tl.constexpr,
+):
+    n_tiles = N // BN
+    total, starts, ends, tiles, cum = tile_rows(offs_ptr, M, G, BM, GP, n_tiles)
+    tile = tl.program_id(0)
+    while tile < total:  # persistent, as the fused kernel (a while loop for Triton's interpreter)
+        nt = tile % n_tiles
+        row0, row_end, e = tile_group(tile // n_tiles, starts, ends, tiles, cum, eids_ptr, G, BM, GP)
+        rows = row0 + tl.arange(0, BM)
+        rmask = rows < row_end
+        amask = rmask & (e >= 0)  # the tail group (rows that went nowhere) multiplies zeros
+        e = tl.maximum(e, 0)
+        n = nt * BN + tl.arange(0, BN)
+        x_ptrs = x_ptr + rows[:, None] * s_xm + tl.arange(0, 64)[None, :]
+        acc = tl.zeros((BN, BM), dtype=tl.float32)
+        for k0 in range(0, K, 64):
+            a = tl.load(x_ptrs + k0, mask=amask[:, None], other=0.0)
+            w = _values(e, nt * BN, k0, codes_ptr, lut_ptr, s_codes, K, BN, DECODE)
+            s = block_scales(n * (K // 64) + k0 // 64, e, qscale_ptr, qstate_ptr, code2_ptr, s_qscale,
+                             s_qstate, NESTED, QOFF)  # fmt: skip
+            if DECODE == 2:
+                acc += s[:, None] * tl.dot(w, tl.trans(a))
+            else:  # the same products in float32 (Triton's interpreter multiplies bf16 as integers)
+                acc += s[:, None] * tl.dot(
+                    w.to(tl.float32), tl.trans(a).to(tl.float32), input_precision="ieee"
+                )
+        out = tl.trans(acc)
+        tl.store(
+            out_ptr + rows[:, None] * s_om + n[None, :], out.to(out_ptr.dtype.element_ty), mask=rmask[:, None]
+        )
+        tile += NUM_PROGS
+
+
+def decode_mm(
+    x: torch.Tensor,
+    packed: dict[str, torch.Tensor],
+    layout: PackedLayout,
+    expert_ids: torch.Tensor,
+    offs: torch.Tensor,
+    config: MMConfig,
+    out: torch.Tensor,
+    decode: int,
+) -> torch.Tensor:
+    """`x @ W.T` per group into `out` (checked by the caller, `nf4_grouped_mm`): x bf16, BN from config."""
+    m, g = x.shape[0], offs.shape[0]
+    bn = config.bn
+    while bn > 16 and layout.out % bn:
+        bn //= 2
+    codes, qscale, qstate = packed_views(packed)
+    bound = (triton.cdiv(m, config.bm) + g) * (layout.out // bn)
+    programs = max(1, min(bound, num_sms(x.device) * config.programs_per_sm))
+    with on_device(x.device):
+        _nf4_decode_mm_kernel[(programs,)](
+            x, out, codes, qscale, qstate, dynamic_map(x.device), nf4_table(x.device), offs, expert_ids,
+            m, g, programs, x.stride(0), out.stride(0), codes.stride(0), qscale.stride(0), qstate.stride(0),
+            N=layout.out, K=layout.inp, QOFF=layout.blocks // layout.nested, NESTED=layout.nested,
+            DECODE=decode, BM=config.bm, BN=bn, GP=triton.next_power_of_2(g + 1),
+            num_warps=config.warps, num_stages=config.stages,
+        )  # fmt: skip
+    return out

@@ -4,7 +4,9 @@ Two parts, one command:
 
 1. **The expert GEMMs of one decode step** (E=128, gate_up [3072, 4096], down [4096, 1536], top-8 of
    1, 8 and 64 tokens): the fused NF4 kernel with the block config evaluation used before
-   (`SMALL_GROUPS`) and with the decode configs (`DECODE_GROUPS` and the candidates in `CANDIDATES`),
+   (`SMALL_GROUPS`), with the fused kernel's decode configs (`DECODE_GROUPS`, `DECODE_FEW`, the
+   `DECODE_WIDE` of before and `CANDIDATES`) and with the scale on the accumulator (`DECODE_ACC`,
+   `_WIDE`, `_TALL` and `ACC_CANDIDATES`),
    each against the memory limit of the bytes it must read (the hit experts' codes, scales and states
    over the HBM bandwidth this script measures with a 4 GiB copy), and its numerics against a float32
    reference (dequantized weights, fp32 matmul).
@@ -17,8 +19,9 @@ Two parts, one command:
      graph     the same step captured as a CUDA graph and replayed (what evaluation now runs on one GPU)
      blocks    the step as evaluation runs it over several GPUs (`trainer/decode_blocks.py`): a graph a
                quarter of the layers, here all on one GPU, so 4 copies-and-replays a step
-     graph-acc the graph with the decode tiles' expert GEMMs scaled on the accumulator
-               (`trainer.kernels.nf4_decode`, `MMConfig.scale_acc`)
+     graph-before  the graph with the expert GEMMs' configs of before the scale on the accumulator
+               (`pick_before`: the fused kernel's decode tiles; `pick_config` now hands bf16 forwards of
+               up to 32 rows an expert to `trainer.kernels.nf4_decode`)
    A step's time is (t(prefill + N2 tokens) - t(prefill + N1 tokens)) / (N2 - N1); per layer and fixed
    are the line through the depths. Beside each, the memory limit: the bytes one step reads (each layer's
    attention weights in NF4, the distinct experts the batch hits, its KV cache; the head in bf16) over the
@@ -67,6 +70,11 @@ ACC_CANDIDATES = [
     {"bm": 16, "bn": 256, "warps": 4, "stages": 4, "programs_per_sm": 1},
     {"bm": 16, "bn": 256, "warps": 8, "stages": 4, "programs_per_sm": 2},
     {"bm": 32, "bn": 128, "warps": 4, "stages": 4, "programs_per_sm": 2},
+    {"bm": 32, "bn": 128, "warps": 4, "stages": 3, "programs_per_sm": 3},
+    {"bm": 32, "bn": 256, "warps": 8, "stages": 3, "programs_per_sm": 2},
+    {"bm": 64, "bn": 128, "warps": 4, "stages": 3, "programs_per_sm": 2},
+    {"bm": 64, "bn": 128, "warps": 8, "stages": 3, "programs_per_sm": 2},
+    {"bm": 64, "bn": 256, "warps": 8, "stages": 3, "programs_per_sm": 1},
 ]
 
 
@@ -137,7 +145,10 @@ def kernel_rows(
         ("before: SMALL_GROUPS", k.SMALL_GROUPS),
         ("DECODE_GROUPS", k.DECODE_GROUPS),
         ("DECODE_FEW", k.DECODE_FEW),
-        ("DECODE_WIDE", k.DECODE_WIDE),
+        ("DECODE_WIDE (before)", _before_configs()[1]),
+        ("DECODE_ACC", k.DECODE_ACC),
+        ("DECODE_ACC_WIDE", k.DECODE_ACC_WIDE),
+        ("DECODE_ACC_TALL", k.DECODE_ACC_TALL),
     ]
     configs += [
         (
@@ -146,16 +157,15 @@ def kernel_rows(
         )
         for c in CANDIDATES
     ]
-    configs += [(f"{name} +acc", replace(getattr(k, name), scale_acc=True)) for name in DECODE_NAMES]
     configs += [
         (
             f"acc bm{c['bm']} bn{c['bn']} w{c['warps']} s{c['stages']} {c['programs_per_sm']}/SM",
-            k.MMConfig(**{**k.DECODE_GROUPS.__dict__, **c, "scale_acc": True}),
+            k.MMConfig(**{**k.DECODE_ACC.__dict__, **c}),
         )
         for c in ACC_CANDIDATES
     ]
     if device.type != "cuda":
-        configs = [(label, replace(cfg, decode=k.TREE)) for label, cfg in configs[:2] + configs[-2:]]
+        configs = [(label, replace(cfg, decode=k.TREE)) for label, cfg in configs[:2] + configs[4:6]]
     rows = []
     for tokens in batches:
         scores = torch.rand(tokens, e_n, generator=gen, device=device)
@@ -210,22 +220,36 @@ def kernel_rows(
     return rows
 
 
-DECODE_NAMES = ("DECODE_GROUPS", "DECODE_FEW", "DECODE_WIDE")
+def _before_configs() -> tuple[Any, Any]:
+    from trainer.kernels import nf4_triton as k
+
+    return k, replace(k.DECODE_GROUPS, bm=32, programs_per_sm=4)
+
+
+def pick_before(rows: int, groups: int, trans: bool = False, bf16: bool = True) -> Any:
+    """`pick_config` before the scale on the accumulator: the fused kernel's decode tiles only."""
+    k, wide = _before_configs()
+    per_group = rows / max(groups, 1)
+    if per_group <= 0.25:
+        return k.DECODE_FEW
+    if per_group <= 8:
+        return k.DECODE_GROUPS
+    if per_group <= 16:
+        return k.DECODE_GROUPS if trans else wide
+    return k.SMALL_GROUPS if per_group <= k.SMALL_GROUP_ROWS else k.LARGE_GROUPS
 
 
 @contextlib.contextmanager
-def scaled_on_accumulator() -> Iterator[None]:
-    """The decode tiles' configs with `scale_acc` (what `pick_config` hands out at decode sizes)."""
+def picked_by(pick: Any) -> Iterator[None]:
+    """The expert GEMMs' configs chosen by `pick` instead of `pick_config`."""
     from trainer.kernels import nf4_triton as k
 
-    saved = {name: getattr(k, name) for name in DECODE_NAMES}
-    for name, cfg in saved.items():
-        setattr(k, name, replace(cfg, scale_acc=True))
+    saved = k.pick_config
+    k.pick_config = pick
     try:
         yield
     finally:
-        for name, cfg in saved.items():
-            setattr(k, name, cfg)
+        k.pick_config = saved
 
 
 def _ref(torch: Any, x: Any, weights: Any, experts: Any) -> Any:
@@ -332,15 +356,16 @@ def decode_rows(args: argparse.Namespace, bw: float) -> tuple[list[dict], list[d
             from trainer.kernels import nf4_triton
         except ImportError:  # no Triton (a CPU without it): no kernel, nothing else to undo
             return run_generate(ids, new)
-        saved = nf4_triton.DECODE_GROUP_ROWS, nf4_triton.DECODE_FEW_ROWS, nf4_triton.DECODE_WIDE_ROWS
-        nf4_triton.DECODE_GROUP_ROWS = nf4_triton.DECODE_FEW_ROWS = nf4_triton.DECODE_WIDE_ROWS = -1
-        try:
-            return run_generate(ids, new)
-        finally:
-            nf4_triton.DECODE_GROUP_ROWS, nf4_triton.DECODE_FEW_ROWS, nf4_triton.DECODE_WIDE_ROWS = saved
 
-    def run_acc(ids: Any, new: int) -> Any:
-        with scaled_on_accumulator():
+        def training_tiles(rows: int, groups: int, trans: bool = False, bf16: bool = True) -> Any:
+            per_group = rows / max(groups, 1)
+            return nf4_triton.SMALL_GROUPS if per_group <= 128 else nf4_triton.LARGE_GROUPS
+
+        with picked_by(training_tiles):
+            return run_generate(ids, new)
+
+    def run_graph_before(ids: Any, new: int) -> Any:
+        with picked_by(pick_before):
             return run_fast(ids, new, True)
 
     paths = {
@@ -349,10 +374,10 @@ def decode_rows(args: argparse.Namespace, bw: float) -> tuple[list[dict], list[d
         "static": lambda ids, new: run_fast(ids, new, False),
         "graph": lambda ids, new: run_fast(ids, new, True),
         "blocks": run_blocks,
-        "graph-acc": run_acc,
+        "graph-before": run_graph_before,
     }
     if device.type != "cuda":
-        del paths["graph"], paths["blocks"], paths["graph-acc"]
+        del paths["graph"], paths["blocks"], paths["graph-before"]
     paths = {name: fn for name, fn in paths.items() if name in args.paths}
     chosen = eval_batch.choose(model, lambda: args.prompt_tokens, 512, 10_000)
     log(f"evaluation's batch from free memory with {args.layers} layers loaded: {chosen}")
@@ -406,10 +431,10 @@ def decode_rows(args: argparse.Namespace, bw: float) -> tuple[list[dict], list[d
                 )
     profiled = []
     if args.profile_step:
-        profiled = [{**r, "with": "decode tiles"} for r in profile_steps(model, device, gen, args)]
-        if "graph-acc" in paths:
-            with scaled_on_accumulator():
-                profiled += [{**r, "with": "+acc"} for r in profile_steps(model, device, gen, args)]
+        profiled = [{**r, "with": "now"} for r in profile_steps(model, device, gen, args)]
+        if "graph-before" in paths:
+            with picked_by(pick_before):
+                profiled += [{**r, "with": "before"} for r in profile_steps(model, device, gen, args)]
     load = {"load_s": round(time.perf_counter() - t0, 1), "device": str(device), "eval_batch_chosen": chosen}
     return rows, scoring, load, profiled
 
@@ -425,7 +450,7 @@ def profile_steps(model: Any, device: Any, gen: Any, args: argparse.Namespace) -
     batch = max(args.batches)
     ids = torch.randint(1, model.config.vocab_size, (batch, args.prompt_tokens), generator=gen).to(device)
     steps = 8
-    with torch.no_grad():
+    with torch.no_grad(), decode._grouped_steps(model):
         dec = decode.GreedyDecoder(model, ids, torch.ones_like(ids), steps + 2)
         dec.prefill(ids)
         dec._step()
@@ -565,6 +590,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--paths", default="before,generate,static,graph,blocks", help="decode paths timed")
     parser.add_argument("--no-kernels", action="store_true", help="skip part 1")
+    parser.add_argument("--no-steps", action="store_true", help="skip part 2")
     parser.add_argument("--name", default="", help="a suffix for the results' file names")
     parser.add_argument("--profile-step", action="store_true", help="profile 8 steps by kernel at the end")
     parser.add_argument("--out", default=os.environ.get("OUT") or str(ROOT / "benchmarks/results"))
@@ -589,8 +615,10 @@ def main(argv: list[str] | None = None) -> int:
         geometry = {"experts": 8, "hidden": 128, "width": 64, "topk": 2}
         os.environ.setdefault("TRITON_INTERPRET", "1")
     result["kernels"] = [] if args.no_kernels else kernel_rows(torch, device, geometry, bw, args.batches)
-    result["steps"], result["scoring"], load, result["profile"] = decode_rows(args, bw)
-    result["meta"].update(load)
+    result["steps"], result["scoring"], result["profile"] = [], [], []
+    if not args.no_steps:
+        result["steps"], result["scoring"], load, result["profile"] = decode_rows(args, bw)
+        result["meta"].update(load)
     result["fits"] = fits(result["steps"], args.depths)
     text = render(result)
     print(text)

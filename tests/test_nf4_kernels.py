@@ -111,7 +111,7 @@ def test_dequantize_kernel_matches_reference(kernels):
         {"bm": 32, "bn": 128, "bk": 128, "swap": True, "decode": 1},  # 128 columns: two scales a row
         {"bm": 64, "bn": 128, "bk": 64, "swap": True, "decode": 2},  # PRMT: the tree on the CPU
         {"bm": 16, "bn": 64, "bk": 128, "swap": True, "decode": 1},  # decoding's narrow token tile
-        {"bm": 32, "bn": 64, "bk": 128, "swap": True, "decode": 1, "programs_per_sm": 4},  # DECODE_WIDE's
+        {"bm": 32, "bn": 64, "bk": 128, "swap": True, "decode": 1, "programs_per_sm": 4},  # a 32-token tile
     ],
 )
 def test_grouped_mm_kernel_matches_reference(kernels, config):
@@ -137,9 +137,12 @@ def test_grouped_mm_kernel_refuses_bad_shapes(kernels):
         kernels.nf4_grouped_mm(torch.zeros(3, 128), packed, layout, ids, offs)  # in is 64, not 128
     assert kernels.pick_config(64 * 128, 128) is kernels.SMALL_GROUPS
     assert kernels.pick_config(256 * 128, 128) is kernels.LARGE_GROUPS
-    assert kernels.pick_config(64 * 8, 128) is kernels.DECODE_GROUPS  # a decode step at batch 64
-    assert kernels.pick_config(256 * 8, 128) is kernels.DECODE_WIDE  # at batch 256, forward
+    assert kernels.pick_config(64 * 8, 128) is kernels.DECODE_ACC  # a decode step at batch 64
+    assert kernels.pick_config(256 * 8, 128) is kernels.DECODE_ACC_WIDE  # at batch 256, forward
+    assert kernels.pick_config(512 * 8, 128) is kernels.DECODE_ACC_TALL  # at batch 512
     assert kernels.pick_config(256 * 8, 128, trans=True) is kernels.DECODE_GROUPS  # its input gradient
+    assert kernels.pick_config(256 * 8, 128, bf16=False) is kernels.DECODE_GROUPS  # float32 rows
+    assert kernels.pick_config(512 * 8, 128, bf16=False) is kernels.SMALL_GROUPS
     assert kernels.pick_config(1 * 8, 128) is kernels.DECODE_FEW  # at batch 1
 
 

@@ -15,7 +15,7 @@ table, bf16 operands, on the story's shapes). Otherwise the arithmetic is `train
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cache
 from typing import TYPE_CHECKING
 
@@ -279,31 +279,38 @@ SMALL_GROUP_ROWS = 128  # rows an expert (on average) up to which SMALL_GROUPS i
 # Decoding: a few rows an expert (batch x top-k / experts), so the step only streams the weights. A
 # 16-token tile (the tokens are the MMA's narrow side) wastes no tensor-core work on rows that are not
 # there, and the weight tile is as wide as it takes to keep the memory busy.
-# Measured on an H200 (benchmarks/decode_speed.py, story shapes): at 8 and 64 tokens (0.5 and 4 rows an
-# expert) DECODE_GROUPS ran the step's expert GEMMs 1.7x faster than SMALL_GROUPS; at one token (8 experts
-# hit) the deeper K tile of DECODE_FEW was 1.4x faster than DECODE_GROUPS.
-# Past 8 rows an expert up to 16 (batches of 129 to 256 tokens, top-8 of 128) a 32-token tile with 4
-# programs an SM (DECODE_WIDE) ran the forward pass 19% faster at 16 rows and level at 8
-# (benchmarks/nf4_split.py, nf4_split_h200.md); it is used forward only, the orientation measured.
+# Measured on an H200 (benchmarks/decode_speed.py, story shapes, decode_speed_h200_acc_kernels.md): the
+# forward of bf16 rows with the scale on the accumulator (`scale_acc`, trainer.kernels.nf4_decode) ran
+# the step's expert GEMMs 8% faster than the fused kernel at 0.5 rows an expert (8 tokens), 9% at 4
+# (64 tokens), 21% at 16 (256 tokens, a 32-token tile) and 29% at 32 (512 tokens, a 64-token tile, where
+# SMALL_GROUPS ran before). At one token (8 experts hit) the fused kernel's deeper K tile (DECODE_FEW)
+# stays ahead. The input gradient (and rows not in bf16) keep the fused kernel: DECODE_GROUPS up to 16
+# rows an expert, as measured before (1.7x faster than SMALL_GROUPS at 0.5 and 4 rows).
 DECODE_GROUPS = MMConfig(bm=16, bn=128, bk=128, warps=4, stages=4, swap=True, decode=PRMT, programs_per_sm=2)
 DECODE_FEW = MMConfig(bm=16, bn=128, bk=256, warps=4, stages=3, swap=True, decode=PRMT, programs_per_sm=2)
-DECODE_WIDE = MMConfig(bm=32, bn=128, bk=128, warps=4, stages=4, swap=True, decode=PRMT, programs_per_sm=4)
-DECODE_FEW_ROWS = (
-    0.25  # rows an expert (on average) up to which DECODE_FEW is used (batch <= 4, top-8 of 128)
+DECODE_ACC = MMConfig(
+    bm=16, bn=128, warps=4, stages=3, swap=True, decode=PRMT, programs_per_sm=3, scale_acc=True
 )
-DECODE_GROUP_ROWS = 8  # up to which DECODE_GROUPS is
-DECODE_WIDE_ROWS = 16  # and up to which DECODE_WIDE is, forward (else DECODE_GROUPS)
+DECODE_ACC_WIDE = replace(DECODE_ACC, bm=32)
+DECODE_ACC_TALL = replace(DECODE_ACC, bm=64, programs_per_sm=2)
+# Rows an expert (on average) up to which each is used: DECODE_FEW to batch 4 (top-8 of 128), then
+# DECODE_ACC, DECODE_ACC_WIDE and DECODE_ACC_TALL (the input gradient: DECODE_GROUPS to 16).
+DECODE_FEW_ROWS, DECODE_ACC_ROWS, DECODE_WIDE_ROWS, DECODE_TALL_ROWS = 0.25, 8, 16, 32
 
 
-def pick_config(rows: int, groups: int, trans: bool = False) -> MMConfig:
-    """The block config for `rows` rows over `groups` groups (host-known sizes only)."""
+def pick_config(rows: int, groups: int, trans: bool = False, bf16: bool = True) -> MMConfig:
+    """The block config for `rows` rows over `groups` groups (host-known sizes only); `bf16`: the rows
+    are bf16 (what the scale-on-accumulator kernel takes)."""
     per_group = rows / max(groups, 1)
     if per_group <= DECODE_FEW_ROWS:
         return DECODE_FEW
-    if per_group <= DECODE_GROUP_ROWS:
-        return DECODE_GROUPS
-    if per_group <= DECODE_WIDE_ROWS:
-        return DECODE_GROUPS if trans else DECODE_WIDE
+    if trans or not bf16:
+        if per_group <= DECODE_WIDE_ROWS:
+            return DECODE_GROUPS
+    elif per_group <= DECODE_TALL_ROWS:
+        if per_group <= DECODE_ACC_ROWS:
+            return DECODE_ACC
+        return DECODE_ACC_WIDE if per_group <= DECODE_WIDE_ROWS else DECODE_ACC_TALL
     return SMALL_GROUPS if per_group <= SMALL_GROUP_ROWS else LARGE_GROUPS
 
 
@@ -354,7 +361,10 @@ def nf4_grouped_mm(
     from offs[-1] on come out zero. offs and expert_ids stay on the device (int32). See
     `trainer.kernels.nf4_ref.nf4_grouped_mm_ref` for the reference.
     """
-    cfg = config or pick_config(x.shape[0], offs.shape[0], trans)
+    bf16 = x.dtype == torch.bfloat16 and (out is None or out.dtype == torch.bfloat16)
+    cfg = config or pick_config(x.shape[0], offs.shape[0], trans, bf16)
+    if cfg.scale_acc and (trans or not bf16):  # the fused kernel's own config for these rows
+        cfg = pick_config(x.shape[0], offs.shape[0], trans, bf16=False)
     k_dim, n_dim = (layout.out, layout.inp) if trans else (layout.inp, layout.out)
     if x.dim() != 2 or x.shape[1] != k_dim or x.stride(1) != 1:
         raise ValueError(f"x must be [M, {k_dim}] with contiguous rows, got {tuple(x.shape)}")
@@ -372,7 +382,7 @@ def nf4_grouped_mm(
         return out
     offs = offs.to(device=x.device, dtype=torch.int32)
     expert_ids = expert_ids.to(device=x.device, dtype=torch.int32)
-    if cfg.scale_acc and not trans and x.dtype == out.dtype == torch.bfloat16:
+    if cfg.scale_acc:
         from trainer.kernels.nf4_decode import decode_mm  # it builds on this module's pieces
 
         return decode_mm(x, packed, layout, expert_ids, offs, cfg, out, decode_for(cfg.decode, x.device))

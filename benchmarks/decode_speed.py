@@ -3,9 +3,9 @@
 Two parts, one command:
 
 1. **The expert GEMMs of one decode step** (E=128, gate_up [3072, 4096], down [4096, 1536], top-8 of
-   1, 8 and 64 tokens): the fused NF4 kernel with the block config evaluation used before
-   (`SMALL_GROUPS`), with the fused kernel's decode configs (`DECODE_GROUPS`, `DECODE_FEW`, the
-   `DECODE_WIDE` of before and `CANDIDATES`) and with the scale on the accumulator (`DECODE_ACC`,
+   each of `--batches` tokens): the fused NF4 kernel with the block config evaluation used before
+   (`SMALL_GROUPS`), with the fused kernel's decode configs (`DECODE_GROUPS`, `DECODE_FEW`,
+   `DECODE_WIDE` and `CANDIDATES`) and with the scale on the accumulator (`DECODE_ACC`,
    `_WIDE`, `_TALL` and `ACC_CANDIDATES`),
    each against the memory limit of the bytes it must read (the hit experts' codes, scales and states
    over the HBM bandwidth this script measures with a 4 GiB copy), and its numerics against a float32
@@ -145,7 +145,7 @@ def kernel_rows(
         ("before: SMALL_GROUPS", k.SMALL_GROUPS),
         ("DECODE_GROUPS", k.DECODE_GROUPS),
         ("DECODE_FEW", k.DECODE_FEW),
-        ("DECODE_WIDE (before)", _before_configs()[1]),
+        ("DECODE_WIDE", k.DECODE_WIDE),
         ("DECODE_ACC", k.DECODE_ACC),
         ("DECODE_ACC_WIDE", k.DECODE_ACC_WIDE),
         ("DECODE_ACC_TALL", k.DECODE_ACC_TALL),
@@ -165,7 +165,8 @@ def kernel_rows(
         for c in ACC_CANDIDATES
     ]
     if device.type != "cuda":
-        configs = [(label, replace(cfg, decode=k.TREE)) for label, cfg in configs[:2] + configs[4:6]]
+        cpu = ("before: SMALL_GROUPS", "DECODE_GROUPS", "DECODE_ACC", "DECODE_ACC_WIDE")
+        configs = [(label, replace(cfg, decode=k.TREE)) for label, cfg in configs if label in cpu]
     rows = []
     for tokens in batches:
         scores = torch.rand(tokens, e_n, generator=gen, device=device)
@@ -220,22 +221,17 @@ def kernel_rows(
     return rows
 
 
-def _before_configs() -> tuple[Any, Any]:
-    from trainer.kernels import nf4_triton as k
-
-    return k, replace(k.DECODE_GROUPS, bm=32, programs_per_sm=4)
-
-
 def pick_before(rows: int, groups: int, trans: bool = False, bf16: bool = True) -> Any:
     """`pick_config` before the scale on the accumulator: the fused kernel's decode tiles only."""
-    k, wide = _before_configs()
+    from trainer.kernels import nf4_triton as k
+
     per_group = rows / max(groups, 1)
     if per_group <= 0.25:
         return k.DECODE_FEW
     if per_group <= 8:
         return k.DECODE_GROUPS
     if per_group <= 16:
-        return k.DECODE_GROUPS if trans else wide
+        return k.DECODE_GROUPS if trans else k.DECODE_WIDE
     return k.SMALL_GROUPS if per_group <= k.SMALL_GROUP_ROWS else k.LARGE_GROUPS
 
 
@@ -450,7 +446,7 @@ def profile_steps(model: Any, device: Any, gen: Any, args: argparse.Namespace) -
     batch = max(args.batches)
     ids = torch.randint(1, model.config.vocab_size, (batch, args.prompt_tokens), generator=gen).to(device)
     steps = 8
-    with torch.no_grad(), decode._grouped_steps(model):
+    with torch.no_grad(), decode.grouped_steps(model):
         dec = decode.GreedyDecoder(model, ids, torch.ones_like(ids), steps + 2)
         dec.prefill(ids)
         dec._step()

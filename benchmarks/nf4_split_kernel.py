@@ -27,7 +27,7 @@ import triton
 import triton.language as tl
 
 from trainer.kernels.nf4_ref import dynamic_map, nf4_table
-from trainer.kernels.nf4_triton import (
+from trainer.kernels.nf4_tiles import (
     PRMT,
     block_scales,
     decode_for,

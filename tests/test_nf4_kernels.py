@@ -141,7 +141,8 @@ def test_grouped_mm_kernel_refuses_bad_shapes(kernels):
     assert kernels.pick_config(256 * 8, 128) is kernels.DECODE_ACC_WIDE  # at batch 256, forward
     assert kernels.pick_config(512 * 8, 128) is kernels.DECODE_ACC_TALL  # at batch 512
     assert kernels.pick_config(256 * 8, 128, trans=True) is kernels.DECODE_GROUPS  # its input gradient
-    assert kernels.pick_config(256 * 8, 128, bf16=False) is kernels.DECODE_GROUPS  # float32 rows
+    assert kernels.pick_config(256 * 8, 128, bf16=False) is kernels.DECODE_WIDE  # float32 rows
+    assert kernels.pick_config(64 * 8, 128, bf16=False) is kernels.DECODE_GROUPS
     assert kernels.pick_config(512 * 8, 128, bf16=False) is kernels.SMALL_GROUPS
     assert kernels.pick_config(1 * 8, 128) is kernels.DECODE_FEW  # at batch 1
 
@@ -149,8 +150,7 @@ def test_grouped_mm_kernel_refuses_bad_shapes(kernels):
 @pytest.mark.parametrize("bn", [64, 32])
 def test_scale_on_accumulator_matches_reference(kernels, bn):
     """`scale_acc` (trainer.kernels.nf4_decode): bf16 rows, the forward orientation, two scale blocks a
-    weight row; nearer the float32 reference than bf16 output allows, a tail of rows to no expert zero.
-    The input-gradient orientation and float32 rows stay on the fused kernel."""
+    weight row, uneven groups, an empty one and a tail of rows to no expert (zeros)."""
     packed, layout = packed_weights(5, 64, 128)
     cfg = kernels.MMConfig(bm=16, bn=bn, bk=64, swap=True, decode=kernels.PRMT, scale_acc=True)
     expert_ids = torch.tensor([2, 0, 4, 1], dtype=torch.int32)
@@ -160,10 +160,23 @@ def test_scale_on_accumulator_matches_reference(kernels, bn):
     out = torch.full((50, layout.out), float("nan"), dtype=torch.bfloat16)
     got = kernels.nf4_grouped_mm(x, packed, layout, expert_ids, offs, config=cfg, out=out)
     assert got is out and torch.isfinite(got).all(), "a row was not written"
-    assert rel(got, want) < 6e-3 and (got[45:] == 0).all()  # bf16 output and the table in bf16
-    fused = kernels.nf4_grouped_mm(x, packed, layout, expert_ids, offs, config=kernels.MMConfig(bm=16, bn=bn))
-    assert rel(got, want) <= rel(fused, want)  # the scaled weights are not rounded to bf16
-    grad = torch.randn(50, layout.out, generator=torch.Generator().manual_seed(4))
-    cfg = kernels.MMConfig(bm=16, bn=64, swap=True, scale_acc=True)  # the fused kernel's columns: 64 or more
-    back = kernels.nf4_grouped_mm(grad, packed, layout, expert_ids, offs, trans=True, config=cfg)
-    assert rel(back, nf4_grouped_mm_ref(grad, packed, layout, expert_ids, offs, True)) < 1e-5
+    assert rel(got, want) < 6e-3 and (got[45:] == 0).all()  # bf16 output, the table rounded to bf16
+
+
+def test_scale_on_accumulator_leaves_other_rows_to_the_fused_kernel(kernels):
+    """A `scale_acc` config given for rows the decode kernel does not take (float32 rows, the input
+    gradient) runs the fused kernel with `pick_config`'s own config for them."""
+    packed, layout = packed_weights(5, 64, 128)
+    cfg = kernels.MMConfig(bm=16, bn=64, swap=True, scale_acc=True)
+    expert_ids = torch.tensor([2, 0, 4, 1], dtype=torch.int32)
+    offs = torch.tensor([3, 3, 40, 45], dtype=torch.int32)
+    gen = torch.Generator().manual_seed(4)
+    x = torch.randn(50, layout.inp, generator=gen)  # float32: the decode kernel would round the table
+    want = nf4_grouped_mm_ref(x, packed, layout, expert_ids, offs)
+    assert rel(kernels.nf4_grouped_mm(x, packed, layout, expert_ids, offs, config=cfg), want) < 1e-5
+    grad = torch.randn(50, layout.out, generator=gen).bfloat16()  # bf16, but the input gradient
+    fused = kernels.pick_config(50, 4, trans=True, bf16=False)
+    assert not fused.scale_acc
+    got = kernels.nf4_grouped_mm(grad, packed, layout, expert_ids, offs, trans=True, config=cfg)
+    assert got.shape == (50, layout.inp)
+    assert torch.equal(got, kernels.nf4_grouped_mm(grad, packed, layout, expert_ids, offs, True, fused))

@@ -160,7 +160,7 @@ def _register_step_attention() -> None:
 
 
 @contextlib.contextmanager
-def _grouped_steps(model: Any) -> Iterator[None]:
+def grouped_steps(model: Any) -> Iterator[None]:
     """An sdpa model attends through `grouped_query_attention` (which hands queries longer than one token
     to sdpa: the prefill) while it decodes."""
     config = model.config
@@ -311,7 +311,7 @@ class GreedyDecoder:
     def run(self, input_ids: torch.Tensor, stop: set[int], graph: bool = True) -> torch.Tensor:
         """[B, n] greedy tokens, n <= new; rows go on past their end (cut them with `cut_at_end`), and
         the loop stops early (n < new) once every row has produced a token of `stop`."""
-        with _grouped_steps(self.model):
+        with grouped_steps(self.model):
             return self._run(input_ids, stop, graph)
 
     def _run(self, input_ids: torch.Tensor, stop: set[int], graph: bool) -> torch.Tensor:

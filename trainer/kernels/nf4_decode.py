@@ -26,7 +26,7 @@ import triton.language as tl
 
 from trainer.kernels.device import on_device
 from trainer.kernels.nf4_ref import dynamic_map, nf4_table
-from trainer.kernels.nf4_triton import (
+from trainer.kernels.nf4_tiles import (
     PRMT_PAIRS,
     block_scales,
     nf4_lookup,
@@ -37,10 +37,7 @@ from trainer.kernels.nf4_triton import (
 )
 
 if TYPE_CHECKING:
-    from trainer.kernels.nf4_triton import MMConfig
     from trainer.nf4_pack import PackedLayout
-
-BLOCK = 64  # values a scale covers (bitsandbytes' blocksize for NF4): the K step
 
 
 @triton.jit
@@ -126,24 +123,30 @@ def decode_mm(
     layout: PackedLayout,
     expert_ids: torch.Tensor,
     offs: torch.Tensor,
-    config: MMConfig,
     out: torch.Tensor,
+    *,
+    bm: int,
+    bn: int,
+    warps: int,
+    stages: int,
+    programs_per_sm: int,
     decode: int,
 ) -> torch.Tensor:
-    """`x @ W.T` per group into `out` (checked by the caller, `nf4_grouped_mm`): x bf16, BN from config."""
+    """`x @ W.T` per group into `out`, as `trainer.kernels.nf4_triton.nf4_grouped_mm` (which checks the
+    shapes and hands over int32 offs and ids): x bf16; a tile of bm rows by bn outputs (bn >= 16 dividing
+    the weight's outputs), each K step one 64-value scale block."""
     m, g = x.shape[0], offs.shape[0]
-    bn = config.bn
-    while bn > 16 and layout.out % bn:
-        bn //= 2
+    if bn < 16 or layout.out % bn or layout.inp % 64:
+        raise ValueError(f"a tile of {bn} outputs over {layout}: bn >= 16 must divide out, 64 divide in")
     codes, qscale, qstate = packed_views(packed)
-    bound = (triton.cdiv(m, config.bm) + g) * (layout.out // bn)
-    programs = max(1, min(bound, num_sms(x.device) * config.programs_per_sm))
+    bound = (triton.cdiv(m, bm) + g) * (layout.out // bn)
+    programs = max(1, min(bound, num_sms(x.device) * programs_per_sm))
     with on_device(x.device):
         _nf4_decode_mm_kernel[(programs,)](
             x, out, codes, qscale, qstate, dynamic_map(x.device), nf4_table(x.device), offs, expert_ids,
             m, g, programs, x.stride(0), out.stride(0), codes.stride(0), qscale.stride(0), qstate.stride(0),
             N=layout.out, K=layout.inp, QOFF=layout.blocks // layout.nested, NESTED=layout.nested,
-            DECODE=decode, BM=config.bm, BN=bn, GP=triton.next_power_of_2(g + 1),
-            num_warps=config.warps, num_stages=config.stages,
+            DECODE=decode, BM=bm, BN=bn, GP=triton.next_power_of_2(g + 1),
+            num_warps=warps, num_stages=stages,
         )  # fmt: skip
     return out

@@ -7,7 +7,8 @@ a scoring forward at evaluation's shape and thinking batches, through evaluation
   (`cockpit.plan.eval_time`), as many as a forward holds (`SCORE_TOKENS` tokens, `SCORE_LOGITS` kept);
 - thinking at `EVAL_BATCH_SIZE` prompts, at `MAX_EVAL_BATCH` (evaluation chooses its batch up to it
   from the memory free once loaded: `trainer.eval_batch`) and at batch 1 (a request served alone): once
-  for `EVAL_FIRST_TOKENS` new tokens and once for N; a decode step is `(time(N) - time(3)) / (N - 3)`, and
+  for `EVAL_FIRST_TOKENS` new tokens and once for N (the largest batch: `large_new_tokens(N)`, its prefill
+  being long and varied); a decode step is `(time(N) - time(3)) / (N - 3)`, and
   what a call costs beyond its decode steps (the prefill, the first token, the decode path's set-up: the
   fast path captures its step as a CUDA graph only past 2 tokens) is `time(3) - 2 x step`;
 - and thinking at `EVAL_BATCH_SIZE` prompts with the steps launched one by one (`eager_*`): what a step
@@ -41,6 +42,16 @@ from cockpit.plan.run_length import ASSUMED_LABELS
 from trainer import decode
 
 REPEATS = 2  # timed calls of each shape after its warm-up (the median is kept, their spread too)
+# The largest batch's prefill is long (12 s at 16 layers: 512 prompts of 1,000 tokens) and varied by 0.09 s
+# between repeats on an H200, about 3 ms over 29 steps, as much as a 2-layer step: its thinking runs this
+# many times the steps, so the steps outweigh that spread (benchmarks/results/eval_speed_h200.md, the
+# largest batch's figures).
+LARGE_STEPS = 4
+
+
+def large_new_tokens(new_tokens: int) -> int:
+    """New tokens of the largest batch's longer call: `LARGE_STEPS` times the steps of the others."""
+    return EVAL_FIRST_TOKENS + LARGE_STEPS * (new_tokens - EVAL_FIRST_TOKENS)
 
 
 class IdsTokenizer:
@@ -211,7 +222,7 @@ def time_evaluation(
     large: dict[str, Any] = {}
     if torch.cuda.is_available():  # on the CPU evaluation's batch is EVAL_BATCH_SIZE: nothing larger to time
         try:
-            large = time_thinking(model, prompts, vocab, new_tokens, repeats)
+            large = time_thinking(model, prompts, vocab, large_new_tokens(new_tokens), repeats)
         except torch.OutOfMemoryError:  # more than this slice leaves room for: the batches timed stay
             gc.collect()
             torch.cuda.empty_cache()
@@ -231,7 +242,9 @@ def time_evaluation(
         "repeats": repeats,
         **batch,
         **{f"single_{k}": v for k, v in single.items()},
-        **({"large_batch": MAX_EVAL_BATCH} if large else {}),
+        **(
+            {"large_batch": MAX_EVAL_BATCH, "large_new_tokens": large_new_tokens(new_tokens)} if large else {}
+        ),
         **{f"large_{k}": v for k, v in large.items()},
         "decode_path": graph_path,
         **{f"eager_{k}": v for k, v in eager.items()},

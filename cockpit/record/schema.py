@@ -132,7 +132,8 @@ THINKING_TIMED = ("prefill_s", "prefill_sd_s", "decode_step_s", "decode_step_sd_
 THINKING_PREFIXES = ("", "single_", "large_", "eager_")
 REHEARSE_EVAL = {
     "layers": INT, "load_s": NUMBER, "gpus": INT, "device": TEXT, "batch": INT, "prompt_tokens": INT,
-    "new_tokens": INT, "think_tokens": INT, "repeats": INT, "large_batch": INT, "decode_path": TEXT,
+    "new_tokens": INT, "think_tokens": INT, "repeats": INT, "large_batch": INT, "large_new_tokens": INT,
+    "decode_path": TEXT,
     **{prefix + field: NUMBER for prefix in THINKING_PREFIXES for field in THINKING_TIMED},
     "score_rows": INT, "score_labels": INT, "score_tokens": INT, "score_s": NUMBER, "score_sd_s": NUMBER,
     "score_path": TEXT,

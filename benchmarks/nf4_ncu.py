@@ -1,8 +1,9 @@
 """Profile target: one launch of each NF4 grouped GEMM at a decoding or training shape, for Nsight Compute.
 
-Runs the interleaving kernel (`nf4_triton`, its picked config) and the split-nibble kernel
-(`benchmarks/nf4_split_kernel.py`, its default) once each on the story's gate_up weight (E=128,
-[3072, 4096], top-8) with random packed bytes, for `ncu` to read the hardware counters of. With
+Runs the interleaving kernel (`nf4_triton`, its picked config: at decoding sizes now the scale-on-
+accumulator kernel, `_nf4_decode_mm_kernel`; `nf4_ncu_h200.md` profiled the fused one) and the
+split-nibble kernel (`benchmarks/nf4_split_kernel.py`, its default) once each on the story's gate_up
+weight (E=128, [3072, 4096], top-8) with random packed bytes, for `ncu` to read the hardware counters of. With
 --train: the fused kernel forward and in the input gradient's orientation, and torch._grouped_mm on
 the same weights dequantized to bf16 (the dense ceiling). On the H200 (Firecracker runtime):
   ncu --clock-control none --kernel-name regex:nf4_ --section SpeedOfLight --section WarpStateStats \\

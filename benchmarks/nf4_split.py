@@ -1,5 +1,8 @@
 """Benchmark: the forward NF4 grouped GEMM with split nibbles (`benchmarks/nf4_split_kernel.py`) against
 the interleaving kernel (`nf4_triton.nf4_grouped_mm`, its picked config), decoding and training shapes.
+Since `pick_config` hands bf16 forwards of 0.25 to 32 rows an expert to the scale-on-accumulator kernel
+(`trainer/kernels/nf4_decode.py`), the picked config's rows at decoding sizes time that kernel;
+`nf4_split_h200*.md` were measured before it, on the fused kernel.
 
 Shapes: the story's experts (E=128, gate_up W [3072, 4096], down W [4096, 1536], top-8), one forward
 pass over both weights. Decoding: 1, 8, 64 and 256 tokens (0.06 to 16 rows an expert); training: 4096

@@ -124,6 +124,7 @@ def analyse(run_dir: Path, profile: Any) -> dict[str, Any]:
             "think_tokens": shape.think_tokens,
             "timed_new_tokens": first.get("new_tokens"),
             "large_batch": first.get("large_batch"),
+            "large_new_tokens": first.get("large_new_tokens"),
             "score_labels": first.get("score_labels"),
             "examples": split.examples,
             "labels": split.labels,
@@ -163,8 +164,8 @@ def render(result: dict[str, Any]) -> str:
         + (f", and of {s['large_batch']}" if s.get("large_batch") else "")
         + "), timed for 3 and "
         f"{s['timed_new_tokens']} new "
-        "tokens; "
-        f"a scoring forward of rows of prompt + {s['think_tokens']} thinking tokens + "
+        + (f"tokens ({s['large_new_tokens']} at the largest); " if s.get("large_new_tokens") else "tokens; ")
+        + f"a scoring forward of rows of prompt + {s['think_tokens']} thinking tokens + "
         + (f"{s['score_labels']} labels behind them" if s.get("score_labels") else "a label")
         + ". Each after a "
         f"warm-up of its shape. The {deep}-layer figures predicted from the line through "

@@ -271,6 +271,29 @@ def test_costs_are_read_at_the_targets_batch_between_the_batches_timed() -> None
     assert s["batch_tokens_per_s"] == pytest.approx(160 * think / batch_s)
 
 
+def test_a_larger_batch_never_steps_faster_than_a_smaller_one() -> None:
+    """A depth's largest batch timed a decode step below the evaluation batch's (noise behind its long
+    prefill): it is read as the smaller batch's, so the batch between them costs no less, and the
+    forecast says so."""
+    events = []
+    for i, n in enumerate((2, 8)):
+        depth = _depth(100 * i, n, 6 * i)
+        for e in depth:
+            if e["kind"] == EVAL:  # the 256-prompt step at half the 64-prompt one
+                e.update(large_batch=256, large_prefill_s=LARGE_PREFILL[0] + LARGE_PREFILL[1] * n,
+                         large_decode_step_s=(DECODE[0] + DECODE[1] * n) / 2)  # fmt: skip
+        events += depth
+    profile, full = _profile(), 40
+    plan = _plan(full, {"total_s": 1.0, "batch": 160, "how": "modelled"})
+    ev = forecast_eval(depth_measures(events), profile, full, _scaling(there="NVIDIA H200"), plan, None)
+    batch_step = DECODE[0] + DECODE[1] * full
+    assert ev.target["large_decode_step_s"] < batch_step  # as timed
+    assert ev.costs().decode_step_s == pytest.approx(batch_step)  # at 160: no less than at 64
+    assert ev.costs(1).decode_step_s >= ev.costs(0).decode_step_s
+    assert any("decode_step_s below a smaller batch's at batch 256" in line for line in ev.assumptions)
+    assert not any("prefill_s below" in line for line in ev.assumptions)  # the prefills grew with the batch
+
+
 def test_evaluation_runs_on_one_host_s_gpus() -> None:
     """Evaluation is one process over one host's GPUs: on 2 nodes of 4 it spans 4, and on one GPU a node
     it replays its graph (no launched steps)."""

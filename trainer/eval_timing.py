@@ -10,7 +10,9 @@ a scoring forward at evaluation's shape and thinking batches, through evaluation
   for `EVAL_FIRST_TOKENS` new tokens and once for N (the largest batch: `large_new_tokens(N)`, its prefill
   being long and varied); a decode step is `(time(N) - time(3)) / (N - 3)`, and
   what a call costs beyond its decode steps (the prefill, the first token, the decode path's set-up: the
-  fast path captures its step as a CUDA graph only past 2 tokens) is `time(3) - 2 x step`;
+  fast path captures its step as a CUDA graph only past 2 tokens) is `time(3) - 2 x step`. The prefill's
+  keys span the whole cache (prompt + new tokens), so a longer call's prefill is a little longer too:
+  the difference books that as decode time (a few percent at most, an over-estimate);
 - and thinking at `EVAL_BATCH_SIZE` prompts with the steps launched one by one (`eager_*`): what a step
   costs where its graphs cannot be captured (over several GPUs evaluation replays a graph on each,
   `trainer.decode_blocks`; the forecast counts that, and keeps these as the fallback's cost).
@@ -220,10 +222,14 @@ def time_evaluation(
     single = time_thinking(model, prompts[:1], vocab, new_tokens, repeats)
     graph_path = decode.path()  # how the batches above decoded (a graph on one GPU)
     large: dict[str, Any] = {}
-    if torch.cuda.is_available():  # on the CPU evaluation's batch is EVAL_BATCH_SIZE: nothing larger to time
+    large_new = 0
+    # On the CPU evaluation's batch is EVAL_BATCH_SIZE: nothing larger to time. Out of memory (more than
+    # this slice leaves room for): the shorter call, then none; the batches timed stay.
+    for large_new in (large_new_tokens(new_tokens), new_tokens) if torch.cuda.is_available() else ():
         try:
-            large = time_thinking(model, prompts, vocab, large_new_tokens(new_tokens), repeats)
-        except torch.OutOfMemoryError:  # more than this slice leaves room for: the batches timed stay
+            large = time_thinking(model, prompts, vocab, large_new, repeats)
+            break
+        except torch.OutOfMemoryError:
             gc.collect()
             torch.cuda.empty_cache()
     with decode.graphs_off():  # what a step costs where its graphs cannot be captured
@@ -242,9 +248,7 @@ def time_evaluation(
         "repeats": repeats,
         **batch,
         **{f"single_{k}": v for k, v in single.items()},
-        **(
-            {"large_batch": MAX_EVAL_BATCH, "large_new_tokens": large_new_tokens(new_tokens)} if large else {}
-        ),
+        **({"large_batch": MAX_EVAL_BATCH, "large_new_tokens": large_new} if large else {}),
         **{f"large_{k}": v for k, v in large.items()},
         "decode_path": graph_path,
         **{f"eager_{k}": v for k, v in eager.items()},

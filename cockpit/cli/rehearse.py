@@ -110,7 +110,7 @@ def add_rehearse(sub: argparse._SubParsersAction, common: argparse.ArgumentParse
         default=DEFAULT_EVAL_TOKENS,
         help="after each depth's steps, evaluation is timed on the slice: a scoring forward, and thinking "
         f"batches of this many new tokens (default {DEFAULT_EVAL_TOKENS}: what matters is a decode step's "
-        "time)",
+        "time; the largest batch, its prefill long, four times the steps)",
     )
     rehearse.add_argument(
         "--no-eval", action="store_true", help="do not time evaluation (faster; the forecast models it)"

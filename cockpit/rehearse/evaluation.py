@@ -139,15 +139,21 @@ class EvalForecast:
             return self.target[key]
         return self.target_range.get(key, (self.target[key],) * 2)[which]
 
-    def at_batch(self, figure: str, batch: int, which: int | None = None) -> float:
-        """`prefill_s` or `decode_step_s` at `batch` rows: piecewise linear through the batches timed,
-        the end segments extended."""
+    def batch_points(self, figure: str, which: int | None = None) -> list[tuple[int, float]]:
+        """(batch, `figure` on the target) of each batch timed, in batch order; a larger batch never below a
+        smaller one's (more rows are never less work: a timing that says so is noise, read as the smaller
+        batch's)."""
         points = sorted(
             (b, self.pick(prefix + figure, which))
             for prefix, b in self.timed_batches.items()
             if prefix + figure in self.target
         )
-        return max(0.0, piecewise(points, batch))
+        return [(b, max(y for _, y in points[: i + 1])) for i, (b, _) in enumerate(points)]
+
+    def at_batch(self, figure: str, batch: int, which: int | None = None) -> float:
+        """`prefill_s` or `decode_step_s` at `batch` rows: piecewise linear through the batches timed
+        (`batch_points`), the end segments extended."""
+        return max(0.0, piecewise(self.batch_points(figure, which), batch))
 
     def costs(self, which: int | None = None) -> EvalCosts:
         """A batch's costs on the target at evaluation's batch (`shape.batch`): the values, or an end of
@@ -271,6 +277,14 @@ def _from_fits(
             "batch)"
         )
     result = EvalForecast(0.0, (0.0, 0.0), True, "", fits, target, ranges, shape, lines, timed_batches)
+    for figure in ("prefill_s", "decode_step_s"):
+        floor, raised = 0.0, []
+        for b, p in sorted((b, p) for p, b in timed_batches.items() if p + figure in target):
+            if target[p + figure] < floor:
+                raised.append(f"{b} ({target[p + figure]:.4g} s, read as {floor:.4g} s)")
+            floor = max(floor, target[p + figure])
+        if raised:
+            lines.append(f"{figure} below a smaller batch's at batch {', '.join(raised)}: timing noise")
     n = split.examples
     total = budgeted(profile, eval_seconds(shape, result.costs()))
     least = budgeted(

@@ -75,6 +75,10 @@ ACC_CANDIDATES = [
     {"bm": 64, "bn": 128, "warps": 4, "stages": 3, "programs_per_sm": 2},
     {"bm": 64, "bn": 128, "warps": 8, "stages": 3, "programs_per_sm": 2},
     {"bm": 64, "bn": 256, "warps": 8, "stages": 3, "programs_per_sm": 1},
+    # each K step's scales loaded a step ahead (`prefetch`), on the picked tiles
+    {"bm": 16, "bn": 128, "warps": 4, "stages": 3, "programs_per_sm": 3, "prefetch": True},
+    {"bm": 32, "bn": 128, "warps": 4, "stages": 3, "programs_per_sm": 3, "prefetch": True},
+    {"bm": 64, "bn": 128, "warps": 4, "stages": 3, "programs_per_sm": 2, "prefetch": True},
 ]
 
 
@@ -119,7 +123,7 @@ def timed(torch: Any, device: Any, fn: Any, repeat: int = 5) -> float:
 
 
 def kernel_rows(
-    torch: Any, device: Any, geometry: dict[str, int], bw: float, batches: list[int]
+    torch: Any, device: Any, geometry: dict[str, int], bw: float, batches: list[int], only: str = ""
 ) -> list[dict]:
     from trainer.kernels import nf4_triton as k
     from trainer.nf4_pack import PackedLayout, quantize_experts_nf4
@@ -159,7 +163,8 @@ def kernel_rows(
     ]
     configs += [
         (
-            f"acc bm{c['bm']} bn{c['bn']} w{c['warps']} s{c['stages']} {c['programs_per_sm']}/SM",
+            f"acc bm{c['bm']} bn{c['bn']} w{c['warps']} s{c['stages']} {c['programs_per_sm']}/SM"
+            + (" prefetch" if c.get("prefetch") else ""),
             k.MMConfig(**{**k.DECODE_ACC.__dict__, **c}),
         )
         for c in ACC_CANDIDATES
@@ -167,6 +172,8 @@ def kernel_rows(
     if device.type != "cuda":
         cpu = ("before: SMALL_GROUPS", "DECODE_GROUPS", "DECODE_ACC", "DECODE_ACC_WIDE")
         configs = [(label, replace(cfg, decode=k.TREE)) for label, cfg in configs if label in cpu]
+    if only:  # --configs: labels holding one of the comma-separated words
+        configs = [(label, cfg) for label, cfg in configs if any(w in label for w in only.split(","))]
     rows = []
     for tokens in batches:
         scores = torch.rand(tokens, e_n, generator=gen, device=device)
@@ -587,6 +594,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--paths", default="before,generate,static,graph,blocks", help="decode paths timed")
     parser.add_argument("--no-kernels", action="store_true", help="skip part 1")
     parser.add_argument("--no-steps", action="store_true", help="skip part 2")
+    parser.add_argument("--configs", default="", help="part 1: only configs whose label holds one of these")
     parser.add_argument("--name", default="", help="a suffix for the results' file names")
     parser.add_argument("--profile-step", action="store_true", help="profile 8 steps by kernel at the end")
     parser.add_argument("--out", default=os.environ.get("OUT") or str(ROOT / "benchmarks/results"))
@@ -610,7 +618,9 @@ def main(argv: list[str] | None = None) -> int:
     if device.type != "cuda":
         geometry = {"experts": 8, "hidden": 128, "width": 64, "topk": 2}
         os.environ.setdefault("TRITON_INTERPRET", "1")
-    result["kernels"] = [] if args.no_kernels else kernel_rows(torch, device, geometry, bw, args.batches)
+    result["kernels"] = [] if args.no_kernels else kernel_rows(
+        torch, device, geometry, bw, args.batches, args.configs
+    )
     result["steps"], result["scoring"], result["profile"] = [], [], []
     if not args.no_steps:
         result["steps"], result["scoring"], load, result["profile"] = decode_rows(args, bw)

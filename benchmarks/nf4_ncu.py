@@ -20,6 +20,7 @@ import json
 import re
 import sys
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -86,6 +87,9 @@ def main() -> int:
         "--train", action="store_true", help="training shapes: fused fwd and input grad, dense"
     )
     parser.add_argument("--summarize", nargs="+", type=Path, help="ncu text outputs to tabulate")
+    parser.add_argument(
+        "--dump", type=Path, help="write each compiled kernel's TTGIR, PTX and SASS, and the values decoded"
+    )
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results/nf4_ncu_h200.md")
     args = parser.parse_args()
     if args.summarize:
@@ -114,7 +118,32 @@ def main() -> int:
     else:
         nf4_split.nf4_split_mm(x, packed, layout, experts, offs)
     torch.cuda.synchronize()
+    if args.dump:
+        dump(args.dump, args.tokens, int((offs.diff(prepend=offs[:1] * 0) > 0).sum()), layout)
     return 0
+
+
+def dump(folder: Path, tokens: int, hit: int, layout: Any) -> None:
+    """Every compiled NF4 kernel's TTGIR, PTX and SASS under `folder`, and meta.json: the values each
+    launch decodes (the hit experts' weights), to turn ncu's instruction counts into counts a value."""
+    from benchmarks import nf4_split_kernel as nf4_split
+    from trainer.kernels import nf4_decode, nf4_triton
+
+    folder.mkdir(parents=True, exist_ok=True)
+    kernels = []
+    fns = (nf4_decode._nf4_decode_mm_kernel, nf4_triton._nf4_grouped_mm_kernel)
+    fns += (nf4_split._nf4_split_mm_kernel,)
+    for fn in fns:
+        for cache in fn.device_caches.values():
+            for i, compiled in enumerate(cache[0].values()):
+                stem = f"{fn.fn.__name__}_{tokens}_{i}"
+                for ext in ("ttgir", "ptx", "sass"):
+                    (folder / f"{stem}.{ext}").write_text(str(compiled.asm[ext]))
+                kernels.append({"kernel": fn.fn.__name__, "stem": stem, "regs": compiled.n_regs,
+                                "spills": compiled.n_spills, "shared": compiled.metadata.shared})  # fmt: skip
+    meta = {"tokens": tokens, "hit": hit, "values": hit * layout.out * layout.inp, "kernels": kernels}
+    (folder / f"meta_{tokens}.json").write_text(json.dumps(meta, indent=1))
+    print(json.dumps(meta))
 
 
 if __name__ == "__main__":

@@ -147,12 +147,15 @@ def test_grouped_mm_kernel_refuses_bad_shapes(kernels):
     assert kernels.pick_config(1 * 8, 128) is kernels.DECODE_FEW  # at batch 1
 
 
-@pytest.mark.parametrize("bn", [64, 32])
-def test_scale_on_accumulator_matches_reference(kernels, bn):
-    """`scale_acc` (trainer.kernels.nf4_decode): bf16 rows, the forward orientation, two scale blocks a
-    weight row, uneven groups, an empty one and a tail of rows to no expert (zeros)."""
-    packed, layout = packed_weights(5, 64, 128)
-    cfg = kernels.MMConfig(bm=16, bn=bn, bk=64, swap=True, decode=kernels.PRMT, scale_acc=True)
+@pytest.mark.parametrize(("bn", "inp", "prefetch"), [(64, 128, False), (32, 128, False), (32, 192, True)])
+def test_scale_on_accumulator_matches_reference(kernels, bn, inp, prefetch):
+    """`scale_acc` (trainer.kernels.nf4_decode): bf16 rows, the forward orientation, two or three scale
+    blocks a weight row (with `prefetch`, each step's scales loaded a step ahead), uneven groups, an empty
+    one and a tail of rows to no expert (zeros)."""
+    packed, layout = packed_weights(5, 64, inp)
+    cfg = kernels.MMConfig(
+        bm=16, bn=bn, bk=64, swap=True, decode=kernels.PRMT, scale_acc=True, prefetch=prefetch
+    )
     expert_ids = torch.tensor([2, 0, 4, 1], dtype=torch.int32)
     offs = torch.tensor([3, 3, 40, 45], dtype=torch.int32)
     x = torch.randn(50, layout.inp, generator=torch.Generator().manual_seed(3)).bfloat16()

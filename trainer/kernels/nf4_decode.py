@@ -85,6 +85,7 @@ def _nf4_decode_mm_kernel(
     BM: tl.constexpr,
     BN: tl.constexpr,
     GP: tl.constexpr,
+    PREFETCH: tl.constexpr,
 ):
     n_tiles = N // BN
     total, starts, ends, tiles, cum = tile_rows(offs_ptr, M, G, BM, GP, n_tiles)
@@ -99,11 +100,20 @@ def _nf4_decode_mm_kernel(
         n = nt * BN + tl.arange(0, BN)
         x_ptrs = x_ptr + rows[:, None] * s_xm + tl.arange(0, 64)[None, :]
         acc = tl.zeros((BN, BM), dtype=tl.float32)
+        blk = n * (K // 64)
+        if PREFETCH:
+            s_next = block_scales(blk, e, qscale_ptr, qstate_ptr, code2_ptr, s_qscale, s_qstate, NESTED, QOFF)
         for k0 in range(0, K, 64):
             a = tl.load(x_ptrs + k0, mask=amask[:, None], other=0.0)
             w = _values(e, nt * BN, k0, codes_ptr, lut_ptr, s_codes, K, BN, DECODE)
-            s = block_scales(n * (K // 64) + k0 // 64, e, qscale_ptr, qstate_ptr, code2_ptr, s_qscale,
-                             s_qstate, NESTED, QOFF)  # fmt: skip
+            if PREFETCH:  # the next block's scales loaded a step ahead (their loads wait on no MMA)
+                s = s_next
+                ahead = tl.minimum(k0 + 64, K - 64) // 64
+                s_next = block_scales(blk + ahead, e, qscale_ptr, qstate_ptr, code2_ptr, s_qscale, s_qstate,
+                                      NESTED, QOFF)  # fmt: skip
+            else:
+                s = block_scales(blk + k0 // 64, e, qscale_ptr, qstate_ptr, code2_ptr, s_qscale, s_qstate,
+                                 NESTED, QOFF)  # fmt: skip
             if DECODE == 2:
                 acc += s[:, None] * tl.dot(w, tl.trans(a))
             else:  # the same products in float32 (Triton's interpreter multiplies bf16 as integers)
@@ -131,10 +141,12 @@ def decode_mm(
     stages: int,
     programs_per_sm: int,
     decode: int,
+    prefetch: bool = False,
 ) -> torch.Tensor:
     """`x @ W.T` per group into `out`, as `trainer.kernels.nf4_triton.nf4_grouped_mm` (which checks the
     shapes and hands over int32 offs and ids): x bf16; a tile of bm rows by bn outputs (bn >= 16 dividing
-    the weight's outputs), each K step one 64-value scale block."""
+    the weight's outputs), each K step one 64-value scale block; `prefetch`: each block's scales loaded
+    a step ahead of their use."""
     m, g = x.shape[0], offs.shape[0]
     if bn < 16 or layout.out % bn or layout.inp % 64:
         raise ValueError(f"a tile of {bn} outputs over {layout}: bn >= 16 must divide out, 64 divide in")
@@ -146,7 +158,7 @@ def decode_mm(
             x, out, codes, qscale, qstate, dynamic_map(x.device), nf4_table(x.device), offs, expert_ids,
             m, g, programs, x.stride(0), out.stride(0), codes.stride(0), qscale.stride(0), qstate.stride(0),
             N=layout.out, K=layout.inp, QOFF=layout.blocks // layout.nested, NESTED=layout.nested,
-            DECODE=decode, BM=bm, BN=bn, GP=triton.next_power_of_2(g + 1),
+            DECODE=decode, BM=bm, BN=bn, GP=triton.next_power_of_2(g + 1), PREFETCH=prefetch,
             num_warps=warps, num_stages=stages,
         )  # fmt: skip
     return out

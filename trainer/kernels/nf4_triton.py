@@ -162,6 +162,7 @@ class MMConfig:
     decode: int = TREE  # GATHER, TREE or PRMT (PTX byte permutes; CUDA only, NF4 values rounded to bf16)
     programs_per_sm: int = 1
     scale_acc: bool = False  # x @ W.T of bf16 rows by `trainer.kernels.nf4_decode` (scale on the accumulator)
+    prefetch: bool = False  # scale_acc: each block's scales loaded a K step ahead
 
 
 # Picked on an H200 (benchmarks/nf4_kernels.py --explore, story shapes): PTX byte-permute decoding with the
@@ -266,6 +267,7 @@ def nf4_grouped_mm(
         return decode_mm(
             x, packed, layout, expert_ids, offs, out, bm=cfg.bm, bn=bn, warps=cfg.warps, stages=cfg.stages,
             programs_per_sm=cfg.programs_per_sm, decode=decode_for(cfg.decode, x.device),
+            prefetch=cfg.prefetch,
         )  # fmt: skip
     codes, qscale, qstate = packed_views(packed)
     bound = (triton.cdiv(m, cfg.bm) + g) * (n_dim // bn)

@@ -79,6 +79,12 @@ ACC_CANDIDATES = [
     {"bm": 16, "bn": 128, "warps": 4, "stages": 3, "programs_per_sm": 3, "prefetch": True},
     {"bm": 32, "bn": 128, "warps": 4, "stages": 3, "programs_per_sm": 3, "prefetch": True},
     {"bm": 64, "bn": 128, "warps": 4, "stages": 3, "programs_per_sm": 2, "prefetch": True},
+    # the codes read as 32-bit words, K reordered so a thread's bytes lie together (`words`)
+    {"bm": 16, "bn": 128, "warps": 4, "stages": 3, "programs_per_sm": 3, "words": True},
+    {"bm": 32, "bn": 128, "warps": 4, "stages": 3, "programs_per_sm": 3, "words": True},
+    {"bm": 64, "bn": 128, "warps": 4, "stages": 3, "programs_per_sm": 2, "words": True},
+    {"bm": 16, "bn": 128, "warps": 4, "stages": 4, "programs_per_sm": 3, "words": True},
+    {"bm": 16, "bn": 256, "warps": 8, "stages": 3, "programs_per_sm": 2, "words": True},
 ]
 
 
@@ -164,7 +170,8 @@ def kernel_rows(
     configs += [
         (
             f"acc bm{c['bm']} bn{c['bn']} w{c['warps']} s{c['stages']} {c['programs_per_sm']}/SM"
-            + (" prefetch" if c.get("prefetch") else ""),
+            + (" prefetch" if c.get("prefetch") else "")
+            + (" words" if c.get("words") else ""),
             k.MMConfig(**{**k.DECODE_ACC.__dict__, **c}),
         )
         for c in ACC_CANDIDATES

@@ -147,14 +147,17 @@ def test_grouped_mm_kernel_refuses_bad_shapes(kernels):
     assert kernels.pick_config(1 * 8, 128) is kernels.DECODE_FEW  # at batch 1
 
 
-@pytest.mark.parametrize(("bn", "inp", "prefetch"), [(64, 128, False), (32, 128, False), (32, 192, True)])
-def test_scale_on_accumulator_matches_reference(kernels, bn, inp, prefetch):
+@pytest.mark.parametrize(
+    ("bn", "inp", "prefetch", "words"),
+    [(64, 128, False, False), (32, 128, False, False), (32, 192, True, False), (64, 192, False, True)],
+)
+def test_scale_on_accumulator_matches_reference(kernels, bn, inp, prefetch, words):
     """`scale_acc` (trainer.kernels.nf4_decode): bf16 rows, the forward orientation, two or three scale
-    blocks a weight row (with `prefetch`, each step's scales loaded a step ahead), uneven groups, an empty
-    one and a tail of rows to no expert (zeros)."""
+    blocks a weight row (with `prefetch`, each step's scales loaded a step ahead; with `words`, the codes
+    read as words in another K order), uneven groups, an empty one and a tail of rows to no expert."""
     packed, layout = packed_weights(5, 64, inp)
     cfg = kernels.MMConfig(
-        bm=16, bn=bn, bk=64, swap=True, decode=kernels.PRMT, scale_acc=True, prefetch=prefetch
+        bm=16, bn=bn, bk=64, swap=True, decode=kernels.PRMT, scale_acc=True, prefetch=prefetch, words=words
     )
     expert_ids = torch.tensor([2, 0, 4, 1], dtype=torch.int32)
     offs = torch.tensor([3, 3, 40, 45], dtype=torch.int32)

@@ -59,6 +59,52 @@ def _values(e, n0, k0, codes_ptr, lut_ptr, s_codes, K: tl.constexpr, BN: tl.cons
 
 
 @triton.jit
+def _by_pair(b0, b1, b2, b3, BN: tl.constexpr):
+    """Per-byte tensors [BN, 8] (byte i of each of a row's 8 words) as [BN, 32] in the K order of `WORDS`
+    steps: pair p = 16h + 4i + c is byte i of word 2c + h, so the 8 pairs a thread holds for the tensor
+    cores (p = c + 4j) are 8 bytes in a row (words 2c and 2c + 1)."""
+    q = tl.reshape(tl.join(tl.join(b0, b2), tl.join(b1, b3)), (BN, 4, 2, 4))
+    return tl.reshape(tl.permute(q, (0, 2, 3, 1)), (BN, 32))
+
+
+@triton.jit
+def _word_values(
+    e, n0, k0, words_ptr, lut_ptr, s_words, K: tl.constexpr, BN: tl.constexpr, DECODE: tl.constexpr
+):
+    """`_values` from whole 32-bit words of codes, in the K order of `_by_pair` (the rows take it too)."""
+    r = n0 + tl.arange(0, BN)
+    jw = k0 // 8 + tl.arange(0, 8)
+    words = tl.load(words_ptr + e * s_words + r[:, None] * (K // 8) + jw[None, :])
+    if DECODE == 2:
+        o0, o1, o2, o3 = tl.inline_asm_elementwise(
+            PRMT_PAIRS, "=r,=r,=r,=r,r", [words], dtype=(tl.int32, tl.int32, tl.int32, tl.int32),
+            is_pure=True, pack=1,
+        )  # fmt: skip
+        pairs = _by_pair(o0, o1, o2, o3, BN)
+        first = pairs.to(tl.int16).to(tl.bfloat16, bitcast=True)
+        second = (pairs >> 16).to(tl.int16).to(tl.bfloat16, bitcast=True)
+    else:
+        b0, b1, b2, b3 = words & 255, (words >> 8) & 255, (words >> 16) & 255, (words >> 24) & 255
+        first = _by_pair(
+            nf4_lookup(b0 >> 4, lut_ptr, DECODE), nf4_lookup(b1 >> 4, lut_ptr, DECODE),
+            nf4_lookup(b2 >> 4, lut_ptr, DECODE), nf4_lookup(b3 >> 4, lut_ptr, DECODE), BN,
+        ).to(tl.bfloat16)  # fmt: skip
+        second = _by_pair(
+            nf4_lookup(b0 & 15, lut_ptr, DECODE), nf4_lookup(b1 & 15, lut_ptr, DECODE),
+            nf4_lookup(b2 & 15, lut_ptr, DECODE), nf4_lookup(b3 & 15, lut_ptr, DECODE), BN,
+        ).to(tl.bfloat16)  # fmt: skip
+    return tl.reshape(tl.join(first, second), (BN, 64))
+
+
+@triton.jit
+def _word_columns():
+    """The row columns (within a 64-value block) that `_word_values`' K order puts at 0..63."""
+    kappa = tl.arange(0, 64)
+    p = kappa // 2
+    return 16 * (p % 4) + 8 * (p // 16) + 2 * ((p // 4) % 4) + kappa % 2
+
+
+@triton.jit
 def _nf4_decode_mm_kernel(
     x_ptr,
     out_ptr,
@@ -86,6 +132,7 @@ def _nf4_decode_mm_kernel(
     BN: tl.constexpr,
     GP: tl.constexpr,
     PREFETCH: tl.constexpr,
+    WORDS: tl.constexpr,
 ):
     n_tiles = N // BN
     total, starts, ends, tiles, cum = tile_rows(offs_ptr, M, G, BM, GP, n_tiles)
@@ -98,14 +145,20 @@ def _nf4_decode_mm_kernel(
         amask = rmask & (e >= 0)  # the tail group (rows that went nowhere) multiplies zeros
         e = tl.maximum(e, 0)
         n = nt * BN + tl.arange(0, BN)
-        x_ptrs = x_ptr + rows[:, None] * s_xm + tl.arange(0, 64)[None, :]
+        if WORDS:
+            x_ptrs = x_ptr + rows[:, None] * s_xm + _word_columns()[None, :]
+        else:
+            x_ptrs = x_ptr + rows[:, None] * s_xm + tl.arange(0, 64)[None, :]
         acc = tl.zeros((BN, BM), dtype=tl.float32)
         blk = n * (K // 64)
         if PREFETCH:
             s_next = block_scales(blk, e, qscale_ptr, qstate_ptr, code2_ptr, s_qscale, s_qstate, NESTED, QOFF)
         for k0 in range(0, K, 64):
             a = tl.load(x_ptrs + k0, mask=amask[:, None], other=0.0)
-            w = _values(e, nt * BN, k0, codes_ptr, lut_ptr, s_codes, K, BN, DECODE)
+            if WORDS:
+                w = _word_values(e, nt * BN, k0, codes_ptr, lut_ptr, s_codes, K, BN, DECODE)
+            else:
+                w = _values(e, nt * BN, k0, codes_ptr, lut_ptr, s_codes, K, BN, DECODE)
             if PREFETCH:  # the next block's scales loaded a step ahead (their loads wait on no MMA)
                 s = s_next
                 ahead = tl.minimum(k0 + 64, K - 64) // 64
@@ -142,15 +195,18 @@ def decode_mm(
     programs_per_sm: int,
     decode: int,
     prefetch: bool = False,
+    words: bool = False,
 ) -> torch.Tensor:
     """`x @ W.T` per group into `out`, as `trainer.kernels.nf4_triton.nf4_grouped_mm` (which checks the
     shapes and hands over int32 offs and ids): x bf16; a tile of bm rows by bn outputs (bn >= 16 dividing
     the weight's outputs), each K step one 64-value scale block; `prefetch`: each block's scales loaded
-    a step ahead of their use."""
+    a step ahead of their use; `words`: the codes read as 32-bit words, K reordered within each block."""
     m, g = x.shape[0], offs.shape[0]
     if bn < 16 or layout.out % bn or layout.inp % 64:
         raise ValueError(f"a tile of {bn} outputs over {layout}: bn >= 16 must divide out, 64 divide in")
     codes, qscale, qstate = packed_views(packed)
+    if words:
+        codes = codes.view(torch.int32)
     bound = (triton.cdiv(m, bm) + g) * (layout.out // bn)
     programs = max(1, min(bound, num_sms(x.device) * programs_per_sm))
     with on_device(x.device):
@@ -158,7 +214,7 @@ def decode_mm(
             x, out, codes, qscale, qstate, dynamic_map(x.device), nf4_table(x.device), offs, expert_ids,
             m, g, programs, x.stride(0), out.stride(0), codes.stride(0), qscale.stride(0), qstate.stride(0),
             N=layout.out, K=layout.inp, QOFF=layout.blocks // layout.nested, NESTED=layout.nested,
-            DECODE=decode, BM=bm, BN=bn, GP=triton.next_power_of_2(g + 1), PREFETCH=prefetch,
+            DECODE=decode, BM=bm, BN=bn, GP=triton.next_power_of_2(g + 1), PREFETCH=prefetch, WORDS=words,
             num_warps=warps, num_stages=stages,
         )  # fmt: skip
     return out

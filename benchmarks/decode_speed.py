@@ -80,11 +80,19 @@ ACC_CANDIDATES = [
     {"bm": 32, "bn": 128, "warps": 4, "stages": 3, "programs_per_sm": 3, "prefetch": True},
     {"bm": 64, "bn": 128, "warps": 4, "stages": 3, "programs_per_sm": 2, "prefetch": True},
     # the codes read as 32-bit words, K reordered so a thread's bytes lie together (`words`)
-    {"bm": 16, "bn": 128, "warps": 4, "stages": 3, "programs_per_sm": 3, "words": True},
-    {"bm": 32, "bn": 128, "warps": 4, "stages": 3, "programs_per_sm": 3, "words": True},
-    {"bm": 64, "bn": 128, "warps": 4, "stages": 3, "programs_per_sm": 2, "words": True},
-    {"bm": 16, "bn": 128, "warps": 4, "stages": 4, "programs_per_sm": 3, "words": True},
-    {"bm": 16, "bn": 256, "warps": 8, "stages": 3, "programs_per_sm": 2, "words": True},
+    {"bm": 16, "bn": 128, "warps": 4, "stages": 3, "programs_per_sm": 3, "words": 1},
+    {"bm": 32, "bn": 128, "warps": 4, "stages": 3, "programs_per_sm": 3, "words": 1},
+    {"bm": 64, "bn": 128, "warps": 4, "stages": 3, "programs_per_sm": 2, "words": 1},
+    {"bm": 16, "bn": 128, "warps": 4, "stages": 4, "programs_per_sm": 3, "words": 1},
+    {"bm": 16, "bn": 256, "warps": 8, "stages": 3, "programs_per_sm": 2, "words": 1},
+    # two words a PTX call (the table's registers set once for 16 values), and with the scales ahead
+    {"bm": 16, "bn": 128, "warps": 4, "stages": 3, "programs_per_sm": 3, "words": 2},
+    {"bm": 16, "bn": 128, "warps": 4, "stages": 4, "programs_per_sm": 3, "words": 2},
+    {"bm": 16, "bn": 256, "warps": 8, "stages": 3, "programs_per_sm": 2, "words": 2},
+    {"bm": 16, "bn": 128, "warps": 4, "stages": 4, "programs_per_sm": 3, "words": 1, "prefetch": True},
+    {"bm": 16, "bn": 128, "warps": 4, "stages": 4, "programs_per_sm": 3, "words": 2, "prefetch": True},
+    {"bm": 32, "bn": 128, "warps": 4, "stages": 3, "programs_per_sm": 3, "words": 2},
+    {"bm": 64, "bn": 128, "warps": 4, "stages": 3, "programs_per_sm": 2, "words": 2},
 ]
 
 
@@ -171,7 +179,7 @@ def kernel_rows(
         (
             f"acc bm{c['bm']} bn{c['bn']} w{c['warps']} s{c['stages']} {c['programs_per_sm']}/SM"
             + (" prefetch" if c.get("prefetch") else "")
-            + (" words" if c.get("words") else ""),
+            + (f" words{c['words']}" if c.get("words") else ""),
             k.MMConfig(**{**k.DECODE_ACC.__dict__, **c}),
         )
         for c in ACC_CANDIDATES
@@ -625,8 +633,8 @@ def main(argv: list[str] | None = None) -> int:
     if device.type != "cuda":
         geometry = {"experts": 8, "hidden": 128, "width": 64, "topk": 2}
         os.environ.setdefault("TRITON_INTERPRET", "1")
-    result["kernels"] = [] if args.no_kernels else kernel_rows(
-        torch, device, geometry, bw, args.batches, args.configs
+    result["kernels"] = (
+        [] if args.no_kernels else kernel_rows(torch, device, geometry, bw, args.batches, args.configs)
     )
     result["steps"], result["scoring"], result["profile"] = [], [], []
     if not args.no_steps:

@@ -28,6 +28,7 @@ from trainer.kernels.device import on_device
 from trainer.kernels.nf4_ref import dynamic_map, nf4_table
 from trainer.kernels.nf4_tiles import (
     PRMT_PAIRS,
+    PRMT_PAIRS2,
     block_scales,
     nf4_lookup,
     num_sms,
@@ -69,13 +70,23 @@ def _by_pair(b0, b1, b2, b3, BN: tl.constexpr):
 
 @triton.jit
 def _word_values(
-    e, n0, k0, words_ptr, lut_ptr, s_words, K: tl.constexpr, BN: tl.constexpr, DECODE: tl.constexpr
-):
-    """`_values` from whole 32-bit words of codes, in the K order of `_by_pair` (the rows take it too)."""
+    e, n0, k0, words_ptr, lut_ptr, s_words, K: tl.constexpr, BN: tl.constexpr, DECODE: tl.constexpr,
+    WORDS: tl.constexpr,
+):  # fmt: skip
+    """`_values` from whole 32-bit words of codes (`WORDS` a PTX call), in the K order of `_by_pair` (the
+    rows take it too)."""
     r = n0 + tl.arange(0, BN)
     jw = k0 // 8 + tl.arange(0, 8)
     words = tl.load(words_ptr + e * s_words + r[:, None] * (K // 8) + jw[None, :])
-    if DECODE == 2:
+    if DECODE == 2 and WORDS == 2:  # two words a call: the table's registers set once for 16 values
+        o0, o1, o2, o3 = tl.inline_asm_elementwise(
+            PRMT_PAIRS2, "=r,=r,=r,=r,=r,=r,=r,=r,r,r", [words],
+            dtype=(tl.int32, tl.int32, tl.int32, tl.int32), is_pure=True, pack=2,
+        )  # fmt: skip
+        pairs = _by_pair(o0, o1, o2, o3, BN)
+        first = pairs.to(tl.int16).to(tl.bfloat16, bitcast=True)
+        second = (pairs >> 16).to(tl.int16).to(tl.bfloat16, bitcast=True)
+    elif DECODE == 2:
         o0, o1, o2, o3 = tl.inline_asm_elementwise(
             PRMT_PAIRS, "=r,=r,=r,=r,r", [words], dtype=(tl.int32, tl.int32, tl.int32, tl.int32),
             is_pure=True, pack=1,
@@ -156,7 +167,7 @@ def _nf4_decode_mm_kernel(
         for k0 in range(0, K, 64):
             a = tl.load(x_ptrs + k0, mask=amask[:, None], other=0.0)
             if WORDS:
-                w = _word_values(e, nt * BN, k0, codes_ptr, lut_ptr, s_codes, K, BN, DECODE)
+                w = _word_values(e, nt * BN, k0, codes_ptr, lut_ptr, s_codes, K, BN, DECODE, WORDS)
             else:
                 w = _values(e, nt * BN, k0, codes_ptr, lut_ptr, s_codes, K, BN, DECODE)
             if PREFETCH:  # the next block's scales loaded a step ahead (their loads wait on no MMA)
@@ -195,12 +206,13 @@ def decode_mm(
     programs_per_sm: int,
     decode: int,
     prefetch: bool = False,
-    words: bool = False,
+    words: int = 0,
 ) -> torch.Tensor:
     """`x @ W.T` per group into `out`, as `trainer.kernels.nf4_triton.nf4_grouped_mm` (which checks the
     shapes and hands over int32 offs and ids): x bf16; a tile of bm rows by bn outputs (bn >= 16 dividing
     the weight's outputs), each K step one 64-value scale block; `prefetch`: each block's scales loaded
-    a step ahead of their use; `words`: the codes read as 32-bit words, K reordered within each block."""
+    a step ahead of their use; `words` (1 or 2): the codes read as 32-bit words, K reordered within each
+    block, decoded `words` a PTX call."""
     m, g = x.shape[0], offs.shape[0]
     if bn < 16 or layout.out % bn or layout.inp % 64:
         raise ValueError(f"a tile of {bn} outputs over {layout}: bn >= 16 must divide out, 64 divide in")

@@ -21,12 +21,17 @@ from trainer.kernels.nf4_ref import NF4_VALUES
 GATHER, TREE, PRMT = 0, 1, 2  # how 4-bit codes become NF4 values (MMConfig.decode)
 
 
-def prmt_asm(finish: str, outputs: tuple[tuple[int, int], tuple[int, int]]) -> str:
-    """PTX: 4 packed bytes (8 codes, `$4`) -> 4 int32 outputs of bf16 NF4 values, by byte lookups with
+def prmt_asm(
+    finish: str, outputs: tuple[tuple[int, int], tuple[int, int]], words: tuple[int, ...] = (4,)
+) -> str:
+    """PTX: 4 packed bytes (8 codes, in `$4`) -> 4 int32 outputs of bf16 NF4 values, by byte lookups with
     `prmt` in two 8-entry halves of the table (selected by bit 3 of the code), so no memory access; the
     NF4 values are rounded to bf16 first. Each half (two bytes) leaves the low and high bytes of its four
     values in `l` and `h` (nibbles in the order [b.lo, b.hi, b'.lo, b'.hi]); `finish` (two `prmt`s into
-    `${o0}` and `${o1}`) packs them into outputs, numbered by `outputs` for the first and second half."""
+    `${o0}` and `${o1}`) packs them into outputs, numbered by `outputs` for the first and second half.
+    With `words` (the operand numbers of several input words) one call decodes each in turn with the
+    table loaded once; output k of the w-th word is `outputs`' number k x len(words) + w (Triton numbers
+    a packed call's outputs output by output)."""
     bits = torch.tensor(NF4_VALUES, dtype=torch.float32).bfloat16().view(torch.int16).int() & 0xFFFF
     lo = [int(b) & 0xFF for b in bits]
     hi = [int(b) >> 8 for b in bits]
@@ -40,21 +45,29 @@ def prmt_asm(finish: str, outputs: tuple[tuple[int, int], tuple[int, int]]) -> s
         "prmt.b32 a, hi0, hi1, {s}; prmt.b32 b, hi2, hi3, {s}; lop3.b32 h, b, a, {m}, 0xE4; " + finish
     )
     (a0, a1), (b0, b1) = outputs
+    n = len(words)
+    body = ""
+    for w, src in enumerate(words):
+        out = [k * n + w for k in (a0, a1, b0, b1)]
+        body += (
+            f"and.b32 s0, ${src}, 0x7777; shr.u32 s1, ${src}, 16; and.b32 s1, s1, 0x7777; "
+            f"shl.b32 t, ${src}, 4; prmt.b32 m0, t, ${src}, 0xD9C8; prmt.b32 m1, t, ${src}, 0xFBEA; "
+            + half.format(s="s0", m="m0", o0=out[0], o1=out[1])
+            + half.format(s="s1", m="m1", o0=out[2], o1=out[3])
+        )
     return (
         "{ .reg .b32 lo0, lo1, lo2, lo3, hi0, hi1, hi2, hi3, s0, s1, t, m0, m1, a, b, l, h; "
         + tables
-        + "and.b32 s0, $4, 0x7777; shr.u32 s1, $4, 16; and.b32 s1, s1, 0x7777; shl.b32 t, $4, 4; "
-        "prmt.b32 m0, t, $4, 0xD9C8; prmt.b32 m1, t, $4, 0xFBEA; "
-        + half.format(s="s0", m="m0", o0=a0, o1=a1)
-        + half.format(s="s1", m="m1", o0=b0, o1=b1)
+        + body
         + "}"
     )
 
 
 # Each byte's two values as one int32 (the high nibble's value in the low half), bytes in order.
-PRMT_PAIRS = tl.constexpr(
-    prmt_asm("prmt.b32 ${o0}, l, h, 0x4051; prmt.b32 ${o1}, l, h, 0x6273; ", ((0, 1), (2, 3)))
-)
+PAIRS_FINISH = "prmt.b32 ${o0}, l, h, 0x4051; prmt.b32 ${o1}, l, h, 0x6273; "
+PRMT_PAIRS = tl.constexpr(prmt_asm(PAIRS_FINISH, ((0, 1), (2, 3))))
+# The same for two words a call (`inline_asm_elementwise(pack=2)` on int32 words: 8 outputs, inputs $8, $9)
+PRMT_PAIRS2 = tl.constexpr(prmt_asm(PAIRS_FINISH, ((0, 1), (2, 3)), words=(8, 9)))
 
 
 @triton.jit

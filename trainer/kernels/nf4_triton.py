@@ -163,7 +163,7 @@ class MMConfig:
     programs_per_sm: int = 1
     scale_acc: bool = False  # x @ W.T of bf16 rows by `trainer.kernels.nf4_decode` (scale on the accumulator)
     prefetch: bool = False  # scale_acc: each block's scales loaded a K step ahead
-    words: bool = False  # scale_acc: the codes read as 32-bit words, K reordered within each block
+    words: int = 0  # scale_acc: the codes read as 32-bit words (1, 2: a PTX call), K reordered in each block
 
 
 # Picked on an H200 (benchmarks/nf4_kernels.py --explore, story shapes): PTX byte-permute decoding with the

@@ -190,10 +190,13 @@ DECODE_GROUPS = MMConfig(bm=16, bn=128, bk=128, warps=4, stages=4, swap=True, de
 DECODE_FEW = MMConfig(bm=16, bn=128, bk=256, warps=4, stages=3, swap=True, decode=PRMT, programs_per_sm=2)
 DECODE_WIDE = MMConfig(bm=32, bn=128, bk=128, warps=4, stages=4, swap=True, decode=PRMT, programs_per_sm=4)
 DECODE_ACC = MMConfig(
-    bm=16, bn=128, warps=4, stages=3, swap=True, decode=PRMT, programs_per_sm=3, scale_acc=True
+    bm=16, bn=128, warps=4, stages=4, swap=True, decode=PRMT, programs_per_sm=3, scale_acc=True,
+    prefetch=True, words=2,
+)  # fmt: skip
+DECODE_ACC_WIDE = MMConfig(
+    bm=32, bn=128, warps=4, stages=3, swap=True, decode=PRMT, programs_per_sm=3, scale_acc=True
 )
-DECODE_ACC_WIDE = replace(DECODE_ACC, bm=32)
-DECODE_ACC_TALL = replace(DECODE_ACC, bm=64, programs_per_sm=2)
+DECODE_ACC_TALL = replace(DECODE_ACC_WIDE, bm=64, programs_per_sm=2)
 # Rows an expert (on average) up to which each is used: DECODE_FEW to batch 4 (top-8 of 128), then
 # DECODE_ACC (or DECODE_GROUPS), DECODE_ACC_WIDE (DECODE_WIDE, or DECODE_GROUPS for the input
 # gradient) and DECODE_ACC_TALL.

@@ -180,7 +180,7 @@ def kernel_rows(
             f"acc bm{c['bm']} bn{c['bn']} w{c['warps']} s{c['stages']} {c['programs_per_sm']}/SM"
             + (" prefetch" if c.get("prefetch") else "")
             + (f" words{c['words']}" if c.get("words") else ""),
-            k.MMConfig(**{**k.DECODE_ACC.__dict__, **c}),
+            k.MMConfig(**{**k.DECODE_ACC_WIDE.__dict__, **c}),  # plain: no prefetch, no words
         )
         for c in ACC_CANDIDATES
     ]

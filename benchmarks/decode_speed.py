@@ -79,20 +79,15 @@ ACC_CANDIDATES = [
     {"bm": 16, "bn": 128, "warps": 4, "stages": 3, "programs_per_sm": 3, "prefetch": True},
     {"bm": 32, "bn": 128, "warps": 4, "stages": 3, "programs_per_sm": 3, "prefetch": True},
     {"bm": 64, "bn": 128, "warps": 4, "stages": 3, "programs_per_sm": 2, "prefetch": True},
-    # the codes read as 32-bit words, K reordered so a thread's bytes lie together (`words`)
-    {"bm": 16, "bn": 128, "warps": 4, "stages": 3, "programs_per_sm": 3, "words": 1},
-    {"bm": 32, "bn": 128, "warps": 4, "stages": 3, "programs_per_sm": 3, "words": 1},
-    {"bm": 64, "bn": 128, "warps": 4, "stages": 3, "programs_per_sm": 2, "words": 1},
-    {"bm": 16, "bn": 128, "warps": 4, "stages": 4, "programs_per_sm": 3, "words": 1},
-    {"bm": 16, "bn": 256, "warps": 8, "stages": 3, "programs_per_sm": 2, "words": 1},
-    # two words a PTX call (the table's registers set once for 16 values), and with the scales ahead
-    {"bm": 16, "bn": 128, "warps": 4, "stages": 3, "programs_per_sm": 3, "words": 2},
-    {"bm": 16, "bn": 128, "warps": 4, "stages": 4, "programs_per_sm": 3, "words": 2},
-    {"bm": 16, "bn": 256, "warps": 8, "stages": 3, "programs_per_sm": 2, "words": 2},
-    {"bm": 16, "bn": 128, "warps": 4, "stages": 4, "programs_per_sm": 3, "words": 1, "prefetch": True},
-    {"bm": 16, "bn": 128, "warps": 4, "stages": 4, "programs_per_sm": 3, "words": 2, "prefetch": True},
-    {"bm": 32, "bn": 128, "warps": 4, "stages": 3, "programs_per_sm": 3, "words": 2},
-    {"bm": 64, "bn": 128, "warps": 4, "stages": 3, "programs_per_sm": 2, "words": 2},
+    # the codes read as 32-bit words, K reordered so a thread's bytes lie together (`words`); two words a
+    # PTX call (decode_speed_h200_words2's "words2") gave the same machine code and was dropped
+    {"bm": 16, "bn": 128, "warps": 4, "stages": 3, "programs_per_sm": 3, "words": True},
+    {"bm": 32, "bn": 128, "warps": 4, "stages": 3, "programs_per_sm": 3, "words": True},
+    {"bm": 64, "bn": 128, "warps": 4, "stages": 3, "programs_per_sm": 2, "words": True},
+    {"bm": 16, "bn": 128, "warps": 4, "stages": 4, "programs_per_sm": 3, "words": True},
+    {"bm": 16, "bn": 256, "warps": 8, "stages": 3, "programs_per_sm": 2, "words": True},
+    # both (DECODE_ACC since decode_speed_h200_words2)
+    {"bm": 16, "bn": 128, "warps": 4, "stages": 4, "programs_per_sm": 3, "words": True, "prefetch": True},
 ]
 
 
@@ -179,7 +174,7 @@ def kernel_rows(
         (
             f"acc bm{c['bm']} bn{c['bn']} w{c['warps']} s{c['stages']} {c['programs_per_sm']}/SM"
             + (" prefetch" if c.get("prefetch") else "")
-            + (f" words{c['words']}" if c.get("words") else ""),
+            + (" words" if c.get("words") else ""),
             k.MMConfig(**{**k.DECODE_ACC_WIDE.__dict__, **c}),  # plain: no prefetch, no words
         )
         for c in ACC_CANDIDATES

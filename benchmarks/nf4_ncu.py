@@ -87,7 +87,7 @@ def main() -> int:
     parser.add_argument(
         "--train", action="store_true", help="training shapes: fused fwd and input grad, dense"
     )
-    parser.add_argument("--words", type=int, default=0, help="the picked config with `words` set so")
+    parser.add_argument("--words", action="store_true", help="the picked config with `words` on")
     parser.add_argument("--summarize", nargs="+", type=Path, help="ncu text outputs to tabulate")
     parser.add_argument(
         "--dump", type=Path, help="write each compiled kernel's TTGIR, PTX and SASS, and the values decoded"
@@ -112,7 +112,7 @@ def main() -> int:
     x = torch.randn(args.tokens * 8, 4096, device=device, dtype=torch.bfloat16)
     config = nf4_triton.pick_config(x.shape[0], offs.shape[0])
     if args.words:
-        config = replace(config, words=args.words)
+        config = replace(config, words=True)
     nf4_triton.nf4_grouped_mm(x, packed, layout, experts, offs, config=config)
     if args.train:  # the input gradient's orientation, and the dense bf16 grouped GEMM on the same shapes
         g = torch.randn(args.tokens * 8, 3072, device=device, dtype=torch.bfloat16)

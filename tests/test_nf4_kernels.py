@@ -149,7 +149,7 @@ def test_grouped_mm_kernel_refuses_bad_shapes(kernels):
 
 @pytest.mark.parametrize(
     ("bn", "inp", "prefetch", "words"),
-    [(64, 128, False, 0), (32, 128, False, 0), (32, 192, True, 0), (64, 192, False, 1), (32, 128, True, 2)],
+    [(64, 128, False, False), (32, 128, False, False), (32, 192, True, False), (64, 192, True, True)],
 )
 def test_scale_on_accumulator_matches_reference(kernels, bn, inp, prefetch, words):
     """`scale_acc` (trainer.kernels.nf4_decode): bf16 rows, the forward orientation, two or three scale

@@ -10,8 +10,14 @@ Here a K step is one 64-value scale block, so the scale leaves the weights: the 
 bf16 values as the byte permutes give them (no float32 round trip, half the registers), the tensor
 cores multiply it by the rows, and the block's float32 scale multiplies that product on the accumulator:
 `acc += s[n] * (T[q[n, k0:k0+64]] @ x[:, k0:k0+64].T)`, a few multiply-adds a weight row for a handful
-of rows. The weights are never rounded after scaling, so the result is nearer the float32 reference than
-the fused kernel's (which rounds every scaled weight to bf16). `x @ W.T` only (the forward's
+of rows. With `words` the codes are read as 32-bit words and K is reordered inside each block (the rows'
+columns with it) so that the 8 code bytes each thread hands the tensor cores lie together: 4 shared-memory
+loads a step where the byte order took 32 byte loads and 24 byte permutes to assemble the words
+(benchmarks/nf4_ncu.py --dump: 382 instructions a K step against 418). With `prefetch` a block's scales
+are loaded one step ahead.
+
+The weights are never rounded after scaling, so the result is nearer the float32 reference than the
+fused kernel's (which rounds every scaled weight to bf16). `x @ W.T` only (the forward's
 orientation: the blocks run along K), bf16 rows only; `trainer.kernels.nf4_triton.nf4_grouped_mm`
 sends such calls here when its config says `scale_acc`.
 """
@@ -28,7 +34,6 @@ from trainer.kernels.device import on_device
 from trainer.kernels.nf4_ref import dynamic_map, nf4_table
 from trainer.kernels.nf4_tiles import (
     PRMT_PAIRS,
-    PRMT_PAIRS2,
     block_scales,
     nf4_lookup,
     num_sms,
@@ -70,23 +75,13 @@ def _by_pair(b0, b1, b2, b3, BN: tl.constexpr):
 
 @triton.jit
 def _word_values(
-    e, n0, k0, words_ptr, lut_ptr, s_words, K: tl.constexpr, BN: tl.constexpr, DECODE: tl.constexpr,
-    WORDS: tl.constexpr,
-):  # fmt: skip
-    """`_values` from whole 32-bit words of codes (`WORDS` a PTX call), in the K order of `_by_pair` (the
-    rows take it too)."""
+    e, n0, k0, words_ptr, lut_ptr, s_words, K: tl.constexpr, BN: tl.constexpr, DECODE: tl.constexpr
+):
+    """`_values` from whole 32-bit words of codes, in the K order of `_by_pair` (the rows take it too)."""
     r = n0 + tl.arange(0, BN)
     jw = k0 // 8 + tl.arange(0, 8)
     words = tl.load(words_ptr + e * s_words + r[:, None] * (K // 8) + jw[None, :])
-    if DECODE == 2 and WORDS == 2:  # two words a call: the table's registers set once for 16 values
-        o0, o1, o2, o3 = tl.inline_asm_elementwise(
-            PRMT_PAIRS2, "=r,=r,=r,=r,=r,=r,=r,=r,r,r", [words],
-            dtype=(tl.int32, tl.int32, tl.int32, tl.int32), is_pure=True, pack=2,
-        )  # fmt: skip
-        pairs = _by_pair(o0, o1, o2, o3, BN)
-        first = pairs.to(tl.int16).to(tl.bfloat16, bitcast=True)
-        second = (pairs >> 16).to(tl.int16).to(tl.bfloat16, bitcast=True)
-    elif DECODE == 2:
+    if DECODE == 2:
         o0, o1, o2, o3 = tl.inline_asm_elementwise(
             PRMT_PAIRS, "=r,=r,=r,=r,r", [words], dtype=(tl.int32, tl.int32, tl.int32, tl.int32),
             is_pure=True, pack=1,
@@ -167,7 +162,7 @@ def _nf4_decode_mm_kernel(
         for k0 in range(0, K, 64):
             a = tl.load(x_ptrs + k0, mask=amask[:, None], other=0.0)
             if WORDS:
-                w = _word_values(e, nt * BN, k0, codes_ptr, lut_ptr, s_codes, K, BN, DECODE, WORDS)
+                w = _word_values(e, nt * BN, k0, codes_ptr, lut_ptr, s_codes, K, BN, DECODE)
             else:
                 w = _values(e, nt * BN, k0, codes_ptr, lut_ptr, s_codes, K, BN, DECODE)
             if PREFETCH:  # the next block's scales loaded a step ahead (their loads wait on no MMA)
@@ -206,13 +201,12 @@ def decode_mm(
     programs_per_sm: int,
     decode: int,
     prefetch: bool = False,
-    words: int = 0,
+    words: bool = False,
 ) -> torch.Tensor:
     """`x @ W.T` per group into `out`, as `trainer.kernels.nf4_triton.nf4_grouped_mm` (which checks the
     shapes and hands over int32 offs and ids): x bf16; a tile of bm rows by bn outputs (bn >= 16 dividing
     the weight's outputs), each K step one 64-value scale block; `prefetch`: each block's scales loaded
-    a step ahead of their use; `words` (1 or 2): the codes read as 32-bit words, K reordered within each
-    block, decoded `words` a PTX call."""
+    a step ahead of their use; `words`: the codes read as 32-bit words, K reordered within each block."""
     m, g = x.shape[0], offs.shape[0]
     if bn < 16 or layout.out % bn or layout.inp % 64:
         raise ValueError(f"a tile of {bn} outputs over {layout}: bn >= 16 must divide out, 64 divide in")

@@ -163,7 +163,7 @@ class MMConfig:
     programs_per_sm: int = 1
     scale_acc: bool = False  # x @ W.T of bf16 rows by `trainer.kernels.nf4_decode` (scale on the accumulator)
     prefetch: bool = False  # scale_acc: each block's scales loaded a K step ahead
-    words: int = 0  # scale_acc: the codes read as 32-bit words (1, 2: a PTX call), K reordered in each block
+    words: bool = False  # scale_acc: the codes read as 32-bit words, K reordered within each block
 
 
 # Picked on an H200 (benchmarks/nf4_kernels.py --explore, story shapes): PTX byte-permute decoding with the
@@ -182,7 +182,10 @@ SMALL_GROUP_ROWS = 128  # rows an expert (on average) up to which SMALL_GROUPS i
 # forward of bf16 rows with the scale on the accumulator (`scale_acc`, trainer.kernels.nf4_decode) ran
 # the step's expert GEMMs 2% faster than the fused kernel's best config at 0.5 rows an expert (8 tokens),
 # 7% at 4 (64 tokens), 21% at 16 (256 tokens, a 32-token tile) and 26% at 32 (512 tokens, a 64-token
-# tile). At one token (8 experts hit) the fused kernel's deeper K tile (DECODE_FEW) stays ahead. The
+# tile). At one token (8 experts hit) the fused kernel's deeper K tile (DECODE_FEW) stays ahead. With the
+# 16-token tile, reading the codes as words (`words`) and each block's scales a step ahead (`prefetch`)
+# cut it by a further 26% at 8 tokens and 15% at 64 (decode_speed_h200_words2; at 32 and 64 tokens a
+# tile, `words` was slower, so DECODE_ACC_WIDE and _TALL go without). The
 # input gradient and rows not in bf16 keep the fused kernel: DECODE_GROUPS up to 8 rows an expert (1.7x
 # faster than SMALL_GROUPS at 0.5 and 4 rows), and to 16 the input gradient; a forward of 9 to 16 rows
 # takes a 32-token tile with 4 programs an SM (DECODE_WIDE: 19% faster at 16 rows, nf4_split_h200.md).
@@ -191,7 +194,7 @@ DECODE_FEW = MMConfig(bm=16, bn=128, bk=256, warps=4, stages=3, swap=True, decod
 DECODE_WIDE = MMConfig(bm=32, bn=128, bk=128, warps=4, stages=4, swap=True, decode=PRMT, programs_per_sm=4)
 DECODE_ACC = MMConfig(
     bm=16, bn=128, warps=4, stages=4, swap=True, decode=PRMT, programs_per_sm=3, scale_acc=True,
-    prefetch=True, words=2,
+    prefetch=True, words=True,
 )  # fmt: skip
 DECODE_ACC_WIDE = MMConfig(
     bm=32, bn=128, warps=4, stages=3, swap=True, decode=PRMT, programs_per_sm=3, scale_acc=True

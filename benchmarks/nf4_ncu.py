@@ -79,6 +79,54 @@ def summarize(paths: list[Path], out: Path) -> None:
     head.write_text(text)
 
 
+LOAD_OPS = ("LDS", "LDSM", "LDG", "LDGSTS")
+
+
+def k_loop(sass: str) -> dict[str, int]:
+    """Opcodes (suffixes dropped) of the innermost loop of `sass` (Triton's disassembly) that runs the
+    tensor cores: one K step of the kernel's steady state."""
+    lines = sass.splitlines()
+    labels = {m.group(1): i for i, line in enumerate(lines) if (m := re.match(r"^\s*(LBB\d+):", line))}
+    loops = [
+        (labels[m.group(1)], i)
+        for i, line in enumerate(lines)
+        if (m := re.search(r"BRA (LBB\d+)", line)) and labels.get(m.group(1), i) < i
+    ]
+    mma = [(a, b) for a, b in loops if any("MMA" in line for line in lines[a : b + 1])]
+    if not mma:
+        raise ValueError("no loop with a tensor-core instruction")
+    a, b = min(mma, key=lambda ab: ab[1] - ab[0])
+    ops: dict[str, int] = {}
+    for line in lines[a : b + 1]:
+        if "\t" in line:
+            op = re.sub(r"^@!?U?P\w+\s+", "", line.split("\t", 1)[1].strip()).split()[0].split(".")[0]
+            ops[op] = ops.get(op, 0) + 1
+    return ops
+
+
+def loop_table(paths: list[Path], out: Path) -> None:
+    """The K loop's instruction counts of each SASS file in `paths`, as md and json (`out`'s stem)."""
+    rows = {path.stem: k_loop(path.read_text()) for path in paths}
+    names = sorted(
+        {op for ops in rows.values() for op in ops}, key=lambda op: -max(r.get(op, 0) for r in rows.values())
+    )
+    lines = ["| opcode | " + " | ".join(rows) + " |", "|---|" + "---|" * len(rows)]
+    lines.append("| all | " + " | ".join(str(sum(ops.values())) for ops in rows.values()) + " |")
+    lines.append("| loads (" + ", ".join(LOAD_OPS) + ") | " + " | ".join(
+        str(sum(ops.get(op, 0) for op in LOAD_OPS)) for ops in rows.values()) + " |")  # fmt: skip
+    lines += [f"| {op} | " + " | ".join(str(ops.get(op, 0)) for ops in rows.values()) + " |" for op in names]
+    table = "\n".join(lines) + "\n"
+    print(table)
+    head = (
+        "# The decode kernel's K loop in machine code (benchmarks/nf4_ncu.py --loop)\n\n"
+        "Instructions a thread issues in one K step (64 values of 128 weight rows, 4 warps: 64 values\n"
+        "a thread) of `_nf4_decode_mm_kernel`, H200, Triton 3.6, 64 tokens of the story's gate_up weight,\n"
+        "from `python benchmarks/nf4_ncu.py --tokens 64 [--words] --dump DIR` (the SASS files in ncu/).\n\n"
+    )
+    out.with_suffix(".md").write_text(head + table)
+    out.with_suffix(".json").write_text(json.dumps(rows, indent=1))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -87,6 +135,7 @@ def main() -> int:
     parser.add_argument(
         "--train", action="store_true", help="training shapes: fused fwd and input grad, dense"
     )
+    parser.add_argument("--loop", nargs="+", type=Path, help="SASS files: tabulate their K loops")
     parser.add_argument("--words", action="store_true", help="the picked config with `words` on")
     parser.add_argument("--summarize", nargs="+", type=Path, help="ncu text outputs to tabulate")
     parser.add_argument(
@@ -96,6 +145,9 @@ def main() -> int:
     args = parser.parse_args()
     if args.summarize:
         summarize(args.summarize, args.out)
+        return 0
+    if args.loop:
+        loop_table(args.loop, args.out.with_name("nf4_sass_h200"))
         return 0
     import torch
 

@@ -33,7 +33,7 @@ OUTPUT = re.compile(r"<!-- output of: (cockpit [^>]*?) -->\s*\n```[^\n]*\n(.*?)\
 DURATION = re.compile(r"(?:(\d+(?:\.\d+)?) h)?\s*(?:(\d+(?:\.\d+)?) min)?\s*(?:(\d+(?:\.\d+)?) s)?")
 NUMBER = re.compile(r"(-?[\d,]*\.?\d+)")
 UNIT_S = {1: 3600.0, 2: 60.0, 3: 1.0}
-SHOWN_IN = {"%": 100.0, "GiB": 1 / 1024**3, "MiB": 1 / 1024**2}  # what the JSON's value is multiplied by
+SHOWN_IN = {"%": 100.0, "GiB": 1 / 1024**3, "MiB": 1 / 1024**2, "ms": 1000.0}  # the JSON value times this
 
 
 def _prose(page: Path) -> str:

@@ -11,10 +11,10 @@ bf16 values as the byte permutes give them (no float32 round trip, half the regi
 cores multiply it by the rows, and the block's float32 scale multiplies that product on the accumulator:
 `acc += s[n] * (T[q[n, k0:k0+64]] @ x[:, k0:k0+64].T)`, a few multiply-adds a weight row for a handful
 of rows. With `words` the codes are read as 32-bit words and K is reordered inside each block (the rows'
-columns with it) so that the 8 code bytes each thread hands the tensor cores lie together: 4 shared-memory
-loads a step where the byte order took 32 byte loads and 24 byte permutes to assemble the words
-(benchmarks/nf4_ncu.py --dump: 382 instructions a K step against 418). With `prefetch` a block's scales
-are loaded one step ahead.
+columns with it) so that the 8 code bytes each thread hands the tensor cores lie together: the byte order
+took 32 one-byte shared-memory loads and 24 byte permutes a K step to assemble the words the decode
+takes (benchmarks/results/nf4_sass_h200.md: 418 instructions a K step, 382 with words). With `prefetch`
+a block's scales are loaded one step ahead.
 
 The weights are never rounded after scaling, so the result is nearer the float32 reference than the
 fused kernel's (which rounds every scaled weight to bf16). `x @ W.T` only (the forward's

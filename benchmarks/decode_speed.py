@@ -88,6 +88,56 @@ ACC_CANDIDATES = [
     {"bm": 16, "bn": 256, "warps": 8, "stages": 3, "programs_per_sm": 2, "words": True},
     # both (DECODE_ACC since decode_speed_h200_words2)
     {"bm": 16, "bn": 128, "warps": 4, "stages": 4, "programs_per_sm": 3, "words": True, "prefetch": True},
+    # the rows reordered by one gather before the kernel (`rows_in_order`), not by each tile's loads
+    {
+        "bm": 16,
+        "bn": 128,
+        "warps": 4,
+        "stages": 4,
+        "programs_per_sm": 3,
+        "words": True,
+        "prefetch": True,
+        "rows_in_order": True,
+    },
+    {
+        "bm": 32,
+        "bn": 128,
+        "warps": 4,
+        "stages": 3,
+        "programs_per_sm": 3,
+        "words": True,
+        "rows_in_order": True,
+    },
+    {
+        "bm": 64,
+        "bn": 128,
+        "warps": 4,
+        "stages": 3,
+        "programs_per_sm": 2,
+        "words": True,
+        "rows_in_order": True,
+    },
+    {
+        "bm": 32,
+        "bn": 128,
+        "warps": 4,
+        "stages": 3,
+        "programs_per_sm": 3,
+        "words": True,
+        "prefetch": True,
+        "rows_in_order": True,
+    },
+    {
+        "bm": 64,
+        "bn": 128,
+        "warps": 4,
+        "stages": 3,
+        "programs_per_sm": 2,
+        "words": True,
+        "prefetch": True,
+        "rows_in_order": True,
+    },
+    {"bm": 32, "bn": 128, "warps": 4, "stages": 3, "programs_per_sm": 3, "prefetch": True},
 ]
 
 
@@ -174,7 +224,8 @@ def kernel_rows(
         (
             f"acc bm{c['bm']} bn{c['bn']} w{c['warps']} s{c['stages']} {c['programs_per_sm']}/SM"
             + (" prefetch" if c.get("prefetch") else "")
-            + (" words" if c.get("words") else ""),
+            + (" words" if c.get("words") else "")
+            + (" rows-in-order" if c.get("rows_in_order") else ""),
             k.MMConfig(**{**k.DECODE_ACC_WIDE.__dict__, **c}),  # plain: no prefetch, no words
         )
         for c in ACC_CANDIDATES

@@ -149,7 +149,13 @@ def test_grouped_mm_kernel_refuses_bad_shapes(kernels):
 
 @pytest.mark.parametrize(
     ("bn", "inp", "prefetch", "words"),
-    [(64, 128, False, False), (32, 128, False, False), (32, 192, True, False), (64, 192, True, True)],
+    [
+        (64, 128, False, False),
+        (32, 128, False, False),
+        (32, 192, True, False),
+        (64, 192, True, True),
+        (32, 128, False, "rows"),
+    ],
 )
 def test_scale_on_accumulator_matches_reference(kernels, bn, inp, prefetch, words):
     """`scale_acc` (trainer.kernels.nf4_decode): bf16 rows, the forward orientation, two or three scale
@@ -157,7 +163,15 @@ def test_scale_on_accumulator_matches_reference(kernels, bn, inp, prefetch, word
     read as words in another K order), uneven groups, an empty one and a tail of rows to no expert."""
     packed, layout = packed_weights(5, 64, inp)
     cfg = kernels.MMConfig(
-        bm=16, bn=bn, bk=64, swap=True, decode=kernels.PRMT, scale_acc=True, prefetch=prefetch, words=words
+        bm=16,
+        bn=bn,
+        bk=64,
+        swap=True,
+        decode=kernels.PRMT,
+        scale_acc=True,
+        prefetch=prefetch,
+        words=bool(words),
+        rows_in_order=words == "rows",
     )
     expert_ids = torch.tensor([2, 0, 4, 1], dtype=torch.int32)
     offs = torch.tensor([3, 3, 40, 45], dtype=torch.int32)

@@ -24,6 +24,7 @@ sends such calls here when its config says `scale_acc`.
 
 from __future__ import annotations
 
+from functools import cache
 from typing import TYPE_CHECKING
 
 import torch
@@ -139,6 +140,7 @@ def _nf4_decode_mm_kernel(
     GP: tl.constexpr,
     PREFETCH: tl.constexpr,
     WORDS: tl.constexpr,
+    ROWS_IN_ORDER: tl.constexpr,
 ):
     n_tiles = N // BN
     total, starts, ends, tiles, cum = tile_rows(offs_ptr, M, G, BM, GP, n_tiles)
@@ -151,7 +153,7 @@ def _nf4_decode_mm_kernel(
         amask = rmask & (e >= 0)  # the tail group (rows that went nowhere) multiplies zeros
         e = tl.maximum(e, 0)
         n = nt * BN + tl.arange(0, BN)
-        if WORDS:
+        if WORDS and not ROWS_IN_ORDER:
             x_ptrs = x_ptr + rows[:, None] * s_xm + _word_columns()[None, :]
         else:
             x_ptrs = x_ptr + rows[:, None] * s_xm + tl.arange(0, 64)[None, :]
@@ -186,6 +188,14 @@ def _nf4_decode_mm_kernel(
         tile += NUM_PROGS
 
 
+@cache
+def word_order(device: torch.device) -> torch.Tensor:
+    """The columns of a 64-value block in the K order of `words` (`_word_columns`), for a gather."""
+    kappa = torch.arange(64)
+    p = kappa // 2
+    return (16 * (p % 4) + 8 * (p // 16) + 2 * ((p // 4) % 4) + kappa % 2).to(device)
+
+
 def decode_mm(
     x: torch.Tensor,
     packed: dict[str, torch.Tensor],
@@ -202,17 +212,21 @@ def decode_mm(
     decode: int,
     prefetch: bool = False,
     words: bool = False,
+    rows_in_order: bool = False,
 ) -> torch.Tensor:
     """`x @ W.T` per group into `out`, as `trainer.kernels.nf4_triton.nf4_grouped_mm` (which checks the
     shapes and hands over int32 offs and ids): x bf16; a tile of bm rows by bn outputs (bn >= 16 dividing
     the weight's outputs), each K step one 64-value scale block; `prefetch`: each block's scales loaded
-    a step ahead of their use; `words`: the codes read as 32-bit words, K reordered within each block."""
+    a step ahead of their use; `words`: the codes read as 32-bit words, K reordered within each block
+    (`rows_in_order`: the rows too, by one gather before the kernel, not by each tile's loads)."""
     m, g = x.shape[0], offs.shape[0]
     if bn < 16 or layout.out % bn or layout.inp % 64:
         raise ValueError(f"a tile of {bn} outputs over {layout}: bn >= 16 must divide out, 64 divide in")
     codes, qscale, qstate = packed_views(packed)
     if words:
         codes = codes.view(torch.int32)
+        if rows_in_order:
+            x = x.view(m, -1, 64)[:, :, word_order(x.device)].reshape(m, -1)
     bound = (triton.cdiv(m, bm) + g) * (layout.out // bn)
     programs = max(1, min(bound, num_sms(x.device) * programs_per_sm))
     with on_device(x.device):
@@ -221,6 +235,7 @@ def decode_mm(
             m, g, programs, x.stride(0), out.stride(0), codes.stride(0), qscale.stride(0), qstate.stride(0),
             N=layout.out, K=layout.inp, QOFF=layout.blocks // layout.nested, NESTED=layout.nested,
             DECODE=decode, BM=bm, BN=bn, GP=triton.next_power_of_2(g + 1), PREFETCH=prefetch, WORDS=words,
+            ROWS_IN_ORDER=rows_in_order,
             num_warps=warps, num_stages=stages,
         )  # fmt: skip
     return out

@@ -185,8 +185,11 @@ SMALL_GROUP_ROWS = 128  # rows an expert (on average) up to which SMALL_GROUPS i
 # 7% at 4 (64 tokens), 21% at 16 (256 tokens, a 32-token tile) and 26% at 32 (512 tokens, a 64-token
 # tile). At one token (8 experts hit) the fused kernel's deeper K tile (DECODE_FEW) stays ahead. With the
 # 16-token tile, reading the codes as words (`words`) and each block's scales a step ahead (`prefetch`)
-# cut it by a further 26% at 8 tokens and 15% at 64 (decode_speed_h200_words2; at 32 and 64 tokens a
-# tile, `words` was slower, so DECODE_ACC_WIDE and _TALL go without). The
+# cut it by a further 19% at 8 tokens and 16% at 64 (decode_speed_h200_words2). The 32- and 64-token
+# tiles read words with the rows put in that K order by one gather first (`rows_in_order`: their own
+# strided loads of the rows cost more than the words saved): 9% faster at 256 tokens, 11% at 512, and at
+# 400 the 32-token tile beat the 64-token one by 14% (decode_speed_h200_rows), so it now runs to 28 rows
+# an expert (between the 25 and the 32 measured). The
 # input gradient and rows not in bf16 keep the fused kernel: DECODE_GROUPS up to 8 rows an expert (1.7x
 # faster than SMALL_GROUPS at 0.5 and 4 rows), and to 16 the input gradient; a forward of 9 to 16 rows
 # takes a 32-token tile with 4 programs an SM (DECODE_WIDE: 19% faster at 16 rows, nf4_split_h200.md).
@@ -198,13 +201,15 @@ DECODE_ACC = MMConfig(
     prefetch=True, words=True,
 )  # fmt: skip
 DECODE_ACC_WIDE = MMConfig(
-    bm=32, bn=128, warps=4, stages=3, swap=True, decode=PRMT, programs_per_sm=3, scale_acc=True
-)
+    bm=32, bn=128, warps=4, stages=3, swap=True, decode=PRMT, programs_per_sm=3, scale_acc=True,
+    words=True, rows_in_order=True,
+)  # fmt: skip
 DECODE_ACC_TALL = replace(DECODE_ACC_WIDE, bm=64, programs_per_sm=2)
 # Rows an expert (on average) up to which each is used: DECODE_FEW to batch 4 (top-8 of 128), then
 # DECODE_ACC (or DECODE_GROUPS), DECODE_ACC_WIDE (DECODE_WIDE, or DECODE_GROUPS for the input
 # gradient) and DECODE_ACC_TALL.
 DECODE_FEW_ROWS, DECODE_ACC_ROWS, DECODE_WIDE_ROWS, DECODE_TALL_ROWS = 0.25, 8, 16, 32
+DECODE_ACC_WIDE_ROWS = 28  # rows an expert up to which a bf16 forward takes DECODE_ACC_WIDE
 
 
 def pick_config(rows: int, groups: int, trans: bool = False, bf16: bool = True) -> MMConfig:
@@ -221,7 +226,7 @@ def pick_config(rows: int, groups: int, trans: bool = False, bf16: bool = True) 
     elif per_group <= DECODE_TALL_ROWS:
         if per_group <= DECODE_ACC_ROWS:
             return DECODE_ACC
-        return DECODE_ACC_WIDE if per_group <= DECODE_WIDE_ROWS else DECODE_ACC_TALL
+        return DECODE_ACC_WIDE if per_group <= DECODE_ACC_WIDE_ROWS else DECODE_ACC_TALL
     return SMALL_GROUPS if per_group <= SMALL_GROUP_ROWS else LARGE_GROUPS
 
 

@@ -140,7 +140,7 @@ def test_grouped_mm_kernel_refuses_bad_shapes(kernels):
     assert kernels.pick_config(64 * 8, 128) is kernels.DECODE_ACC  # a decode step at batch 64
     assert kernels.pick_config(256 * 8, 128) is kernels.DECODE_ACC_WIDE  # at batch 256, forward
     assert kernels.pick_config(512 * 8, 128) is kernels.DECODE_ACC_TALL  # at batch 512
-    assert kernels.pick_config(400 * 8, 128) is kernels.DECODE_ACC_WIDE  # at the story's 400: 25 rows an expert
+    assert kernels.pick_config(400 * 8, 128) is kernels.DECODE_ACC_WIDE  # the story's 400: 25 an expert
     assert kernels.pick_config(256 * 8, 128, trans=True) is kernels.DECODE_GROUPS  # its input gradient
     assert kernels.pick_config(256 * 8, 128, bf16=False) is kernels.DECODE_WIDE  # float32 rows
     assert kernels.pick_config(64 * 8, 128, bf16=False) is kernels.DECODE_GROUPS

@@ -138,6 +138,37 @@ ACC_CANDIDATES = [
         "rows_in_order": True,
     },
     {"bm": 32, "bn": 128, "warps": 4, "stages": 3, "programs_per_sm": 3, "prefetch": True},
+    # the byte permutes' table loaded into registers once (`table_regs`), on the picked tiles
+    {
+        "bm": 16,
+        "bn": 128,
+        "warps": 4,
+        "stages": 4,
+        "programs_per_sm": 3,
+        "words": True,
+        "prefetch": True,
+        "table_regs": True,
+    },
+    {
+        "bm": 32,
+        "bn": 128,
+        "warps": 4,
+        "stages": 3,
+        "programs_per_sm": 3,
+        "words": True,
+        "rows_in_order": True,
+        "table_regs": True,
+    },
+    {
+        "bm": 64,
+        "bn": 128,
+        "warps": 4,
+        "stages": 3,
+        "programs_per_sm": 2,
+        "words": True,
+        "rows_in_order": True,
+        "table_regs": True,
+    },
 ]
 
 
@@ -225,7 +256,8 @@ def kernel_rows(
             f"acc bm{c['bm']} bn{c['bn']} w{c['warps']} s{c['stages']} {c['programs_per_sm']}/SM"
             + (" prefetch" if c.get("prefetch") else "")
             + (" words" if c.get("words") else "")
-            + (" rows-in-order" if c.get("rows_in_order") else ""),
+            + (" rows-in-order" if c.get("rows_in_order") else "")
+            + (" table" if c.get("table_regs") else ""),
             k.MMConfig(**{**k.DECODE_ACC_WIDE.__dict__, **c}),  # plain: no prefetch, no words
         )
         for c in ACC_CANDIDATES

@@ -60,116 +60,42 @@ CANDIDATES = [
     {"bm": 16, "bn": 256, "bk": 64, "warps": 4, "stages": 4, "programs_per_sm": 2},
     {"bm": 16, "bn": 128, "bk": 128, "warps": 4, "stages": 3, "programs_per_sm": 3},
 ]
+
+
+def _acc(bm: int, bn: int, warps: int, stages: int, per_sm: int, **flags: bool) -> dict[str, Any]:
+    """A scale-on-accumulator candidate: its tile, Triton's warps and stages, programs an SM, and flags."""
+    return {"bm": bm, "bn": bn, "warps": warps, "stages": stages, "programs_per_sm": per_sm, **flags}
+
+
 # The same with the scale on the accumulator (`trainer.kernels.nf4_decode`: K steps of one scale block).
 ACC_CANDIDATES = [
-    {"bm": 16, "bn": 64, "warps": 4, "stages": 4, "programs_per_sm": 2},
-    {"bm": 16, "bn": 64, "warps": 4, "stages": 4, "programs_per_sm": 4},
-    {"bm": 16, "bn": 128, "warps": 4, "stages": 3, "programs_per_sm": 3},
-    {"bm": 16, "bn": 128, "warps": 4, "stages": 6, "programs_per_sm": 2},
-    {"bm": 16, "bn": 128, "warps": 8, "stages": 4, "programs_per_sm": 2},
-    {"bm": 16, "bn": 256, "warps": 4, "stages": 4, "programs_per_sm": 1},
-    {"bm": 16, "bn": 256, "warps": 8, "stages": 4, "programs_per_sm": 2},
-    {"bm": 32, "bn": 128, "warps": 4, "stages": 4, "programs_per_sm": 2},
-    {"bm": 32, "bn": 128, "warps": 4, "stages": 3, "programs_per_sm": 3},
-    {"bm": 32, "bn": 256, "warps": 8, "stages": 3, "programs_per_sm": 2},
-    {"bm": 64, "bn": 128, "warps": 4, "stages": 3, "programs_per_sm": 2},
-    {"bm": 64, "bn": 128, "warps": 8, "stages": 3, "programs_per_sm": 2},
-    {"bm": 64, "bn": 256, "warps": 8, "stages": 3, "programs_per_sm": 1},
+    _acc(16, 64, 4, 4, 2), _acc(16, 64, 4, 4, 4), _acc(16, 128, 4, 3, 3), _acc(16, 128, 4, 6, 2),
+    _acc(16, 128, 8, 4, 2), _acc(16, 256, 4, 4, 1), _acc(16, 256, 8, 4, 2), _acc(32, 128, 4, 4, 2),
+    _acc(32, 128, 4, 3, 3), _acc(32, 256, 8, 3, 2), _acc(64, 128, 4, 3, 2), _acc(64, 128, 8, 3, 2),
+    _acc(64, 256, 8, 3, 1),
     # each K step's scales loaded a step ahead (`prefetch`), on the picked tiles
-    {"bm": 16, "bn": 128, "warps": 4, "stages": 3, "programs_per_sm": 3, "prefetch": True},
-    {"bm": 32, "bn": 128, "warps": 4, "stages": 3, "programs_per_sm": 3, "prefetch": True},
-    {"bm": 64, "bn": 128, "warps": 4, "stages": 3, "programs_per_sm": 2, "prefetch": True},
+    _acc(16, 128, 4, 3, 3, prefetch=True), _acc(32, 128, 4, 3, 3, prefetch=True),
+    _acc(64, 128, 4, 3, 2, prefetch=True),
     # the codes read as 32-bit words, K reordered so a thread's bytes lie together (`words`); two words a
     # PTX call (decode_speed_h200_words2's "words2") gave the same machine code and was dropped
-    {"bm": 16, "bn": 128, "warps": 4, "stages": 3, "programs_per_sm": 3, "words": True},
-    {"bm": 32, "bn": 128, "warps": 4, "stages": 3, "programs_per_sm": 3, "words": True},
-    {"bm": 64, "bn": 128, "warps": 4, "stages": 3, "programs_per_sm": 2, "words": True},
-    {"bm": 16, "bn": 128, "warps": 4, "stages": 4, "programs_per_sm": 3, "words": True},
-    {"bm": 16, "bn": 256, "warps": 8, "stages": 3, "programs_per_sm": 2, "words": True},
+    _acc(16, 128, 4, 3, 3, words=True), _acc(32, 128, 4, 3, 3, words=True),
+    _acc(64, 128, 4, 3, 2, words=True),
+    _acc(16, 128, 4, 4, 3, words=True), _acc(16, 256, 8, 3, 2, words=True),
     # both (DECODE_ACC since decode_speed_h200_words2)
-    {"bm": 16, "bn": 128, "warps": 4, "stages": 4, "programs_per_sm": 3, "words": True, "prefetch": True},
-    # the rows reordered by one gather before the kernel (`rows_in_order`), not by each tile's loads
-    {
-        "bm": 16,
-        "bn": 128,
-        "warps": 4,
-        "stages": 4,
-        "programs_per_sm": 3,
-        "words": True,
-        "prefetch": True,
-        "rows_in_order": True,
-    },
-    {
-        "bm": 32,
-        "bn": 128,
-        "warps": 4,
-        "stages": 3,
-        "programs_per_sm": 3,
-        "words": True,
-        "rows_in_order": True,
-    },
-    {
-        "bm": 64,
-        "bn": 128,
-        "warps": 4,
-        "stages": 3,
-        "programs_per_sm": 2,
-        "words": True,
-        "rows_in_order": True,
-    },
-    {
-        "bm": 32,
-        "bn": 128,
-        "warps": 4,
-        "stages": 3,
-        "programs_per_sm": 3,
-        "words": True,
-        "prefetch": True,
-        "rows_in_order": True,
-    },
-    {
-        "bm": 64,
-        "bn": 128,
-        "warps": 4,
-        "stages": 3,
-        "programs_per_sm": 2,
-        "words": True,
-        "prefetch": True,
-        "rows_in_order": True,
-    },
-    {"bm": 32, "bn": 128, "warps": 4, "stages": 3, "programs_per_sm": 3, "prefetch": True},
+    _acc(16, 128, 4, 4, 3, words=True, prefetch=True),
+    # the rows put in that K order by one gather before the kernel (`rows_in_order`, DECODE_ACC_WIDE and
+    # _TALL since decode_speed_h200_rows), not by each tile's loads
+    _acc(16, 128, 4, 4, 3, words=True, prefetch=True, rows_in_order=True),
+    _acc(32, 128, 4, 3, 3, words=True, rows_in_order=True),
+    _acc(64, 128, 4, 3, 2, words=True, rows_in_order=True),
+    _acc(32, 128, 4, 3, 3, words=True, prefetch=True, rows_in_order=True),
+    _acc(64, 128, 4, 3, 2, words=True, prefetch=True, rows_in_order=True),
+    _acc(32, 128, 4, 3, 3, prefetch=True),
     # the byte permutes' table loaded into registers once (`table_regs`), on the picked tiles
-    {
-        "bm": 16,
-        "bn": 128,
-        "warps": 4,
-        "stages": 4,
-        "programs_per_sm": 3,
-        "words": True,
-        "prefetch": True,
-        "table_regs": True,
-    },
-    {
-        "bm": 32,
-        "bn": 128,
-        "warps": 4,
-        "stages": 3,
-        "programs_per_sm": 3,
-        "words": True,
-        "rows_in_order": True,
-        "table_regs": True,
-    },
-    {
-        "bm": 64,
-        "bn": 128,
-        "warps": 4,
-        "stages": 3,
-        "programs_per_sm": 2,
-        "words": True,
-        "rows_in_order": True,
-        "table_regs": True,
-    },
-]
+    _acc(16, 128, 4, 4, 3, words=True, prefetch=True, table_regs=True),
+    _acc(32, 128, 4, 3, 3, words=True, rows_in_order=True, table_regs=True),
+    _acc(64, 128, 4, 3, 2, words=True, rows_in_order=True, table_regs=True),
+]  # fmt: skip
 
 
 def log(msg: str) -> None:
@@ -251,6 +177,7 @@ def kernel_rows(
         )
         for c in CANDIDATES
     ]
+    plain = replace(k.DECODE_ACC_WIDE, prefetch=False, words=False, rows_in_order=False, table_regs=False)
     configs += [
         (
             f"acc bm{c['bm']} bn{c['bn']} w{c['warps']} s{c['stages']} {c['programs_per_sm']}/SM"
@@ -258,7 +185,7 @@ def kernel_rows(
             + (" words" if c.get("words") else "")
             + (" rows-in-order" if c.get("rows_in_order") else "")
             + (" table" if c.get("table_regs") else ""),
-            k.MMConfig(**{**k.DECODE_ACC_WIDE.__dict__, **c}),  # plain: no prefetch, no words
+            k.MMConfig(**{**plain.__dict__, **c}),
         )
         for c in ACC_CANDIDATES
     ]

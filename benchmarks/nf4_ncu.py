@@ -99,7 +99,12 @@ def k_loop(sass: str) -> dict[str, int]:
     ops: dict[str, int] = {}
     for line in lines[a : b + 1]:
         if "\t" in line:
-            op = re.sub(r"^@!?U?P\w+\s+", "", line.split("\t", 1)[1].strip()).split()[0].split(".")[0]
+            op = (
+                re.sub(r"^@!?U?P\w+\s+", "", line.split("\t", 1)[1].strip())
+                .split()[0]
+                .split(".")[0]
+                .rstrip(";")
+            )
             ops[op] = ops.get(op, 0) + 1
     return ops
 
@@ -121,7 +126,7 @@ def loop_table(paths: list[Path], out: Path) -> None:
         "# The decode kernel's K loop in machine code (benchmarks/nf4_ncu.py --loop)\n\n"
         "Instructions a thread issues in one K step (64 values of 128 weight rows, 4 warps: 64 values\n"
         "a thread) of `_nf4_decode_mm_kernel`, H200, Triton 3.6, 64 tokens of the story's gate_up weight,\n"
-        "from `python benchmarks/nf4_ncu.py --tokens 64 [--words] --dump DIR` (the SASS files in ncu/).\n\n"
+        "from `python benchmarks/nf4_ncu.py --tokens 64 --config bytes|words --dump DIR` (SASS in ncu/).\n\n"
     )
     out.with_suffix(".md").write_text(head + table)
     out.with_suffix(".json").write_text(json.dumps(rows, indent=1))
@@ -136,7 +141,11 @@ def main() -> int:
         "--train", action="store_true", help="training shapes: fused fwd and input grad, dense"
     )
     parser.add_argument("--loop", nargs="+", type=Path, help="SASS files: tabulate their K loops")
-    parser.add_argument("--words", action="store_true", help="the picked config with `words` on")
+    parser.add_argument(
+        "--config", choices=("picked", "bytes", "words"), default="picked",
+        help="the decode kernel's config: pick_config's, or nf4_sass_h200's two (16-token tile, 3 stages, "
+        "codes read a byte or a word at a time)",
+    )  # fmt: skip
     parser.add_argument("--summarize", nargs="+", type=Path, help="ncu text outputs to tabulate")
     parser.add_argument(
         "--dump", type=Path, help="write each compiled kernel's TTGIR, PTX and SASS, and the values decoded"
@@ -163,8 +172,9 @@ def main() -> int:
     experts = torch.arange(128, device=device, dtype=torch.int32)
     x = torch.randn(args.tokens * 8, 4096, device=device, dtype=torch.bfloat16)
     config = nf4_triton.pick_config(x.shape[0], offs.shape[0])
-    if args.words:
-        config = replace(config, words=True)
+    if args.config != "picked":
+        before = replace(nf4_triton.DECODE_ACC, stages=3, prefetch=False, words=False, table_regs=False)
+        config = replace(before, words=args.config == "words")
     nf4_triton.nf4_grouped_mm(x, packed, layout, experts, offs, config=config)
     if args.train:  # the input gradient's orientation, and the dense bf16 grouped GEMM on the same shapes
         g = torch.randn(args.tokens * 8, 3072, device=device, dtype=torch.bfloat16)

@@ -18,6 +18,7 @@ LBB0:
 --:-:-:-:1\t@!P0 PRMT R6, R4, 0x7654, R6;
 --:-:-:-:1\tPRMT R7, R4, 0x3210, R6;
 --:-:-:-:1\tHGMMA.64x16x16.F32.BF16 R8, gdesc[UR4], R8;
+--:-:-:-:1\tLDGDEPBAR;
 --:-:-:-:6\t@!P6 BRA LBB0;
 --:-:-:-:1\tLDS R9, [R5];
 --:-:-:-:5\t@!P1 BRA LBB1;
@@ -29,8 +30,8 @@ LBB2:
 
 def test_the_innermost_loop_that_runs_the_tensor_cores_is_counted_by_opcode() -> None:
     """The K loop (LBB0), not the persistent loop around it (LBB1) nor the spin at the end (LBB2);
-    predicates and suffixes dropped."""
-    assert k_loop(SASS) == {"LDS": 1, "PRMT": 2, "HGMMA": 1, "BRA": 1}
+    predicates, suffixes and an operand-less instruction's semicolon dropped."""
+    assert k_loop(SASS) == {"LDS": 1, "PRMT": 2, "HGMMA": 1, "LDGDEPBAR": 1, "BRA": 1}
 
 
 def test_a_kernel_without_tensor_cores_is_refused() -> None:
@@ -46,4 +47,4 @@ def test_the_table_has_a_column_a_file_and_the_json_its_counts(tmp_path: Path) -
     counts = json.loads((tmp_path / "out.json").read_text())
     assert counts["bytes"]["LDS"] == 1 and counts["words"]["LDS"] == 2
     table = (tmp_path / "out.md").read_text()
-    assert "| all | 5 | 6 |" in table and "| LDS | 1 | 2 |" in table
+    assert "| all | 6 | 7 |" in table and "| LDS | 1 | 2 |" in table

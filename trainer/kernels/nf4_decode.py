@@ -209,6 +209,8 @@ def _nf4_decode_mm_kernel(
         tile += NUM_PROGS
 
 
+# Both tables below are made on a device's first call, outside any CUDA graph capture: evaluation runs
+# a step eagerly before it captures one (`trainer.decode.GreedyDecoder._record`).
 @cache
 def prmt_table(device: torch.device) -> torch.Tensor:
     """`TABLE_WORDS` as int32 on `device`, for `table_regs`."""
@@ -255,7 +257,7 @@ def decode_mm(
     if words:
         codes = codes.view(torch.int32)
         if rows_in_order:
-            x = x.view(m, -1, 64)[:, :, word_order(x.device)].reshape(m, -1)
+            x = x.view(m, layout.inp // 64, 64)[:, :, word_order(x.device)].reshape(m, layout.inp)
     bound = (triton.cdiv(m, bm) + g) * (layout.out // bn)
     programs = max(1, min(bound, num_sms(x.device) * programs_per_sm))
     with on_device(x.device):

@@ -185,8 +185,9 @@ SMALL_GROUP_ROWS = 128  # rows an expert (on average) up to which SMALL_GROUPS i
 # the step's expert GEMMs 2% faster than the fused kernel's best config at 0.5 rows an expert (8 tokens),
 # 7% at 4 (64 tokens), 21% at 16 (256 tokens, a 32-token tile) and 26% at 32 (512 tokens, a 64-token
 # tile). At one token (8 experts hit) the fused kernel's deeper K tile (DECODE_FEW) stays ahead. With the
-# 16-token tile, reading the codes as words (`words`) and each block's scales a step ahead (`prefetch`)
-# cut it by a further 19% at 8 tokens and 16% at 64 (decode_speed_h200_words2). The 32- and 64-token
+# 16-token tile, reading the codes as words (`words`), each block's scales a step ahead (`prefetch`) and
+# 4 stages cut it by a further 19% at 8 tokens and 16% at 64 (decode_speed_h200_words2; words alone: 15%
+# and 12%). The 32- and 64-token
 # tiles read words with the rows put in that K order by one gather first (`rows_in_order`: their own
 # strided loads of the rows cost more than the words saved): 9% faster at 256 tokens, 11% at 512, and at
 # 400 the 32-token tile beat the 64-token one by 14% (decode_speed_h200_rows), so it now runs to 28 rows

@@ -91,10 +91,8 @@ ACC_CANDIDATES = [
     _acc(32, 128, 4, 3, 3, words=True, prefetch=True, rows_in_order=True),
     _acc(64, 128, 4, 3, 2, words=True, prefetch=True, rows_in_order=True),
     _acc(32, 128, 4, 3, 3, prefetch=True),
-    # the byte permutes' table loaded into registers once (`table_regs`), on the picked tiles
-    _acc(16, 128, 4, 4, 3, words=True, prefetch=True, table_regs=True),
-    _acc(32, 128, 4, 3, 3, words=True, rows_in_order=True, table_regs=True),
-    _acc(64, 128, 4, 3, 2, words=True, rows_in_order=True, table_regs=True),
+    # the byte permutes' table loaded into registers once ("table", decode_speed_h200_table) ran 20-30%
+    # slower than the immediates and was dropped
 ]  # fmt: skip
 
 
@@ -177,14 +175,13 @@ def kernel_rows(
         )
         for c in CANDIDATES
     ]
-    plain = replace(k.DECODE_ACC_WIDE, prefetch=False, words=False, rows_in_order=False, table_regs=False)
+    plain = replace(k.DECODE_ACC_WIDE, prefetch=False, words=False, rows_in_order=False)
     configs += [
         (
             f"acc bm{c['bm']} bn{c['bn']} w{c['warps']} s{c['stages']} {c['programs_per_sm']}/SM"
             + (" prefetch" if c.get("prefetch") else "")
             + (" words" if c.get("words") else "")
-            + (" rows-in-order" if c.get("rows_in_order") else "")
-            + (" table" if c.get("table_regs") else ""),
+            + (" rows-in-order" if c.get("rows_in_order") else ""),
             k.MMConfig(**{**plain.__dict__, **c}),
         )
         for c in ACC_CANDIDATES

@@ -173,7 +173,7 @@ def main() -> int:
     x = torch.randn(args.tokens * 8, 4096, device=device, dtype=torch.bfloat16)
     config = nf4_triton.pick_config(x.shape[0], offs.shape[0])
     if args.config != "picked":
-        before = replace(nf4_triton.DECODE_ACC, stages=3, prefetch=False, words=False, table_regs=False)
+        before = replace(nf4_triton.DECODE_ACC, stages=3, prefetch=False, words=False)
         config = replace(before, words=args.config == "words")
     nf4_triton.nf4_grouped_mm(x, packed, layout, experts, offs, config=config)
     if args.train:  # the input gradient's orientation, and the dense bf16 grouped GEMM on the same shapes

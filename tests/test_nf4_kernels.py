@@ -156,14 +156,13 @@ def test_grouped_mm_kernel_refuses_bad_shapes(kernels):
         (32, 192, True, False),
         (64, 192, True, True),
         (32, 128, False, "rows"),
-        (32, 128, True, "table"),
     ],
 )
 def test_scale_on_accumulator_matches_reference(kernels, bn, inp, prefetch, words):
     """`scale_acc` (trainer.kernels.nf4_decode): bf16 rows, the forward orientation, two or three scale
     blocks a weight row (with `prefetch`, each step's scales loaded a step ahead; with `words`, the codes
-    read as words in another K order: the rows' loads follow it, or a gather before the kernel; "table":
-    the byte permutes' table loaded), uneven groups, an empty one and a tail of rows to no expert."""
+    read as words in another K order, which the rows' loads follow, or "rows": a gather before the
+    kernel), uneven groups, an empty one and a tail of rows to no expert."""
     packed, layout = packed_weights(5, 64, inp)
     cfg = kernels.MMConfig(
         bm=16,
@@ -175,7 +174,6 @@ def test_scale_on_accumulator_matches_reference(kernels, bn, inp, prefetch, word
         prefetch=prefetch,
         words=bool(words),
         rows_in_order=words == "rows",
-        table_regs=words == "table",
     )
     expert_ids = torch.tensor([2, 0, 4, 1], dtype=torch.int32)
     offs = torch.tensor([3, 3, 40, 45], dtype=torch.int32)

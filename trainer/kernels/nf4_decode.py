@@ -35,8 +35,6 @@ from trainer.kernels.device import on_device
 from trainer.kernels.nf4_ref import dynamic_map, nf4_table
 from trainer.kernels.nf4_tiles import (
     PRMT_PAIRS,
-    PRMT_PAIRS_TABLE,
-    TABLE_WORDS,
     block_scales,
     nf4_lookup,
     num_sms,
@@ -78,24 +76,13 @@ def _by_pair(b0, b1, b2, b3, BN: tl.constexpr):
 
 @triton.jit
 def _word_values(
-    e, n0, k0, words_ptr, lut_ptr, s_words, table, K: tl.constexpr, BN: tl.constexpr, DECODE: tl.constexpr,
-    TABLE: tl.constexpr,
-):  # fmt: skip
-    """`_values` from whole 32-bit words of codes, in the K order of `_by_pair` (the rows take it too);
-    with `TABLE` the byte permutes' table is `table`, 8 words the kernel loaded (`PRMT_PAIRS_TABLE`)."""
+    e, n0, k0, words_ptr, lut_ptr, s_words, K: tl.constexpr, BN: tl.constexpr, DECODE: tl.constexpr
+):
+    """`_values` from whole 32-bit words of codes, in the K order of `_by_pair` (the rows take it too)."""
     r = n0 + tl.arange(0, BN)
     jw = k0 // 8 + tl.arange(0, 8)
     words = tl.load(words_ptr + e * s_words + r[:, None] * (K // 8) + jw[None, :])
-    if DECODE == 2 and TABLE:
-        t0, t1, t2, t3, t4, t5, t6, t7 = table
-        o0, o1, o2, o3 = tl.inline_asm_elementwise(
-            PRMT_PAIRS_TABLE, "=r,=r,=r,=r,r,r,r,r,r,r,r,r,r", [words, t0, t1, t2, t3, t4, t5, t6, t7],
-            dtype=(tl.int32, tl.int32, tl.int32, tl.int32), is_pure=True, pack=1,
-        )  # fmt: skip
-        pairs = _by_pair(o0, o1, o2, o3, BN)
-        first = pairs.to(tl.int16).to(tl.bfloat16, bitcast=True)
-        second = (pairs >> 16).to(tl.int16).to(tl.bfloat16, bitcast=True)
-    elif DECODE == 2:
+    if DECODE == 2:
         o0, o1, o2, o3 = tl.inline_asm_elementwise(
             PRMT_PAIRS, "=r,=r,=r,=r,r", [words], dtype=(tl.int32, tl.int32, tl.int32, tl.int32),
             is_pure=True, pack=1,
@@ -133,7 +120,6 @@ def _nf4_decode_mm_kernel(
     qstate_ptr,
     code2_ptr,
     lut_ptr,
-    table_ptr,
     offs_ptr,
     eids_ptr,
     M,
@@ -155,15 +141,8 @@ def _nf4_decode_mm_kernel(
     PREFETCH: tl.constexpr,
     WORDS: tl.constexpr,
     ROWS_IN_ORDER: tl.constexpr,
-    TABLE: tl.constexpr,
 ):
     n_tiles = N // BN
-    table = (0, 0, 0, 0, 0, 0, 0, 0)
-    if TABLE:  # loaded, not immediates: values ptxas keeps in registers through the loop
-        table = (
-            tl.load(table_ptr), tl.load(table_ptr + 1), tl.load(table_ptr + 2), tl.load(table_ptr + 3),
-            tl.load(table_ptr + 4), tl.load(table_ptr + 5), tl.load(table_ptr + 6), tl.load(table_ptr + 7),
-        )  # fmt: skip
     total, starts, ends, tiles, cum = tile_rows(offs_ptr, M, G, BM, GP, n_tiles)
     tile = tl.program_id(0)
     while tile < total:  # persistent, as the fused kernel (a while loop for Triton's interpreter)
@@ -185,7 +164,7 @@ def _nf4_decode_mm_kernel(
         for k0 in range(0, K, 64):
             a = tl.load(x_ptrs + k0, mask=amask[:, None], other=0.0)
             if WORDS:
-                w = _word_values(e, nt * BN, k0, codes_ptr, lut_ptr, s_codes, table, K, BN, DECODE, TABLE)
+                w = _word_values(e, nt * BN, k0, codes_ptr, lut_ptr, s_codes, K, BN, DECODE)
             else:
                 w = _values(e, nt * BN, k0, codes_ptr, lut_ptr, s_codes, K, BN, DECODE)
             if PREFETCH:  # the next block's scales loaded a step ahead (their loads wait on no MMA)
@@ -209,14 +188,8 @@ def _nf4_decode_mm_kernel(
         tile += NUM_PROGS
 
 
-# Both tables below are made on a device's first call, outside any CUDA graph capture: evaluation runs
-# a step eagerly before it captures one (`trainer.decode.GreedyDecoder._record`).
-@cache
-def prmt_table(device: torch.device) -> torch.Tensor:
-    """`TABLE_WORDS` as int32 on `device`, for `table_regs`."""
-    return torch.tensor(TABLE_WORDS, dtype=torch.int64).to(torch.int32).to(device)
-
-
+# Made on a device's first call, outside any CUDA graph capture: evaluation runs a step eagerly before it
+# captures one (`trainer.decode.GreedyDecoder._record`).
 @cache
 def word_order(device: torch.device) -> torch.Tensor:
     """The columns of a 64-value block in the K order of `words` (`_word_columns`), for a gather."""
@@ -242,14 +215,12 @@ def decode_mm(
     prefetch: bool = False,
     words: bool = False,
     rows_in_order: bool = False,
-    table_regs: bool = False,
 ) -> torch.Tensor:
     """`x @ W.T` per group into `out`, as `trainer.kernels.nf4_triton.nf4_grouped_mm` (which checks the
     shapes and hands over int32 offs and ids): x bf16; a tile of bm rows by bn outputs (bn >= 16 dividing
     the weight's outputs), each K step one 64-value scale block; `prefetch`: each block's scales loaded
     a step ahead of their use; `words`: the codes read as 32-bit words, K reordered within each block
-    (`rows_in_order`: the rows too, by one gather before the kernel, not by each tile's loads;
-    `table_regs`: the byte permutes' table loaded once, not set as immediates at each use)."""
+    (`rows_in_order`: the rows too, by one gather before the kernel, not by each tile's loads)."""
     m, g = x.shape[0], offs.shape[0]
     if bn < 16 or layout.out % bn or layout.inp % 64:
         raise ValueError(f"a tile of {bn} outputs over {layout}: bn >= 16 must divide out, 64 divide in")
@@ -262,12 +233,12 @@ def decode_mm(
     programs = max(1, min(bound, num_sms(x.device) * programs_per_sm))
     with on_device(x.device):
         _nf4_decode_mm_kernel[(programs,)](
-            x, out, codes, qscale, qstate, dynamic_map(x.device), nf4_table(x.device), prmt_table(x.device),
-            offs, expert_ids,
+            x, out, codes, qscale, qstate, dynamic_map(x.device), nf4_table(x.device), offs,
+            expert_ids,
             m, g, programs, x.stride(0), out.stride(0), codes.stride(0), qscale.stride(0), qstate.stride(0),
             N=layout.out, K=layout.inp, QOFF=layout.blocks // layout.nested, NESTED=layout.nested,
             DECODE=decode, BM=bm, BN=bn, GP=triton.next_power_of_2(g + 1), PREFETCH=prefetch, WORDS=words,
-            ROWS_IN_ORDER=rows_in_order, TABLE=table_regs,
+            ROWS_IN_ORDER=rows_in_order,
             num_warps=warps, num_stages=stages,
         )  # fmt: skip
     return out

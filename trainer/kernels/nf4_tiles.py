@@ -21,33 +21,27 @@ from trainer.kernels.nf4_ref import NF4_VALUES
 GATHER, TREE, PRMT = 0, 1, 2  # how 4-bit codes become NF4 values (MMConfig.decode)
 
 
-def prmt_asm(
-    finish: str, outputs: tuple[tuple[int, int], tuple[int, int]], table: tuple[int, ...] = ()
-) -> str:
-    """PTX: 4 packed bytes (8 codes, in `$4`) -> 4 int32 outputs of bf16 NF4 values, by byte lookups with
+def prmt_asm(finish: str, outputs: tuple[tuple[int, int], tuple[int, int]]) -> str:
+    """PTX: 4 packed bytes (8 codes, `$4`) -> 4 int32 outputs of bf16 NF4 values, by byte lookups with
     `prmt` in two 8-entry halves of the table (selected by bit 3 of the code), so no memory access; the
     NF4 values are rounded to bf16 first. Each half (two bytes) leaves the low and high bytes of its four
     values in `l` and `h` (nibbles in the order [b.lo, b.hi, b'.lo, b'.hi]); `finish` (two `prmt`s into
-    `${o0}` and `${o1}`) packs them into outputs, numbered by `outputs` for the first and second half.
-    The table's 8 words (`TABLE_WORDS`: the values' low bytes, then their high bytes) are immediates, or
-    with `table` the operands of those numbers (values the kernel loaded, so ptxas keeps them in
-    registers rather than setting them again for every call)."""
-    words = [f"${n}" for n in table] or [f"0x{w:08X}" for w in TABLE_WORDS]
-    names = [f"lo{k}" for k in range(4)] + [f"hi{k}" for k in range(4)]
-    regs = names if not table else words
-    tables = "" if table else "".join(f"mov.b32 {n}, {w}; " for n, w in zip(names, words, strict=True))
-    lo0, lo1, lo2, lo3, hi0, hi1, hi2, hi3 = regs
+    `${o0}` and `${o1}`) packs them into outputs, numbered by `outputs` for the first and second half."""
+    bits = torch.tensor(NF4_VALUES, dtype=torch.float32).bfloat16().view(torch.int16).int() & 0xFFFF
+    lo = [int(b) & 0xFF for b in bits]
+    hi = [int(b) >> 8 for b in bits]
+
+    def word(table: list[int], k: int) -> str:
+        return f"0x{sum(table[4 * k + i] << (8 * i) for i in range(4)):08X}"
+
+    tables = "".join(f"mov.b32 lo{k}, {word(lo, k)}; mov.b32 hi{k}, {word(hi, k)}; " for k in range(4))
     half = (
-        f"prmt.b32 a, {lo0}, {lo1}, {{s}}; prmt.b32 b, {lo2}, {lo3}, {{s}}; lop3.b32 l, b, a, {{m}}, 0xE4; "
-        f"prmt.b32 a, {hi0}, {hi1}, {{s}}; prmt.b32 b, {hi2}, {hi3}, {{s}}; lop3.b32 h, b, a, {{m}}, 0xE4; "
-        + finish
+        "prmt.b32 a, lo0, lo1, {s}; prmt.b32 b, lo2, lo3, {s}; lop3.b32 l, b, a, {m}, 0xE4; "
+        "prmt.b32 a, hi0, hi1, {s}; prmt.b32 b, hi2, hi3, {s}; lop3.b32 h, b, a, {m}, 0xE4; " + finish
     )
     (a0, a1), (b0, b1) = outputs
-    decls = (
-        "lo0, lo1, lo2, lo3, hi0, hi1, hi2, hi3, " if not table else ""
-    ) + "s0, s1, t, m0, m1, a, b, l, h"
     return (
-        f"{{ .reg .b32 {decls}; "
+        "{ .reg .b32 lo0, lo1, lo2, lo3, hi0, hi1, hi2, hi3, s0, s1, t, m0, m1, a, b, l, h; "
         + tables
         + "and.b32 s0, $4, 0x7777; shr.u32 s1, $4, 16; and.b32 s1, s1, 0x7777; shl.b32 t, $4, 4; "
         "prmt.b32 m0, t, $4, 0xD9C8; prmt.b32 m1, t, $4, 0xFBEA; "
@@ -57,22 +51,10 @@ def prmt_asm(
     )
 
 
-def _table_words() -> tuple[int, ...]:
-    """The PRMT tables: 4 words of the 16 bf16 NF4 values' low bytes, then 4 of their high bytes."""
-    bits = torch.tensor(NF4_VALUES, dtype=torch.float32).bfloat16().view(torch.int16).int() & 0xFFFF
-    lo = [int(b) & 0xFF for b in bits]
-    hi = [int(b) >> 8 for b in bits]
-    return tuple(sum(t[4 * k + i] << (8 * i) for i in range(4)) for t in (lo, hi) for k in range(4))
-
-
-TABLE_WORDS = _table_words()
-
-
 # Each byte's two values as one int32 (the high nibble's value in the low half), bytes in order.
-PAIRS_FINISH = "prmt.b32 ${o0}, l, h, 0x4051; prmt.b32 ${o1}, l, h, 0x6273; "
-PRMT_PAIRS = tl.constexpr(prmt_asm(PAIRS_FINISH, ((0, 1), (2, 3))))
-# The same with the table's 8 words as operands $5..$12 (after the 4 outputs and the codes' word)
-PRMT_PAIRS_TABLE = tl.constexpr(prmt_asm(PAIRS_FINISH, ((0, 1), (2, 3)), table=tuple(range(5, 13))))
+PRMT_PAIRS = tl.constexpr(
+    prmt_asm("prmt.b32 ${o0}, l, h, 0x4051; prmt.b32 ${o1}, l, h, 0x6273; ", ((0, 1), (2, 3)))
+)
 
 
 @triton.jit

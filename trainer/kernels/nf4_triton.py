@@ -165,7 +165,6 @@ class MMConfig:
     prefetch: bool = False  # scale_acc: each block's scales loaded a K step ahead
     words: bool = False  # scale_acc: the codes read as 32-bit words, K reordered within each block
     rows_in_order: bool = False  # words: the rows reordered by a gather before the kernel
-    table_regs: bool = False  # words: the byte permutes' table loaded into registers once
 
 
 # Picked on an H200 (benchmarks/nf4_kernels.py --explore, story shapes): PTX byte-permute decoding with the
@@ -283,7 +282,6 @@ def nf4_grouped_mm(
             x, packed, layout, expert_ids, offs, out, bm=cfg.bm, bn=bn, warps=cfg.warps, stages=cfg.stages,
             programs_per_sm=cfg.programs_per_sm, decode=decode_for(cfg.decode, x.device),
             prefetch=cfg.prefetch, words=cfg.words, rows_in_order=cfg.rows_in_order,
-            table_regs=cfg.table_regs,
         )  # fmt: skip
     codes, qscale, qstate = packed_views(packed)
     bound = (triton.cdiv(m, cfg.bm) + g) * (n_dim // bn)

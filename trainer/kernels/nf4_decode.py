@@ -13,8 +13,10 @@ cores multiply it by the rows, and the block's float32 scale multiplies that pro
 of rows. With `words` the codes are read as 32-bit words and K is reordered inside each block (the rows'
 columns with it) so that the 8 code bytes each thread hands the tensor cores lie together: the byte order
 took 32 one-byte shared-memory loads and 24 byte permutes a K step to assemble the words the decode
-takes (benchmarks/results/nf4_sass_h200.md: 418 instructions a K step, 382 with words). With `prefetch`
-a block's scales are loaded one step ahead.
+takes (benchmarks/results/nf4_sass_h200.md: 418 instructions a K step, 382 with words). The rows are
+loaded in that order by each tile, or (`rows_in_order`, for tiles of 32 rows and more, whose strided
+loads cost more than the words save) put in it by one gather before the kernel. With `prefetch` a
+block's scales are loaded one step ahead.
 
 The weights are never rounded after scaling, so the result is nearer the float32 reference than the
 fused kernel's (which rounds every scaled weight to bf16). `x @ W.T` only (the forward's

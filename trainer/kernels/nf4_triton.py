@@ -183,17 +183,16 @@ SMALL_GROUP_ROWS = 128  # rows an expert (on average) up to which SMALL_GROUPS i
 # forward of bf16 rows with the scale on the accumulator (`scale_acc`, trainer.kernels.nf4_decode) ran
 # the step's expert GEMMs 2% faster than the fused kernel's best config at 0.5 rows an expert (8 tokens),
 # 7% at 4 (64 tokens), 21% at 16 (256 tokens, a 32-token tile) and 26% at 32 (512 tokens, a 64-token
-# tile). At one token (8 experts hit) the fused kernel's deeper K tile (DECODE_FEW) stays ahead. With the
-# 16-token tile, reading the codes as words (`words`), each block's scales a step ahead (`prefetch`) and
-# 4 stages cut it by a further 19% at 8 tokens and 16% at 64 (decode_speed_h200_words2; words alone: 15%
-# and 12%). The 32- and 64-token
-# tiles read words with the rows put in that K order by one gather first (`rows_in_order`: their own
-# strided loads of the rows cost more than the words saved): 9% faster at 256 tokens, 11% at 512, and at
-# 400 the 32-token tile beat the 64-token one by 14% (decode_speed_h200_rows), so it now runs to 28 rows
-# an expert (between the 25 and the 32 measured). The
-# input gradient and rows not in bf16 keep the fused kernel: DECODE_GROUPS up to 8 rows an expert (1.7x
-# faster than SMALL_GROUPS at 0.5 and 4 rows), and to 16 the input gradient; a forward of 9 to 16 rows
-# takes a 32-token tile with 4 programs an SM (DECODE_WIDE: 19% faster at 16 rows, nf4_split_h200.md).
+# tile). At one token (8 experts hit) the fused kernel's deeper K tile (DECODE_FEW) stays ahead.
+# With the 16-token tile, reading the codes as words (`words`), each block's scales a step ahead
+# (`prefetch`) and 4 stages cut it by a further 19% at 8 tokens and 16% at 64 (decode_speed_h200_words2;
+# words alone: 15% and 12%). The 32- and 64-token tiles read words with the rows put in that K order by
+# one gather first (`rows_in_order`: their own strided loads of the rows cost more than the words
+# saved): 9% faster at 256 tokens, 11% at 512; at 400 the 32-token tile beat the 64-token one by 14%
+# (decode_speed_h200_rows), so it now runs to 28 rows an expert (between the 25 and 32 measured).
+# The input gradient and rows not in bf16 keep the fused kernel: DECODE_GROUPS up to 8 rows an expert
+# (1.7x faster than SMALL_GROUPS at 0.5 and 4 rows), and to 16 the input gradient; a forward of 9 to 16
+# rows takes a 32-token tile with 4 programs an SM (DECODE_WIDE: 19% faster at 16 rows, nf4_split_h200.md).
 DECODE_GROUPS = MMConfig(bm=16, bn=128, bk=128, warps=4, stages=4, swap=True, decode=PRMT, programs_per_sm=2)
 DECODE_FEW = MMConfig(bm=16, bn=128, bk=256, warps=4, stages=3, swap=True, decode=PRMT, programs_per_sm=2)
 DECODE_WIDE = MMConfig(bm=32, bn=128, bk=128, warps=4, stages=4, swap=True, decode=PRMT, programs_per_sm=4)

@@ -10,7 +10,13 @@ the same weights dequantized to bf16 (the dense ceiling). On the H200 (Firecrack
       --section SchedulerStats --section Occupancy python benchmarks/nf4_ncu.py --tokens 64
 and with `--metrics` for the pipes and stall reasons (the commands in benchmarks/results/nf4_ncu_h200.md).
 `--summarize FILE...` reads such ncu outputs and writes the table of the metrics below
-(benchmarks/results/nf4_ncu_h200.{md,json}).
+(benchmarks/results/nf4_ncu_h200.{md,json}). `--config bytes|words` runs the decode kernel's 16-token
+tile reading the codes a byte or a word at a time instead of the picked config; `--dump DIR` writes every
+compiled kernel's TTGIR, PTX and SASS there; `--loop FILE...` counts each SASS file's K loop by opcode
+(benchmarks/results/nf4_sass_h200.{md,json}, from the two files in ncu/):
+  python benchmarks/nf4_ncu.py --tokens 64 --config words --dump $OUT/dump            # on the GPU
+  python benchmarks/nf4_ncu.py --loop benchmarks/results/ncu/decode64_bytes.sass \
+      benchmarks/results/ncu/decode64_words.sass                                        # anywhere
 """
 
 from __future__ import annotations

@@ -15,6 +15,19 @@ from devtools.faults import Watch, env_for, run_watched
 REPO = Path(__file__).resolve().parent.parent
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """On a fresh environment the first trainer run builds DeepSpeed's CPU Adam (minutes on two cores)
+    and every other run waits for that build. So the first file with end-to-end tests goes first, then
+    the files without any, then the other end-to-end files: under `-n 2 --dist loadfile` the second
+    worker runs the quick tests while the op builds, instead of waiting on its lock."""
+    files: dict[str, list[pytest.Item]] = {}
+    for item in items:
+        files.setdefault(item.nodeid.split("::")[0], []).append(item)
+    e2e = [name for name, its in files.items() if any(i.get_closest_marker("e2e") for i in its)]
+    order = e2e[:1] + [name for name in files if name not in e2e] + e2e[1:]
+    items[:] = [item for name in order for item in files[name]]
+
+
 @pytest.fixture(scope="session")
 def asset_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One built-in asset cache per session (COCKPIT_TEST_CACHE reuses one across sessions)."""

@@ -23,9 +23,8 @@ _PREBUILD: list[tuple[subprocess.Popen[bytes], str]] = []
 def pytest_sessionstart(session: pytest.Session) -> None:
     """A run of whole test folders with no `-m` (the suite, as CI runs it) starts `cockpit doctor
     --prebuild` in the background, once (not in xdist's workers): on a fresh environment the quick tests
-    run while DeepSpeed's CPU Adam and shared-memory op build, and the first runs find them built, or wait
-    on their lock, instead of building them then. In this environment's own extensions folder, with a
-    cache of its own."""
+    run while DeepSpeed's CPU Adam builds, and the first trainer run finds it built, or waits on its lock,
+    instead of building it then. In this environment's own extensions folder, with a cache of its own."""
     config = session.config
     if hasattr(config, "workerinput") or config.option.markexpr:
         return
@@ -36,8 +35,7 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     cache = tempfile.mkdtemp(prefix="cockpit-prebuild-")
     env = dict(os.environ, COCKPIT_CACHE=cache)
     use_keyed_root(env)
-    # two ranks: their shared-memory op too (the two-rank tests), beside CPU Adam (every offloaded run)
-    command = [sys.executable, "-m", "cockpit", "doctor", "--prebuild", "--set", "hardware.gpus=2"]
+    command = [sys.executable, "-m", "cockpit", "doctor", "--prebuild"]
     out = subprocess.DEVNULL
     proc = subprocess.Popen(command, env=env, stdout=out, stderr=out, start_new_session=True)
     _PREBUILD.append((proc, cache))

@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,39 +13,6 @@ import pytest
 from devtools.faults import Watch, env_for, run_watched
 
 REPO = Path(__file__).resolve().parent.parent
-
-
-_PREBUILD: list[tuple[subprocess.Popen[bytes], str]] = []
-
-
-def pytest_sessionstart(session: pytest.Session) -> None:
-    """A run of whole test folders with no `-m` (the suite, as CI runs it) starts `cockpit doctor
-    --prebuild` in the background, once (not in xdist's workers): on a fresh environment the quick tests
-    run while DeepSpeed's CPU Adam builds, and the first trainer run finds it built, or waits on its lock,
-    instead of building it then. In this environment's own extensions folder, with a cache of its own."""
-    config = session.config
-    if hasattr(config, "workerinput") or config.option.markexpr:
-        return
-    if not all((config.invocation_params.dir / arg).is_dir() for arg in config.args):
-        return
-    from cockpit.ops.extcache import use_keyed_root
-
-    cache = tempfile.mkdtemp(prefix="cockpit-prebuild-")
-    env = dict(os.environ, COCKPIT_CACHE=cache)
-    use_keyed_root(env)
-    command = [sys.executable, "-m", "cockpit", "doctor", "--prebuild"]
-    out = subprocess.DEVNULL
-    proc = subprocess.Popen(command, env=env, stdout=out, stderr=out, start_new_session=True)
-    _PREBUILD.append((proc, cache))
-
-
-def pytest_sessionfinish(session: pytest.Session) -> None:
-    """The background prebuild ended (if the tests finished first) and its cache removed."""
-    for proc, cache in _PREBUILD:
-        if proc.poll() is None:
-            proc.terminate()
-            proc.wait(60)
-        shutil.rmtree(cache, ignore_errors=True)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -204,9 +204,11 @@ def dump(folder: Path, tokens: int, hit: int, layout: Any) -> None:
 
     folder.mkdir(parents=True, exist_ok=True)
     kernels = []
-    fns = (nf4_decode._nf4_decode_mm_kernel, nf4_triton._nf4_grouped_mm_kernel)
-    fns += (nf4_split._nf4_split_mm_kernel,)
-    for fn in fns:
+    for fn in (
+        nf4_decode._nf4_decode_mm_kernel,
+        nf4_triton._nf4_grouped_mm_kernel,
+        nf4_split._nf4_split_mm_kernel,
+    ):
         for cache in fn.device_caches.values():
             for i, compiled in enumerate(cache[0].values()):
                 stem = f"{fn.fn.__name__}_{tokens}_{i}"

@@ -235,8 +235,7 @@ def decode_mm(
     programs = max(1, min(bound, num_sms(x.device) * programs_per_sm))
     with on_device(x.device):
         _nf4_decode_mm_kernel[(programs,)](
-            x, out, codes, qscale, qstate, dynamic_map(x.device), nf4_table(x.device), offs,
-            expert_ids,
+            x, out, codes, qscale, qstate, dynamic_map(x.device), nf4_table(x.device), offs, expert_ids,
             m, g, programs, x.stride(0), out.stride(0), codes.stride(0), qscale.stride(0), qstate.stride(0),
             N=layout.out, K=layout.inp, QOFF=layout.blocks // layout.nested, NESTED=layout.nested,
             DECODE=decode, BM=bm, BN=bn, GP=triton.next_power_of_2(g + 1), PREFETCH=prefetch, WORDS=words,

@@ -11,6 +11,8 @@ training, median step time. The deepest depth's figures are out of sample: they 
     python benchmarks/rehearsal_accuracy.py --configs nf4-none  # one configuration
     python benchmarks/rehearsal_accuracy.py --configs nf4-offload --depths 1,2,6  # predict depth 6
     python benchmarks/rehearsal_accuracy.py --cpu               # the tiny profile, a smoke test
+    python benchmarks/rehearsal_accuracy.py --configs nf4-offload --set training.micro_batch_size=8 \
+        --set training.grad_accum=1                             # another micro-batch, every depth
 
 Settings that would make a benchmark of 12 depth runs too long are changed and stated in the output:
 gradient accumulation 2 instead of the profile's 8 (the rehearsal command keeps the profile's).
@@ -40,6 +42,7 @@ DEPTHS = (1, 2, 4)  # --depths: the last is the one predicted
 FIT_DEPTHS = (1, 2)
 STEPS = 8
 TOLERANCE = 0.15
+EXTRA: list[str] = []  # --set: profile overrides on top of every configuration's (e.g. another micro-batch)
 FIGURES = (
     ("gpu_load", "GPU load GiB"),
     ("gpu_train", "GPU train GiB"),
@@ -62,7 +65,7 @@ def config_overrides(config: str, gpu: bool, ranks: int | None = None) -> list[s
     ]
     if not gpu:
         overrides += ["training.bf16=false", "training.micro_batch_size=4", "data.mean_tokens=100"]
-    return overrides
+    return overrides + EXTRA
 
 
 def models(config: str, profile_name: str, gpu: bool, ranks: int | None = None) -> Any:
@@ -212,13 +215,17 @@ def merged(files: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 
 
 def _accumulation(profile_name: str) -> str:
-    """How the depths' gradient accumulation (always 2) stands to the profile's own."""
+    """The depths' micro-batch and gradient accumulation (2 unless `--set` says), against the profile's."""
     from cockpit.profiles import load_profile
 
-    own = load_profile(profile_name)[0].training.grad_accum
-    if own == 2:
-        return "gradient accumulation 2 (the profile's own)"
-    return f"gradient accumulation 2 (the profile's {own} would make the depth runs too long)"
+    own = load_profile(profile_name)[0].training
+    used = load_profile(profile_name, ["training.grad_accum=2", *EXTRA])[0].training
+    words = f"{used.micro_batch_size} rows a micro-batch, gradient accumulation {used.grad_accum}"
+    if (used.micro_batch_size, used.grad_accum) == (own.micro_batch_size, own.grad_accum):
+        return words + " (the profile's own)"
+    if EXTRA:
+        return words + f" (--set; the profile's: {own.micro_batch_size} and {own.grad_accum})"
+    return words + f" (the profile's {own.grad_accum} would make the depth runs too long)"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -235,6 +242,14 @@ def main(argv: list[str] | None = None) -> int:
         "--depths", default=",".join(map(str, DEPTHS)), help="depths run; the last is predicted"
     )
     parser.add_argument("--runs-dir", type=Path, default=Path("/tmp/rehearsal-accuracy-runs"))
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="a profile override on top of each configuration's (repeatable), e.g. training.grad_accum=1",
+    )
     parser.add_argument(
         "--merge",
         type=Path,
@@ -257,6 +272,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"DeepSpeed ops ready ({prepare_ops(profile_name)} s spent building)", flush=True)
     deadline = time.time() + args.budget_s
     FIT_DEPTHS = tuple(int(d) for d in args.fit_depths.split(","))
+    EXTRA[:] = args.overrides
     results = merged([json.loads(path.read_text()) for path in args.merge])
     for config in filter(None, args.configs.split(",")):  # --configs "" --merge F: report F again
         t0 = time.time()

@@ -292,14 +292,52 @@ def test_a_group_of_the_run_that_started_before_its_supervisor_is_not_taken_for_
     assert older.poll() is None
 
 
-def test_a_supervisor_is_known_by_its_pid_and_its_start_time(run_dir: Path, blocked: list) -> None:
+def test_a_supervisor_is_known_by_its_pid_and_its_start_time(
+    run_dir: Path, blocked: list, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A live process whose command line looks like the run's supervisor, but which started at another
-    time than run.json says (a reused PID), is not the supervisor; the one that did start then is."""
+    time than run.json says (a reused PID), is not the supervisor; the one that did start then is. Where
+    /proc gives no boot-relative start (another OS), the wall-clock start decides."""
+    monkeypatch.setattr(liveness, "BOOT_ID", run_dir / "no-such-file")
     look_alike = start_blocked(blocked, "cockpit.service.supervisor", str(run_dir))
+    assert liveness.boot_start(look_alike.pid) is None
     started = liveness.started_at(look_alike.pid)
     manifest = {"status": "running", "supervisor_pid": look_alike.pid}
     assert liveness.supervisor_alive({**manifest, "supervisor_started_at": started}, run_dir)
     assert not liveness.supervisor_alive({**manifest, "supervisor_started_at": started - 3600}, run_dir)
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="the boot-relative start is read from /proc")
+def test_the_boot_relative_start_outweighs_the_wall_clock(run_dir: Path, blocked: list) -> None:
+    """The wall clock moves (NTP, a suspended VM) and with it psutil's start times; the boot id and the
+    ticks from boot do not. Recorded, they decide: the same process is alive whatever the wall-clock start
+    says, and another start, or another boot, is not the supervisor."""
+    look_alike = start_blocked(blocked, "cockpit.service.supervisor", str(run_dir))
+    start = liveness.boot_start(look_alike.pid)
+    assert start and start == liveness.boot_start(look_alike.pid)
+    boot, ticks = start.rsplit(":", 1)
+    moved = {"status": "running", "supervisor_pid": look_alike.pid,
+             "supervisor_started_at": liveness.started_at(look_alike.pid) - 3600}  # fmt: skip
+    assert liveness.supervisor_alive({**moved, "supervisor_boot_start": start}, run_dir)
+    for other in (f"{boot}:{int(ticks) - 1}", f"another-boot:{ticks}"):
+        now = {**moved, "supervisor_started_at": liveness.started_at(look_alike.pid)}
+        assert not liveness.supervisor_alive({**now, "supervisor_boot_start": other}, run_dir), other
+    assert not liveness.supervisor_alive({**moved, "supervisor_boot_start": "not a start"}, run_dir)
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="the boot-relative start is read from /proc")
+def test_a_trainer_is_the_runs_by_its_boot_relative_start(run_dir: Path, blocked: list) -> None:
+    """The trainer's group is this run's when a member naming the run started at or after the supervisor
+    by the ticks from boot, whatever the wall-clock starts say; not when it started before, or in another
+    boot."""
+    trainer = start_blocked(blocked, "--run-dir", str(run_dir))
+    boot, ticks = liveness.boot_start(trainer.pid).rsplit(":", 1)
+    base = {"status": "running", "trainer_pgid": trainer.pid,
+            "supervisor_started_at": liveness.started_at(trainer.pid) + 3600}  # fmt: skip
+    assert liveness.own_group({**base, "supervisor_boot_start": f"{boot}:{ticks}"}, run_dir).ours
+    assert liveness.own_group({**base, "supervisor_boot_start": f"{boot}:{int(ticks) - 5}"}, run_dir).ours
+    assert not liveness.own_group({**base, "supervisor_boot_start": f"{boot}:{int(ticks) + 1}"}, run_dir).ours
+    assert not liveness.own_group({**base, "supervisor_boot_start": f"other:{int(ticks) - 5}"}, run_dir).ours
 
 
 # --- a lost supervisor -------------------------------------------------------------------------------

@@ -84,10 +84,8 @@ def _numbers(value: Any) -> Any:
 
 
 def _number_table(value: Any) -> Any:
-    if value is None:
-        return None
     if not isinstance(value, dict):
-        return _WRONG
+        return None if value is None else _WRONG
     out = {k: _number(v) for k, v in value.items()}
     return _WRONG if any(v is _WRONG for v in out.values()) else out
 
@@ -411,6 +409,7 @@ MANIFEST: Fields = {
     "warning": TEXT,
     "supervisor_pid": INT,
     "supervisor_started_at": NUMBER,
+    "supervisor_boot_start": TEXT,  # "<boot id>:<ticks from boot to the start>" (`service.liveness`)
     "trainer_pgid": INT,
     "resumed": FLAG,
     "training": TABLE,

@@ -6,9 +6,10 @@ run's own here (a stale record, after a reboot or with a reused PID or group id,
 something else).
 
 Process identity is proven, not taken from a number: the supervisor by its command line and its start
-time (`supervisor_started_at`, which it records from `psutil`'s `create_time` when it starts), the
-training group by a live member whose command line names the run directory and that started after the
-supervisor did.
+(`supervisor_boot_start`: this boot's id and the clock ticks from boot to the process's start, exact
+and blind to the wall clock; else, on another OS or in an older record, `supervisor_started_at`,
+`psutil`'s `create_time`, within `START_SLACK_S`), the training group by a live member whose command line
+names the run directory and that started after the supervisor did.
 """
 
 from __future__ import annotations
@@ -23,8 +24,11 @@ import psutil
 from cockpit.record import load_manifest
 
 # psutil's create_time is the boot time plus the process's start in clock ticks; the boot time it reads
-# moves with adjustments of the wall clock, so the same process may read a little differently later.
-START_SLACK_S = 1.0
+# (the wall clock less the uptime) moves with adjustments of the wall clock, so the same process may read
+# differently later: by a second or more on a loaded VM, by hours after a suspend. The boot-relative
+# start (`boot_start`) does not move; this slack serves where it is missing.
+START_SLACK_S = 2.0
+BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
 
 
 @dataclass(frozen=True)
@@ -60,6 +64,18 @@ def started_at(pid: int) -> float:
     return psutil.Process(pid).create_time()
 
 
+def boot_start(pid: int) -> str | None:
+    """`"<boot id>:<clock ticks from boot to the start of pid>"` (Linux's /proc), the same for the life of
+    the process whatever the wall clock does; None where /proc cannot say (another OS, the process gone)."""
+    try:
+        boot = BOOT_ID.read_text().strip()
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        ticks = int(stat[stat.rindex(")") + 2 :].split()[19])  # field 22, starttime (after pid and comm)
+    except (OSError, ValueError, IndexError):
+        return None
+    return f"{boot}:{ticks}"
+
+
 def _number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
@@ -85,8 +101,29 @@ def supervisor_alive(manifest: dict[str, Any], run_dir: Path) -> bool:
         return False
     if "cockpit.service.supervisor" not in cmdline or run_dir.name not in cmdline:
         return False
+    recorded, now = _parse_start(manifest.get("supervisor_boot_start")), _parse_start(boot_start(pid))
+    if recorded and now:
+        return recorded == now  # a reboot changes the id; a reused PID, the ticks
     started = manifest.get("supervisor_started_at")
     return not _number(started) or abs(created - started) <= START_SLACK_S
+
+
+def _parse_start(value: Any) -> tuple[str, int] | None:
+    """A `boot_start` as (boot id, ticks); None for anything else (absent, or not one)."""
+    if not isinstance(value, str):
+        return None
+    boot, _, ticks = value.rpartition(":")
+    return (boot, int(ticks)) if boot and ticks.isdigit() else None
+
+
+def _started_since(pid: int, create_time: float | None, manifest: dict[str, Any]) -> bool:
+    """Process `pid` started no earlier than the run's supervisor: by the boot-relative starts where both
+    are known (a process of another boot never did), else by the wall clock within `START_SLACK_S`."""
+    recorded, now = _parse_start(manifest.get("supervisor_boot_start")), _parse_start(boot_start(pid))
+    if recorded and now:
+        return now[0] == recorded[0] and now[1] >= recorded[1]
+    since = manifest.get("supervisor_started_at")
+    return not _number(since) or (create_time or 0) >= since - START_SLACK_S
 
 
 def names_run(proc: psutil.Process, run_dir: Path) -> bool:
@@ -115,7 +152,6 @@ def own_group(manifest: dict[str, Any], run_dir: Path) -> Group:
     pgid = _pid(manifest.get("trainer_pgid"))
     if pgid is None:
         return Group(None, 0, False)
-    since = manifest.get("supervisor_started_at")
     members, ours = 0, False
     for proc in psutil.process_iter(["pid", "status", "create_time"]):
         try:
@@ -124,7 +160,7 @@ def own_group(manifest: dict[str, Any], run_dir: Path) -> Group:
         except (ProcessLookupError, PermissionError):
             continue
         members += 1
-        after = not _number(since) or (proc.info["create_time"] or 0) >= since - START_SLACK_S
+        after = _started_since(proc.info["pid"], proc.info["create_time"], manifest)
         ours = ours or (after and names_run(proc, run_dir))
     return Group(pgid, members, ours)
 

@@ -30,7 +30,7 @@ from typing import Any
 from cockpit.profiles import parse_profile
 from cockpit.service import evaluation, rehearsal, training
 from cockpit.service.keeper import RecordKeeper
-from cockpit.service.liveness import started_at
+from cockpit.service.liveness import boot_start, started_at
 from cockpit.service.outcome import Evaluation, Outcome
 from cockpit.service.spawn import end_process, popen_logged, sampler_argv, trainer_problem
 from cockpit.service.stage import StageRunner
@@ -150,6 +150,7 @@ class Supervisor:
             exit_code=None,
             supervisor_pid=os.getpid(),
             supervisor_started_at=started_at(os.getpid()),  # with the PID, proves it is this supervisor
+            supervisor_boot_start=boot_start(os.getpid()),  # the same proof, blind to the wall clock
             resumed=self.resume or self.manifest.get("resumed", False),
             warning=None,
         )

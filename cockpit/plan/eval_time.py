@@ -45,8 +45,8 @@ SYSTEMS = 2  # the base model and the tuned one
 # slices, batch 64, the fast decode path): its line's per-layer time against the memory limit of the bytes
 # a layer reads gives the share of the bandwidth it reaches; its fixed part a step (the head, sampling,
 # the loop's own work) is kept as measured.
-DECODE_BANDWIDTH_SHARE = 0.2409
-DECODE_FIXED_S = 0.0000597
+DECODE_BANDWIDTH_SHARE = 0.2638
+DECODE_FIXED_S = 0.000886
 DECODE_SOURCE = "benchmarks/results/eval_speed_h200.json (batch 64, one H200)"
 # Where evaluation's model spans several GPUs, its decode step replays a CUDA graph on each
 # (`trainer/decode_blocks.py`); each graph past the first costs this much, as `benchmarks/decode_speed.py`

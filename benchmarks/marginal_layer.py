@@ -6,7 +6,11 @@ Reads committed H200 results (no GPU needed):
                  depths 4, 8 and 16: `results/forecast/records/offload_1-16` (before),
                  `offload_1-16_levers` (packed attention and fused activation) and `offload_1-16_all`
                  (every lever, the fused RoPE too), each `benchmarks/rehearsal_accuracy.py --configs
-                 nf4-offload --depths 1,2,4,8,16`; the slope is the least-squares line through 4, 8, 16
+                 nf4-offload --depths 1,2,4,8,16`; the slope is the least-squares line through 4, 8, 16.
+                 Then one call, both micro-batches: `offload_4-16_mb4` (4 rows and 2 micro-batches a step,
+                 the profile's then: today `--depths 4,8,16 --set training.micro_batch_size=4 --set
+                 training.grad_accum=2`; its budget ended before depth 16) and `offload_1-16_mb8` (8 rows,
+                 one micro-batch a step, the story profile as shipped since: `--depths 1,2,4,8,16`)
   no offload     `results/step_speed_h200_levers.json` (`benchmarks/step_speed.py --rows levers-...`): both
                  levers off, both on, and the activation alone off, at 4 and 8 layers in one call; and
                  `results/step_speed_h200_rope.json` (`--rows rope-...`): the fused rotary embedding off
@@ -46,6 +50,8 @@ OFFLOAD_RECORDS = {
     "before": "offload_1-16",
     "attention + activation": "offload_1-16_levers",
     "every lever": "offload_1-16_all",
+    "every lever, again (a fourth call)": "offload_4-16_mb4",
+    "8 rows, one micro-batch a step (the fourth call; as shipped)": "offload_1-16_mb8",
 }
 NOW_PROFILES = ("now-4L-prof", "now-8L-prof")  # step_speed_h200_now_profile.json: every lever on
 PROFILES = ("story-4096-mb4-ga2-prof", "story-4096-mb4-ga2-8L-prof")  # step_speed_h200_story_profile.json
@@ -84,19 +90,20 @@ def main() -> int:
     }  # fmt: skip
 
     def add(config: str, label: str, seconds: float, depths: list[int], points: list[float],
-            measured: float = matmul) -> None:  # fmt: skip
+            measured: float = matmul, gpu: list[float] | None = None) -> None:  # fmt: skip
         rate = layer_tflop / seconds
         out["rows"].append({
             "config": config, "label": label, "s": seconds, "depths": depths, "step_s": points,
             "tflops": rate, "datasheet": rate / datasheet, "matmul": rate / measured,
-            "matmul_tflops": measured,
+            "matmul_tflops": measured, "gpu_train_gib": gpu,
         })  # fmt: skip
 
     for label, record in OFFLOAD_RECORDS.items():
         by_depth = measures_of([record])
         depths = [d for d in (4, 8, 16) if d in by_depth]
         points = [by_depth[d].step_s for d in depths]
-        add("offload", label, slope(list(zip(depths, points, strict=True))), depths, points)
+        gpu = [max(by_depth[d].gpu_train_gib.values()) for d in depths]
+        add("offload", label, slope(list(zip(depths, points, strict=True))), depths, points, gpu=gpu)
     for label, (name, four, eight) in STEP_ROWS.items():
         results = json.loads((RESULTS / f"{name}.json").read_text())
         by_name = {r["name"]: r["result"] for r in results["rows"]}
@@ -162,21 +169,25 @@ def table(out: dict[str, Any]) -> str:
     lines = [
         "# The story's marginal decoder layer on an H200, before and after",
         "",
-        f"A step of {out['tokens_per_step']:,.0f} tokens (4 rows of 4,096 a micro-batch, 2 micro-batches); a "
-        f"further layer is {out['layer_tflop']:.1f} TFLOP of it by {out['formula']}.",
+        f"A step of {out['tokens_per_step']:,.0f} tokens (4 rows of 4,096 a micro-batch and 2 micro-batches, "
+        f"or 8 rows and one where the row says); a further layer is {out['layer_tflop']:.1f} TFLOP of it by "
+        f"{out['formula']}.",
         "",
         f"Rates: {out['datasheet_tflops']:.0f} TFLOP/s datasheet dense bf16; the measured rate is the 8192^3 "
         "bf16 matmul step_speed.py timed in each call (the offload rows: the levers call's, "
         f"{out['matmul_tflops']:.0f} TFLOP/s). In sample: each slope fits its depths.",
         "",
-        "| configuration | layer | depths (step s) | s a layer | TFLOP/s | % of datasheet | % of matmul |",
-        "|---|---|---|---|---|---|---|",
+        "| configuration | layer | depths (step s) | s a layer | TFLOP/s | % of datasheet | % of matmul "
+        "| GPU peak in training, GiB |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for r in out["rows"]:
         steps = ", ".join(f"{d}: {s:.3f}" for d, s in zip(r["depths"], r["step_s"], strict=True))
+        gpu = r.get("gpu_train_gib")
+        peaks = ", ".join(f"{d}: {g:.1f}" for d, g in zip(r["depths"], gpu, strict=True)) if gpu else "-"
         lines.append(
             f"| {r['config']} | {r['label']} | {steps} | {r['s']:.4f} | {r['tflops']:.0f} | "
-            f"{100 * r['datasheet']:.1f}% | {100 * r['matmul']:.1f}% |"
+            f"{100 * r['datasheet']:.1f}% | {100 * r['matmul']:.1f}% | {peaks} |"
         )
     lk = out["layer_kernels"]
     lines += [

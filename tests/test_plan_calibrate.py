@@ -75,9 +75,13 @@ def test_the_fastest_that_fits_is_chosen_from_measured_rows_and_a_faster_modelle
 ) -> None:
     from cockpit.rehearse.calibrate import calibrate
 
-    profile, _ = load_profile(STORY)
+    earlier = ["training.micro_batch_size=4", "training.grad_accum=2"]  # what those records ran
+    profile, _ = load_profile(STORY, earlier)
     plan = build_plan(profile)
-    runs = [_as_rehearsal(tmp_path, "offload_1-16", []), _as_rehearsal(tmp_path, "none_1-16", NO_OFFLOAD)]
+    runs = [
+        _as_rehearsal(tmp_path, "offload_1-16", earlier),
+        _as_rehearsal(tmp_path, "none_1-16", [*NO_OFFLOAD, *earlier]),
+    ]
     measured = calibrate(plan, profile, runs)
     assert set(measured) == {CONFIGURED, "no offload"}
     text = _text(plan, measured)

@@ -250,6 +250,9 @@ def gpu_rows() -> list[Row]:
         # and the code that launched it (the profile event's top_ops_s), the difference a further layer.
         Row("now-4L-prof", 4, 4096, mb=4, ga=2, steps=7, profile=True, env_extra=STACK),
         Row("now-8L-prof", 8, 4096, mb=4, ga=2, steps=7, profile=True, env_extra=STACK),
+        # The same at the 8 rows and one micro-batch a step the story profile ships with since.
+        Row("mb8-4L-prof", 4, 4096, mb=8, ga=1, steps=7, profile=True, env_extra=STACK),
+        Row("mb8-8L-prof", 8, 4096, mb=8, ga=1, steps=7, profile=True, env_extra=STACK),
         # the 1-row story step again, in the same session as the rows above (run-to-run spread ~8%)
         Row("story-offload-prefetch3-4096-ga8-again", 4, 4096, ga=8, offload=True, steps=7, extra=PREFETCH3),
         Row(

@@ -1,8 +1,9 @@
 """Benchmark: packed causal attention at the story's shape, each path the trainer could take, side by side.
 
-Shape: a micro-batch of the story's profile (4 rows of 4,096 tokens, documents of about 2,000 tokens packed
-whole, best fit, each row's tail padding), Qwen3-235B-A22B's attention (64 query heads, 4 key/value heads,
-head_dim 128), bf16, the layout Transformers hands the attention ([B, H, T, D] views of [B, T, H, D]).
+Shape: a micro-batch of the story's profile as it was (4 rows of 4,096 tokens, 8 since; documents of
+about 2,000 tokens packed whole, best fit, each row's tail padding), Qwen3-235B-A22B's attention (64
+query heads, 4 key/value heads, head_dim 128), bf16, the layout Transformers hands the attention
+([B, H, T, D] views of [B, T, H, D]).
 
 Paths:
   per-document   `trainer.attention._per_document`: causal SDPA one document at a time (FlashAttention-2),

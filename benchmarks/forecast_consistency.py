@@ -1,7 +1,8 @@
 """One forecast from any depths: the story's 4 x H100 run predicted from every set of rehearsed depths.
 
-Reads the story's rehearsal on one H200 (`benchmarks/results/forecast/records/`: the profile as shipped,
-random weights, one rank; with parameter and optimizer offload at 1, 2, 4, 8, 16 and 24 layers, without
+Reads the story's rehearsal on one H200 (`benchmarks/results/forecast/records/`: the profile as it
+shipped then, 4 rows a micro-batch and 2 a step (`RAN_AT`; it ships 8 rows in one since), random
+weights, one rank; with parameter and optimizer offload at 1, 2, 4, 8, 16 and 24 layers, without
 at 1, 2, 4, 8 and 16) and forecasts the whole run on the profile's 4 x H100 from every set of two depths
 or more, with `cockpit.rehearse.forecast.forecast`, exactly as `cockpit rehearse` does. For each figure
 (the optimizer step, the GPU peak in training, host RSS, the load) it gives the spread across the sets
@@ -17,7 +18,8 @@ Then `cockpit rehearse --show`'s prediction of a rehearsal written before the fi
 
     python benchmarks/forecast_consistency.py
 
-The depths were measured in four device calls (about 20 minutes of one H200):
+The depths were measured in four device calls (about 20 minutes of one H200), at the profile's 4 rows a
+micro-batch and 2 a step then (today add `--set training.micro_batch_size=4 --set training.grad_accum=2`):
     python benchmarks/rehearsal_accuracy.py --configs nf4-offload --depths 1,2,4,8,16,24 --name fc_offload
     python benchmarks/rehearsal_accuracy.py --configs nf4-offload --depths 24 --name fc_offload24
     python benchmarks/rehearsal_accuracy.py --configs nf4-offload --depths 48 --name fc_oos_offload48
@@ -194,7 +196,8 @@ def report(results: dict[str, Any]) -> str:
     lines = [
         "# One forecast from any depths: the story on 4 x H100, from every set of rehearsed depths",
         "",
-        "The story profile as shipped (one epoch), rehearsed on one H200 (random weights, one rank). "
+        "The story profile at 4 rows a micro-batch and 2 a step, as it shipped when these depths ran (one "
+        "epoch), rehearsed on one H200 (random weights, one rank). "
         "Each set of two depths or more forecasts the 4 x H100 run with the rehearsal's own code. "
         "*Measuring* sets are those the forecast says can say the figure; the others are flagged by it "
         "(a bound, or the plan's per-layer term) and listed apart. Spread: the largest distance of a "

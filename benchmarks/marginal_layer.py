@@ -19,7 +19,7 @@ Reads committed H200 results (no GPU needed):
                  `results/step_speed_h200_lora.json`'s `lora-off` rows: every lever, as shipped (those
                  rows' lever was dropped and its rows with it; `--rows rope-on-4L,rope-on-8L` runs the
                  same configuration)
-The offload rows come from three calls hours apart: their differences carry the spread between calls.
+The offload rows come from four calls hours apart: their differences carry the spread between calls.
 Where a further layer's device time goes: the torch.profiler summaries of the 4- and 8-layer steps
 (`results/step_speed_h200_story_profile.json`, packed attention on in its first version, which also
 zeroed the padding's output, the expert activation in torch's kernels, no offload), each kernel's
@@ -62,7 +62,7 @@ STEP_ROWS = {  # label -> (results file, 4-layer row, 8-layer row); rows of one 
     "after (both on)": ("step_speed_h200_levers", "levers-on-4L", "levers-on-8L"),
     "both on, torch RoPE (another call)": ("step_speed_h200_rope", "rope-off-4L", "rope-off-8L"),
     "both on and fused RoPE": ("step_speed_h200_rope", "rope-on-4L", "rope-on-8L"),
-    "every lever, as shipped (a third call)": ("step_speed_h200_lora", "lora-off-4L", "lora-off-8L"),
+    "every lever, 4 rows x 2 (a third call)": ("step_speed_h200_lora", "lora-off-4L", "lora-off-8L"),
 }
 
 

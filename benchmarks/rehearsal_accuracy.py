@@ -44,6 +44,9 @@ FIT_DEPTHS = (1, 2)
 STEPS = 8
 TOLERANCE = 0.15
 EXTRA: list[str] = []  # --set: profile overrides on top of every configuration's (e.g. another micro-batch)
+# What results written before each kept its overrides ran on top of the configuration's: the story profile's
+# 4 rows a micro-batch then, and an accumulation of 2 this script forced (`ran_with`).
+EARLIER = ["training.micro_batch_size=4", "training.grad_accum=2"]
 FIGURES = (
     ("gpu_load", "GPU load GiB"),
     ("gpu_train", "GPU train GiB"),
@@ -68,17 +71,31 @@ def config_overrides(config: str, gpu: bool, ranks: int | None = None) -> list[s
     return overrides + EXTRA
 
 
-def models(config: str, profile_name: str, gpu: bool, ranks: int | None = None) -> Any:
+def ran_with(result: dict[str, Any], config: str, gpu: bool, ranks: int | None = None) -> list[str]:
+    """The overrides a result's depths ran with: as it kept them, else (written before it kept them) the
+    configuration's with the micro-batch and accumulation of then (`EARLIER`)."""
+    kept = result.get("overrides")
+    if kept is not None:
+        return list(kept)
+    return [o for o in config_overrides(config, gpu, ranks) if o not in EXTRA] + EARLIER
+
+
+def models(
+    config: str, profile_name: str, gpu: bool, ranks: int | None = None, overrides: list[str] | None = None
+) -> Any:
     """The configuration's shape terms on `ranks` ranks (else one): its prefetch window and a layer's
     copies, the knee of its gathered layers and the plan's growth a layer past it
     (`cockpit.rehearse.figures.terms_for`), from its plan's bytes and the plan's host-to-device bandwidth,
-    exactly as the rehearsal's forecast makes them."""
+    exactly as the rehearsal's forecast makes them; for the profile with `overrides` where given (what the
+    depths ran with: `ran_with`), else the configuration's now."""
     from cockpit.plan import Assumptions, build_plan
     from cockpit.profiles import load_profile
     from cockpit.rehearse.figures import terms_for
     from cockpit.rehearse.forecast import model_facts
 
-    profile, _ = load_profile(profile_name, config_overrides(config, gpu, ranks))
+    if overrides is None:
+        overrides = config_overrides(config, gpu, ranks)
+    profile, _ = load_profile(profile_name, overrides)
     plan = build_plan(profile).to_dict()
     facts = model_facts(plan)
     return terms_for(profile, plan, facts.layers, facts.layer_bytes, ranks or 1, Assumptions().h2d_gbps)
@@ -106,7 +123,8 @@ def rehearse(
     from cockpit.service.spawn import rehearsal_args
 
     name = f"accuracy-{config}" + (f"-{ranks}r" if ranks else "")
-    run_dir, profile = new_run(profile_name, config_overrides(config, gpu, ranks), runs, name)
+    overrides = config_overrides(config, gpu, ranks)
+    run_dir, profile = new_run(profile_name, overrides, runs, name)
     marks = EventWriter(RunPaths(run_dir).events("supervisor"))
     offset = 0
     for layers in depths:
@@ -128,7 +146,7 @@ def rehearse(
             break
     marks.close()
     measures = depth_measures(read_events(run_dir))
-    return {"run_dir": str(run_dir), "measures": [m.to_dict() for m in measures]}
+    return {"run_dir": str(run_dir), "overrides": overrides, "measures": [m.to_dict() for m in measures]}
 
 
 def compare(result: dict[str, Any], terms: Any = None) -> list[dict[str, Any]]:
@@ -214,16 +232,16 @@ def merged(files: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     }
 
 
-def _accumulation(profile_name: str) -> str:
-    """The depths' micro-batch and gradient accumulation (the profile's unless `--set` says)."""
+def accumulation(profile_name: str, overrides: list[str]) -> str:
+    """The micro-batch and gradient accumulation depths ran with `overrides`, against the profile's own."""
     from cockpit.profiles import load_profile
 
     own = load_profile(profile_name)[0].training
-    used = load_profile(profile_name, EXTRA)[0].training
+    used = load_profile(profile_name, overrides)[0].training
     words = f"{used.micro_batch_size} rows a micro-batch, gradient accumulation {used.grad_accum}"
     if (used.micro_batch_size, used.grad_accum) == (own.micro_batch_size, own.grad_accum):
         return words + " (the profile's own)"
-    return words + f" (--set; the profile's: {own.micro_batch_size} and {own.grad_accum})"
+    return words + f" (the profile's: {own.micro_batch_size} and {own.grad_accum})"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -278,13 +296,15 @@ def main(argv: list[str] | None = None) -> int:
         results[config] = rehearse(config, profile_name, gpu, args.runs_dir, deadline, depths)
         done = [m["layers"] for m in results[config]["measures"] if m["status"] == "ok"]
         print(f"{config}: depths {done} in {time.time() - t0:.0f} s", flush=True)
+    ran = {c: ran_with(results[c], c, gpu) for c in CONFIGS if c in results}
+    batches = sorted({accumulation(profile_name, o) for o in ran.values()})
     note = (
         f"Profile {profile_name}, random weights, {STEPS} steps a depth (median of the last {STEPS - 2}), "
-        f"{_accumulation(profile_name)}, one GPU."
+        f"{'; '.join(batches)}, one GPU."
         if gpu
         else "The tiny profile on the CPU (a smoke test of the method, not a claim)."
     )
-    terms = {c: models(c, profile_name, gpu) for c in CONFIGS if c in results}
+    terms = {c: models(c, profile_name, gpu, overrides=o) for c, o in ran.items()}
     report = table({c: results[c] for c in CONFIGS if c in results}, note, terms)
     if args.note:
         report += "\n" + args.note + "\n"

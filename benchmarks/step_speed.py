@@ -842,7 +842,7 @@ def loss_comparison(rows: list[Row]) -> list[str]:
 
 OVERHEAD_SETS = (
     ("", "4096 tokens a micro-batch, one an optimizer step"),
-    ("-story", "the story profile's step: 4 rows of 4096 tokens a micro-batch, 2 micro-batches"),
+    ("-story", "the story profile's step then: 4 rows of 4096 tokens a micro-batch, 2 micro-batches"),
 )
 
 

@@ -2,8 +2,9 @@
 
 Reads the story's rehearsal records (`benchmarks/results/forecast/records/`, `RECORDS`, made by
 `benchmarks/rehearsal_accuracy.py`: the story's architecture at 1, 2, 4, 8 and 16 layers with
-parameter and optimizer offload, the same without, random weights, one H200, the story profile
-as shipped: 4 packed rows of 4096 tokens a micro-batch, gradient accumulation 2, 3 layers prefetched) and
+parameter and optimizer offload, the same without, random weights, one H200, the story profile:
+with offload as shipped, 8 packed rows of 4096 tokens in one micro-batch a step, 3 layers prefetched;
+without, the earlier 4 rows and 2 micro-batches a step, as those depths ran) and
 predicts the whole 94-layer run on the story profile's own machine (4 x H100-80GB) with
 `cockpit.rehearse.forecast.forecast`, every assumption printed, each figure with its range. The step
 count comes from the profile's data (3,600 examples of about 2,000 tokens, one epoch, as the story ran:
@@ -31,14 +32,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 STORY = "qwen3-235b-a22b-thinking-4xh100"
-# The rehearsal records each forecast reads (results/forecast/records/), and the overrides of the profile
-# they ran: with offload, the profile as shipped (8 rows, one micro-batch a step), every lever, 1-16 layers;
-# without offload, the earlier rehearsals at 4 rows and accumulation 2 (not run again: device time), so
-# that forecast is the slower code's, at the micro-batch it ran.
-RECORDS = {
-    "offload": ([], ["offload_1-16_mb8"]),
-    "none": (["training.micro_batch_size=4", "training.grad_accum=2"], ["none_1-16"]),
-}
+# The rehearsal records each forecast reads (results/forecast/records/), and whether they ran the micro-batch
+# `forecast_consistency.RAN_AT` pins (4 rows, 2 a step): with offload, the profile as shipped (8 rows, one
+# micro-batch a step), every lever, 1-16 layers; without offload, the earlier rehearsals at 4 x 2 (not run
+# again: device time), so that forecast is the slower code's, at the micro-batch it ran.
+RECORDS = {"offload": (["offload_1-16_mb8"], False), "none": (["none_1-16"], True)}
 EVAL_TIMINGS = ROOT / "benchmarks/results/eval_speed_h200.json"
 
 
@@ -87,7 +85,7 @@ def load_split(summary: dict) -> dict | None:
 def main(argv: list[str] | None = None) -> int:
     from rich.console import Console
 
-    from benchmarks.forecast_consistency import CONFIGS, measures_of, scaling, story
+    from benchmarks.forecast_consistency import CONFIGS, RAN_AT, measures_of, scaling, story
     from cockpit.rehearse.forecast import forecast
     from cockpit.rehearse.render import render
 
@@ -100,8 +98,8 @@ def main(argv: list[str] | None = None) -> int:
     console = Console(record=True, width=150)
     summary = {}
     for config, (overrides, _, _) in CONFIGS.items():
-        ran_at, records = RECORDS[config]
-        profile, plan = story([o for o in overrides if not o.startswith("training.")] + ran_at)
+        records, at_then = RECORDS[config]
+        profile, plan = story(overrides if at_then else [o for o in overrides if o not in RAN_AT])
         by_depth = measures_of(records)
         measures = [m for d, m in sorted(by_depth.items()) if not chosen or d in chosen]
         measures, evaluation = with_eval_timings(measures)
@@ -110,6 +108,7 @@ def main(argv: list[str] | None = None) -> int:
         console.rule(
             f"{config}: the story profile, "
             + ("parameter + optimizer offload" if config == "offload" else "no offload")
+            + (" (4 rows a micro-batch, 2 a step, as those depths ran)" if at_then else "")
         )
         console.print(render(data))
         plan_step = (plan.get("run") or {}).get("optimizer_step_s")  # a micro-batch's step x accumulation

@@ -13,7 +13,7 @@ profile's tokens an optimizer step. The slice is loaded from real safetensors on
 bf16 weights in the hub's layout).
 
 **The cockpit**: `benchmarks/step_speed.py`'s row `COCKPIT_ROW` in the same call: the story profile as
-shipped (4 packed rows of 4,096 tokens a micro-batch, 2 an optimizer step, parameter and optimizer
+it shipped then (4 packed rows of 4,096 tokens a micro-batch, 2 an optimizer step; parameter and optimizer
 offload, the fused kernels), the same architecture and depth from random weights built in memory (a
 step's speed does not depend on the weights' values).
 

@@ -5,7 +5,7 @@ order of importance; a unit whose estimate exceeds what is left of `--budget-s` 
 table says so (a later, cheaper unit may still run):
 
 - `slice` (issue 13, "Two H200s"): the story's architecture sliced to 1, 2 and 4 layers, random weights,
-  NF4 experts, no offload (`rehearsal_accuracy.py`'s `nf4-none`: gradient accumulation 2, 8 steps a depth),
+  NF4 experts, no offload (`rehearsal_accuracy.py`'s `nf4-none`: the profile's micro-batch, 8 steps a depth),
   trained under ZeRO-3 across both GPUs through DeepSpeed's runner as `cockpit run` launches it, with the
   telemetry sampler (unit `slice-2`); then the deepest slice alone on GPU 0 (`CUDA_VISIBLE_DEVICES=0`,
   unit `slice-1`). Per GPU: load time, GPU peak at load and in training (the ranks' CUDA figures), NVML's
@@ -580,7 +580,7 @@ def tiny_table(results: dict[str, Any]) -> str:
 
 
 def rehearsal_table(results: dict[str, Any]) -> str:
-    from benchmarks.rehearsal_accuracy import CONFIGS, models, table
+    from benchmarks.rehearsal_accuracy import CONFIGS, accumulation, models, ran_with, table
 
     gpu = results["mode"] == "gpu"
     profile = STORY if gpu else "tiny-cpu"
@@ -590,13 +590,15 @@ def rehearsal_table(results: dict[str, Any]) -> str:
     for config in CONFIGS:
         r = unit_result(results, "slice-2" if config == SLICE_CONFIG else f"rehearsal-{config}")
         if r:
-            found[config] = {"run_dir": r["run_dir"], "measures": r["measures"]}
+            found[config] = {k: r[k] for k in ("run_dir", "overrides", "measures") if k in r}
     if not found:
         return ""
-    terms = {c: models(c, profile, gpu, ranks=2) for c in found}
+    ran = {c: ran_with(found[c], c, gpu, 2) for c in found}
+    batches = "; ".join(sorted({accumulation(profile, o) for o in ran.values()}))
+    terms = {c: models(c, profile, gpu, ranks=2, overrides=o) for c, o in ran.items()}
     note = (
         f"Profile {profile}, random weights, depths {', '.join(map(str, results['depths']))}, 8 steps a "
-        f"depth, gradient accumulation 2, {where(results['mode'], 2)} under ZeRO-3 (DeepSpeed's runner); "
+        f"depth, {batches}, {where(results['mode'], 2)} under ZeRO-3 (DeepSpeed's runner); "
         "the models fitted over depths 1 and 2 with the gathered layers and offload copies of two ranks."
     )
     return table(found, note, terms).replace("# Rehearsal accuracy", "### Rehearsal accuracy", 1)

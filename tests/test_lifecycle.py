@@ -322,7 +322,8 @@ def test_the_boot_relative_start_outweighs_the_wall_clock(run_dir: Path, blocked
     for other in (f"{boot}:{int(ticks) - 1}", f"another-boot:{ticks}"):
         now = {**moved, "supervisor_started_at": liveness.started_at(look_alike.pid)}
         assert not liveness.supervisor_alive({**now, "supervisor_boot_start": other}, run_dir), other
-    assert not liveness.supervisor_alive({**moved, "supervisor_boot_start": "not a start"}, run_dir)
+    for damaged in ("not a start", f"{boot}:\u00b2", f"{boot}:-{ticks}", 7):  # read as absent: the wall clock
+        assert not liveness.supervisor_alive({**moved, "supervisor_boot_start": damaged}, run_dir), damaged
 
 
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="the boot-relative start is read from /proc")

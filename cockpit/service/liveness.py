@@ -87,7 +87,8 @@ def _pid(value: Any) -> int | None:
 
 def supervisor_alive(manifest: dict[str, Any], run_dir: Path) -> bool:
     """The manifest's supervisor PID is a live `cockpit.service.supervisor` process for this run, started when
-    the manifest says it did (`supervisor_started_at`, where the record has one)."""
+    the manifest says it did: by `supervisor_boot_start` where the record and /proc both have one, else by
+    `supervisor_started_at` within `START_SLACK_S` (where the record has that)."""
     pid = _pid(manifest.get("supervisor_pid"))
     if pid is None:
         return False
@@ -113,7 +114,7 @@ def _parse_start(value: Any) -> tuple[str, int] | None:
     if not isinstance(value, str):
         return None
     boot, _, ticks = value.rpartition(":")
-    return (boot, int(ticks)) if boot and ticks.isdigit() else None
+    return (boot, int(ticks)) if boot and ticks.isascii() and ticks.isdigit() else None
 
 
 def _started_since(pid: int, create_time: float | None, manifest: dict[str, Any]) -> bool:

@@ -27,3 +27,23 @@ def test_merge_keeps_order_replaces_measured_and_appends_new():
     ]
     assert [r["median_step_s"] for r in merged] == [0.2, 0.3, 0.5, 0.1]
     assert all(r["status"] == "ok" for r in merged)
+
+
+def test_rehearsal_results_are_rated_at_the_micro_batch_they_ran():
+    """benchmarks/rehearsal_accuracy.py: a result keeps the overrides its depths ran with, and one written
+    before it kept them is taken at the story profile's micro-batch of then (4 rows, 2 a step), not at
+    the profile's of now; the note names each."""
+    from benchmarks import rehearsal_accuracy as ra
+    from cockpit.profiles import load_profile
+
+    story = "qwen3-235b-a22b-thinking-4xh100"
+    now = load_profile(story)[0].training
+    kept = ra.config_overrides("nf4-offload", gpu=True)
+    assert ra.ran_with({"overrides": kept}, "nf4-offload", gpu=True) == kept
+    earlier = ra.ran_with({"measures": []}, "nf4-offload", gpu=True)
+    assert earlier[: len(kept)] == kept
+    then = load_profile(story, earlier)[0].training
+    assert (then.micro_batch_size, then.grad_accum) == (4, 2) != (now.micro_batch_size, now.grad_accum)
+    words = ra.accumulation(story, earlier)
+    assert words.startswith("4 rows a micro-batch, gradient accumulation 2 (the profile's: ")
+    assert ra.accumulation(story, kept).endswith("(the profile's own)")

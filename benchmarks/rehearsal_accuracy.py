@@ -245,6 +245,8 @@ def accumulation(profile_name: str, overrides: list[str]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from cockpit.cli.arguments import add_overrides
+
     global FIT_DEPTHS
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -258,14 +260,7 @@ def main(argv: list[str] | None = None) -> int:
         "--depths", default=",".join(map(str, DEPTHS)), help="depths run; the last is predicted"
     )
     parser.add_argument("--runs-dir", type=Path, default=Path("/tmp/rehearsal-accuracy-runs"))
-    parser.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="SECTION.KEY=VALUE",
-        help="a profile override on top of each configuration's (repeatable), e.g. training.grad_accum=1",
-    )
+    add_overrides(parser)  # on top of each configuration's, e.g. --set training.grad_accum=1
     parser.add_argument(
         "--merge",
         type=Path,

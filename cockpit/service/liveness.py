@@ -102,8 +102,9 @@ def supervisor_alive(manifest: dict[str, Any], run_dir: Path) -> bool:
         return False
     if "cockpit.service.supervisor" not in cmdline or run_dir.name not in cmdline:
         return False
-    recorded, now = _parse_start(manifest.get("supervisor_boot_start")), _parse_start(boot_start(pid))
-    if recorded and now:
+    starts = _boot_starts(pid, manifest)
+    if starts:
+        recorded, now = starts
         return recorded == now  # a reboot changes the id; a reused PID, the ticks
     started = manifest.get("supervisor_started_at")
     return not _number(started) or abs(created - started) <= START_SLACK_S
@@ -117,11 +118,19 @@ def _parse_start(value: Any) -> tuple[str, int] | None:
     return (boot, int(ticks)) if boot and ticks.isascii() and ticks.isdigit() else None
 
 
+def _boot_starts(pid: int, manifest: dict[str, Any]) -> tuple[tuple[str, int], tuple[str, int]] | None:
+    """The supervisor's boot-relative start as the manifest recorded it and process `pid`'s now, each as
+    (boot id, ticks); None unless both are known."""
+    recorded, now = _parse_start(manifest.get("supervisor_boot_start")), _parse_start(boot_start(pid))
+    return (recorded, now) if recorded and now else None
+
+
 def _started_since(pid: int, create_time: float | None, manifest: dict[str, Any]) -> bool:
     """Process `pid` started no earlier than the run's supervisor: by the boot-relative starts where both
     are known (a process of another boot never did), else by the wall clock within `START_SLACK_S`."""
-    recorded, now = _parse_start(manifest.get("supervisor_boot_start")), _parse_start(boot_start(pid))
-    if recorded and now:
+    starts = _boot_starts(pid, manifest)
+    if starts:
+        recorded, now = starts
         return now[0] == recorded[0] and now[1] >= recorded[1]
     since = manifest.get("supervisor_started_at")
     return not _number(since) or (create_time or 0) >= since - START_SLACK_S

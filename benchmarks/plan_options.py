@@ -5,8 +5,9 @@ Each option is the story profile with the `--set` overrides the plan would print
 (`cockpit.plan.options.overrides_for`), rehearsed at 8 layers (random weights, one H200, `STEPS` optimizer
 steps, the median of those after the warm-up), in one record a option, bracketed as `cockpit rehearse`
 brackets a depth. The ratio is tokens/s against the configuration the options were measured from
-(param + optimizer offload, 4 rows of 4,096 tokens a micro-batch, 2 a step: `BASE`, the profile's then;
-it ships 8 rows in one micro-batch since), measured at the same depth.
+(param + optimizer offload, 4 rows of 4,096 tokens a micro-batch, 2 a step: `forecast_consistency.RAN_AT`,
+the profile's then, so that 8 rows a micro-batch stays an option; it ships 8 rows in one since),
+measured at the same depth.
 
     python benchmarks/plan_options.py --run                    # on the GPU: every option, one call
     python benchmarks/plan_options.py --run --options mb8      # one option
@@ -34,10 +35,6 @@ PROFILE = "qwen3-235b-a22b-thinking-4xh100"
 LAYERS = 8
 STEPS = 6
 ONE_GPU = ["hardware.gpus=1"]
-# The configuration the options are rated against: the story profile as it shipped when they were measured
-# (4 rows a micro-batch, 2 a step), so that "8 rows a micro-batch, accumulation 1" stays an option; the
-# profile ships that option since.
-BASE = ["training.micro_batch_size=4", "training.grad_accum=2"]
 # option key -> (the plan's row name, the overrides it prints for it, on top of the profile as written)
 OPTIONS: dict[str, tuple[str, list[str]]] = {
     "configured": ("param + optimizer offload", []),
@@ -60,11 +57,12 @@ OPTIONS: dict[str, tuple[str, list[str]]] = {
 
 def measure(key: str, runs: Path, deadline: float) -> dict[str, Any]:
     """The option's 8-layer slice: one bracketed depth in a record of its own; its DepthMeasure."""
+    from benchmarks.forecast_consistency import RAN_AT
     from benchmarks.trainer_runs import log_tail, new_run, run_depth
     from cockpit.record import EventWriter, RunPaths, read_events
     from cockpit.rehearse.measure import BEGIN, END, depth_measures
 
-    run_dir, _ = new_run(PROFILE, ONE_GPU + BASE + OPTIONS[key][1], runs, f"option-{key}")
+    run_dir, _ = new_run(PROFILE, ONE_GPU + RAN_AT + OPTIONS[key][1], runs, f"option-{key}")
     marks = EventWriter(RunPaths(run_dir).events("supervisor"))
     marks.write(BEGIN, layers=LAYERS, steps=STEPS, step_offset=0)
     code = run_depth(run_dir, LAYERS, STEPS, None, 0, max(60.0, deadline - time.time()))
@@ -77,10 +75,11 @@ def measure(key: str, runs: Path, deadline: float) -> dict[str, Any]:
 
 def plan_ratios() -> dict[str, float]:
     """The plan's tokens/s of each option's row against the configured row (`cockpit plan`'s table)."""
+    from benchmarks.forecast_consistency import RAN_AT
     from cockpit.plan import build_plan
     from cockpit.profiles import load_profile
 
-    plan = build_plan(load_profile(PROFILE, BASE)[0]).to_dict()
+    plan = build_plan(load_profile(PROFILE, RAN_AT)[0]).to_dict()
     rows = {r["label"]: r for r in plan.get("options", [])}
     base = (plan.get("configured") or {}).get("tokens_per_s")
     out = {}
@@ -117,7 +116,7 @@ def table(results: dict[str, dict[str, Any]]) -> tuple[str, list[dict[str, Any]]
     lines = [
         f"# The plan's speed options, measured on the story's {LAYERS}-layer slice (one H200)",
         "",
-        f"Profile {PROFILE} at 4 rows a micro-batch and 2 a step (`BASE`: as it shipped then) with each "
+        f"Profile {PROFILE} at 4 rows a micro-batch and 2 a step (as it shipped then) with each "
         f"option's overrides, random weights, {STEPS} optimizer steps (median after 2 warm-up steps). "
         "Ratio: tokens/s against that configuration, the same depth. The plan's ratio is for the whole "
         "model on 4 x H100 (`cockpit plan`), modelled.",

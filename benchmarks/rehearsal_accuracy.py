@@ -44,9 +44,6 @@ FIT_DEPTHS = (1, 2)
 STEPS = 8
 TOLERANCE = 0.15
 EXTRA: list[str] = []  # --set: profile overrides on top of every configuration's (e.g. another micro-batch)
-# What results written before each kept its overrides ran on top of the configuration's: the story profile's
-# 4 rows a micro-batch then, and an accumulation of 2 this script forced (`ran_with`).
-EARLIER = ["training.micro_batch_size=4", "training.grad_accum=2"]
 FIGURES = (
     ("gpu_load", "GPU load GiB"),
     ("gpu_train", "GPU train GiB"),
@@ -73,11 +70,14 @@ def config_overrides(config: str, gpu: bool, ranks: int | None = None) -> list[s
 
 def ran_with(result: dict[str, Any], config: str, gpu: bool, ranks: int | None = None) -> list[str]:
     """The overrides a result's depths ran with: as it kept them, else (written before it kept them) the
-    configuration's with the micro-batch and accumulation of then (`EARLIER`)."""
+    configuration's with the micro-batch and accumulation of then (`forecast_consistency.RAN_AT`: the story
+    profile's 4 rows a micro-batch, and the accumulation of 2 this script forced)."""
+    from benchmarks.forecast_consistency import RAN_AT
+
     kept = result.get("overrides")
     if kept is not None:
         return list(kept)
-    return [o for o in config_overrides(config, gpu, ranks) if o not in EXTRA] + EARLIER
+    return [o for o in config_overrides(config, gpu, ranks) if o not in EXTRA] + RAN_AT
 
 
 def models(

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.forecast_consistency import RAN_AT
 from cockpit.plan import build_plan
 from cockpit.plan.measured import CONFIGURED
 from cockpit.profiles import load_profile
@@ -75,7 +76,7 @@ def test_the_fastest_that_fits_is_chosen_from_measured_rows_and_a_faster_modelle
 ) -> None:
     from cockpit.rehearse.calibrate import calibrate
 
-    earlier = ["training.micro_batch_size=4", "training.grad_accum=2"]  # what those records ran
+    earlier = RAN_AT  # what those records ran
     profile, _ = load_profile(STORY, earlier)
     plan = build_plan(profile)
     runs = [

@@ -5,7 +5,8 @@ rehearsed at 1, 2 and 4 layers, or the depths `--depths` names (random weights, 
 settings, `cockpit.rehearse`'s depth brackets in the record). The models fitted over depths 1 and 2
 (`cockpit.rehearse.figures.fit_all`, as the rehearsal's forecast fits them) are read at the deepest
 depth and set beside what it measured: GPU peak at load and in training, host RSS at load and in
-training, median step time. The deepest depth's figures are out of sample: they took no part in the fit.
+training, median step time, and a validation forward (timed after each depth's steps; results from before
+it have none). The deepest depth's figures are out of sample: they took no part in the fit.
 
     python benchmarks/rehearsal_accuracy.py                     # on the GPU
     python benchmarks/rehearsal_accuracy.py --configs nf4-none  # one configuration
@@ -50,6 +51,7 @@ FIGURES = (
     ("rss_load", "RSS load GiB"),
     ("rss_train", "RSS train GiB"),
     ("step_s", "step s"),
+    ("validation_s", "validation fwd s"),
 )
 
 
@@ -164,7 +166,7 @@ def compare(result: dict[str, Any], terms: Any = None) -> list[dict[str, Any]]:
     for key, label in FIGURES:
 
         def value(m: DepthMeasure, key: str = key) -> float | None:
-            return m.step_s if key == "step_s" else m.peak(key)
+            return getattr(m, key) if key in ("step_s", "validation_s") else m.peak(key)
 
         model = fits.get(key)
         measured = value(by_depth[check]) if check else None

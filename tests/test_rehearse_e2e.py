@@ -46,6 +46,10 @@ def test_rehearsal_measures_each_depth_and_predicts_the_run(tmp_path: Path, asse
     assert data["evaluation"]["measured"] and data["wall"]["eval_s"] == data["evaluation"]["total_s"] > 0
     assert "evaluation" in data["summary"] and data["serving"]["batch_tokens_per_s"] > 0
     assert [(d["layers"], d["status"]) for d in data["depths"]] == [(1, "ok"), (2, "ok")]
+    # a validation pass's forwards timed after each depth's steps and fitted (the tiny profile's sample
+    # size is unknown to the forecast, so its wall counts no validation: tests/test_rehearse_predict.py)
+    assert all(d["validation_s"] > 0 for d in data["depths"]) and data["measured"]["validation_s"]
+    assert data["target"]["validation_s"] > 0
     assert data["layers"] == 4  # the tiny model's full depth, predicted from depths 1 and 2
     assert data["target"]["step_s"] > 0 and data["target"]["tokens_per_s"] > 0
     assert data["wall"]["steps"] > 0 and data["wall"]["total_s"] > 0
@@ -54,9 +58,9 @@ def test_rehearsal_measures_each_depth_and_predicts_the_run(tmp_path: Path, asse
     (run_dir,) = runs.iterdir()
     manifest = load_manifest(run_dir)
     assert manifest["mode"] == "rehearse" and manifest["status"] == "finished"
-    marks = {"rehearse_begin", "rehearse_eval", "rehearse_end", "rehearsal"}
+    marks = {"rehearse_begin", "rehearse_validation", "rehearse_eval", "rehearse_end", "rehearsal"}
     kinds = [e["kind"] for e in read_events(run_dir) if e["kind"] in marks]
-    depth = ["rehearse_begin", "rehearse_eval", "rehearse_end"]
+    depth = ["rehearse_begin", "rehearse_validation", "rehearse_eval", "rehearse_end"]
     assert kinds == [*depth, *depth, "rehearsal"]
     assert json.loads((run_dir / "rehearsal.json").read_text())["summary"] == data["summary"]
 

@@ -326,6 +326,44 @@ def test_the_wall_clock_counts_the_validation_passes() -> None:
     assert none["total_s"] == pytest.approx(w["total_s"] - w["validation_s"])
 
 
+def _validated(events: list[dict], layers: int) -> list[dict]:
+    """A depth's events with its validation forwards timed before its end: 0.04 + 0.02 L s a forward."""
+    timed = {"t": events[-1]["t"], "kind": "rehearse_validation", "rank": 0, "layers": layers, "forwards": 3}
+    return [*events[:-1], {**timed, "forward_s": 0.04 + 0.02 * layers, "first_s": 1.0}, events[-1]]
+
+
+def test_rehearsed_validation_forwards_set_the_validation_passes() -> None:
+    """Where the depths timed a validation forward, its line at full depth, scaled as the step is, sets
+    each pass (the forwards a rank runs): not a share of the step. Older records keep the share."""
+    from cockpit.plan.run_length import data_size, run_steps
+    from cockpit.plan.validation_time import validation_time
+    from cockpit.rehearse.render import depths_table
+
+    assumed = ["data.examples=2000", "data.mean_tokens=150", "validation.eval_steps=20"]
+    profile, _ = load_profile("tiny-cpu", ['deepspeed.offload_param="none"', *assumed])
+    events = _validated(_depth_events(0, 1, 6, 0), 1) + _validated(_depth_events(100, 2, 6, 6), 2)
+    measures = depth_measures(events)
+    assert [m.validation_s for m in measures] == pytest.approx([0.06, 0.08])
+    assert DepthMeasure.from_dict(measures[1].to_dict()) == measures[1]
+    f = forecast(measures, profile, _plan(10), _scaling(4))
+    assert f.measured("validation_s") and f.here["validation_s"] == pytest.approx(0.04 + 0.02 * 10)
+    forward = f.here["validation_s"] * f.target["step_s"] / f.here["step_s"]
+    assert f.target["validation_s"] == pytest.approx(forward)
+    steps, _ = run_steps(profile, data_size(profile), 4)
+    shared = validation_time(profile, steps, 4, f.target["step_s"] / profile.training.grad_accum)
+    assert shared is not None and shared.rounds >= 1
+    assert f.wall["validation_s"] == pytest.approx(shared.passes * shared.rounds * forward)
+    assert f.wall["validation_s"] != pytest.approx(shared.total_s)
+    assert any(n.startswith("validation loss (rehearsed): ") for n in f.notes)
+    planned = {**_plan(10), "run": {"validation": {"pass_s": 1.2, "rounds": 3}}}  # the plan's: 0.4 s each
+    assert forecast(measures, profile, planned, _scaling(4)).plan["validation_s"] == pytest.approx(0.4)
+    cells = [list(c.cells) for c in depths_table(f.to_dict()).columns if c.header == "validation fwd s"]
+    assert cells == [["0.060", "0.080"]]
+    old = forecast(depth_measures(_depth_events(0, 1, 6, 0) + _depth_events(100, 2, 6, 6)), profile,
+                   _plan(10), _scaling(4))  # fmt: skip
+    assert old.target["validation_s"] is None and old.wall["validation_s"] == pytest.approx(shared.total_s)
+
+
 def test_what_the_measured_ranks_gathered_is_fitted_out_and_the_targets_added() -> None:
     """One rank without offload holds every layer whole and gathers none; four ranks gather the computing
     layer and the one prefetched behind it. The fit takes the depths as measured; the target gives back

@@ -13,6 +13,7 @@ from trainer.validation import (
     EarlyStopping,
     group_sums,
     tenant_losses,
+    time_forwards,
     validation_batches,
 )
 
@@ -93,6 +94,31 @@ def test_ranks_share_the_batches_and_their_sums_add_up() -> None:
     whole = group_sums(model, batches, 3, torch.device("cpu"), True)
     shared = sum(group_sums(model, batches, 3, torch.device("cpu"), True, rank=r, world=2) for r in range(2))
     torch.testing.assert_close(shared, whole)
+
+
+def test_validation_forwards_are_timed_a_round_at_a_time_the_first_apart() -> None:
+    """A rehearsal times a validation pass's forwards: each round one micro-batch a rank, the first round
+    (the warm-up) apart from the median of the rest; its shape is the rank's micro-batch, padding left
+    out; fewer than two rounds time nothing."""
+    model = _model()
+    use_chunked_loss(model)
+    seen: list[tuple[int, ...]] = []
+    model.register_forward_pre_hook(lambda _, args, kwargs: seen.append(tuple(kwargs["input_ids"].shape)),
+                                    with_kwargs=True)  # fmt: skip
+    rows, groups = _examples(30)
+    batches = validation_batches(rows, groups, seq_len=40, micro_batch=2, collator=PackedCollator(0))
+    assert len(batches) >= 5
+    for world, rank in ((1, 0), (2, 1)):
+        seen.clear()
+        timed = time_forwards(model, batches[:5], torch.device("cpu"), True, rank=rank, world=world)
+        rounds = 5 // world
+        assert timed is not None and timed["forwards"] == rounds - 1
+        assert seen == [tuple(b["input_ids"].shape) for b in batches[rank : rounds * world : world]]
+        mine = batches[rank]
+        assert timed["rows"] == mine["input_ids"].shape[0] == 2
+        assert timed["tokens"] == int((mine["loss_groups"] >= 0).sum()) < mine["input_ids"].numel()
+        assert timed["first_s"] > 0 and timed["forward_s"] > 0 and model.training
+    assert time_forwards(model, batches[:3], torch.device("cpu"), True, rank=0, world=2) is None
 
 
 def test_early_stopping_waits_for_patience_and_min_delta() -> None:

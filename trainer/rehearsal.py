@@ -3,9 +3,11 @@ weights, for a few steps and one timed checkpoint, so that `cockpit rehearse` me
 and a save cost before the real run (`cockpit.rehearse`).
 
 It is `trainer.recipe.Recipe` with the hooks that differ overridden: the steps, where the model's config
-comes from, a tokenizer and data that may be missing (random tokens then), no validation and no adapter.
-Where its depth asks (`Depth.eval_tokens`), the evaluation is then timed on the same slice
-(`trainer.eval_timing`: a `rehearse_eval` event); a depth of no steps times only that.
+comes from, a tokenizer and data that may be missing (random tokens then), no validation during the steps
+and no adapter. After the steps, a validation pass's forwards are timed on the trained slice
+(`trainer.validation.time_forwards`: a `rehearse_validation` event), and where its depth asks
+(`Depth.eval_tokens`), the evaluation on the same slice (`trainer.eval_timing`: a `rehearse_eval` event);
+a depth of no steps times only the evaluation.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from trainer.recipe import Recipe
+
+VALIDATION_ROUNDS = 3  # forwards a rank timed after its first (which warms the path up, timed apart)
 
 
 @dataclass(frozen=True)
@@ -42,6 +46,7 @@ class Rehearsal(Recipe):
         self.random_layers = depth.layers
         self.step_offset = depth.step_offset
         self.prompt_tokens: float | None = None  # the training rows' mean prompt (evaluation's prompts)
+        self.examples: list[dict[str, list[int]]] = []  # the training examples, unpacked (validation's)
 
     def setup(self) -> None:
         """The recipe's setup, unless the depth only times the evaluation."""
@@ -97,6 +102,7 @@ class Rehearsal(Recipe):
             count *= 2
         rows = synthetic_rows(vocab, count, mean, t.seq_len, seed=t.seed, spread=spread)
         self.prompt_tokens = prompt_tokens(rows)
+        self.examples = rows
         return rows, f"random tokens, {mean} a mean example" + (" (±50%)" if spread else "")
 
     def prepare_data(self, tokenizer: Any, data_file: Path, args: Any) -> Any:
@@ -105,17 +111,49 @@ class Rehearsal(Recipe):
 
         prepared = super().prepare_data(tokenizer, data_file, args)
         self.prompt_tokens = prompt_tokens(prepared.train.rows)
+        self.examples = prepared.train.rows
         return prepared
 
     def validation_examples(self) -> int:
-        """None: a rehearsal measures training steps."""
+        """None: a rehearsal measures training steps (a validation pass's forwards are timed after them)."""
         return 0
 
     def save_checkpoint(self) -> None:
         """No adapter: random weights teach nothing (the checkpoint at the last step was timed). Instead,
-        where the depth asks, the evaluation is timed on the slice."""
+        a validation pass's forwards are timed, then, where the depth asks, the evaluation on the slice."""
+        self.time_validation()
         if self.depth.eval_tokens:
             self.time_evaluation()
+
+    def time_validation(self) -> None:
+        """A validation pass's forwards on the slice as it trained (ZeRO-3, offload and the chunked head as
+        the run's validation has them), over micro-batches packed from the training examples as the real
+        validation packs its sample (`trainer.validation.time_forwards`): a `rehearse_validation` event."""
+        from trainer.validation import time_forwards, validation_batches
+
+        t = self.profile.training
+        world = max(1, self.trainer.args.world_size)
+        wanted = world * (1 + VALIDATION_ROUNDS) * t.micro_batch_size * t.seq_len  # tokens to fill them
+        rows, tokens = [], 0
+        for row in self.examples:
+            if tokens >= wanted:
+                break
+            rows.append(row)
+            tokens += len(row["input_ids"])
+        if not rows:
+            return
+        collator = self.validation_collator(self.trainer.processing_class)
+        batches = validation_batches(rows, [0] * len(rows), t.seq_len, t.micro_batch_size, collator)
+        timed = time_forwards(
+            self.trainer.model_wrapped,
+            batches[: world * (1 + VALIDATION_ROUNDS)],
+            self.trainer.args.device,
+            bool(self._load_facts.get("chunked_loss")),
+            self.trainer.args.process_index,
+            world,
+        )
+        if self.rank == 0 and timed is not None:
+            self.events.write("rehearse_validation", layers=self.depth.layers, **timed)
 
     def time_evaluation(self) -> None:
         """Training's memory freed on every rank, then rank 0 loads the slice as evaluation loads it (over

@@ -12,6 +12,7 @@ the plain mean over tenants (each counts alike), and that is what early stopping
 from __future__ import annotations
 
 import math
+import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -125,6 +126,41 @@ def group_sums(
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         torch.distributed.all_reduce(totals)
     return totals
+
+
+def time_forwards(
+    model: Any,
+    batches: Sequence[dict[str, Any]],
+    device: torch.device,
+    chunked: bool,
+    rank: int = 0,
+    world: int = 1,
+) -> dict[str, Any] | None:
+    """A validation pass's forwards timed one round at a time (each rank one micro-batch of `batches`,
+    then the all-reduce that ends a pass, then the summed totals read back: the device is done): the
+    first round apart (`first_s`: the path warms up), the median of the others (`forward_s`), their
+    spread, and the shape of a micro-batch (rows, tokens other than padding). None with fewer than two
+    rounds of batches."""
+    rounds = len(batches) // max(1, world)
+    if rounds < 2:
+        return None
+    groups = 1 + max(int(b["loss_groups"].max()) for b in batches)
+    seconds = []
+    for i in range(rounds):
+        chunk = batches[i * world : (i + 1) * world]
+        t0 = time.perf_counter()
+        group_sums(model, chunk, max(1, groups), device, chunked, rank, world).tolist()
+        seconds.append(time.perf_counter() - t0)
+    timed = seconds[1:]
+    shape = batches[rank % len(batches)]
+    return {
+        "first_s": round(seconds[0], 4),
+        "forward_s": round(statistics.median(timed), 4),
+        "forward_sd_s": round(statistics.stdev(timed), 4) if len(timed) > 1 else None,
+        "forwards": len(timed),
+        "rows": int(shape["input_ids"].shape[0]),
+        "tokens": int((shape["loss_groups"] >= 0).sum()),
+    }
 
 
 def tenant_losses(totals: torch.Tensor, tenants: Sequence[str]) -> dict[str, float]:

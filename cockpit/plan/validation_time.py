@@ -114,11 +114,16 @@ def validation_size(profile: Any, size: DataSize | None = None) -> DataSize | No
 
 
 def validation_time(
-    profile: Any, steps: int, ranks: int, micro_step_s: float | None, size: DataSize | None = None
+    profile: Any,
+    steps: int,
+    ranks: int,
+    micro_step_s: float | None,
+    size: DataSize | None = None,
+    forward_s: float | None = None,
 ) -> ValidationTime | None:
-    """The validation passes of a run of `steps` steps on `ranks` ranks, each micro-batch's forward a
-    share of `micro_step_s` (a training micro-batch's step); None when the run does not validate or the
-    sample's size is unknown."""
+    """The validation passes of a run of `steps` steps on `ranks` ranks, each micro-batch's forward
+    `forward_s` where a rehearsal timed it, else a share of `micro_step_s` (a training micro-batch's
+    step); None when the run does not validate or the sample's size is unknown."""
     t, v = profile.training, profile.validation
     passes = validation_passes(steps, v.eval_steps)
     sample = validation_size(profile, size) if passes else None
@@ -129,8 +134,13 @@ def validation_time(
     rows = math.ceil(sample.tokens / (t.seq_len * fill))
     micro_batches = math.ceil(rows / t.micro_batch_size)
     rounds = math.ceil(micro_batches / max(1, ranks))
-    share, why = forward_share(profile)
-    pass_s = rounds * micro_step_s * share if micro_step_s else None
+    if forward_s:
+        share = forward_s / micro_step_s if micro_step_s else 0.0
+        why = f"rehearsed: {forward_s:.2f} s a forward, timed on the slices and scaled"
+        pass_s: float | None = rounds * forward_s
+    else:
+        share, why = forward_share(profile)
+        pass_s = rounds * micro_step_s * share if micro_step_s else None
     return ValidationTime(
         passes=passes,
         examples=sample.examples,

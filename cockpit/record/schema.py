@@ -123,11 +123,11 @@ HEADER: Fields = {"t": Required(TIME), "kind": Required(TEXT), "rank": INT}
 # The step event's fields by name: the writer (`trainer/callbacks.py`), the columns (`record.scalars`), the
 # importers (`cockpit.importers.model`) and the folds (`record.view`, `record.series`) name them through
 # these, never spelled again.
-# A thinking batch timed on a rehearsal's slice (`trainer.eval_timing`): these figures, at evaluation's batch
-# (no prefix), one prompt (`single_`), the largest batch (`large_`) and the batch with its decode steps
-# launched one by one (`eager_`).
+# A thinking batch timed on a rehearsal's slice (`trainer.eval_timing`): these figures at evaluation's batch,
+# one prompt (`single_`), the largest batch (`large_`) and each decode step launched alone (`eager_`).
 THINKING_TIMED = ("prefill_s", "prefill_sd_s", "decode_step_s", "decode_step_sd_s", "first_s", "think_s")
 THINKING_PREFIXES = ("", "single_", "large_", "eager_")
+FORWARDS_TIMED = dict.fromkeys(("first_s", "forward_s", "forward_sd_s"), NUMBER)  # validation's, rehearsed
 REHEARSE_EVAL = {
     "layers": INT, "load_s": NUMBER, "gpus": INT, "device": TEXT, "batch": INT, "prompt_tokens": INT,
     "new_tokens": INT, "think_tokens": INT, "repeats": INT, "large_batch": INT, "large_new_tokens": INT,
@@ -359,6 +359,7 @@ EVENTS: dict[str, Fields] = {
     "rehearse_end": {"layers": INT, "status": TEXT, "message": TEXT, "exit_code": INT},
     "rehearsal": {"path": TEXT, "summary": TEXT},
     "rehearse_eval": REHEARSE_EVAL,
+    "rehearse_validation": {**dict.fromkeys(("layers", "forwards", "rows", "tokens"), INT), **FORWARDS_TIMED},
     "telemetry_start": {
         "pid": INT,
         "root_pid": INT,

@@ -186,6 +186,26 @@ def _step_target(fit: Fit, facts: ModelFacts, profile: Any, s: Scaling) -> tuple
     return value, (max(0.0, min(ends) - band), max(ends) + band)
 
 
+def _validation_target(
+    here: dict[str, float | None],
+    here_range: dict[str, Range],
+    target: dict[str, float | None],
+    target_range: dict[str, Range],
+) -> None:
+    """A validation forward on the target: the one measured here at full depth, scaled as the optimizer
+    step is (a forward is the step's forward, on the same layers, copies and gathers); none where the
+    depths timed none (records before the `rehearse_validation` event) or the step is unknown."""
+    forward, step, there = here.get("validation_s"), here.get("step_s"), target.get("step_s")
+    target["validation_s"] = None
+    target_range.pop("validation_s", None)
+    if forward is None or not step or there is None:
+        return
+    ratio = there / step
+    target["validation_s"] = forward * ratio
+    lo, hi = here_range.get("validation_s", (forward, forward))
+    target_range["validation_s"] = (lo * ratio, hi * ratio)
+
+
 def _shift(r: Range | None, delta: float) -> Range | None:
     return None if r is None else (r[0] + delta, r[1] + delta)
 
@@ -263,6 +283,7 @@ def forecast(
                 f"scaled (copy {terms.copy_s:.3f} s a layer an optimizer step here), an upper bound where "
                 "the copy sets it"
             )
+    _validation_target(here, here_range, target, target_range)
     tokens_step = statistics_tokens(done)
     step = here.get("step_s")
     here["tokens_per_s"] = tokens_step / step if tokens_step and step else None
@@ -328,10 +349,13 @@ def _wall(
     save_r = ((saves + 1) * save_lo, (saves + 1) * save_hi)
     eval_s = evaluation.total_s
     micro_step = step / profile.training.grad_accum if step else None
-    validation = validation_time(profile, steps, nt, micro_step, size)
+    forward = target.get("validation_s")
+    validation = validation_time(profile, steps, nt, micro_step, size, forward)
     validation_s = validation.total_s if validation is not None and validation.total_s is not None else 0.0
-    scale = (lambda x: validation_s * x / step) if step else (lambda x: validation_s)
-    validation_r = (scale(step_lo), scale(step_hi))
+    if forward:  # rehearsed: the forward's own range
+        validation_r = tuple(validation_s * x / forward for x in target_range["validation_s"])
+    else:  # modelled as a share of the step: the step's range
+        validation_r = tuple(validation_s * x / step if step else validation_s for x in (step_lo, step_hi))
     wall: dict[str, float | None] = {
         "load_s": load,
         "start_s": start,
@@ -364,7 +388,7 @@ def _wall(
             wall["total_cached_s"] = total - load + cached
             wall_range["total_cached_s"] = (lo - load_r[0] + cached_r[0], hi - load_r[1] + cached_r[1])
     if validation is not None:
-        notes.append(f"validation loss (not rehearsed): {validation.words()}")
+        notes.append(f"validation loss ({'rehearsed' if forward else 'not rehearsed'}): {validation.words()}")
     elif profile.validation.eval_steps:
         notes.append("validation loss not counted: the validation sample's size is unknown here")
     notes.append(evaluation.how)
@@ -418,7 +442,14 @@ def plan_figures(plan: dict[str, Any]) -> dict[str, float | None]:
         # The plan's step is a micro-batch's; the forecast's an optimizer step's.
         "step_s": (plan.get("run") or {}).get("optimizer_step_s") or c.get("step_s"),
         "tokens_per_s": c.get("tokens_per_s"),
+        "validation_s": _plan_forward(((plan.get("run") or {}).get("validation")) or {}),
     }
+
+
+def _plan_forward(validation: dict[str, Any]) -> float | None:
+    """The plan's validation forward of a micro-batch: its pass over the forwards a rank runs."""
+    pass_s, rounds = validation.get("pass_s"), validation.get("rounds")
+    return pass_s / rounds if pass_s and rounds else None
 
 
 LABELS = {
@@ -429,6 +460,7 @@ LABELS = {
     "host_gib": "host RAM, GiB all ranks",
     "step_s": "optimizer step, s",
     "tokens_per_s": "tokens/s, all GPUs",
+    "validation_s": "validation forward, s a micro-batch",
 }
 
 

@@ -4,8 +4,9 @@ The supervisor brackets every depth with `rehearse_begin` / `rehearse_end` event
 trainer ranks wrote `loaded`, `load_peak`, `step` and `checkpoint` events as in any run. Per depth and
 per rank: GPU peak and host RSS at load (the `load_peak` event, written once the DeepSpeed engine exists)
 and in training (the largest of the step events), the load time, the median step time after the
-warm-up steps, the tokens a step and the time to save a checkpoint; and where the depth timed it, the
-evaluation on its slice (the `rehearse_eval` event: a scoring forward, thinking batches).
+warm-up steps, the tokens a step and the time to save a checkpoint; a validation forward of a micro-batch
+after the steps (the `rehearse_validation` event; records before it have none); and where the depth timed
+it, the evaluation on its slice (the `rehearse_eval` event: a scoring forward, thinking batches).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ DEFAULT_STEPS = 6  # optimizer steps a depth: WARMUP_STEPS, then the timed ones
 # --eval-tokens`): enough to time a decode step, which is what the forecast reads.
 DEFAULT_EVAL_TOKENS = 32
 EVAL = "rehearse_eval"  # the trainer's event of evaluation timed on a depth's slice (`trainer.eval_timing`)
+VALIDATION = "rehearse_validation"  # the trainer's event of validation forwards timed after a depth's steps
 MIB_PER_GIB = 1024.0
 
 
@@ -45,6 +47,7 @@ class DepthMeasure:
     start_s: float | None = None  # start to first step, less the load (imports, data, engine)
     tokens_per_step: float | None = None
     save_s: float | None = None
+    validation_s: float | None = None  # a validation forward of a micro-batch, a rank (its VALIDATION event)
     data: dict[str, Any] = field(default_factory=dict)
     message: str = ""
     eval: dict[str, Any] = field(default_factory=dict)  # evaluation timed on the slice (its EVAL event)
@@ -95,7 +98,7 @@ def _measure(
     gpu_train: dict[int, float] = {}
     rss_train: dict[int, float] = {}
     steps: list[dict[str, Any]] = []
-    load_s = save_s = None
+    load_s = save_s = validation_s = None
     data: dict[str, Any] = {}
     timing: dict[str, Any] = {}
     ranks = 1
@@ -126,6 +129,8 @@ def _measure(
             load_s = e.get("load_s")
         elif kind == "checkpoint" and rank == 0:
             save_s = e.get("save_s")
+        elif kind == VALIDATION and rank == 0:
+            validation_s = e.get("forward_s")
         elif kind == EVAL and rank == 0:
             timing = {k: v for k, v in e.items() if k not in ("t", "kind", "rank")}
         elif kind == "data" and rank == 0:
@@ -153,6 +158,7 @@ def _measure(
         start_s=start_s,
         tokens_per_step=statistics.median(s["tokens"] for s in timed if s.get("tokens")) if timed else None,
         save_s=save_s,
+        validation_s=validation_s,
         data=data,
         message=message,
         eval=timing,

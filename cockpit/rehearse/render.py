@@ -28,7 +28,8 @@ def _num(value: Any, fmt: str = ".3g") -> str:
 def depths_table(data: dict[str, Any]) -> Table:
     """What each depth measured (GiB per rank, the largest rank; seconds)."""
     table = Table(title="measured (random weights, the profile's settings)", header_style="bold")
-    for col in ("layers", "status", *(label + " GiB" for _, label in MEMORY), "step s", "load s", "save s"):
+    columns = ("step s", "validation fwd s", "load s", "save s")
+    for col in ("layers", "status", *(label + " GiB" for _, label in MEMORY), *columns):
         table.add_column(col, justify="right" if col != "status" else "left")
     for d in data.get("depths", []):
         peaks = [max(d[f"{key}_gib"].values()) if d.get(f"{key}_gib") else None for key, _ in MEMORY]
@@ -37,6 +38,7 @@ def depths_table(data: dict[str, Any]) -> Table:
             escape(d["status"]),
             *(_num(p, ".2f") for p in peaks),
             _num(d.get("step_s"), ".3f"),
+            _num(d.get("validation_s"), ".3f"),
             _num(d.get("load_s"), ".1f"),
             _num(d.get("save_s"), ".1f"),
         )

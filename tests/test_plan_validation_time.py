@@ -12,6 +12,7 @@ from cockpit.plan.validation_time import (
     FORWARD_SHARE_CHECKPOINTED,
     FORWARD_SHARE_PLAIN,
     forward_share,
+    modelled_forward,
     validation_passes,
     validation_size,
     validation_time,
@@ -39,6 +40,25 @@ def test_a_validation_at_the_start_every_eval_steps_and_at_the_last() -> None:
 def test_a_forward_is_a_third_of_a_checkpointed_step_or_its_copies_share(settings, share) -> None:
     profile, _ = load_profile("tiny-cpu", settings)
     assert forward_share(profile)[0] == pytest.approx(max(share, FORWARD_SHARE_CHECKPOINTED))
+
+
+def test_the_plans_forward_is_a_share_of_compute_and_one_fetch_of_the_exposed_transfers() -> None:
+    """A forward does a third of a checkpointed step's compute (half without checkpointing) and one of the
+    step's layer fetches: half of what the step spends beyond its compute; a compute-bound step adds
+    nothing. The story's plan costs its validation passes so."""
+    from cockpit.plan import build_plan
+
+    profile, _ = load_profile(STORY)
+    assert modelled_forward(profile, 9.0, 9.0)[0] == pytest.approx(3.0)
+    seconds, why = modelled_forward(profile, 9.0, 10.0)
+    assert seconds == pytest.approx(3.0 + 1.0 / ZERO3_LAYER_FETCHES) and "exposed transfers" in why
+    plain, _ = load_profile(STORY, ["training.gradient_checkpointing=false"])
+    assert modelled_forward(plain, 9.0, 9.0)[0] == pytest.approx(4.5)
+    plan = build_plan(profile)
+    c, v = plan.configured, plan.run.validation
+    assert c.step_s > c.compute_s > 0 and v is not None
+    forward = modelled_forward(profile, c.compute_s, c.step_s)[0]
+    assert v.pass_s == pytest.approx(v.rounds * forward) and v.forward_share < 1 / ZERO3_LAYER_FETCHES
 
 
 def _write_data(path, per_tenant: dict[str, int], split: str) -> list[str]:

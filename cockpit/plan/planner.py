@@ -314,13 +314,16 @@ def run_length(profile: Profile, hw: Hardware, configured: Estimate, inputs: Inp
     (`cockpit.plan.eval_time`)."""
     from cockpit.plan.eval_time import eval_time
     from cockpit.plan.run_length import data_size, run_steps
-    from cockpit.plan.validation_time import validation_time
+    from cockpit.plan.validation_time import modelled_forward, validation_time
 
     size = data_size(profile)
     steps, how = run_steps(profile, size, hw.ranks)
     accum = profile.training.grad_accum
     step = configured.step_s * accum if configured.step_s else None
-    validation = validation_time(profile, steps, hw.ranks, configured.step_s, size)
+    forward = None
+    if configured.compute_s is not None and configured.step_s:
+        forward = modelled_forward(profile, configured.compute_s, configured.step_s)
+    validation = validation_time(profile, steps, hw.ranks, configured.step_s, size, forward)
     evaluation = eval_time(profile, inputs, hw, size)
     train = steps * step if step and steps else None
     return RunLength(steps, how, accum, step, train, validation, evaluation)

@@ -4,15 +4,20 @@ the rehearsal's forecast.
 The trainer computes the validation loss at the first step, every `validation.eval_steps` optimizer
 steps and at the last: a pass is a forward (no backward, no generation) over the validation sample, its
 examples packed into rows of `training.seq_len` and collated `training.micro_batch_size` rows at a time,
-the micro-batches shared by the ranks. A micro-batch's forward is costed as a share of a training
-micro-batch's step of the same shape:
+the micro-batches shared by the ranks. A micro-batch's forward is timed by a rehearsal where one ran
+(`cockpit.rehearse`: the forwards timed on its slices); the plan models it from a training micro-batch's
+step of the same shape (`modelled_forward`):
 
 - compute: a training step does the forward, again the forward under gradient checkpointing (the
   recompute), and the backward of the inputs (frozen weights have no weight gradient; LoRA's are small),
-  so a forward is about 1/3 of it, 1/2 without gradient checkpointing;
-- with parameter offload the step follows its host-to-device copies: ZeRO-3 gathers a layer
-  `ZERO3_LAYER_FETCHES` times a training micro-batch (`cockpit.contract`) and once a forward, so the
-  share is at least 1 / `ZERO3_LAYER_FETCHES`.
+  so a forward is about 1/3 of the step's compute, 1/2 without gradient checkpointing;
+- transfers: ZeRO-3 gathers a layer `ZERO3_LAYER_FETCHES` times a training micro-batch
+  (`cockpit.contract`) and once a forward, so a forward pays 1 / `ZERO3_LAYER_FETCHES` of what the step
+  spends beyond its compute (the copies and gathers not hidden under it).
+
+Without the step's parts (a record from before the rehearsal timed forwards), a forward is a share of
+the whole step (`forward_share`): the compute share, and with parameter offload at least
+1 / `ZERO3_LAYER_FETCHES` (a step set by its copies).
 
 Early stopping can end a run before its last pass; the count here is the run to its end. The sample's
 size comes from the data file when it is here (the trainer's own choice of examples), else from the
@@ -61,6 +66,18 @@ class ValidationTime:
             f"{self.micro_batches} micro-batch(es), {self.rounds} forward(s) a rank{each}) x "
             f"{self.forward_share:.2f} of a micro-batch step ({self.share_how}){cost}; sample: {self.how}"
         )
+
+
+def modelled_forward(profile: Any, compute_s: float, step_s: float) -> tuple[float, str]:
+    """A validation forward of a micro-batch from a training micro-batch's compute and whole step: the
+    forward's share of the compute, and one of the step's layer fetches of what it spends beyond its
+    compute; and why."""
+    share = FORWARD_SHARE_CHECKPOINTED if profile.training.gradient_checkpointing else FORWARD_SHARE_PLAIN
+    beyond = max(0.0, step_s - compute_s)
+    why = f"modelled: {share:.2f} of the step's compute"
+    if beyond > 0:
+        why += f" + 1/{ZERO3_LAYER_FETCHES} of its {beyond:.2f} s of exposed transfers"
+    return share * compute_s + beyond / ZERO3_LAYER_FETCHES, why
 
 
 def validation_passes(steps: int, eval_steps: int) -> int:
@@ -119,11 +136,12 @@ def validation_time(
     ranks: int,
     micro_step_s: float | None,
     size: DataSize | None = None,
-    forward_s: float | None = None,
+    forward: tuple[float, str] | None = None,
 ) -> ValidationTime | None:
     """The validation passes of a run of `steps` steps on `ranks` ranks, each micro-batch's forward
-    `forward_s` where a rehearsal timed it, else a share of `micro_step_s` (a training micro-batch's
-    step); None when the run does not validate or the sample's size is unknown."""
+    `forward` (its seconds and how they were found: timed by a rehearsal, or `modelled_forward`), else a
+    share of `micro_step_s` (a training micro-batch's step); None when the run does not validate or the
+    sample's size is unknown."""
     t, v = profile.training, profile.validation
     passes = validation_passes(steps, v.eval_steps)
     sample = validation_size(profile, size) if passes else None
@@ -134,9 +152,9 @@ def validation_time(
     rows = math.ceil(sample.tokens / (t.seq_len * fill))
     micro_batches = math.ceil(rows / t.micro_batch_size)
     rounds = math.ceil(micro_batches / max(1, ranks))
-    if forward_s:
+    if forward is not None:
+        forward_s, why = forward
         share = forward_s / micro_step_s if micro_step_s else 0.0
-        why = f"rehearsed: {forward_s:.2f} s a forward, timed on the slices and scaled"
         pass_s: float | None = rounds * forward_s
     else:
         share, why = forward_share(profile)

@@ -350,7 +350,10 @@ def _wall(
     eval_s = evaluation.total_s
     micro_step = step / profile.training.grad_accum if step else None
     forward = target.get("validation_s")
-    validation = validation_time(profile, steps, nt, micro_step, size, forward)
+    timed = None
+    if forward:
+        timed = (forward, f"rehearsed: {forward:.2f} s a forward, timed on the slices and scaled")
+    validation = validation_time(profile, steps, nt, micro_step, size, timed)
     validation_s = validation.total_s if validation is not None and validation.total_s is not None else 0.0
     if forward:  # rehearsed: the forward's own range
         validation_r = tuple(validation_s * x / forward for x in target_range["validation_s"])

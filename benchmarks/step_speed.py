@@ -65,6 +65,7 @@ NO_FAST_ROUTING = (("COCKPIT_FAST_ROUTING", "0"),)
 PER_DOCUMENT = (("COCKPIT_VARLEN_KERNEL", "0"),)  # attention one SDPA call a document (trainer/attention.py)
 NO_FUSED_ROPE = (("COCKPIT_FUSED_ROPE", "0"),)  # Transformers' rotary embedding (trainer/rope.py)
 NO_FUSED_ACT = (("COCKPIT_FUSED_ACT", "0"),)  # the experts' activation in torch's kernels (kernels/swiglu.py)
+NO_FUSED_COMBINE = (("COCKPIT_FUSED_COMBINE", "0"),)  # pairs gathered, then summed (trainer/routing.py)
 PREFETCH2 = ("deepspeed.prefetch_layers=2",)
 STAGE2 = ("deepspeed.stage=2",)  # ZeRO-2 at one rank: no parameter hooks (what ZeRO-3's cost)
 STACK = (("COCKPIT_PROFILE_STACK", "1"),)  # Python frames in the kept trace
@@ -253,6 +254,13 @@ def gpu_rows() -> list[Row]:
         # The same at the 8 rows and one micro-batch a step the story profile ships with since.
         Row("mb8-4L-prof", 4, 4096, mb=8, ga=1, steps=7, profile=True, env_extra=STACK),
         Row("mb8-8L-prof", 8, 4096, mb=8, ga=1, steps=7, profile=True, env_extra=STACK),
+        # The fused sum of each token's expert pairs (kernels/gather_sum.py) on and off at 8 rows, one
+        # micro-batch a step, 4 and 8 layers, interleaved.
+        *(
+            Row(f"combine-{kind}-{layers}L", layers, 4096, mb=8, ga=1, steps=10, env_extra=env)
+            for layers in (4, 8)
+            for kind, env in (("off", NO_FUSED_COMBINE), ("on", ()))
+        ),
         # the 1-row story step again, in the same session as the rows above (run-to-run spread ~8%)
         Row("story-offload-prefetch3-4096-ga8-again", 4, 4096, ga=8, offload=True, steps=7, extra=PREFETCH3),
         Row(

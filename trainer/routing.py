@@ -6,6 +6,10 @@ backward of `x[index]` is an accumulating `index_put_` (a sort of the indices an
 the GPU) even where the index is a permutation. Here the backwards are gathers: the inverse permutation,
 and for the spread of each token to its k pairs, a sum over the k rows of the token.
 
+Each token's sum over its k pairs (the combine, and the spread's backward) reads the pairs' rows where
+they lie and writes the sums, one Triton kernel on a GPU (`trainer.kernels.gather_sum`), rather than
+gathering them into token order first.
+
 The routing weight of each pair is applied where it is cheapest: `weight_rows` scales the expert's
 intermediate activation (`moe_intermediate_size` wide) rather than its output (`hidden_size` wide),
 which the down projection's linearity allows.
@@ -13,14 +17,20 @@ which the down projection's linearity allows.
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+log = logging.getLogger(__name__)
+
 # Off for the speed benchmark's control row: COCKPIT_FAST_ROUTING=0 (plain indexing, weights on outputs).
 ENABLED = os.environ.get("COCKPIT_FAST_ROUTING", "1") != "0"
+# Off for its control row: COCKPIT_FUSED_COMBINE=0 (a gather into token order, then torch's sum).
+FUSED_COMBINE = os.environ.get("COCKPIT_FUSED_COMBINE", "1") != "0"
+_kernel_failed = False
 
 
 @dataclass(frozen=True)
@@ -46,8 +56,29 @@ class SortedPairs:
         return cls(perm=perm, unsort=unsort, offs=offs, k=k)
 
 
+def sum_pairs(rows: torch.Tensor, unsort: torch.Tensor, k: int) -> torch.Tensor:
+    """Each token's sum of its k pairs' rows, sorted order in, token order out ([T * k, H] -> [T, H]): the
+    gather-sum kernel on a GPU where it runs, torch's gather and sum otherwise (and from then on where the
+    kernel fails here; out of memory is raised, not a failure)."""
+    global _kernel_failed
+    index = unsort.view(-1, k)
+    if FUSED_COMBINE and rows.is_cuda and not _kernel_failed:
+        from trainer.pass_through import PASS_THROUGH
+
+        try:
+            from trainer.kernels.gather_sum import gather_sum
+
+            return gather_sum(rows, index)
+        except PASS_THROUGH:
+            raise
+        except Exception as exc:  # a kernel that does not build or run here
+            _kernel_failed = True
+            log.warning("fused combine unavailable (%s: %s); torch's gather and sum", type(exc).__name__, exc)
+    return rows[unsort].view(-1, k, rows.shape[-1]).sum(dim=1)
+
+
 class _SpreadToPairs(torch.autograd.Function):
-    """rows[i] = hidden[perm[i] // k]; backward: each token's k pair gradients summed (a gather)."""
+    """rows[i] = hidden[perm[i] // k]; backward: each token's k pair gradients summed (`sum_pairs`)."""
 
     @staticmethod
     def forward(
@@ -60,7 +91,25 @@ class _SpreadToPairs(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None, None]:
         (unsort,) = ctx.saved_tensors
-        return grad[unsort].view(-1, ctx.k, grad.shape[-1]).sum(dim=1), None, None, None
+        return sum_pairs(grad, unsort, ctx.k), None, None, None
+
+
+class _SumPairs(torch.autograd.Function):
+    """tokens[t] = the sum of its k pairs' rows (`sum_pairs`); backward: each pair's row its token's
+    gradient (a gather): the spread's mirror."""
+
+    @staticmethod
+    def forward(
+        ctx: Any, rows: torch.Tensor, perm: torch.Tensor, unsort: torch.Tensor, k: int
+    ) -> torch.Tensor:
+        ctx.save_for_backward(perm)
+        ctx.k = k
+        return sum_pairs(rows, unsort, k)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None, None]:
+        (perm,) = ctx.saved_tensors
+        return grad[perm // ctx.k], None, None, None
 
 
 class _Permute(torch.autograd.Function):
@@ -93,6 +142,8 @@ def pair_weights(top_k_weights: torch.Tensor, pairs: SortedPairs) -> torch.Tenso
 def combine(rows: torch.Tensor, pairs: SortedPairs, top_k_weights: torch.Tensor | None) -> torch.Tensor:
     """Each token's sum over its k pairs' rows (sorted order in, token order out): [T * k, H] -> [T, H].
     `top_k_weights` weighs the rows first, where `weight_rows` did not already."""
+    if ENABLED and top_k_weights is None:
+        return _SumPairs.apply(rows, pairs.perm, pairs.unsort, pairs.k)
     tokens = _Permute.apply(rows, pairs.unsort, pairs.perm) if ENABLED else rows[pairs.unsort]
     tokens = tokens.view(-1, pairs.k, rows.shape[-1])
     if top_k_weights is not None:

@@ -10,7 +10,9 @@ Reads committed H200 results (no GPU needed):
                  Then one call, both micro-batches: `offload_4-16_mb4` (4 rows and 2 micro-batches a step,
                  the profile's then: today `--depths 4,8,16 --set training.micro_batch_size=4 --set
                  training.grad_accum=2`; its budget ended before depth 16) and `offload_1-16_mb8` (8 rows,
-                 one micro-batch a step, the story profile as shipped since: `--depths 1,2,4,8,16`)
+                 one micro-batch a step, the story profile since: `--depths 1,2,4,8,16`); and a fifth
+                 call's `offload_1-16_mb8_val` (the same, each token's expert pairs summed in one kernel,
+                 `trainer/kernels/gather_sum.py`, and validation forwards timed: as shipped)
   no offload     `results/step_speed_h200_levers.json` (`benchmarks/step_speed.py --rows levers-...`): both
                  levers off, both on, and the activation alone off, at 4 and 8 layers in one call; and
                  `results/step_speed_h200_rope.json` (`--rows rope-...`): the fused rotary embedding off
@@ -18,7 +20,8 @@ Reads committed H200 results (no GPU needed):
                  measured 5% slower: the spread between calls; compare rows of one call); and
                  `results/step_speed_h200_lora.json`'s `lora-off` rows: every lever, as shipped (those
                  rows' lever was dropped and its rows with it; `--rows rope-on-4L,rope-on-8L` runs the
-                 same configuration)
+                 same configuration); and `results/step_speed_h200_combine.json` (`--rows combine-...`,
+                 the fifth call): 8 rows x 1, the fused combine off and on at 4 and 8 layers
 The offload rows come from four calls hours apart: their differences carry the spread between calls.
 Where a further layer's device time goes: the torch.profiler summaries of the 4- and 8-layer steps
 (`results/step_speed_h200_story_profile.json`, packed attention on in its first version, which also
@@ -51,7 +54,8 @@ OFFLOAD_RECORDS = {
     "attention + activation": "offload_1-16_levers",
     "every lever": "offload_1-16_all",
     "every lever, again (a fourth call)": "offload_4-16_mb4",
-    "8 rows, one micro-batch a step (the fourth call; as shipped)": "offload_1-16_mb8",
+    "8 rows, one micro-batch a step (the fourth call)": "offload_1-16_mb8",
+    "8 rows x 1, the fused combine (a fifth call; as shipped)": "offload_1-16_mb8_val",
 }
 NOW_PROFILES = ("now-4L-prof", "now-8L-prof")  # step_speed_h200_now_profile.json: every lever on
 MB8_PROFILES = ("mb8-4L-prof", "mb8-8L-prof")  # step_speed_h200_mb8_profile.json: the same at 8 rows x 1
@@ -63,6 +67,16 @@ STEP_ROWS = {  # label -> (results file, 4-layer row, 8-layer row); rows of one 
     "both on, torch RoPE (another call)": ("step_speed_h200_rope", "rope-off-4L", "rope-off-8L"),
     "both on and fused RoPE": ("step_speed_h200_rope", "rope-on-4L", "rope-on-8L"),
     "every lever, 4 rows x 2 (a third call)": ("step_speed_h200_lora", "lora-off-4L", "lora-off-8L"),
+    "8 rows x 1, the combine in torch (the fifth call)": (
+        "step_speed_h200_combine",
+        "combine-off-4L",
+        "combine-off-8L",
+    ),
+    "8 rows x 1, the fused combine (the fifth call)": (
+        "step_speed_h200_combine",
+        "combine-on-4L",
+        "combine-on-8L",
+    ),
 }
 
 

@@ -36,7 +36,7 @@ STORY = "qwen3-235b-a22b-thinking-4xh100"
 # `forecast_consistency.RAN_AT` pins (4 rows, 2 a step): with offload, the profile as shipped (8 rows, one
 # micro-batch a step), every lever, 1-16 layers; without offload, the earlier rehearsals at 4 x 2 (not run
 # again: device time), so that forecast is the slower code's, at the micro-batch it ran.
-RECORDS = {"offload": (["offload_1-16_mb8"], False), "none": (["none_1-16"], True)}
+RECORDS = {"offload": (["offload_1-16_mb8_val"], False), "none": (["none_1-16"], True)}
 EVAL_TIMINGS = ROOT / "benchmarks/results/eval_speed_h200.json"
 
 

@@ -67,7 +67,7 @@ STEP_ROWS = {  # label -> (results file, 4-layer row, 8-layer row); rows of one 
     "both on, torch RoPE (another call)": ("step_speed_h200_rope", "rope-off-4L", "rope-off-8L"),
     "both on and fused RoPE": ("step_speed_h200_rope", "rope-on-4L", "rope-on-8L"),
     "every lever, 4 rows x 2 (a third call)": ("step_speed_h200_lora", "lora-off-4L", "lora-off-8L"),
-    "8 rows x 1, the combine in torch (the fifth call)": (
+    "8 rows x 1, torch's gather and sum (the fifth call)": (
         "step_speed_h200_combine",
         "combine-off-4L",
         "combine-off-8L",

@@ -8,9 +8,13 @@ pages. The story's offloaded load spends about a second a layer placing its part
 (`benchmarks/story_forecast.py`'s load split), so this times the pinning alone: `--layers` tensors of a
 layer's stored bytes (the story plan's `zero3.blocks`), each pinned in a process of its own per way, the
 first apart (the allocator's start), then the seconds a layer and the rate, and what the process's RSS
-grew by (the allocator's rounding shows there).
+grew by (the allocator's rounding shows there). Beside it, the story's offloaded load itself, rehearsed
+at 4, 8 and 16 layers with each way in two calls (`RECORDS`, `rehearsal_accuracy.py --configs nf4-offload
+--depths ...`, the second with `PYTORCH_CUDA_ALLOC_CONF` set to the registered way): its seconds, the
+slope a further layer (in sample), and the steps' (unchanged by the way).
 
     python benchmarks/pin_speed.py --out DIR   # on a GPU; DIR/pin_speed.{md,json}
+    python benchmarks/pin_speed.py --report    # the committed results (pin_speed_h200.json) again
 """
 
 from __future__ import annotations
@@ -46,6 +50,13 @@ print(json.dumps({"seconds": seconds, "rss_added": psutil.Process().memory_info(
 """
 
 
+RESULTS = ROOT / "benchmarks/results"
+RECORDS = {  # the rehearsed loads (results/forecast/records/), each way's
+    "cudaHostAlloc (torch's default)": "offload_1-16_mb8_val",
+    "cudaHostRegister, 8 threads (as shipped)": "offload_4-16_register",
+}
+
+
 def layer_bytes() -> int:
     """A decoder layer's stored bytes in the story's plan (what ZeRO-3 partitions and a rank pins)."""
     from cockpit.plan import build_plan
@@ -56,16 +67,13 @@ def layer_bytes() -> int:
     return int(sum(sizes) / len(sizes))
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--layers", type=int, default=8)
-    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks/results")
-    args = parser.parse_args()
+def measure(layers: int) -> dict:
+    """Each way's pinning in a process of its own: `layers` tensors of a story layer's bytes."""
     size = layer_bytes()
     rows = []
     for way, conf in WAYS.items():
         env = {**os.environ, "PYTORCH_CUDA_ALLOC_CONF": conf} if conf else dict(os.environ)
-        argv = [sys.executable, "-c", CHILD, str(size), str(args.layers)]
+        argv = [sys.executable, "-c", CHILD, str(size), str(layers)]
         done = subprocess.run(argv, env=env, capture_output=True, text=True)
         if done.returncode:
             rows.append({"way": way, "conf": conf, "error": done.stderr.strip().splitlines()[-1]})
@@ -76,16 +84,39 @@ def main() -> int:
             "way": way, "conf": conf, "first_s": got["seconds"][0], "layer_s": after,
             "gb_per_s": size / after / 1e9, "rss_added_gib": got["rss_added"] / 2**30,
         })  # fmt: skip
+    return {"layer_bytes": size, "layers": layers, "rows": rows}
+
+
+def rehearsed_loads() -> list[dict]:
+    """The story's offloaded load and step at 4, 8 and 16 layers, rehearsed with each way."""
+    from benchmarks.forecast_consistency import measures_of
+    from benchmarks.marginal_layer import slope
+
+    out = []
+    for way, record in RECORDS.items():
+        by_depth = measures_of([record])
+        depths = [d for d in (4, 8, 16) if d in by_depth]
+        loads = [float(by_depth[d].load_s) for d in depths]
+        steps = [float(by_depth[d].step_s) for d in depths]
+        out.append({
+            "way": way, "record": record, "depths": depths, "load_s": loads, "step_s": steps,
+            "load_layer_s": slope(list(zip(depths, loads, strict=True))),
+            "step_layer_s": slope(list(zip(depths, steps, strict=True))),
+        })  # fmt: skip
+    return out
+
+
+def render(data: dict) -> str:
     lines = [
         "# Pinning a layer's partitions, by torch's host allocator's two ways",
         "",
-        f"{args.layers} tensors of a story layer's {size / 1e9:.2f} GB, each `pin_memory()`d, a process a "
-        "way. `python benchmarks/pin_speed.py`.",
+        f"{data.get('layers', 8)} tensors of a story layer's {data['layer_bytes'] / 1e9:.2f} GB, each "
+        "`pin_memory()`d, a process a way, on an H200 host. `python benchmarks/pin_speed.py`.",
         "",
         "| way | first s | s a layer (median of the rest) | GB/s | RSS added GiB |",
         "|---|---|---|---|---|",
     ]
-    for r in rows:
+    for r in data["rows"]:
         if "error" in r:
             lines.append(f"| {r['way']} | failed: {r['error']} | | | |")
         else:
@@ -93,11 +124,43 @@ def main() -> int:
                 f"| {r['way']} | {r['first_s']:.3f} | {r['layer_s']:.3f} | {r['gb_per_s']:.2f} | "
                 f"{r['rss_added_gib']:.1f} |"
             )
-    text = "\n".join(lines) + "\n"
+    lines += [
+        "",
+        "The story's offloaded load, rehearsed (random weights: drawn, quantized, partitioned and pinned a "
+        "layer at a time; one H200, two calls). A further layer is each line's slope over its depths (in "
+        "sample).",
+        "",
+        "| way | record | load s at 4 / 8 / 16 layers | load s a further layer | step s at 4 / 8 / 16 | "
+        "step s a further layer |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in data.get("rehearsed", []):
+        loads = " / ".join(f"{x:.2f}" for x in r["load_s"])
+        steps = " / ".join(f"{x:.3f}" for x in r["step_s"])
+        lines.append(
+            f"| {r['way']} | `{r['record']}` | {loads} | {r['load_layer_s']:.3f} | {steps} | "
+            f"{r['step_layer_s']:.4f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--layers", type=int, default=8)
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--report", action="store_true", help="no GPU: the committed results again")
+    args = parser.parse_args()
+    if args.report:
+        data = json.loads((RESULTS / "pin_speed_h200.json").read_text())
+        args.out, name = RESULTS, "pin_speed_h200"
+    else:
+        data, name = measure(args.layers), "pin_speed"
+    data["rehearsed"] = rehearsed_loads()
+    text = render(data)
     print(text)
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "pin_speed.md").write_text(text)
-    (args.out / "pin_speed.json").write_text(json.dumps({"layer_bytes": size, "rows": rows}, indent=1))
+    (args.out / f"{name}.md").write_text(text)
+    (args.out / f"{name}.json").write_text(json.dumps(data, indent=1))
     return 0
 
 

@@ -32,11 +32,17 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 STORY = "qwen3-235b-a22b-thinking-4xh100"
-# The rehearsal records each forecast reads (results/forecast/records/), and whether they ran the micro-batch
-# `forecast_consistency.RAN_AT` pins (4 rows, 2 a step): with offload, the profile as shipped (8 rows, one
-# micro-batch a step), every lever, 1-16 layers; without offload, the earlier rehearsals at 4 x 2 (not run
-# again: device time), so that forecast is the slower code's, at the micro-batch it ran.
-RECORDS = {"offload": (["offload_1-16_mb8_val"], False), "none": (["none_1-16"], True)}
+# The rehearsal records each forecast reads (results/forecast/records/; each depth from the first that has
+# it), and whether they ran the micro-batch `forecast_consistency.RAN_AT` pins (4 rows, 2 a step): with
+# offload, the profile as shipped (8 rows, one micro-batch a step), every lever: depths 4, 8 and 16 with
+# pinned memory registered as the cockpit now launches its runs (`cockpit.service.spawn.PINNED_REGISTER`),
+# 1 and 2 from the call before, which pinned by torch's default (benchmarks/pin_speed.py tells the two
+# apart); without offload, the earlier rehearsals at 4 x 2 (not run again: device time), so that forecast
+# is the slower code's, at the micro-batch it ran.
+RECORDS = {
+    "offload": (["offload_4-16_register", "offload_1-16_mb8_val"], False),
+    "none": (["none_1-16"], True),
+}
 EVAL_TIMINGS = ROOT / "benchmarks/results/eval_speed_h200.json"
 
 

@@ -311,6 +311,16 @@ def test_the_wall_clock_counts_the_validation_passes() -> None:
     assert w["validation_s"] == pytest.approx(expected.total_s) and w["validation_s"] > 0
     parts = ("load_s", "start_s", "train_s", "save_s", "validation_s", "eval_s")
     assert w["total_s"] == pytest.approx(sum(w[k] for k in parts))
+    # the training run alone (its load included): the total less the evaluation (none timed on the CPU),
+    # said beside the whole run where there is an evaluation
+    assert w["without_eval_s"] == pytest.approx(w["total_s"] - w["eval_s"])
+    lo, hi = f.ranges["wall"]["without_eval_s"]
+    assert lo <= w["without_eval_s"] <= hi
+    alone = f"a first run {w['without_eval_s'] / 3600:.2f} h ({lo / 3600:.2f}-{hi / 3600:.2f} h)"
+    assert not any("evaluation apart" in line for line in wall_lines(f.to_dict()))
+    evaluated = f.to_dict()
+    evaluated["wall"]["eval_s"] = 600.0
+    assert any(alone in line for line in wall_lines(evaluated))
     assert any(
         n.startswith("validation loss (not rehearsed): ") and "of a micro-batch step" in n for n in f.notes
     )

@@ -140,6 +140,25 @@ def test_children_wait_passively_unless_the_user_says_otherwise(monkeypatch) -> 
     assert child_env()["OMP_WAIT_POLICY"] == "ACTIVE"
 
 
+def test_children_pin_host_memory_by_registering_it_unless_the_user_says_how(monkeypatch) -> None:
+    """Registered pinned memory is added to the allocator's settings, beside the user's own; a user who
+    says how to pin, or who uses torch's newer variable, keeps theirs."""
+    from cockpit.service.spawn import PINNED_REGISTER, child_env
+
+    for name in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"):
+        monkeypatch.delenv(name, raising=False)
+    assert child_env()["PYTORCH_CUDA_ALLOC_CONF"] == PINNED_REGISTER
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+    assert child_env()["PYTORCH_CUDA_ALLOC_CONF"] == f"expandable_segments:True,{PINNED_REGISTER}"
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "pinned_use_cuda_host_register:False")
+    assert child_env()["PYTORCH_CUDA_ALLOC_CONF"] == "pinned_use_cuda_host_register:False"
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF")
+    monkeypatch.setenv("PYTORCH_ALLOC_CONF", "expandable_segments:True")
+    env = child_env()
+    assert env["PYTORCH_ALLOC_CONF"] == f"expandable_segments:True,{PINNED_REGISTER}"
+    assert "PYTORCH_CUDA_ALLOC_CONF" not in env
+
+
 def test_children_find_the_ninja_beside_their_interpreter_first(monkeypatch, tmp_path) -> None:
     """Whether or not the environment was activated, a run's op builds run the ninja installed beside the
     interpreter (two ninja versions make each other rebuild every op, `dsops.ninja_first`), through a

@@ -390,6 +390,11 @@ def _wall(
             lo, hi = wall_range["total_s"]
             wall["total_cached_s"] = total - load + cached
             wall_range["total_cached_s"] = (lo - load_r[0] + cached_r[0], hi - load_r[1] + cached_r[1])
+    ev_lo, ev_hi = evaluation.range_s
+    for total_key, key in (("total_s", "without_eval_s"), ("total_cached_s", "without_eval_cached_s")):
+        if wall.get(total_key) is not None:  # the training run alone, its load included: what a run books
+            lo, hi = wall_range[total_key]
+            wall[key], wall_range[key] = wall[total_key] - eval_s, (lo - ev_lo, hi - ev_hi)
     if validation is not None:
         notes.append(f"validation loss ({'rehearsed' if forward else 'not rehearsed'}): {validation.words()}")
     elif profile.validation.eval_steps:

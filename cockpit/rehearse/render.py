@@ -100,6 +100,15 @@ def wall_lines(data: dict[str, Any]) -> list[str]:
             f"{cache['disk_gbps']:g} GB/s, {cache['read_s']:.0f} s, + at most the first load's "
             f"{cache['work_bound_s']:.0f} s of work, no quantization); the cache needs {gb} of disk"
         )
+    runs = (("without_eval_s", "a first run"), ("without_eval_cached_s", "a second, from the cache"))
+    alone = [
+        f"{words} {hours(w[key])} ({lo / 3600:.2f}-{hi / 3600:.2f} h)"
+        for key, words in runs
+        if w.get(key) is not None and w.get("eval_s")
+        for lo, hi in [wall_range.get(key) or (w[key], w[key])]
+    ]
+    if alone:
+        lines.append(f"the training run alone, its load included (evaluation apart): {', '.join(alone)}")
     top = data.get("dominant")
     if top:
         lines.append(f"what dominates it: {top['part']}, {top['share']:.0%} of the wall clock")

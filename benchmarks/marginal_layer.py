@@ -21,7 +21,10 @@ Reads committed H200 results (no GPU needed):
                  `results/step_speed_h200_lora.json`'s `lora-off` rows: every lever, as shipped (those
                  rows' lever was dropped and its rows with it; `--rows rope-on-4L,rope-on-8L` runs the
                  same configuration); and `results/step_speed_h200_combine.json` (`--rows combine-...`,
-                 the fifth call): 8 rows x 1, the fused combine off and on at 4 and 8 layers
+                 the fifth call): 8 rows x 1, the fused combine off and on at 4 and 8 layers; the
+                 operator tables of 8 rows x 1 come from `--rows mb8-4L-prof,mb8-8L-prof`, before the
+                 fused combine (`step_speed_h200_mb8_profile`) and with it (a later call,
+                 `step_speed_h200_combine_profile`)
 The offload rows come from four calls hours apart: their differences carry the spread between calls.
 Where a further layer's device time goes: the torch.profiler summaries of the 4- and 8-layer steps
 (`results/step_speed_h200_story_profile.json`, packed attention on in its first version, which also

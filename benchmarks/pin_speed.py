@@ -51,6 +51,7 @@ print(json.dumps({"seconds": seconds, "rss_added": psutil.Process().memory_info(
 
 
 RESULTS = ROOT / "benchmarks/results"
+ALLOC_CONFS = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
 RECORDS = {  # the rehearsed loads (results/forecast/records/), each way's
     "cudaHostAlloc (torch's default)": "offload_1-16_mb8_val",
     "cudaHostRegister, 8 threads (as shipped)": "offload_4-16_register",
@@ -72,11 +73,14 @@ def measure(layers: int) -> dict:
     size = layer_bytes()
     rows = []
     for way, conf in WAYS.items():
-        env = {**os.environ, "PYTORCH_CUDA_ALLOC_CONF": conf} if conf else dict(os.environ)
+        env = {k: v for k, v in os.environ.items() if k not in ALLOC_CONFS}  # each way alone
+        if conf:
+            env["PYTORCH_CUDA_ALLOC_CONF"] = conf
         argv = [sys.executable, "-c", CHILD, str(size), str(layers)]
         done = subprocess.run(argv, env=env, capture_output=True, text=True)
         if done.returncode:
-            rows.append({"way": way, "conf": conf, "error": done.stderr.strip().splitlines()[-1]})
+            why = (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]
+            rows.append({"way": way, "conf": conf, "error": why})
             continue
         got = json.loads(done.stdout.strip().splitlines()[-1])
         after = statistics.median(got["seconds"][1:])

@@ -34,27 +34,31 @@ sys.path.insert(0, str(ROOT))
 STORY = "qwen3-235b-a22b-thinking-4xh100"
 # The rehearsal records each forecast reads (results/forecast/records/; each depth from the first that has
 # it), and whether they ran the micro-batch `forecast_consistency.RAN_AT` pins (4 rows, 2 a step): with
-# offload, the profile as shipped (8 rows, one micro-batch a step), every lever: depths 4, 8 and 16 with
-# pinned memory registered as the cockpit now launches its runs (`cockpit.service.spawn.PINNED_REGISTER`),
-# 1 and 2 from the call before, which pinned by torch's default (benchmarks/pin_speed.py tells the two
-# apart); without offload, the earlier rehearsals at 4 x 2 (not run again: device time), so that forecast
-# is the slower code's, at the micro-batch it ran.
-RECORDS = {
-    "offload": (["offload_4-16_register", "offload_1-16_mb8_val"], False),
-    "none": (["none_1-16"], True),
-}
+# offload, the profile as shipped (8 rows, one micro-batch a step), every lever, depths 4, 8 and 16, with
+# pinned memory registered as the cockpit now launches its runs (`cockpit.service.spawn.PINNED_REGISTER`;
+# `offload_1-16_mb8_val`, the call before, pinned by torch's default: benchmarks/pin_speed.py sets the two
+# side by side); without offload, the earlier rehearsals at 4 x 2 (not run again: device time), so that
+# forecast is the slower code's, at the micro-batch it ran.
+RECORDS = {"offload": (["offload_4-16_register"], False), "none": (["none_1-16"], True)}
 EVAL_TIMINGS = ROOT / "benchmarks/results/eval_speed_h200.json"
 
 
 def with_eval_timings(measures: list, path: Path = EVAL_TIMINGS) -> tuple[list, str]:
     """The depths with evaluation's timings on the story's slices set where `eval_speed.py` timed the
-    same depth (its `rehearse_eval` events), and which: timed, or modelled (no timings committed)."""
+    same depth (its `rehearse_eval` events), and a depth that only timed evaluation (as `cockpit rehearse
+    --eval-only` records one) for each it timed that the records lack; and which: timed, or modelled (no
+    timings committed)."""
     from dataclasses import replace
+
+    from cockpit.rehearse.measure import DepthMeasure
 
     timings = json.loads(path.read_text()).get("timings", {}) if path.is_file() else {}
     if not timings:
         return measures, "evaluation modelled (no eval_speed_h200.json timings: the plan's term)"
     out = [replace(m, eval=timings.get(str(m.layers), {})) for m in measures]
+    have = {m.layers for m in measures}
+    out += [DepthMeasure(int(d), "ok", eval=t) for d, t in timings.items() if int(d) not in have and t]
+    out.sort(key=lambda m: m.layers)
     timed = [m.layers for m in out if m.eval]
     return out, f"evaluation timed on the story's slices ({', '.join(map(str, timed))} layers, {path.name})"
 

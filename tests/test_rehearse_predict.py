@@ -365,13 +365,24 @@ def test_rehearsed_validation_forwards_set_the_validation_passes() -> None:
     assert f.wall["validation_s"] == pytest.approx(shared.passes * shared.rounds * forward)
     assert f.wall["validation_s"] != pytest.approx(shared.total_s)
     assert any(n.startswith("validation loss (rehearsed): ") for n in f.notes)
-    planned = {**_plan(10), "run": {"validation": {"pass_s": 1.2, "rounds": 3}}}  # the plan's: 0.4 s each
-    assert forecast(measures, profile, planned, _scaling(4)).plan["validation_s"] == pytest.approx(0.4)
+    lo, hi = f.ranges["target"]["validation_s"]
+    assert lo < forward < hi
+    wall_lo, wall_hi = f.ranges["wall"]["validation_s"]
+    assert wall_lo == pytest.approx(f.wall["validation_s"] * lo / forward)
+    assert wall_hi == pytest.approx(f.wall["validation_s"] * hi / forward)
+    # a record without the timed forwards: the plan's forward (0.4 s), scaled to the rehearsed step
+    planned = {**_plan(10), "run": {"validation": {"pass_s": 1.2, "rounds": 3}, "optimizer_step_s": 2.0}}
+    unvalidated = depth_measures(_depth_events(0, 1, 6, 0) + _depth_events(100, 2, 6, 6))
+    old = forecast(unvalidated, profile, planned, _scaling(4))
+    assert old.plan["validation_s"] == pytest.approx(0.4) and old.target["validation_s"] is None
+    scaled = 0.4 * old.target["step_s"] / 2.0
+    assert old.wall["validation_s"] == pytest.approx(shared.passes * shared.rounds * scaled)
+    said = [n for n in old.notes if n.startswith("validation loss (not rehearsed): ")]
+    assert len(said) == 1 and "the plan's 0.40 s a forward" in said[0]
     cells = [list(c.cells) for c in depths_table(f.to_dict()).columns if c.header == "validation fwd s"]
     assert cells == [["0.060", "0.080"]]
-    old = forecast(depth_measures(_depth_events(0, 1, 6, 0) + _depth_events(100, 2, 6, 6)), profile,
-                   _plan(10), _scaling(4))  # fmt: skip
-    assert old.target["validation_s"] is None and old.wall["validation_s"] == pytest.approx(shared.total_s)
+    bare = forecast(unvalidated, profile, _plan(10), _scaling(4))  # no plan of it: a share of the step
+    assert bare.target["validation_s"] is None and bare.wall["validation_s"] == pytest.approx(shared.total_s)
 
 
 def test_what_the_measured_ranks_gathered_is_fitted_out_and_the_targets_added() -> None:

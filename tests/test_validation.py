@@ -121,6 +121,24 @@ def test_validation_forwards_are_timed_a_round_at_a_time_the_first_apart() -> No
     assert time_forwards(model, batches[:3], torch.device("cpu"), True, rank=0, world=2) is None
 
 
+@pytest.mark.parametrize(
+    ("steps", "eval_tokens", "timed"),
+    [(0, 8, ["evaluation"]), (3, 0, ["validation"]), (3, 8, ["validation", "evaluation"])],
+)
+def test_a_rehearsal_depth_times_validation_after_steps_only(steps, eval_tokens, timed) -> None:
+    """A depth that only times the evaluation (`cockpit rehearse --eval-only`) trained no model: it has no
+    validation forwards to time; a depth that trained times them before the evaluation."""
+    from trainer.rehearsal import Depth, Rehearsal
+
+    depth = object.__new__(Rehearsal)
+    depth.depth = Depth(layers=2, steps=steps, eval_tokens=eval_tokens)
+    calls: list[str] = []
+    depth.time_validation = lambda: calls.append("validation")
+    depth.time_evaluation = lambda: calls.append("evaluation")
+    depth.save_checkpoint()
+    assert calls == timed
+
+
 def test_early_stopping_waits_for_patience_and_min_delta() -> None:
     early = EarlyStopping(patience=2, min_delta=0.05)
     assert early.observe(0, 2.0) is None

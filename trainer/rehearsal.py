@@ -120,15 +120,18 @@ class Rehearsal(Recipe):
 
     def save_checkpoint(self) -> None:
         """No adapter: random weights teach nothing (the checkpoint at the last step was timed). Instead,
-        a validation pass's forwards are timed, then, where the depth asks, the evaluation on the slice."""
-        self.time_validation()
+        a validation pass's forwards are timed (after steps: a depth that only times the evaluation trained
+        no model), then, where the depth asks, the evaluation on the slice."""
+        if self.depth.steps:
+            self.time_validation()
         if self.depth.eval_tokens:
             self.time_evaluation()
 
     def time_validation(self) -> None:
         """A validation pass's forwards on the slice as it trained (ZeRO-3, offload and the chunked head as
         the run's validation has them), over micro-batches packed from the training examples as the real
-        validation packs its sample (`trainer.validation.time_forwards`): a `rehearse_validation` event."""
+        validation packs its sample, whole micro-batches only (`trainer.validation.time_forwards`): a
+        `rehearse_validation` event, where the examples fill two rounds of them or more."""
         from trainer.validation import time_forwards, validation_batches
 
         t = self.profile.training
@@ -144,9 +147,10 @@ class Rehearsal(Recipe):
             return
         collator = self.validation_collator(self.trainer.processing_class)
         batches = validation_batches(rows, [0] * len(rows), t.seq_len, t.micro_batch_size, collator)
+        whole = [b for b in batches if b["input_ids"].shape[0] == t.micro_batch_size]
         timed = time_forwards(
             self.trainer.model_wrapped,
-            batches[: world * (1 + VALIDATION_ROUNDS)],
+            whole[: world * (1 + VALIDATION_ROUNDS)],
             self.trainer.args.device,
             bool(self._load_facts.get("chunked_loss")),
             self.trainer.args.process_index,

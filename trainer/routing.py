@@ -31,6 +31,7 @@ ENABLED = os.environ.get("COCKPIT_FAST_ROUTING", "1") != "0"
 # Off for its control row: COCKPIT_FUSED_COMBINE=0 (a gather into token order, then torch's sum).
 FUSED_COMBINE = os.environ.get("COCKPIT_FUSED_COMBINE", "1") != "0"
 _kernel_failed = False
+KERNEL_DTYPES = (torch.bfloat16, torch.float16, torch.float32)  # the kernel sums in float32
 
 
 @dataclass(frozen=True)
@@ -62,7 +63,7 @@ def sum_pairs(rows: torch.Tensor, unsort: torch.Tensor, k: int) -> torch.Tensor:
     kernel fails here; out of memory is raised, not a failure)."""
     global _kernel_failed
     index = unsort.view(-1, k)
-    if FUSED_COMBINE and rows.is_cuda and not _kernel_failed:
+    if FUSED_COMBINE and rows.is_cuda and rows.dtype in KERNEL_DTYPES and not _kernel_failed:
         from trainer.pass_through import PASS_THROUGH
 
         try:
@@ -142,7 +143,7 @@ def pair_weights(top_k_weights: torch.Tensor, pairs: SortedPairs) -> torch.Tenso
 def combine(rows: torch.Tensor, pairs: SortedPairs, top_k_weights: torch.Tensor | None) -> torch.Tensor:
     """Each token's sum over its k pairs' rows (sorted order in, token order out): [T * k, H] -> [T, H].
     `top_k_weights` weighs the rows first, where `weight_rows` did not already."""
-    if ENABLED and top_k_weights is None:
+    if ENABLED and FUSED_COMBINE and top_k_weights is None:
         return _SumPairs.apply(rows, pairs.perm, pairs.unsort, pairs.k)
     tokens = _Permute.apply(rows, pairs.unsort, pairs.perm) if ENABLED else rows[pairs.unsort]
     tokens = tokens.view(-1, pairs.k, rows.shape[-1])

@@ -15,9 +15,10 @@ step of the same shape (`modelled_forward`):
   (`cockpit.contract`) and once a forward, so a forward pays 1 / `ZERO3_LAYER_FETCHES` of what the step
   spends beyond its compute (the copies and gathers not hidden under it).
 
-Without the step's parts (a record from before the rehearsal timed forwards), a forward is a share of
-the whole step (`forward_share`): the compute share, and with parameter offload at least
-1 / `ZERO3_LAYER_FETCHES` (a step set by its copies).
+A rehearsal record from before it timed forwards takes the plan's modelled forward, scaled to the
+rehearsed step; with neither (no plan of the step), a forward is a share of the whole step
+(`forward_share`): the compute share, and with parameter offload at least 1 / `ZERO3_LAYER_FETCHES` (a
+step set by its copies).
 
 Early stopping can end a run before its last pass; the count here is the run to its end. The sample's
 size comes from the data file when it is here (the trainer's own choice of examples), else from the

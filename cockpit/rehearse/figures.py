@@ -87,7 +87,6 @@ class Terms:
     full: int  # the model's depth, where the fits are read
     window: int | None = None  # the offloaded step's prefetch window (None: its step is a line)
     copy_s: float = 0.0  # one layer's copies an optimizer step here
-    forward_copy_s: float = 0.0  # one layer's copy in a forward (a validation's) here
     knee: int | None = None  # where the gathered layers stop growing (None: nothing is gathered)
     checkpoint_gib: float = 0.0  # the plan's growth of the training peak a layer past the knee
 
@@ -99,12 +98,10 @@ def terms_for(
     train = ((plan.get("configured") or {}).get("train") or {}).get("gpu_terms") or {}
     layers = int((plan.get("model") or {}).get("layers") or full or 1)
     checkpoint = float(train.get("checkpointed activations") or 0.0) / layers / GiB
-    copy = copy_per_layer_s(profile, layer_bytes, ranks, h2d)
     return Terms(
         full=full,
         window=prefetch_window(profile),
-        copy_s=copy,
-        forward_copy_s=copy / (ZERO3_LAYER_FETCHES * profile.training.grad_accum),
+        copy_s=copy_per_layer_s(profile, layer_bytes, ranks, h2d),
         knee=gathered_knee(profile, ranks),
         checkpoint_gib=checkpoint,
     )
@@ -116,6 +113,10 @@ def _points(done: list[DepthMeasure], metric: str) -> list[Point]:
         if metric == "step_s":
             if m.step_s is not None:
                 out.append(Point(m.layers, float(m.step_s), m.step_error_s or STEP_FLOOR * m.step_s))
+        elif metric == "validation_s":
+            if m.validation_s is not None:
+                v = float(m.validation_s)
+                out.append(Point(m.layers, v, max(m.validation_error_s or 0.0, STEP_FLOOR * v)))
         elif metric in MEMORY:
             value = m.peak(metric)
             if value is not None:
@@ -158,15 +159,16 @@ def load_fit(done: list[DepthMeasure]) -> Fit | None:
 
 
 def fit_all(measures: list[DepthMeasure], terms: Terms) -> dict[str, Fit | None]:
-    """A fit a figure over the complete depths: lines, the offloaded step and validation forward past
-    their window, the gathered GPU peak past its knee, the load a layer from its progress."""
+    """A fit a figure over the complete depths: lines, the offloaded step past its window, the gathered
+    GPU peak past its knee, the load a layer from its progress."""
     done = [m for m in measures if m.complete]
     fits: dict[str, Fit | None] = {}
     for metric in METRICS:
         points = _points(done, metric)
-        if metric in ("step_s", "validation_s") and terms.window is not None:
-            copy = terms.copy_s if metric == "step_s" else terms.forward_copy_s
-            fits[metric] = fit_past_window(points, terms.window, copy, terms.full) if points else None
+        if metric == "step_s" and terms.window is not None:
+            fits[metric] = fit_past_window(points, terms.window, terms.copy_s, terms.full)
+        elif metric == "validation_s":  # a line through every depth: the story's showed no bend at the window
+            fits[metric] = fit_line(points, floor=STEP_FLOOR)
         elif metric == "gpu_train" and terms.knee is not None and terms.checkpoint_gib > 0:
             fits[metric] = fit_gathered(points, terms.knee, terms.checkpoint_gib, terms.full)
         elif metric == "load_s":

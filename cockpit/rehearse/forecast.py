@@ -301,8 +301,10 @@ def forecast(
     steps, how = run_steps(profile, size, nt)
     notes.append(f"training tokens: {how}")
     evaluation = forecast_eval(measures, profile, full, scaling, plan, size)
-    wall, wall_range = _wall(profile, facts, scaling, target, target_range, steps, size, evaluation, notes)
     plan_values = plan_figures(plan)
+    wall, wall_range = _wall(
+        profile, facts, scaling, target, target_range, steps, size, evaluation, notes, plan_values
+    )
     return Forecast(
         layers=full,
         fits=fits,
@@ -331,8 +333,10 @@ def _wall(
     size: Any,
     evaluation: EvalForecast,
     notes: list[str],
+    plan_values: dict[str, float | None],
 ) -> tuple[dict[str, float | None], dict[str, Range]]:
-    """The run's wall clock on the target, part by part, each with its range."""
+    """The run's wall clock on the target, part by part, each with its range. A validation forward is the
+    rehearsed one where the depths timed it, else the plan's modelled one scaled to the rehearsed step."""
     nt = scaling.target_gpus or 1
     disk = facts.checkpoint_bytes / (scaling.disk_gbps * 1e9)
     work = target["load_s"] or 0.0
@@ -349,10 +353,19 @@ def _wall(
     save_r = ((saves + 1) * save_lo, (saves + 1) * save_hi)
     eval_s = evaluation.total_s
     micro_step = step / profile.training.grad_accum if step else None
-    forward = target.get("validation_s")
+    forward, planned, plan_step = (
+        target.get("validation_s"),
+        plan_values.get("validation_s"),
+        plan_values.get("step_s"),
+    )
     timed = None
     if forward:
         timed = (forward, f"rehearsed: {forward:.2f} s a forward, timed on the slices and scaled")
+    elif planned and plan_step and step:
+        timed = (
+            planned * step / plan_step,
+            f"the plan's {planned:.2f} s a forward, scaled to the rehearsed step",
+        )
     validation = validation_time(profile, steps, nt, micro_step, size, timed)
     validation_s = validation.total_s if validation is not None and validation.total_s is not None else 0.0
     if forward:  # rehearsed: the forward's own range

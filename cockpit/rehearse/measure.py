@@ -48,6 +48,7 @@ class DepthMeasure:
     tokens_per_step: float | None = None
     save_s: float | None = None
     validation_s: float | None = None  # a validation forward of a micro-batch, a rank (its VALIDATION event)
+    validation_error_s: float | None = None  # its own uncertainty: the forwards' spread over root count
     data: dict[str, Any] = field(default_factory=dict)
     message: str = ""
     eval: dict[str, Any] = field(default_factory=dict)  # evaluation timed on the slice (its EVAL event)
@@ -98,7 +99,7 @@ def _measure(
     gpu_train: dict[int, float] = {}
     rss_train: dict[int, float] = {}
     steps: list[dict[str, Any]] = []
-    load_s = save_s = validation_s = None
+    load_s = save_s = validation_s = validation_error_s = None
     data: dict[str, Any] = {}
     timing: dict[str, Any] = {}
     ranks = 1
@@ -131,6 +132,8 @@ def _measure(
             save_s = e.get("save_s")
         elif kind == VALIDATION and rank == 0:
             validation_s = e.get("forward_s")
+            if e.get("forward_sd_s") is not None and (e.get("forwards") or 0) >= 2:
+                validation_error_s = float(e["forward_sd_s"]) / float(e["forwards"]) ** 0.5
         elif kind == EVAL and rank == 0:
             timing = {k: v for k, v in e.items() if k not in ("t", "kind", "rank")}
         elif kind == "data" and rank == 0:
@@ -159,6 +162,7 @@ def _measure(
         tokens_per_step=statistics.median(s["tokens"] for s in timed if s.get("tokens")) if timed else None,
         save_s=save_s,
         validation_s=validation_s,
+        validation_error_s=validation_error_s,
         data=data,
         message=message,
         eval=timing,

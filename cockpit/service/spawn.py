@@ -50,8 +50,8 @@ CHILD_ENV_DEFAULTS = {
 CHILD_ENV_UNLESS_SET = {"OMP_WAIT_POLICY": "PASSIVE"}
 # Pinned host memory (ZeRO-3's offloaded partitions) taken by malloc and cudaHostRegister on 8 threads
 # rather than cudaHostAlloc, added to the allocator's settings unless they say how to pin: a story layer's
-# 1.28 GB pinned in 0.33 s against 1.48 s, its offloaded load 0.55 s a layer against 1.09 s, its steps
-# unchanged (benchmarks/results/pin_speed_h200.md, rehearsal_accuracy_register_h200.md).
+# 1.28 GB pinned in 0.33 s against 1.48 s, its offloaded load 0.525 s a further layer against 1.104 s, its
+# steps unchanged (benchmarks/results/pin_speed_h200.md).
 PINNED_REGISTER = "pinned_use_cuda_host_register:True,pinned_num_register_threads:8"
 TRAINER_MARKER = "__cockpit_trainer__"
 _MARKED = re.compile(rf"^{TRAINER_MARKER}\s*=", re.MULTILINE)

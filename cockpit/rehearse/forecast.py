@@ -353,11 +353,8 @@ def _wall(
     save_r = ((saves + 1) * save_lo, (saves + 1) * save_hi)
     eval_s = evaluation.total_s
     micro_step = step / profile.training.grad_accum if step else None
-    forward, planned, plan_step = (
-        target.get("validation_s"),
-        plan_values.get("validation_s"),
-        plan_values.get("step_s"),
-    )
+    forward = target.get("validation_s")
+    planned, plan_step = plan_values.get("validation_s"), plan_values.get("step_s")
     timed = None
     if forward:
         timed = (forward, f"rehearsed: {forward:.2f} s a forward, timed on the slices and scaled")

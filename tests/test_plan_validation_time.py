@@ -140,3 +140,28 @@ def test_plan_counts_and_shows_the_validation_passes() -> None:
     console.print(verdict_text(plan))
     text = console.export_text()
     assert f"Validation loss, on top: {run.validation.passes} passes x 400 examples" in text
+
+
+def test_a_rehearsal_that_timed_the_forwards_makes_the_plans_validation_measured(tmp_path) -> None:
+    """`cockpit plan --rehearsal RUN` with a record whose depths timed validation forwards (the story's H200
+    call): the passes as the rehearsal forecast them, said beside the modelled ones, and in the run's
+    hours; a record without them keeps the modelled passes, scaled to its measured step."""
+    from cockpit.plan import build_plan
+    from cockpit.rehearse.calibrate import calibrate
+    from cockpit.rehearse.run import forecast_run
+    from tests.test_plan_calibrate import _as_rehearsal, _text
+
+    profile, _ = load_profile(STORY)
+    plan = build_plan(profile)
+    timed = _as_rehearsal(tmp_path, "offload_4-16_register", [])
+    (mine,) = calibrate(plan, profile, [timed]).values()
+    assert mine.validation_s == pytest.approx(forecast_run(timed).wall["validation_s"])
+    assert mine.validation_s != pytest.approx(plan.run.validation_s, rel=0.05)
+    text = " ".join(_text(plan, {"as configured": mine}).split())
+    assert f"measured by rehearsal {timed.name}: {mine.validation_s / 3600:.2f} h" in text
+    hours = (plan.run.train_s * mine.step_s / plan.run.optimizer_step_s + mine.validation_s) / 3600
+    assert f"training and validation ~{hours:.2f} h (step and validation measured by" in text
+    untimed = _as_rehearsal(tmp_path, "offload_1-16_mb8", [])
+    (older,) = calibrate(plan, profile, [untimed]).values()
+    assert older.validation_s is None
+    assert "(step measured by rehearsal" in " ".join(_text(plan, {"as configured": older}).split())

@@ -32,6 +32,7 @@ class Measured:
     step_range: tuple[float, float] | None = None
     eval_s: float | None = None  # the evaluation after training, where the rehearsal timed it on its slices
     eval_range: tuple[float, float] | None = None
+    validation_s: float | None = None  # the validation passes, where the rehearsal timed their forwards
 
     def fits(self, gpu_limit: float, host_limit: float) -> bool:
         """Whether the measured peaks fit the plan's usable GPU memory and host RAM (bytes)."""

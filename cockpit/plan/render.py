@@ -73,8 +73,14 @@ def in_short(plan: Plan, measured: dict[str, Measured] | None = None) -> Text:
         both = " and validation" if run.validation_s else ""
         seconds, how = run.with_validation_s, "modelled"
         if mine is not None and run.optimizer_step_s:
-            seconds *= mine.step_s / run.optimizer_step_s
-            how = f"step measured by {mine.source}"
+            ratio = mine.step_s / run.optimizer_step_s
+            validation = (
+                mine.validation_s if mine.validation_s is not None else (run.validation_s or 0.0) * ratio
+            )
+            seconds = run.train_s * ratio + validation
+            how = (
+                f"step{' and validation' if mine.validation_s is not None else ''} measured by {mine.source}"
+            )
         hours = f"; training{both} ~{seconds / 3600:.2f} h ({how})"
     line = Text("In short: ", style="bold")
     line.append(verdict, style=style)
@@ -421,6 +427,10 @@ def verdict_text(plan: Plan, measured: dict[str, Measured] | None = None) -> Tex
     if run is not None and run.validation is not None and (run.train_s or e.setup.gpus):
         v = run.validation
         lines.append(f"[bold]Validation loss, on top:[/] {escape(v.words())}")
+        if mine is not None and mine.validation_s is not None:
+            lines.append(
+                f"  measured by {escape(mine.source)}: {mine.validation_s / 3600:.2f} h (its forwards timed)"
+            )
         if run.train_s and v.total_s and run.with_validation_s is not None:
             lines.append(
                 f"[bold]Training and validation: {run.with_validation_s / 3600:.2f} h[/] on "

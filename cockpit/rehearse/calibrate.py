@@ -81,6 +81,7 @@ def measured_row(plan: Any, profile: Any, run_dir: Path) -> tuple[str, Measured]
         step_range=tuple(ranges["step_s"]) if ranges.get("step_s") else None,
         eval_s=result.wall.get("eval_s") if timed else None,
         eval_range=result.evaluation.range_s if timed and result.evaluation else None,
+        validation_s=result.wall.get("validation_s") if result.measured("validation_s") else None,
     )
 
 

@@ -57,6 +57,12 @@ class SortedPairs:
         return cls(perm=perm, unsort=unsort, offs=offs, k=k)
 
 
+def gather_sum_torch(rows: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """`rows[index]` summed over the index's last dimension, in torch: [N, H] rows, [T, k] indices ->
+    [T, H] (a gather into token order, then a sum over k; `trainer.kernels.gather_sum` in one pass)."""
+    return rows[index.reshape(-1)].view(*index.shape, rows.shape[-1]).sum(dim=1)
+
+
 def sum_pairs(rows: torch.Tensor, unsort: torch.Tensor, k: int) -> torch.Tensor:
     """Each token's sum of its k pairs' rows, sorted order in, token order out ([T * k, H] -> [T, H]): the
     gather-sum kernel on a GPU where it runs, torch's gather and sum otherwise (and from then on where the
@@ -75,7 +81,7 @@ def sum_pairs(rows: torch.Tensor, unsort: torch.Tensor, k: int) -> torch.Tensor:
         except Exception as exc:  # a kernel that does not build or run here
             _kernel_failed = True
             log.warning("fused combine unavailable (%s: %s); torch's gather and sum", type(exc).__name__, exc)
-    return rows[unsort].view(-1, k, rows.shape[-1]).sum(dim=1)
+    return gather_sum_torch(rows, index)
 
 
 class _SpreadToPairs(torch.autograd.Function):

@@ -73,7 +73,7 @@ def modelled_forward(profile: Any, compute_s: float, step_s: float) -> tuple[flo
     """A validation forward of a micro-batch from a training micro-batch's compute and whole step: the
     forward's share of the compute, and one of the step's layer fetches of what it spends beyond its
     compute; and why."""
-    share = FORWARD_SHARE_CHECKPOINTED if profile.training.gradient_checkpointing else FORWARD_SHARE_PLAIN
+    share, _ = compute_share(profile)
     beyond = max(0.0, step_s - compute_s)
     why = f"modelled: {share:.2f} of the step's compute"
     if beyond > 0:
@@ -89,12 +89,16 @@ def validation_passes(steps: int, eval_steps: int) -> int:
     return 1 + steps // eval_steps + (1 if steps % eval_steps else 0)
 
 
+def compute_share(profile: Any) -> tuple[float, str]:
+    """A forward's share of a training micro-batch's compute, and why."""
+    if profile.training.gradient_checkpointing:
+        return FORWARD_SHARE_CHECKPOINTED, "forward of forward, recompute and input backward"
+    return FORWARD_SHARE_PLAIN, "forward of forward and input backward"
+
+
 def forward_share(profile: Any) -> tuple[float, str]:
     """A validation forward's time as a share of a training micro-batch's step, and why."""
-    if profile.training.gradient_checkpointing:
-        share, why = FORWARD_SHARE_CHECKPOINTED, "forward of forward, recompute and input backward"
-    else:
-        share, why = FORWARD_SHARE_PLAIN, "forward of forward and input backward"
+    share, why = compute_share(profile)
     if profile.deepspeed.stage == 3 and profile.deepspeed.offload_param != "none":
         copies = 1 / ZERO3_LAYER_FETCHES
         if copies > share:

@@ -4,7 +4,8 @@ The experts' outputs come sorted by expert ([T * k, H], a row a token-expert pai
 the sum of its k rows. In torch that is a gather into token order ([T * k, H] written, then read again)
 and a sum over k: here one kernel reads each pair's row once where it lies and writes the token's sum,
 accumulated in float32 and rounded once to the rows' dtype. The same sum is the backward of spreading a
-token to its k pairs (`trainer.routing`). `reference` is the torch formula (the tests' and the CPU's).
+token to its k pairs (`trainer.routing`, whose `gather_sum_torch` is the same sum in torch: the CPU's path
+and the tests' reference).
 """
 
 from __future__ import annotations
@@ -17,11 +18,6 @@ from trainer.kernels.device import on_device
 
 BLOCK_TOKENS = 8
 BLOCK_COLS = 256
-
-
-def reference(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """`x[index]` summed over its last index dimension: [N, H] rows, [T, k] indices -> [T, H]."""
-    return x[index.reshape(-1)].view(*index.shape, x.shape[-1]).sum(dim=1)
 
 
 @triton.jit

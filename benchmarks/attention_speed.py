@@ -13,6 +13,9 @@ Paths:
   cudnn          the per-document loop under SDPA's cuDNN backend (timed after its per-length plans are
                  built: a first length costs ~0.1 s)
   flex           FlexAttention, compiled, with a document-causal block mask (mask built outside the timing)
+  cudnn-ragged   the whole micro-batch as one nested (jagged) tensor, its segments as `packed` has them,
+                 in one SDPA call under the cuDNN backend; key/value heads repeated for the query heads
+                 where that call takes no grouped heads
 
 Timings: CUDA events, median of `--iters` after 3 warm-ups; forward alone and forward + backward.
 FLOPs (causal, per document of n tokens): forward 4 x n^2/2 x heads x head_dim (QK^T and PV), backward
@@ -70,6 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--out", type=Path, default=None, help="folder for the .md and .json")
     parser.add_argument("--iters", type=int, default=20)
+    parser.add_argument("--rows", type=int, default=4, help="rows of 4,096 tokens (the story ships 8)")
     parser.add_argument("--smoke", action="store_true", help="CPU, tiny shapes, the per-document path")
     args = parser.parse_args(argv)
     import torch
@@ -83,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     device = torch.device("cpu" if args.smoke else "cuda")
     dtype = torch.float32 if args.smoke else torch.bfloat16
-    b, t, h, hkv, d = (2, 256, 4, 2, 16) if args.smoke else (4, 4096, 64, 4, 128)
+    b, t, h, hkv, d = (2, 256, 4, 2, 16) if args.smoke else (args.rows, 4096, 64, 4, 128)
     doc_lens = story_rows(b, t, 100 if args.smoke else MEAN_TOKENS)
     scale = d**-0.5
     gen = torch.Generator(device="cpu").manual_seed(0)
@@ -117,10 +121,26 @@ def main(argv: list[str] | None = None) -> int:
                 rows.append(torch.cat(parts, dim=2))
         return torch.cat(rows).transpose(1, 2)
 
+    offsets = torch.tensor(attention.segments(doc_lens, t), dtype=torch.int64, device=device)
+
+    def cudnn_ragged(q: Any, k: Any, v: Any, gqa: bool = True) -> Any:
+        def nested(x: Any) -> Any:  # [B, H, T, D] -> [segments, H, j, D]
+            flat = x.transpose(1, 2).reshape(b * t, x.shape[1], d)
+            if not gqa and x.shape[1] != h:
+                flat = flat.repeat_interleave(h // x.shape[1], dim=1)
+            return torch.nested.nested_tensor_from_jagged(flat, offsets).transpose(1, 2)
+
+        with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+            out = F.scaled_dot_product_attention(nested(q), nested(k), nested(v), is_causal=True, scale=scale,
+                                                 enable_gqa=gqa)  # fmt: skip
+        return out.transpose(1, 2).values().view(b, t, h, d)
+
     paths: dict[str, Any] = {"per-document": per_document}
     if not args.smoke:
         paths["packed"] = packed
         paths["cudnn"] = cudnn
+        paths["cudnn-ragged"] = cudnn_ragged
+        paths["cudnn-ragged-repeat"] = lambda q, k, v: cudnn_ragged(q, k, v, gqa=False)
         try:
             from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 

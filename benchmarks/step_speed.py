@@ -66,6 +66,7 @@ PER_DOCUMENT = (("COCKPIT_VARLEN_KERNEL", "0"),)  # attention one SDPA call a do
 NO_FUSED_ROPE = (("COCKPIT_FUSED_ROPE", "0"),)  # Transformers' rotary embedding (trainer/rope.py)
 NO_FUSED_ACT = (("COCKPIT_FUSED_ACT", "0"),)  # the experts' activation in torch's kernels (kernels/swiglu.py)
 NO_FUSED_COMBINE = (("COCKPIT_FUSED_COMBINE", "0"),)  # pairs gathered, then summed (trainer/routing.py)
+NO_NORM_KERNEL = (("COCKPIT_NORM_KERNEL", "0"),)  # torch's rms_norm kernel, not kernels/rms_norm.py
 PREFETCH2 = ("deepspeed.prefetch_layers=2",)
 STAGE2 = ("deepspeed.stage=2",)  # ZeRO-2 at one rank: no parameter hooks (what ZeRO-3's cost)
 STACK = (("COCKPIT_PROFILE_STACK", "1"),)  # Python frames in the kept trace
@@ -260,6 +261,12 @@ def gpu_rows() -> list[Row]:
             Row(f"combine-{kind}-{layers}L", layers, 4096, mb=8, ga=1, steps=10, env_extra=env)
             for layers in (4, 8)
             for kind, env in (("off", NO_FUSED_COMBINE), ("on", ()))
+        ),
+        # The RMSNorm kernel (kernels/rms_norm.py) on and off (torch's rms_norm) in the same way.
+        *(
+            Row(f"norm-{kind}-{layers}L", layers, 4096, mb=8, ga=1, steps=10, env_extra=env)
+            for layers in (4, 8)
+            for kind, env in (("torch", NO_NORM_KERNEL), ("triton", ()))
         ),
         # the 1-row story step again, in the same session as the rows above (run-to-run spread ~8%)
         Row("story-offload-prefetch3-4096-ga8-again", 4, 4096, ga=8, offload=True, steps=7, extra=PREFETCH3),

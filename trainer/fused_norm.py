@@ -5,6 +5,9 @@ many again in its backward, each a pass over the activations; a layer has four (
 query and key norms), run in forward, recompute and backward. `F.rms_norm` is one kernel each way on
 the GPU (fp32 statistics, like Transformers'), and the same arithmetic on the CPU. The only difference:
 the weight multiplies the normalized fp32 value before the cast to the input's dtype, not after.
+
+On a GPU the norm is `trainer.kernels.rms_norm` where it runs: the same arithmetic, a tile of rows a
+program rather than torch's block a row, which the query and key norms (a row a head, 128 wide) need.
 """
 
 from __future__ import annotations
@@ -15,11 +18,26 @@ import types
 import torch
 from torch.nn import functional as F
 
-# Off for the speed benchmark's control row: COCKPIT_FUSED_NORM=0.
+from trainer.pass_through import FastPath
+
+# Off for the speed benchmark's control rows: COCKPIT_FUSED_NORM=0 (Transformers' eager norm),
+# COCKPIT_NORM_KERNEL=0 (torch's fused kernel on the GPU, not the Triton one).
 ENABLED = os.environ.get("COCKPIT_FUSED_NORM", "1") != "0"
+TRITON = os.environ.get("COCKPIT_NORM_KERNEL", "1") != "0"
+KERNEL = FastPath("RMSNorm kernel", "torch's rms_norm")
+
+
+def _triton(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor | None:
+    from trainer.kernels import rms_norm  # Triton: imported where the kernel is tried
+
+    return rms_norm.rms_norm(x, weight, eps) if rms_norm.fits(x, weight) else None
 
 
 def _fused_forward(self: torch.nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
+    if TRITON and hidden_states.is_cuda:
+        out = KERNEL.run(lambda: _triton(hidden_states, self.weight, self.variance_epsilon))
+        if out is not None:
+            return out
     return F.rms_norm(hidden_states, (hidden_states.shape[-1],), self.weight, self.variance_epsilon)
 
 

@@ -16,10 +16,12 @@ from typing import Any
 
 import torch
 
+from trainer.pass_through import FastPath
+
 log = logging.getLogger(__name__)
 # Off for the speed benchmark's control row: COCKPIT_FUSED_ROPE=0 (Transformers' own).
 ENABLED = os.environ.get("COCKPIT_FUSED_ROPE", "1") != "0"
-_failed = False
+KERNEL = FastPath("fused RoPE", "Transformers' own")
 
 
 def fusable(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, unsqueeze_dim: int) -> bool:
@@ -27,7 +29,7 @@ def fusable(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, unsqueeze_dim: 
     of two, nothing asking for the gradient of cos."""
     d = q.shape[-1] if q.dim() == 4 else 0
     return (
-        not _failed
+        not KERNEL.failed
         and unsqueeze_dim == 1
         and q.is_cuda
         and q.dtype in (torch.bfloat16, torch.float16)
@@ -40,23 +42,22 @@ def fusable(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, unsqueeze_dim: 
     )
 
 
+def _rotate(
+    q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    from trainer.kernels import rope  # Triton: imported where the kernel is tried
+
+    return rope.rotate(q, cos, sin), rope.rotate(k, cos, sin)
+
+
 def _fused(original: Callable[..., Any]) -> Callable[..., Any]:
     def apply_rotary_pos_emb(
         q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, unsqueeze_dim: int = 1
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        global _failed
         if fusable(q, k, cos, unsqueeze_dim):
-            from trainer.pass_through import PASS_THROUGH
-
-            try:
-                from trainer.kernels import rope
-
-                return rope.rotate(q, cos, sin), rope.rotate(k, cos, sin)
-            except PASS_THROUGH:  # out of memory is no reason to change paths
-                raise
-            except (ImportError, RuntimeError, ValueError) as exc:
-                _failed = True
-                log.warning("fused RoPE unavailable (%s: %s); Transformers' own", type(exc).__name__, exc)
+            pair = KERNEL.run(lambda: _rotate(q, k, cos, sin))
+            if pair is not None:
+                return pair
         return original(q, k, cos, sin, unsqueeze_dim)
 
     apply_rotary_pos_emb.cockpit_original = original  # type: ignore[attr-defined]

@@ -24,13 +24,15 @@ from typing import Any
 
 import torch
 
+from trainer.pass_through import FastPath
+
 log = logging.getLogger(__name__)
 
 # Off for the speed benchmark's control row: COCKPIT_FAST_ROUTING=0 (plain indexing, weights on outputs).
 ENABLED = os.environ.get("COCKPIT_FAST_ROUTING", "1") != "0"
 # Off for its control row: COCKPIT_FUSED_COMBINE=0 (a gather into token order, then torch's sum).
 FUSED_COMBINE = os.environ.get("COCKPIT_FUSED_COMBINE", "1") != "0"
-_kernel_failed = False
+COMBINE_KERNEL = FastPath("fused combine", "torch's gather and sum")
 KERNEL_DTYPES = (torch.bfloat16, torch.float16, torch.float32)  # the kernel sums in float32
 
 
@@ -63,24 +65,21 @@ def gather_sum_torch(rows: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     return rows[index.reshape(-1)].view(*index.shape, rows.shape[-1]).sum(dim=1)
 
 
+def _gather_sum_kernel(rows: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    from trainer.kernels.gather_sum import gather_sum  # Triton: imported where the kernel is tried
+
+    return gather_sum(rows, index)
+
+
 def sum_pairs(rows: torch.Tensor, unsort: torch.Tensor, k: int) -> torch.Tensor:
     """Each token's sum of its k pairs' rows, sorted order in, token order out ([T * k, H] -> [T, H]): the
     gather-sum kernel on a GPU where it runs, torch's gather and sum otherwise (and from then on where the
     kernel fails here; out of memory is raised, not a failure)."""
-    global _kernel_failed
     index = unsort.view(-1, k)
-    if FUSED_COMBINE and rows.is_cuda and rows.dtype in KERNEL_DTYPES and not _kernel_failed:
-        from trainer.pass_through import PASS_THROUGH
-
-        try:
-            from trainer.kernels.gather_sum import gather_sum
-
-            return gather_sum(rows, index)
-        except PASS_THROUGH:
-            raise
-        except Exception as exc:  # a kernel that does not build or run here
-            _kernel_failed = True
-            log.warning("fused combine unavailable (%s: %s); torch's gather and sum", type(exc).__name__, exc)
+    if FUSED_COMBINE and rows.is_cuda and rows.dtype in KERNEL_DTYPES:
+        out = COMBINE_KERNEL.run(lambda: _gather_sum_kernel(rows, index))
+        if out is not None:
+            return out
     return gather_sum_torch(rows, index)
 
 

@@ -11,7 +11,6 @@ dtype (torch rounds after each of its kernels); `reference` is the same formula 
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 import torch
@@ -20,9 +19,9 @@ import triton.language as tl
 from torch.autograd.function import once_differentiable
 
 from trainer.kernels.device import on_device
+from trainer.pass_through import FastPath
 
-log = logging.getLogger(__name__)
-_failed = False
+KERNEL = FastPath("fused expert activation", "torch's")
 
 BLOCK_ROWS = 16
 BLOCK_COLS = 256
@@ -140,16 +139,9 @@ def swiglu_rows(gu: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
 def activate(gu: torch.Tensor, weights: torch.Tensor, act_fn: Any, fused: bool = True) -> torch.Tensor:
     """`act_fn(gate) * up * weights` of sorted pairs: `swiglu_rows` for SiLU where `fused`, torch's kernels
     otherwise, and from then on where the kernel fails here (out of memory is raised, not a failure)."""
-    global _failed
-    if fused and not _failed and is_silu(act_fn):
-        from trainer.pass_through import PASS_THROUGH
-
-        try:
-            return swiglu_rows(gu, weights)
-        except PASS_THROUGH:
-            raise
-        except Exception as exc:  # a kernel that does not build or run here: torch's activation
-            _failed = True
-            log.warning("fused expert activation unavailable (%s: %s); torch's", type(exc).__name__, exc)
+    if fused and is_silu(act_fn):
+        h = KERNEL.run(lambda: swiglu_rows(gu, weights))
+        if h is not None:
+            return h
     gate, up = gu.chunk(2, dim=-1)
     return act_fn(gate) * up * weights.to(gu.dtype)

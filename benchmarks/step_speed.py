@@ -67,6 +67,7 @@ NO_FUSED_ROPE = (("COCKPIT_FUSED_ROPE", "0"),)  # Transformers' rotary embedding
 NO_FUSED_ACT = (("COCKPIT_FUSED_ACT", "0"),)  # the experts' activation in torch's kernels (kernels/swiglu.py)
 NO_FUSED_COMBINE = (("COCKPIT_FUSED_COMBINE", "0"),)  # pairs gathered, then summed (trainer/routing.py)
 NO_NORM_KERNEL = (("COCKPIT_NORM_KERNEL", "0"),)  # torch's rms_norm kernel, not kernels/rms_norm.py
+PEFT_LORA = (("COCKPIT_LEAN_LORA", "0"),)  # PEFT's own LoRA forward, not trainer/lora_forward.py
 PREFETCH2 = ("deepspeed.prefetch_layers=2",)
 STAGE2 = ("deepspeed.stage=2",)  # ZeRO-2 at one rank: no parameter hooks (what ZeRO-3's cost)
 STACK = (("COCKPIT_PROFILE_STACK", "1"),)  # Python frames in the kept trace
@@ -267,6 +268,12 @@ def gpu_rows() -> list[Row]:
             Row(f"norm-{kind}-{layers}L", layers, 4096, mb=8, ga=1, steps=10, env_extra=env)
             for layers in (4, 8)
             for kind, env in (("torch", NO_NORM_KERNEL), ("triton", ()))
+        ),
+        # PEFT's LoRA forward and the lean one (trainer/lora_forward.py), profiled at 4 and 8 layers in turn.
+        *(
+            Row(f"lora-{kind}-{layers}L-prof", layers, 4096, mb=8, ga=1, steps=7, profile=True, env_extra=env)
+            for kind, env in (("peft", PEFT_LORA), ("lean", ()))
+            for layers in (4, 8)
         ),
         # the 1-row story step again, in the same session as the rows above (run-to-run spread ~8%)
         Row("story-offload-prefetch3-4096-ga8-again", 4, 4096, ga=8, offload=True, steps=7, extra=PREFETCH3),

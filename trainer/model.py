@@ -160,10 +160,12 @@ def configure_training(profile: Profile, model: Any) -> dict[str, Any]:
 
 
 def attach_lora(profile: Profile, model: Any) -> Any:
-    """Wrap the model with PEFT LoRA on the profile's target modules (and the experts if asked)."""
+    """Wrap the model with PEFT LoRA on the profile's target modules (and the experts if asked), each
+    adapter's forward the lean one (`trainer.lora_forward`)."""
     from peft import LoraConfig, get_peft_model
     from transformers import set_seed
 
+    from trainer import lora_forward
     from trainer.experts_model import add_expert_lora
 
     if profile.training.gradient_checkpointing:
@@ -191,6 +193,7 @@ def attach_lora(profile: Profile, model: Any) -> Any:
             if param.requires_grad and not hasattr(param, "ds_id") and param.dtype != torch.bfloat16:
                 param.data = param.data.to(torch.bfloat16)
     memoize_parameter_count(peft_model.get_base_model())
+    peft_model.cockpit_lean_lora = lora_forward.install(peft_model)  # the `loaded` event's `lean_lora`
     return peft_model
 
 

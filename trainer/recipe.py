@@ -248,6 +248,7 @@ class Recipe:
             "partitioned_at_load": partitioned_at_load,
             **getattr(base, "cockpit_load_facts", {}),
             **training_facts,
+            "lean_lora": getattr(model, "cockpit_lean_lora", 0),
         }
         self.events.write("loaded", **self._load_facts, **memory_fields())
         self.model = model

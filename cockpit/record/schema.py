@@ -6,8 +6,8 @@ read (`STEP_FIGURES`) and the fields an importer says are absent (`cockpit.impor
 `docs/record.md`'s event table documents the same kinds; `tests/test_record_schema.py` holds the two,
 and the records of real runs, to it.
 
-Every field may be absent or null unless it is required. A field not listed is allowed (a newer writer's,
-a kind's free-form extras) and a kind not listed is checked for `t`, `kind` and `rank` only.
+Any field may be absent or null unless required. A field not listed is allowed (a newer writer's, a
+kind's extras); a kind not listed is checked for `t`, `kind` and `rank` only.
 
 JSON has no NaN or infinity: a writer puts a non-finite number as the text `"nan"`, `"inf"` or `"-inf"`
 (`encode`), and a number field takes it back as the float (`event_problem` decodes in place), so a
@@ -117,8 +117,7 @@ class Required:
 
 Fields = Mapping[str, "Type | Required"]
 
-# Every event's own fields.
-HEADER: Fields = {"t": Required(TIME), "kind": Required(TEXT), "rank": INT}
+HEADER: Fields = {"t": Required(TIME), "kind": Required(TEXT), "rank": INT}  # every event's own fields
 
 # The step event's fields by name: the writer (`trainer/callbacks.py`), the columns (`record.scalars`), the
 # importers (`cockpit.importers.model`) and the folds (`record.view`, `record.series`) name them through
@@ -228,6 +227,7 @@ EVENTS: dict[str, Fields] = {
         "chunked_loss": FLAG,
         "fused_rms_norms": INT,
         "fused_rope": FLAG,
+        "lean_lora": INT,
         "cuda_peak_per_layer_mib": NUMBERS,
         "async_fetch": FLAG,
         "embeddings_on_gpu": INT,

@@ -52,16 +52,34 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 RESULTS = ROOT / "benchmarks/results"
+MB8_PROFILES = ("mb8-4L-prof", "mb8-8L-prof")  # step_speed_h200_{mb8,combine,norm}_profile.json: 8 rows x 1
 OFFLOAD_RECORDS = {
     "before": "offload_1-16",
     "attention + activation": "offload_1-16_levers",
     "every lever": "offload_1-16_all",
     "every lever, again (a fourth call)": "offload_4-16_mb4",
     "8 rows, one micro-batch a step (the fourth call)": "offload_1-16_mb8",
-    "8 rows x 1, the fused combine (a fifth call; as shipped)": "offload_1-16_mb8_val",
+    "8 rows x 1, the fused combine (a fifth call)": "offload_1-16_mb8_val",
+    "8 rows x 1, the head norms' kernel (a sixth call)": "offload_4-16_norm",
+    "8 rows x 1, the head norms' kernel and the lean LoRA (a seventh call; as shipped)": "offload_4-16_lean",
 }
+# One call, depths 4 and 8 with offload: the two levers off (COCKPIT_NORM_KERNEL=0 COCKPIT_LEAN_LORA=0),
+# then on (`rehearsal_accuracy.py --configs nf4-offload --depths 4,8`, results `rehearsal_both_{off,on}`).
+OFFLOAD_AB = {
+    "8 rows x 1, head norms' kernel and lean LoRA off (an eighth call)": "rehearsal_both_off_h200",
+    "8 rows x 1, both on (the eighth call)": "rehearsal_both_on_h200",
+}
+LEAN = "the head norms' kernel and the lean LoRA (the seventh call)"
+# Profiled steps without offload, 4 and 8 layers, 8 rows x 1: device time a further layer, by call.
+BUSY_PROFILES = {
+    "the fused combine (the fifth call)": ("step_speed_h200_combine_profile", MB8_PROFILES),
+    "the head norms' kernel (the sixth call)": ("step_speed_h200_norm_profile", MB8_PROFILES),
+    "the head norms' kernel, PEFT's LoRA forward (the seventh call)": (
+        "step_speed_h200_lora_profile", ("lora-peft-4L-prof", "lora-peft-8L-prof")),
+    LEAN: (
+        "step_speed_h200_lora_profile", ("lora-lean-4L-prof", "lora-lean-8L-prof")),
+}  # fmt: skip
 NOW_PROFILES = ("now-4L-prof", "now-8L-prof")  # step_speed_h200_now_profile.json: every lever on
-MB8_PROFILES = ("mb8-4L-prof", "mb8-8L-prof")  # step_speed_h200_{mb8,combine}_profile.json: 8 rows x 1
 PROFILES = ("story-4096-mb4-ga2-prof", "story-4096-mb4-ga2-8L-prof")  # step_speed_h200_story_profile.json
 STEP_ROWS = {  # label -> (results file, 4-layer row, 8-layer row); rows of one file ran in one call
     "before (both off)": ("step_speed_h200_levers", "levers-off-4L", "levers-off-8L"),
@@ -122,6 +140,11 @@ def main() -> int:
         points = [by_depth[d].step_s for d in depths]
         gpu = [max(by_depth[d].gpu_train_gib.values()) for d in depths]
         add("offload", label, slope(list(zip(depths, points, strict=True))), depths, points, gpu=gpu)
+    for label, name in OFFLOAD_AB.items():
+        measures = json.loads((RESULTS / f"{name}.json").read_text())["nf4-offload"]["measures"]
+        depths, points = [m["layers"] for m in measures], [m["step_s"] for m in measures]
+        gpu = [max(m["gpu_train_gib"].values()) for m in measures]
+        add("offload", label, slope(list(zip(depths, points, strict=True))), depths, points, gpu=gpu)
     for label, (name, four, eight) in STEP_ROWS.items():
         results = json.loads((RESULTS / f"{name}.json").read_text())
         by_name = {r["name"]: r["result"] for r in results["rows"]}
@@ -138,6 +161,15 @@ def main() -> int:
     out["layer_ops"] = layer_ops()
     out["layer_ops_mb8"] = layer_ops("step_speed_h200_mb8_profile", MB8_PROFILES)
     out["layer_ops_combine"] = layer_ops("step_speed_h200_combine_profile", MB8_PROFILES)
+    out["layer_ops_lean"] = layer_ops(
+        "step_speed_h200_lora_profile", ("lora-lean-4L-prof", "lora-lean-8L-prof")
+    )
+    out["busy"] = [
+        {"label": label, "file": name, "busy_s": busy, "step_s": step,
+         "matmul_tflops": json.loads((RESULTS / f"{name}.json").read_text())["ceilings"]["bf16_tflops"]}
+        for label, (name, rows) in BUSY_PROFILES.items()
+        for busy, _, step in [further_layer(name, rows, "top_ops_s")]
+    ]  # fmt: skip
     text = table(out)
     print(text)
     dest = Path(os.environ.get("OUT") or RESULTS)
@@ -244,7 +276,12 @@ def table(out: dict[str, Any]) -> str:
     ]
     for key, what, name in (
         ("layer_ops_mb8", "The same at 8 rows and one micro-batch a step", "step_speed_h200_mb8_profile"),
-        ("layer_ops_combine", "Then with the fused combine, as shipped", "step_speed_h200_combine_profile"),
+        ("layer_ops_combine", "Then with the fused combine", "step_speed_h200_combine_profile"),
+        (
+            "layer_ops_lean",
+            "Then with the head norms' kernel and the lean LoRA, as shipped (another call)",
+            "step_speed_h200_lora_profile",
+        ),
     ):
         mb8 = out[key]
         lines += [
@@ -256,6 +293,17 @@ def table(out: dict[str, Any]) -> str:
             "|---|---|---|",
             *(f"| `{name}` | {s:.4f} | {100 * s / mb8['device_busy_s']:.1f}% |" for name, s in mb8["ops"]),
         ]
+    lines += [
+        "",
+        "Device time a further layer, no offload, 8 rows x 1 (torch.profiler's busy time and the step, each "
+        "the 8-layer figure less the 4-layer one, over 4; calls differ by a few percent, as their matmul "
+        "rates do):",
+        "",
+        "| configuration | results | busy s a layer | step s a layer | matmul TFLOP/s in that call |",
+        "|---|---|---|---|---|",
+        *(f"| {b['label']} | `{b['file']}` | {b['busy_s']:.4f} | {b['step_s']:.4f} "
+          f"| {b['matmul_tflops']:.0f} |" for b in out["busy"]),
+    ]  # fmt: skip
     lines += ["", "Reproduce: `python benchmarks/marginal_layer.py` (reads the committed results)."]
     return "\n".join(lines) + "\n"
 

@@ -35,11 +35,12 @@ STORY = "qwen3-235b-a22b-thinking-4xh100"
 # The rehearsal records each forecast reads (results/forecast/records/; each depth from the first that has
 # it), and whether they ran the micro-batch `forecast_consistency.RAN_AT` pins (4 rows, 2 a step): with
 # offload, the profile as shipped (8 rows, one micro-batch a step), every lever, depths 4, 8 and 16, with
-# pinned memory registered as the cockpit now launches its runs (`cockpit.service.spawn.PINNED_REGISTER`;
-# `offload_1-16_mb8_val`, the call before, pinned by torch's default: benchmarks/pin_speed.py sets the two
-# side by side); without offload, the earlier rehearsals at 4 x 2 (not run again: device time), so that
-# forecast is the slower code's, at the micro-batch it ran.
-RECORDS = {"offload": (["offload_4-16_register"], False), "none": (["none_1-16"], True)}
+# pinned memory registered as the cockpit now launches its runs (`cockpit.service.spawn.PINNED_REGISTER`),
+# the head norms' kernel and the lean LoRA forward (`offload_4-16_lean`; `offload_4-16_register`, the
+# call before them, and `offload_1-16_mb8_val`, pinned by torch's default: benchmarks/pin_speed.py);
+# without offload, the earlier rehearsals at 4 x 2 (not run again: device time), so that forecast is the
+# slower code's, at the micro-batch it ran.
+RECORDS = {"offload": (["offload_4-16_lean"], False), "none": (["none_1-16"], True)}
 EVAL_TIMINGS = ROOT / "benchmarks/results/eval_speed_h200.json"
 
 

@@ -90,6 +90,7 @@ def test_audit_says_linear_layers_and_experts_are_4bit_under_zero3_offload(
     assert loaded["partitioned_at_load"] and loaded["loader"] == "layerwise"
     assert loaded["nf4_expert_tensors"] == loaded["nf4_expert_tensors_partitioned"] == 24  # 4 layers x 2 x 3
     assert loaded["zero3_leaf_modules"] == ["Qwen3MoeDecoderLayer"]  # the default: whole layers
+    assert loaded["lean_lora"] == sum(audit["lora_targets"].values())  # every adapter: the lean forward
 
 
 def test_load_and_train_phases_and_adapter(tiny_run: tuple[Path, str]) -> None:

@@ -1,4 +1,4 @@
-"""`trainer.pass_through.FastPath`: a fast path that fails is logged once and never tried again; out of
+"""`trainer.fast_path.FastPath`: a fast path that fails is logged once and never tried again; out of
 memory and checkpointing's stop are raised, not taken for a failure."""
 
 from __future__ import annotations
@@ -8,7 +8,8 @@ import logging
 import pytest
 import torch
 
-from trainer.pass_through import PASS_THROUGH, FastPath
+from trainer.fast_path import FastPath
+from trainer.pass_through import PASS_THROUGH
 
 
 def test_a_failure_is_logged_once_and_the_path_is_not_tried_again(caplog) -> None:

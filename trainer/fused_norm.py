@@ -14,12 +14,11 @@ there; the hidden state's norms (4,096 wide) stay torch's, which is faster on wi
 from __future__ import annotations
 
 import os
-import types
 
 import torch
 from torch.nn import functional as F
 
-from trainer.pass_through import FastPath
+from trainer.fast_path import FastPath, swap_forwards
 
 # Off for the speed benchmark's control rows: COCKPIT_FUSED_NORM=0 (Transformers' eager norm),
 # COCKPIT_NORM_KERNEL=0 (torch's fused kernel on the GPU, not the Triton one).
@@ -55,9 +54,4 @@ def fuse_rms_norms(model: torch.nn.Module) -> int:
     """Give every RMSNorm of `model` the fused forward; returns how many (0 when disabled)."""
     if not ENABLED:
         return 0
-    count = 0
-    for module in model.modules():
-        if is_rms_norm(module):
-            module.forward = types.MethodType(_fused_forward, module)
-            count += 1
-    return count
+    return swap_forwards(model, is_rms_norm, _fused_forward)

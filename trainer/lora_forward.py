@@ -17,10 +17,11 @@ called (`lora_A`, `lora_B`, the dropout), so ZeRO-3's hooks gather their weights
 from __future__ import annotations
 
 import os
-import types
 from typing import Any
 
 import torch
+
+from trainer.fast_path import swap_forwards
 
 # Off for the speed benchmark's control row: COCKPIT_LEAN_LORA=0 (PEFT's own forward).
 ENABLED = os.environ.get("COCKPIT_LEAN_LORA", "1") != "0"
@@ -57,9 +58,4 @@ def install(model: torch.nn.Module) -> int:
     """Give each LoRA linear layer of `model` the lean forward; returns how many (0 when disabled)."""
     if not ENABLED:
         return 0
-    count = 0
-    for module in model.modules():
-        if is_lora_linear(module):
-            module.forward = types.MethodType(_lean_forward, module)
-            count += 1
-    return count
+    return swap_forwards(model, is_lora_linear, _lean_forward)

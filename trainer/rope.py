@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from trainer.pass_through import FastPath
+from trainer.fast_path import FastPath
 
 log = logging.getLogger(__name__)
 # Off for the speed benchmark's control row: COCKPIT_FUSED_ROPE=0 (Transformers' own).

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from trainer.pass_through import FastPath
+from trainer.fast_path import FastPath
 
 log = logging.getLogger(__name__)
 

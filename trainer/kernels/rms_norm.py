@@ -50,17 +50,24 @@ def _tile(width: int) -> tuple[int, int, int]:
 
 
 @triton.jit
-def _forward_kernel(
-    x, w, y, rstd, n_rows, stride_x, stride_y, eps,
-    width: tl.constexpr, BR: tl.constexpr, BN: tl.constexpr,
-):  # fmt: skip
+def _tile_of(t, n_rows, stride, width: tl.constexpr, BR: tl.constexpr, BN: tl.constexpr):
+    """This program's tile of rows: their indices, its columns, the masks, and t's values in float32."""
     rows = tl.program_id(0) * BR + tl.arange(0, BR)
     live = rows < n_rows
     rows = rows.to(tl.int64)
     cols = tl.arange(0, BN)
     inside = cols < width
     mask = live[:, None] & inside[None, :]
-    xv = tl.load(x + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    values = tl.load(t + rows[:, None] * stride + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    return rows, cols, live, inside, mask, values
+
+
+@triton.jit
+def _forward_kernel(
+    x, w, y, rstd, n_rows, stride_x, stride_y, eps,
+    width: tl.constexpr, BR: tl.constexpr, BN: tl.constexpr,
+):  # fmt: skip
+    rows, cols, live, inside, mask, xv = _tile_of(x, n_rows, stride_x, width, BR, BN)
     r = 1.0 / tl.sqrt(tl.sum(xv * xv, axis=1) / width + eps)
     wv = tl.load(w + cols, mask=inside, other=0.0).to(tl.float32)
     out = xv * r[:, None] * wv[None, :]
@@ -73,13 +80,7 @@ def _backward_kernel(
     g, x, w, rstd, dx, n_rows, stride_g, stride_x, stride_dx,
     width: tl.constexpr, BR: tl.constexpr, BN: tl.constexpr,
 ):  # fmt: skip
-    rows = tl.program_id(0) * BR + tl.arange(0, BR)
-    live = rows < n_rows
-    rows = rows.to(tl.int64)
-    cols = tl.arange(0, BN)
-    inside = cols < width
-    mask = live[:, None] & inside[None, :]
-    xv = tl.load(x + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    rows, cols, live, inside, mask, xv = _tile_of(x, n_rows, stride_x, width, BR, BN)
     gv = tl.load(g + rows[:, None] * stride_g + cols[None, :], mask=mask, other=0.0).to(tl.float32)
     wv = tl.load(w + cols, mask=inside, other=0.0).to(tl.float32)
     r = tl.load(rstd + rows, mask=live, other=0.0)

@@ -18,8 +18,8 @@ import triton
 import triton.language as tl
 from torch.autograd.function import once_differentiable
 
+from trainer.fast_path import FastPath
 from trainer.kernels.device import on_device
-from trainer.pass_through import FastPath
 
 KERNEL = FastPath("fused expert activation", "torch's")
 

@@ -7,8 +7,9 @@ the GPU (fp32 statistics, like Transformers'), and the same arithmetic on the CP
 the weight multiplies the normalized fp32 value before the cast to the input's dtype, not after.
 
 On a GPU the query and key norms (a row a head, 128 wide) are `trainer.kernels.rms_norm` where it runs:
-the same arithmetic, a tile of rows a program rather than torch's block a row, 2.5x as fast both ways
-there; the hidden state's norms (4,096 wide) stay torch's, which is faster on wide rows.
+the same arithmetic, a tile of rows a program rather than torch's block a row: at the story's shapes
+2.3 times as fast forward and 3.3 times backward; the hidden state's norms (4,096 wide) stay torch's,
+which is faster on wide rows (`benchmarks/results/norm_speed_h200.md`).
 """
 
 from __future__ import annotations

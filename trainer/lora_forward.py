@@ -10,8 +10,8 @@ default) the two round identically, otherwise they differ by the output's roundi
 
 Only the plain case takes this path: one active vanilla adapter (no DoRA or other variant), not merged
 or disabled, called with the input alone (no per-row adapter names), autocast off. Everything else runs
-PEFT's own forward. The modules are still
-called (`lora_A`, `lora_B`, the dropout), so ZeRO-3's hooks gather their weights as before.
+PEFT's own forward. The modules are still called (`lora_A`, `lora_B`, the dropout), so ZeRO-3's hooks
+gather their weights as before, and the dropout draws as PEFT's does.
 """
 
 from __future__ import annotations

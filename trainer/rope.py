@@ -8,7 +8,6 @@ to the original everywhere else (the CPU, another layout, a kernel that fails he
 
 from __future__ import annotations
 
-import logging
 import os
 import sys
 from collections.abc import Callable
@@ -18,7 +17,6 @@ import torch
 
 from trainer.fast_path import FastPath
 
-log = logging.getLogger(__name__)
 # Off for the speed benchmark's control row: COCKPIT_FUSED_ROPE=0 (Transformers' own).
 ENABLED = os.environ.get("COCKPIT_FUSED_ROPE", "1") != "0"
 KERNEL = FastPath("fused RoPE", "Transformers' own")

@@ -17,7 +17,6 @@ which the down projection's linearity allows.
 
 from __future__ import annotations
 
-import logging
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -25,8 +24,6 @@ from typing import Any
 import torch
 
 from trainer.fast_path import FastPath
-
-log = logging.getLogger(__name__)
 
 # Off for the speed benchmark's control row: COCKPIT_FAST_ROUTING=0 (plain indexing, weights on outputs).
 ENABLED = os.environ.get("COCKPIT_FAST_ROUTING", "1") != "0"

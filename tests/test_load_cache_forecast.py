@@ -128,3 +128,19 @@ def test_cached_load_model_against_the_h200():
     assert abs(r["bytes_error"]) < 1e-4  # the cache's file headers only
     assert r["cached_in_range"] and r["cached_within_bound"]
     assert r["time_ratio"] <= r["byte_ratio"]  # the measured second load at least as short as its bytes
+
+
+def test_the_profiles_disk_rate_times_the_reads():
+    """`hardware.disk_gbps` sets the plan's read rate, and a rehearsal's target carries it to the forecast
+    (a record written before the field: the assumed default)."""
+    from cockpit.plan.inputs import Assumptions
+    from cockpit.rehearse.run import scaling_for
+
+    profile, _ = load_profile(STORY, ["hardware.disk_gbps=6"])
+    plan = build_plan(profile)
+    assert plan.inputs.assumptions.disk_gbps == 6.0
+    assert plan.load.checkpoint_s == pytest.approx(plan.load.checkpoint_bytes / 6e9)
+    assert "at 6 GB/s" in plan.load.words()
+    target = {"target": profile.hardware.model_dump()}
+    assert scaling_for({"rehearsal": target}, 1).disk_gbps == 6.0
+    assert scaling_for({"rehearsal": {"target": {"gpus": 4}}}, 1).disk_gbps == Assumptions().disk_gbps

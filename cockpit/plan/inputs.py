@@ -49,8 +49,8 @@ class Assumptions:
     # Assumed, not measured: no multi-node run has been measured yet.
     internode_gbps: float = 50.0
     nvme_gbps: float = 6.0  # aggregate read bandwidth of the NVMe offload drive(s)
-    # Reading a checkpoint or the NF4 cache at load (assumed; the H200 host read the story slice's cache
-    # at 1.8 GB/s: benchmarks/results/load_cache_model.md).
+    # Reading a checkpoint or the NF4 cache at load: the profile's `hardware.disk_gbps` (this default
+    # assumed; the H200 host read the story slice's cache at 1.8 GB/s: results/load_cache_model.md).
     disk_gbps: float = 2.0
     # Step time from costs measured on a GPU (cockpit.plan.speed): fixed and per-layer seconds and the
     # efficiency of the model FLOPs, fitted to benchmarks/results/step_speed_h200.json.
@@ -121,7 +121,8 @@ def resolve_geometry(profile: Profile) -> ModelGeometry:
 
 
 def inputs_for(profile: Profile, geometry: ModelGeometry, assumptions: Assumptions | None = None) -> Inputs:
-    """A profile's model, precision, LoRA and `assumptions` (default: `Assumptions()`)."""
+    """A profile's model, precision, LoRA and `assumptions` (default: `Assumptions()` with the profile's
+    disk rate, `hardware.disk_gbps`)."""
     q = profile.quantization
     return Inputs(
         geometry=geometry,
@@ -136,7 +137,7 @@ def inputs_for(profile: Profile, geometry: ModelGeometry, assumptions: Assumptio
         ),
         lora_targets=tuple(profile.lora.target_modules),
         lora_r=profile.lora.r,
-        assumptions=assumptions or Assumptions(),
+        assumptions=assumptions or Assumptions(disk_gbps=profile.hardware.disk_gbps),
     )
 
 

@@ -73,6 +73,12 @@ class HardwareSpec(_Section):
         "before the supervisor asks for a checkpoint and stops the run, ahead of the kernel's OOM killer; "
         "0: this host's RAM less max(5%, 4 GiB), at least half of it.",
     )
+    disk_gbps: Annotated[float, Field(gt=0, le=1000)] = Field(
+        default=2.0,
+        description="Read rate in GB/s of the disk holding the checkpoint and the NF4 cache on the machines "
+        "planned for: the plan and the rehearsal's forecast time the load's reads at it (2: assumed; the "
+        "H200 host read the story slice's cache at 1.8).",
+    )
 
 
 class QuantizationSpec(_Section):

@@ -79,7 +79,7 @@ def scaling_for(manifest: dict[str, Any], measured_ranks: int) -> Scaling:
         h2d_gbps_measured=plan.h2d_gbps,
         h2d_gbps_target=plan.h2d_gbps,
         gpu2gpu_gbps=plan.nvlink_gbps,
-        disk_gbps=plan.disk_gbps,
+        disk_gbps=float(target.get("disk_gbps") or plan.disk_gbps),  # records before it: the default
     )
 
 

@@ -44,6 +44,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 DATASHEET_TFLOPS = 989.0  # H100/H200 SXM dense bf16
+WARMUPS = 3  # calls before the timed ones
 MEAN_TOKENS = 2000  # the story's examples (benchmarks/step_speed.py STORY_MEAN_TOKENS)
 
 
@@ -65,6 +66,31 @@ def story_rows(rows: int, length: int, mean: int, seed: int = 0) -> list[list[in
 def flops(doc_lens: list[list[int]], heads: int, head_dim: int) -> float:
     """Forward FLOPs of causal attention over every document: 4 x n^2/2 x heads x head_dim each."""
     return sum(2.0 * n * n * heads * head_dim for lens in doc_lens for n in lens)
+
+
+def median_ms(
+    torch: Any, device: Any, run: Any, iters: int, prepare: Any = tuple, warmups: int = WARMUPS
+) -> float:
+    """Median milliseconds of `run(*prepare())` over `iters` calls after `warmups`: CUDA events around
+    `run` on a GPU (`prepare`, making its inputs, outside them), the wall clock on the CPU."""
+    times = []
+    for i in range(iters + warmups):
+        inputs = prepare()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+            start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+        wall = time.perf_counter()
+        run(*inputs)
+        if device.type == "cuda":
+            stop.record()
+            torch.cuda.synchronize()
+            ms = start.elapsed_time(stop)
+        else:
+            ms = (time.perf_counter() - wall) * 1e3
+        if i >= warmups:
+            times.append(ms)
+    return statistics.median(times)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -175,26 +201,12 @@ def main(argv: list[str] | None = None) -> int:
         return [out.detach(), *(x.grad.transpose(1, 2) for x in (q, k, v))]
 
     def timed(fn: Any, backward: bool) -> float:
-        times = []
-        for i in range(args.iters + 3):
-            q, k, v = fresh(backward)
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-                start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-            wall = time.perf_counter()
+        def run(q: Any, k: Any, v: Any) -> None:
             out = fn(q, k, v)
             if backward:
                 out.backward(grad_out)
-            if device.type == "cuda":
-                stop.record()
-                torch.cuda.synchronize()
-                ms = start.elapsed_time(stop)
-            else:
-                ms = (time.perf_counter() - wall) * 1e3
-            if i >= 3:
-                times.append(ms)
-        return statistics.median(times)
+
+        return median_ms(torch, device, run, args.iters, prepare=lambda: fresh(backward))
 
     meta: dict[str, Any] = {
         "gpu": torch.cuda.get_device_name() if device.type == "cuda" else "CPU",

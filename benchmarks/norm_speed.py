@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 from pathlib import Path
 from typing import Any
@@ -47,6 +46,8 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     import torch.nn.functional as F
 
+    from benchmarks.attention_speed import median_ms
+
     if not args.smoke and not torch.cuda.is_available():
         log("no CUDA device: run with --smoke for the CPU check of this script")
         return 2
@@ -59,25 +60,7 @@ def main(argv: list[str] | None = None) -> int:
         paths["triton"] = lambda x, w: rms_norm.rms_norm(x, w, EPS)
 
     def timed(fn: Any) -> float:
-        times = []
-        for i in range(args.iters + 3):
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-                start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                fn()
-                stop.record()
-                torch.cuda.synchronize()
-                ms = start.elapsed_time(stop)
-            else:
-                import time
-
-                wall = time.perf_counter()
-                fn()
-                ms = (time.perf_counter() - wall) * 1e3
-            if i >= 3:
-                times.append(ms)
-        return statistics.median(times)
+        return median_ms(torch, device, fn, args.iters)
 
     gen = torch.Generator().manual_seed(0)
 

@@ -68,6 +68,8 @@ NO_FUSED_ACT = (("COCKPIT_FUSED_ACT", "0"),)  # the experts' activation in torch
 NO_FUSED_COMBINE = (("COCKPIT_FUSED_COMBINE", "0"),)  # pairs gathered, then summed (trainer/routing.py)
 NO_NORM_KERNEL = (("COCKPIT_NORM_KERNEL", "0"),)  # torch's rms_norm kernel, not kernels/rms_norm.py
 PEFT_LORA = (("COCKPIT_LEAN_LORA", "0"),)  # PEFT's own LoRA forward, not trainer/lora_forward.py
+NO_DROPOUT_KERNEL = (("COCKPIT_DROPOUT_KERNEL", "0"),)  # torch's dropout, then lora_A (not dropout_linear)
+NO_KEEP_DEQUANT = (("COCKPIT_KEEP_DEQUANT", "0"),)  # backward dequantizes the experts again
 PREFETCH2 = ("deepspeed.prefetch_layers=2",)
 STAGE2 = ("deepspeed.stage=2",)  # ZeRO-2 at one rank: no parameter hooks (what ZeRO-3's cost)
 STACK = (("COCKPIT_PROFILE_STACK", "1"),)  # Python frames in the kept trace
@@ -273,6 +275,17 @@ def gpu_rows() -> list[Row]:
         *(
             Row(f"lora-{kind}-{layers}L-prof", layers, 4096, mb=8, ga=1, steps=7, profile=True, env_extra=env)
             for kind, env in (("peft", PEFT_LORA), ("lean", ()))
+            for layers in (4, 8)
+        ),
+        # The dropout kernel (kernels/dropout_linear.py) and the recompute's dequantized experts kept for
+        # backward (trainer/frozen_experts.py): neither, the kernel alone, both; profiled at 4 and 8 layers.
+        *(
+            Row(f"drop-{kind}-{layers}L-prof", layers, 4096, mb=8, ga=1, steps=7, profile=True, env_extra=env)
+            for kind, env in (
+                ("off", (*NO_DROPOUT_KERNEL, *NO_KEEP_DEQUANT)),
+                ("kernel", NO_KEEP_DEQUANT),
+                ("both", ()),
+            )
             for layers in (4, 8)
         ),
         # the 1-row story step again, in the same session as the rows above (run-to-run spread ~8%)

@@ -18,7 +18,8 @@ are sorted by expert and each weight is applied by one of these paths (`COCKPIT_
   loop     the same chunks, one matmul an expert
   auto     on CUDA (bf16/fp16) where Triton works: fused below `DEQUANT_MIN_ROWS` token-expert pairs an
            expert, dequant from there on (the faster of the two on an H200); else grouped (CPU) or loop
-Dequantized weights are never kept for backward: it dequantizes them again (or runs the fused kernel).
+Dequantized weights are not kept for backward (it dequantizes them again, or runs the fused kernel),
+except on dequant under checkpointing's recompute (`trainer.frozen_experts.PackedGroupedMM`).
 On fused and dequant, the activation and the routing weight (`silu(gate) * up * w`) are one Triton
 kernel each way (`trainer.kernels.swiglu`; COCKPIT_FUSED_ACT=0 gives torch's kernels).
 Expert LoRA works on every path (on fused and dequant its term loops over the experts, one host sync).
@@ -35,7 +36,7 @@ import torch
 from torch import nn
 
 from cockpit.contract import dequant_chunk_experts
-from trainer.frozen_experts import DequantChunk, FrozenExpertLinear, FrozenExpertsGrouped
+from trainer.frozen_experts import DequantChunk, FrozenExpertLinear, FrozenExpertsGrouped, PackedGroupedMM
 from trainer.nf4_pack import (
     PackedLayout,
     dequantize_experts_nf4,
@@ -131,35 +132,6 @@ def expert_path(x: torch.Tensor, rows_per_expert: float = 0.0) -> str:
     return "grouped" if _grouped_mode(x) else "loop"
 
 
-class _PackedGroupedMM(torch.autograd.Function):
-    """Rows of x sorted by expert times their experts' frozen packed weights (the fused kernel, or one
-    dequantization of all experts and one grouped GEMM); backward runs the transposed product, reading
-    the packed weights again (ZeRO-3 gathers them again for backward), and saves no weight."""
-
-    @staticmethod
-    def forward(
-        ctx: Any,
-        x: torch.Tensor,
-        owner: NF4Experts,
-        which: str,
-        expert_ids: torch.Tensor,
-        offs: torch.Tensor,
-        path: str,
-    ) -> torch.Tensor:
-        ctx.owner, ctx.which, ctx.path = owner, which, path
-        ctx.save_for_backward(expert_ids, offs)
-        return owner.packed_mm(which, x, expert_ids, offs, trans=False, path=path)
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, None, None, None, None, None]:
-        expert_ids, offs = ctx.saved_tensors
-        grad_x = None
-        if ctx.needs_input_grad[0]:
-            grad = grad.contiguous()
-            grad_x = ctx.owner.packed_mm(ctx.which, grad, expert_ids, offs, trans=True, path=ctx.path)
-        return grad_x, None, None, None, None, None
-
-
 class NF4Experts(nn.Module):
     """Drop-in replacement for a fused experts module, with its weights packed in NF4 (frozen).
 
@@ -204,6 +176,9 @@ class NF4Experts(nn.Module):
         self.lora_r = 0
         self.lora_scaling = 0.0
         self.lora_dropout: nn.Module = nn.Identity()
+        # Set under non-reentrant checkpointing (`trainer.frozen_experts.keep_for_backward`): the
+        # recompute's dequantized weights serve its backward.
+        self.keep_dequantized = False
 
     # --- building ---------------------------------------------------------------------------------
     @classmethod
@@ -318,15 +293,23 @@ class NF4Experts(nn.Module):
         launch (expert -1 gives zeros), then one `torch._grouped_mm`."""
         from trainer.kernels import nf4_triton
 
-        packed, layout = self.packed(which), self.layouts[which]
         if path == "fused":
+            packed, layout = self.packed(which), self.layouts[which]
             return nf4_triton.nf4_grouped_mm(x, packed, layout, expert_ids, offs, trans=trans)
-        # The tail (rows routed to no expert) becomes one more group, with expert -1: zero weights.
-        m = torch.full((1,), x.shape[0], dtype=offs.dtype, device=offs.device)
-        offs = torch.cat([offs, m])
-        expert_ids = torch.cat([expert_ids, torch.full_like(expert_ids[:1], -1)])
-        weights = nf4_triton.nf4_dequantize(packed, layout, expert_ids, x.dtype)
+        weights, offs = self.dequantized(which, x, expert_ids, offs)
         return torch._grouped_mm(x, weights if trans else weights.transpose(-2, -1), offs=offs)
+
+    def dequantized(
+        self, which: str, x: torch.Tensor, expert_ids: torch.Tensor, offs: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every listed expert's weight dequantized in one launch, in x's dtype, and the groups' offsets,
+        the tail (rows routed to no expert) one more group with expert -1: zero weights."""
+        from trainer.kernels import nf4_triton
+
+        m = torch.full((1,), x.shape[0], dtype=offs.dtype, device=offs.device)
+        expert_ids = torch.cat([expert_ids, torch.full_like(expert_ids[:1], -1)])
+        weights = nf4_triton.nf4_dequantize(self.packed(which), self.layouts[which], expert_ids, x.dtype)
+        return weights, torch.cat([offs, m])
 
     def _forward_sorted(
         self,
@@ -348,7 +331,7 @@ class NF4Experts(nn.Module):
 
         def apply(which: str, rows: torch.Tensor) -> torch.Tensor:
             if grad:
-                y = _PackedGroupedMM.apply(rows, self, which, experts, offs, path)
+                y = PackedGroupedMM.apply(rows, self, which, experts, offs, path)
             else:
                 y = self.packed_mm(which, rows, experts, offs, trans=False, path=path)
             if lora_sizes is not None:

@@ -1,15 +1,27 @@
-"""Frozen expert weights under autograd: dequantized for the forward, never saved for backward.
+"""Frozen expert weights under autograd: dequantized for the forward, dequantized again for backward.
 
-The NF4 experts (`trainer.experts4bit`) dequantize a chunk of experts' weights for the forward; keeping
-them for backward would hold every expert's 16-bit weights at once. These functions save nothing of the
-weights: backward asks the chunk to dequantize them again, once, when their gradients arrive.
+The NF4 experts (`trainer.experts4bit`) dequantize their weights for the forward; keeping them for
+backward would hold every layer's 16-bit expert weights at once. These functions save nothing of the
+weights: backward dequantizes them again (a chunk at a time, once, when their gradients arrive).
+
+One exception pays: under non-reentrant gradient checkpointing (the trainer's), tensors saved in the
+first forward are dropped at once, and the layer's recompute runs just before its backward. There the
+dequant path's weights (`PackedGroupedMM` with `keep`) are saved: the recompute's dequantization serves
+the backward too, one of a layer's three. The cost is memory in that window only: a layer's experts'
+16-bit weights of both projections (4.5 GiB for the story's 128 experts) from its recompute through its
+backward, where otherwise one projection's (3 GiB) is dequantized at a time.
 """
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import torch
+from torch import nn
+
+# Off for the speed benchmark's control rows: COCKPIT_KEEP_DEQUANT=0 (backward dequantizes again).
+KEEP_DEQUANT = os.environ.get("COCKPIT_KEEP_DEQUANT", "1") != "0"
 
 
 class DequantChunk:
@@ -72,3 +84,47 @@ class FrozenExpertsGrouped(torch.autograd.Function):
         if ctx.needs_input_grad[0]:
             grad_x = torch._grouped_mm(grad.contiguous(), weights.to(grad.dtype), offs=offs)
         return grad_x, None, None, None
+
+
+class PackedGroupedMM(torch.autograd.Function):
+    """Rows of x sorted by expert times their experts' frozen packed weights (`NF4Experts.packed_mm`: the
+    fused kernel, or one dequantization of all experts and one grouped GEMM). Backward runs the transposed
+    product, reading the packed weights again (ZeRO-3 gathers them again for backward); on the dequant
+    path of a module that keeps them (`keep_for_backward`), it uses the forward's dequantized weights."""
+
+    @staticmethod
+    def forward(
+        ctx: Any, x: torch.Tensor, owner: Any, which: str, ids: torch.Tensor, offs: torch.Tensor, path: str
+    ) -> torch.Tensor:
+        ctx.owner, ctx.which, ctx.path = owner, which, path
+        ctx.kept = path == "dequant" and owner.keep_dequantized
+        if ctx.kept:
+            weights, all_offs = owner.dequantized(which, x, ids, offs)
+            ctx.save_for_backward(weights, all_offs)
+            return torch._grouped_mm(x, weights.transpose(-2, -1), offs=all_offs)
+        ctx.save_for_backward(ids, offs)
+        return owner.packed_mm(which, x, ids, offs, trans=False, path=path)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, None, None, None, None, None]:
+        grad_x = None
+        if ctx.needs_input_grad[0]:
+            grad = grad.contiguous()
+            if ctx.kept:
+                weights, all_offs = ctx.saved_tensors
+                grad_x = torch._grouped_mm(grad, weights, offs=all_offs)
+            else:
+                expert_ids, offs = ctx.saved_tensors
+                grad_x = ctx.owner.packed_mm(ctx.which, grad, expert_ids, offs, trans=True, path=ctx.path)
+        return grad_x, None, None, None, None, None
+
+
+def keep_for_backward(model: nn.Module) -> int:
+    """Let every NF4 experts module of `model` keep its dequantized weights for backward; only for a model
+    under non-reentrant gradient checkpointing (see the module docstring). Returns how many."""
+    count = 0
+    for module in model.modules():
+        if hasattr(module, "keep_dequantized"):
+            module.keep_dequantized = KEEP_DEQUANT
+            count += KEEP_DEQUANT
+    return count

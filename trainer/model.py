@@ -165,12 +165,15 @@ def attach_lora(profile: Profile, model: Any) -> Any:
     from peft import LoraConfig, get_peft_model
     from transformers import set_seed
 
-    from trainer import lora_forward
+    from trainer import frozen_experts, lora_forward
     from trainer.experts_model import add_expert_lora
 
     if profile.training.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.enable_input_require_grads()
+        # Non-reentrant: the first forward's saved tensors are dropped, so the recompute's dequantized
+        # experts can serve the backward (trainer/frozen_experts.py).
+        frozen_experts.keep_for_backward(model)
     lora = profile.lora
     config = LoraConfig(
         r=lora.r,

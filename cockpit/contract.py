@@ -19,6 +19,11 @@ BNB_NESTED_BLOCKSIZE = 256
 PACKED_NESTED_BLOCKSIZES = (256, 128, 64)
 # Experts are quantized at load and dequantized in training this many bytes of 16-bit weights at a time.
 DEQUANT_CHUNK_BYTES = 512 * 1024**2
+# On a GPU the NF4 experts take the dequant path (every expert dequantized at once, then torch's grouped
+# GEMM) from this many token-expert pairs an expert on, the fused kernel below (`trainer.experts4bit`;
+# the faster of the two on an H200, benchmarks/results/nf4_kernels_h200.md). Under gradient checkpointing
+# that path keeps the recompute's weights for the backward (`trainer.frozen_experts`).
+DEQUANT_MIN_ROWS = 384
 # Float dtypes packed 4-bit bytes may be stored in (DeepSpeed moves float parameters' bytes untouched),
 # with the bytes of one item.
 PACKED_STORAGE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
@@ -263,6 +268,11 @@ def packed_expert_problem(out: int, inp: int, storage_dtype: str) -> str | None:
 def dequant_chunk_experts(num_experts: int, numel_per_expert: int) -> int:
     """Experts dequantized at once when each holds `numel_per_expert` 16-bit weights."""
     return max(1, min(num_experts, DEQUANT_CHUNK_BYTES // (2 * numel_per_expert)))
+
+
+def dequant_path(tokens: int, top_k: int, experts: int) -> bool:
+    """Whether a micro-batch of `tokens` takes the NF4 experts' dequant path on a GPU."""
+    return experts > 0 and tokens * top_k / experts >= DEQUANT_MIN_ROWS
 
 
 def loss_chunk_rows(vocab_size: int) -> int:

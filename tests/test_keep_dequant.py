@@ -13,9 +13,9 @@ from torch.utils.checkpoint import checkpoint
 if not torch.cuda.is_available():  # the Triton kernels run on the CPU only in Triton's interpreter
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from test_experts4bit import rel, run_experts, small_experts  # noqa: E402
+from test_experts4bit import rel, run_experts, small_experts
 
-from trainer import frozen_experts  # noqa: E402
+from trainer import frozen_experts
 
 
 def _dequantizations(experts, monkeypatch, checkpointed: bool) -> tuple[int, tuple]:

@@ -286,3 +286,25 @@ def test_the_story_as_shipped_is_its_fastest_that_fits_with_the_parameters_offlo
     assert any("CPU offload of the parameters" in r for r in shipped.requirements)
     earlier = story_plan()
     assert shipped.configured.train.gpu_peak > earlier.configured.train.gpu_peak  # twice the activations
+
+
+def test_the_dequant_path_keeps_one_experts_weight_more_through_the_backward(monkeypatch) -> None:
+    """At 8 rows of 4,096 (2,048 pairs an expert) the experts take the dequant path and keep the
+    recompute's weights for the backward: one layer's down_proj, every expert, in bf16, on top of the
+    recompute's transients; at 1 row (256 pairs an expert: the fused kernel) nothing is kept."""
+    from cockpit.contract import dequant_path
+    from cockpit.plan import memory
+
+    profile, _ = load_profile(STORY)
+    hw = Hardware(4, "H100-80GB", 80, 960)
+
+    def recompute(mb: int) -> float:
+        t = profile.training.model_copy(update={"micro_batch_size": mb})
+        plan = build_plan(profile.model_copy(update={"training": t}), hw)
+        return plan.configured.train.gpu["layer recompute + backward"]
+
+    kept = {mb: recompute(mb) for mb in (1, 8)}
+    monkeypatch.setattr(memory, "dequant_path", lambda *args: False)
+    assert kept[8] - recompute(8) == E * H * W * 2
+    assert kept[1] == recompute(1)
+    assert dequant_path(4096 * 8, 8, E) and not dequant_path(4096, 8, E)

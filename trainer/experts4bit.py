@@ -35,7 +35,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from cockpit.contract import dequant_chunk_experts
+from cockpit.contract import DEQUANT_MIN_ROWS, dequant_chunk_experts
 from trainer.frozen_experts import DequantChunk, FrozenExpertLinear, FrozenExpertsGrouped, PackedGroupedMM
 from trainer.nf4_pack import (
     PackedLayout,
@@ -109,9 +109,9 @@ def _kernels_work(x: torch.Tensor, mode: str) -> bool:
 
 
 # Measured on an H200, story shapes (benchmarks/results/nf4_kernels_h200.md): the fused kernel is ahead at
-# 64 rows an expert (1.5x) and level at 256; from about 384 rows on, one dequantization (0.75 ms a weight
-# pair) plus torch's grouped GEMM (near dense speed there) is faster. `auto` takes the faster one.
-DEQUANT_MIN_ROWS = 384
+# 64 rows an expert (1.5x) and level at 256; from about 384 rows on (`DEQUANT_MIN_ROWS`, in the contract
+# the planner reads), one dequantization (0.75 ms a weight pair) plus torch's grouped GEMM (near dense
+# speed there) is faster. `auto` takes the faster one.
 
 
 def expert_path(x: torch.Tensor, rows_per_expert: float = 0.0) -> str:

@@ -45,6 +45,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 
+from cockpit.contract import dequant_path
 from cockpit.plan.activations import MEASURED_TOKENS, Activations
 from cockpit.plan.configuration import Setup
 from cockpit.plan.formats import pow2_ceil
@@ -297,6 +298,12 @@ def _gathered(w: Weights, setup: Setup, layers: int) -> tuple[int, int]:
     return gathered, kept_embeddings
 
 
+def _keeps_dequantized(inputs: Inputs, setup: Setup) -> bool:
+    """Whether the experts keep their dequantized weights from recompute to backward (frozen_experts)."""
+    g = inputs.geometry
+    return setup.grad_ckpt and dequant_path(setup.seq_len * setup.micro_batch, g.top_k, g.experts)
+
+
 def _gpu_training(inputs: Inputs, setup: Setup, shares: Shares, acts: Activations) -> Phase:
     """The training peak on GPUs, after the engine is built (see the module docstring)."""
     w, g, act_bytes = inputs.weights, inputs.geometry, inputs.precision.act_bytes
@@ -314,8 +321,10 @@ def _gpu_training(inputs: Inputs, setup: Setup, shares: Shares, acts: Activation
         "checkpointed activations" if setup.grad_ckpt else "activations": acts.stack(setup.grad_ckpt),
         # NF4 experts dequantize a chunk at a time within the layer's recompute and backward; measured,
         # it never adds to the activation transients at seq 1024 (adding it over-predicts all four
-        # NF4 slices by its 0.49 GiB), so the larger of the two counts.
-        "layer recompute + backward": max(acts.working(setup.grad_ckpt), w.dequant_chunk_bytes()),
+        # NF4 slices by its 0.49 GiB), so the larger of the two counts. On the dequant path under
+        # checkpointing, the recompute's weights are kept for the backward: the smaller one on top.
+        "layer recompute + backward": max(acts.working(setup.grad_ckpt), w.dequant_chunk_bytes())
+        + (w.kept_dequant_bytes() if _keeps_dequantized(inputs, setup) else 0),
         "logits + loss": acts.logits,
         "LoRA + optimizer": 2 * shares.lora * act_bytes // shares.zero_n
         + (shares.optimizer if setup.offload_optimizer == "none" else 0),

@@ -233,6 +233,12 @@ class Weights:
         chunk = dequant_chunk_experts(experts, numel)
         return chunk * numel * self.precision.act_bytes
 
+    def kept_dequant_bytes(self) -> int:
+        """16-bit weights the dequant path keeps from a layer's recompute for its backward beyond the one
+        weight it dequantizes at a time anyway: every expert's smaller fused weight (`down_proj`)."""
+        per_weight = [t.numel for t, s in self.items if s.fmt == "nf4-packed"]
+        return min(per_weight) * self.precision.act_bytes if len(per_weight) > 1 else 0
+
     def largest_tensor(self) -> int:
         """The largest single parameter (one of a packed weight's three)."""
         return max(numel * size for _, s in self.items for numel, size in s.pieces())

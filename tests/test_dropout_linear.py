@@ -115,22 +115,29 @@ def test_fits_refuses_what_the_kernels_do_not_take(kernel) -> None:
         kernel.dropout_linear(x, w, 0.0)
 
 
-def test_the_lean_lora_forward_draws_its_dropout_in_the_kernel(kernel, monkeypatch) -> None:
-    """PEFT's LoRA layer on the lean forward (`trainer.lora_forward`), the kernel tried on the CPU here:
-    base + lora_B(dropout(x) @ A.T * scaling), the mask the kernel's for the seed torch's generator gave."""
+def _lean_lora(monkeypatch):
+    """A PEFT LoRA layer (64 -> 24, rank 16, dropout 0.25) on the lean forward (`trainer.lora_forward`),
+    the dropout kernel tried on the CPU here, its probe not yet run."""
     from peft import LoraConfig, get_peft_model
 
     from trainer import lora_forward
 
     monkeypatch.setattr(lora_forward, "kernel_device", lambda x: True)
+    monkeypatch.setattr(lora_forward, "_PROBED", {})
+    monkeypatch.setattr(lora_forward.KERNEL, "failed", False)
     block = torch.nn.Sequential()
     block.add_module("proj", torch.nn.Linear(64, 24, bias=False))
     torch.manual_seed(0)
     model = get_peft_model(block, LoraConfig(r=16, lora_alpha=8, lora_dropout=0.25, target_modules=["proj"]))
-    layer = model.base_model.model.proj
     with torch.no_grad():
-        layer.lora_B["default"].weight.normal_()
+        model.base_model.model.proj.lora_B["default"].weight.normal_()
     assert lora_forward.install(model) == 1
+    return model, model.base_model.model.proj
+
+
+def test_the_lean_lora_forward_draws_its_dropout_in_the_kernel(kernel, monkeypatch) -> None:
+    """base + lora_B(dropout(x) @ A.T * scaling), the kernel's mask for the seed torch's generator gave."""
+    model, layer = _lean_lora(monkeypatch)
     x = torch.randn(3, 7, 64)
 
     torch.manual_seed(1)
@@ -142,3 +149,44 @@ def test_the_lean_lora_forward_draws_its_dropout_in_the_kernel(kernel, monkeypat
     assert torch.allclose(got, want, atol=1e-5)
     model.eval()  # no dropout: the plain product
     assert torch.allclose(model(x), layer.base_layer(x) + (x @ a.t() * 0.5) @ b.t(), atol=1e-5)
+
+
+def test_a_kernel_that_fails_its_probe_leaves_torchs_dropout_in_forward_and_recompute(kernel, monkeypatch):
+    """The probe fails before any mask is drawn: the first call and a checkpointed recompute both draw
+    torch's dropout, so the gradients are those of the run without checkpointing."""
+    from trainer import lora_forward
+
+    model, layer = _lean_lora(monkeypatch)
+
+    def broken(device, dtype):
+        raise RuntimeError("no kernel here")
+
+    monkeypatch.setattr(kernel, "probe", broken)
+    x = torch.randn(3, 7, 64)
+
+    def grads(checkpointed: bool) -> list[torch.Tensor]:
+        model.zero_grad()
+        xi = x.clone().requires_grad_(True)
+        torch.manual_seed(5)
+        out = checkpoint(model, xi, use_reentrant=False) if checkpointed else model(xi)
+        (out * out).sum().backward()
+        return [out.detach(), xi.grad, layer.lora_A["default"].weight.grad.clone()]
+
+    for a, b in zip(grads(True), grads(False), strict=True):
+        assert torch.allclose(a, b, atol=1e-5)
+    assert lora_forward.KERNEL.failed and lora_forward._PROBED
+
+
+def test_the_backward_sums_many_row_groups(kernel) -> None:
+    """More rows than one backward program sums (64 x 8): A's gradient is the atomic sum of several."""
+    gen = torch.Generator().manual_seed(8)
+    rows, width, p = 1100, 136, 0.6
+    x, weight = torch.randn(rows, width, generator=gen), torch.randn(16, width, generator=gen)
+    upstream = torch.randn(rows, 16, generator=gen)
+    seed = _seed(3)
+    mask = _mask(kernel, rows, width, p, seed)
+    wr = weight.clone().requires_grad_(True)
+    ((x * mask / (1 - p)) @ wr.t() * upstream).sum().backward()
+    wk = weight.clone().requires_grad_(True)
+    (kernel.dropout_linear(x, wk, p, seed) * upstream).sum().backward()
+    assert torch.allclose(wk.grad, wr.grad, atol=1e-3, rtol=1e-4)

@@ -76,12 +76,25 @@ def _lora_a_forward(self: torch.nn.Module, x: torch.Tensor, p: float = 0.0) -> t
     if p:
         from trainer.kernels import dropout_linear  # Triton: imported where the kernel is tried
 
-        if self.bias is None and dropout_linear.fits(x, self.weight, p):
-            out = KERNEL.run(lambda: dropout_linear.dropout_linear(x, self.weight, p))
-            if out is not None:
-                return out
+        if self.bias is None and dropout_linear.fits(x, self.weight, p) and _probed(x):
+            return dropout_linear.dropout_linear(x, self.weight, p)
         x = F.dropout(x, p, training=True)
     return F.linear(x, self.weight, self.bias)
+
+
+_PROBED: dict[tuple[torch.device, torch.dtype], bool] = {}
+
+
+def _probed(x: torch.Tensor) -> bool:
+    """Whether the dropout kernels ran, both ways, on x's device and dtype: tried once, on a small problem,
+    before any real call. A kernel that fails only in a real call raises: its forward would have drawn its
+    mask from the generator, and a fallback (or checkpointing's recompute) would draw another."""
+    from trainer.kernels import dropout_linear
+
+    key = (x.device, x.dtype)
+    if key not in _PROBED:
+        _PROBED[key] = KERNEL.run(lambda: dropout_linear.probe(x.device, x.dtype) or True) is not None
+    return _PROBED[key]
 
 
 def is_lora_linear(module: torch.nn.Module) -> bool:

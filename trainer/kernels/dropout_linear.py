@@ -173,6 +173,16 @@ def fits(x: torch.Tensor, weight: torch.Tensor, p: float) -> bool:
     )
 
 
+def probe(device: torch.device, dtype: torch.dtype) -> None:
+    """Both kernels once on a small problem of `dtype` on `device`, under a fixed seed (torch's generator
+    untouched): raises where they do not build or run here, before a real call draws its mask."""
+    with torch.enable_grad():
+        x = torch.ones(32, 64, device=device, dtype=dtype, requires_grad=True)
+        weight = torch.ones(16, 64, device=device, dtype=dtype, requires_grad=True)
+        seed = torch.zeros(1, dtype=torch.int64, device=device)
+        dropout_linear(x, weight, 0.5, seed).sum().backward()
+
+
 def draw_seed(device: torch.device) -> torch.Tensor:
     """A Philox seed from torch's generator on `device` (one int64, left on the device: no host sync)."""
     return torch.randint(1 << 62, (1,), dtype=torch.int64, device=device)

@@ -32,6 +32,7 @@ TOKENS = 32768
 RANK, P = 16, 0.05
 WIDTHS = ((4096, 3), (8192, 1))  # (input width, draws a layer: query, key and value share the hidden state)
 CHECK_ROWS = 1024
+TILES = ((64, 256, 4), (128, 256, 8), (64, 128, 4), (32, 256, 4))  # (rows, columns, warps) tried beside it
 
 
 def log(msg: str) -> None:
@@ -81,20 +82,29 @@ def main(argv: list[str] | None = None) -> int:
     tokens = 64 if args.smoke else TOKENS
     paths: dict[str, Any] = {"torch": lambda x, a: F.linear(F.dropout(x, P, True), a)}
     kernel = None
+    tiles: dict[str, tuple[int, int, int]] = {}
     if not args.smoke:
         from trainer.kernels import dropout_linear as kernel
 
-        paths["triton"] = lambda x, a: kernel.dropout_linear(x, a, P)
+        shipped = (kernel.BM, kernel.BK, kernel.WARPS)
+        for bm, bk, warps in dict.fromkeys([shipped, *TILES]):
+            name = f"triton {bm}x{bk} w{warps}" + (" (shipped)" if (bm, bk, warps) == shipped else "")
+            tiles[name] = (bm, bk, warps)
+            paths[name] = lambda x, a: kernel.dropout_linear(x, a, P)
     gen = torch.Generator().manual_seed(0)
     rows = []
     for width, draws in WIDTHS:
         x = torch.randn(tokens, width, generator=gen).to(device, torch.bfloat16)
         a = (torch.randn(RANK, width, generator=gen) / width**0.5).to(device, torch.bfloat16)
         g = torch.randn(tokens, RANK, generator=gen).to(device, torch.bfloat16)
+        if kernel is not None:
+            kernel.BM, kernel.BK, kernel.WARPS = shipped
         errors = _errors(torch, kernel, width, device) if kernel is not None else {}
         for path, fn in paths.items():
+            if path in tiles:
+                kernel.BM, kernel.BK, kernel.WARPS = tiles[path]
             row: dict[str, Any] = {"width": width, "path": path, "tokens": tokens, "draws": draws}
-            row.update(errors if path == "triton" else {})
+            row.update(errors if path.endswith("(shipped)") else {})
             row["fwd_ms"] = median_ms(torch, device, lambda fn=fn, x=x, a=a: fn(x, a), args.iters)
 
             def both(fn: Any = fn, x: Any = x, a: Any = a, g: Any = g) -> None:
@@ -122,8 +132,9 @@ def table(meta: dict[str, Any], rows: list[dict[str, Any]]) -> str:
         f"# LoRA's dropout and A matrix at the story's shapes (bf16, rank {meta['rank']}, p {meta['p']})",
         "",
         f"{meta['gpu']}, torch {meta['torch']}. Error: the largest difference from float32 arithmetic on the "
-        f"kernel's own mask over the reference's largest value ({CHECK_ROWS:,} rows); torch's draw is "
-        "another mask, so its row has none.",
+        f"kernel's own mask over the reference's largest value ({CHECK_ROWS:,} rows, the shipped tiles); "
+        "torch's draw is another mask, so its row has none. Other tiles draw other masks (the Philox "
+        "counters follow the tiles).",
         "",
         "| width | tokens | path | forward ms | backward ms | error h / dx / dA |",
         "|---|---|---|---|---|---|",

@@ -151,17 +151,9 @@ def test_the_lean_lora_forward_draws_its_dropout_in_the_kernel(kernel, monkeypat
     assert torch.allclose(model(x), layer.base_layer(x) + (x @ a.t() * 0.5) @ b.t(), atol=1e-5)
 
 
-def test_a_kernel_that_fails_its_probe_leaves_torchs_dropout_in_forward_and_recompute(kernel, monkeypatch):
-    """The probe fails before any mask is drawn: the first call and a checkpointed recompute both draw
-    torch's dropout, so the gradients are those of the run without checkpointing."""
-    from trainer import lora_forward
-
-    model, layer = _lean_lora(monkeypatch)
-
-    def broken(device, dtype):
-        raise RuntimeError("no kernel here")
-
-    monkeypatch.setattr(kernel, "probe", broken)
+def _checkpointed_and_plain(model, layer) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Output, input gradient and A's gradient, first under non-reentrant checkpointing (the probe, if
+    any, runs there), then without."""
     x = torch.randn(3, 7, 64)
 
     def grads(checkpointed: bool) -> list[torch.Tensor]:
@@ -172,9 +164,27 @@ def test_a_kernel_that_fails_its_probe_leaves_torchs_dropout_in_forward_and_reco
         (out * out).sum().backward()
         return [out.detach(), xi.grad, layer.lora_A["default"].weight.grad.clone()]
 
-    for a, b in zip(grads(True), grads(False), strict=True):
+    return grads(True), grads(False)
+
+
+@pytest.mark.parametrize("probe_fails", [False, True])
+def test_under_checkpointing_the_recompute_draws_the_forwards_mask(kernel, monkeypatch, probe_fails):
+    """The probe runs inside the checkpointed forward and saves nothing there; where it fails, before any
+    mask is drawn, forward and recompute both draw torch's dropout. Either way the gradients are those
+    of the run without checkpointing."""
+    from trainer import lora_forward
+
+    model, layer = _lean_lora(monkeypatch)
+    if probe_fails:
+
+        def broken(device, dtype):
+            raise RuntimeError("no kernel here")
+
+        monkeypatch.setattr(kernel, "probe", broken)
+    checkpointed, plain = _checkpointed_and_plain(model, layer)
+    for a, b in zip(checkpointed, plain, strict=True):
         assert torch.allclose(a, b, atol=1e-5)
-    assert lora_forward.KERNEL.failed and lora_forward._PROBED
+    assert lora_forward.KERNEL.failed == probe_fails and lora_forward._PROBED
 
 
 def test_the_backward_sums_many_row_groups(kernel) -> None:

@@ -31,24 +31,38 @@ from trainer.kernels.device import on_device
 
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 MAX_RANK = 128  # wider adapters: PEFT's path (the kernels hold a rank-wide tile in registers)
-BM, BK = 64, 128  # rows and input columns a tile
+BM, BK = 64, 256  # rows and input columns a tile (four quarters, one Philox word each)
 GROUP_M = 8  # row tiles a backward program sums into its one atomic add of A's gradient
+WARPS = 4
 
 
 @triton.jit
-def _keep(seed, rows, k0, quads, thresh, BK: tl.constexpr):
-    """Keep bits of rows x columns [k0, k0 + BK): Philox at (row, column // 4), word column % 4."""
-    q = k0 // 4 + tl.arange(0, BK // 4)
-    r1, r2, r3, r4 = tl.randint4x(seed, rows[:, None] * quads + q[None, :])
-    words = tl.interleave(tl.interleave(r1, r3), tl.interleave(r2, r4))
-    return words >= thresh
+def _words(seed, rows, k0, quads, BQ: tl.constexpr):
+    """Four 32-bit Philox words for each row and each column of the quarter tiles at k0 (counter: row x
+    quads + k0 / 4 + column within the quarter; word j for quarter j)."""
+    q = k0 // 4 + tl.arange(0, BQ)
+    return tl.randint4x(seed, rows[:, None] * quads + q[None, :])
+
+
+@triton.jit
+def _forward_quarter(
+    acc, x, w, rows, live, ns, n_in, c0, K, stride_x, stride_w, word, thresh, scale,
+    BQ: tl.constexpr, PRECISION: tl.constexpr,
+):  # fmt: skip
+    cols = c0 + tl.arange(0, BQ)
+    c_in = cols < K
+    xv = tl.load(x + rows[:, None] * stride_x + cols[None, :], mask=live[:, None] & c_in[None, :], other=0.0)
+    xd = tl.where(word >= thresh, xv.to(tl.float32) * scale, 0.0).to(xv.dtype)
+    wv = tl.load(w + ns[None, :] * stride_w + cols[:, None], mask=n_in[None, :] & c_in[:, None], other=0.0)
+    return tl.dot(xd, wv, acc, input_precision=PRECISION)
 
 
 @triton.jit
 def _forward_kernel(
-    x, w, h, seed_ptr, M, K, N, stride_x, stride_w, stride_h, thresh, scale,
+    x, w, h, seed_ptr, M, K, quads, N, stride_x, stride_w, stride_h, thresh, scale,
     BM: tl.constexpr, BK: tl.constexpr, BN: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
+    BQ: tl.constexpr = BK // 4
     rows = tl.program_id(0) * BM + tl.arange(0, BM)
     live = rows < M
     rows = rows.to(tl.int64)
@@ -58,56 +72,103 @@ def _forward_kernel(
     thresh = thresh.to(tl.uint32)
     acc = tl.zeros([BM, BN], dtype=tl.float32)
     for k0 in range(0, K, BK):
-        cols = k0 + tl.arange(0, BK)
-        c_in = cols < K
-        tile = live[:, None] & c_in[None, :]
-        xv = tl.load(x + rows[:, None] * stride_x + cols[None, :], mask=tile, other=0.0)
-        keep = _keep(seed, rows, k0, K // 4, thresh, BK)
-        xd = tl.where(keep, xv.to(tl.float32) * scale, 0.0).to(xv.dtype)
-        w_in = n_in[None, :] & c_in[:, None]
-        wv = tl.load(w + ns[None, :] * stride_w + cols[:, None], mask=w_in, other=0.0)
-        acc = tl.dot(xd, wv, acc, input_precision=PRECISION)
+        r0, r1, r2, r3 = _words(seed, rows, k0, quads, BQ)
+        args = (x, w, rows, live, ns, n_in)
+        acc = _forward_quarter(acc, *args, k0, K, stride_x, stride_w, r0, thresh, scale, BQ, PRECISION)
+        acc = _forward_quarter(acc, *args, k0 + BQ, K, stride_x, stride_w, r1, thresh, scale, BQ, PRECISION)
+        acc = _forward_quarter(
+            acc, *args, k0 + 2 * BQ, K, stride_x, stride_w, r2, thresh, scale, BQ, PRECISION
+        )
+        acc = _forward_quarter(
+            acc, *args, k0 + 3 * BQ, K, stride_x, stride_w, r3, thresh, scale, BQ, PRECISION
+        )
     tl.store(h + rows[:, None] * stride_h + ns[None, :], acc.to(h.dtype.element_ty),
              mask=live[:, None] & n_in[None, :])  # fmt: skip
 
 
 @triton.jit
+def _backward_quarter(
+    acc, x, dx, wv, gv, rows, live, c0, K, stride_x, stride_dx, word, thresh, scale,
+    BQ: tl.constexpr, WANT_DX: tl.constexpr, WANT_DW: tl.constexpr, PRECISION: tl.constexpr,
+):  # fmt: skip
+    cols = c0 + tl.arange(0, BQ)
+    tile = live[:, None] & (cols < K)[None, :]
+    keep = word >= thresh
+    if WANT_DX:
+        dxv = tl.where(keep, tl.dot(gv, wv, input_precision=PRECISION) * scale, 0.0)
+        tl.store(dx + rows[:, None] * stride_dx + cols[None, :], dxv.to(dx.dtype.element_ty), mask=tile)
+    if WANT_DW:
+        xv = tl.load(x + rows[:, None] * stride_x + cols[None, :], mask=tile, other=0.0)
+        xd = tl.where(keep, xv.to(tl.float32) * scale, 0.0).to(xv.dtype)
+        acc = tl.dot(tl.trans(gv), xd, acc, input_precision=PRECISION)
+    return acc
+
+
+@triton.jit
+def _weight_quarter(w, ns, n_in, c0, K, stride_w, BQ: tl.constexpr):
+    cols = c0 + tl.arange(0, BQ)
+    return tl.load(
+        w + ns[:, None] * stride_w + cols[None, :], mask=n_in[:, None] & (cols < K)[None, :], other=0.0
+    )
+
+
+@triton.jit
+def _add_quarter(dw, acc, ns, n_in, c0, K, BQ: tl.constexpr):
+    cols = c0 + tl.arange(0, BQ)
+    tl.atomic_add(dw + ns[:, None] * K + cols[None, :], acc, mask=n_in[:, None] & (cols < K)[None, :])
+
+
+@triton.jit
 def _backward_kernel(
-    x, w, g, dx, dw, seed_ptr, M, K, N, stride_x, stride_w, stride_g, stride_dx, thresh, scale,
+    x, w, g, dx, dw, seed_ptr, M, K, quads, N, stride_x, stride_w, stride_g, stride_dx, thresh, scale,
     BM: tl.constexpr, BK: tl.constexpr, BN: tl.constexpr, GROUP_M: tl.constexpr,
     WANT_DX: tl.constexpr, WANT_DW: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
-    cols = tl.program_id(0) * BK + tl.arange(0, BK)
-    c_in = cols < K
+    BQ: tl.constexpr = BK // 4
+    k0 = tl.program_id(0) * BK
     ns = tl.arange(0, BN)
     n_in = ns < N
     seed = tl.load(seed_ptr)
     thresh = thresh.to(tl.uint32)
-    wv = tl.load(w + ns[:, None] * stride_w + cols[None, :], mask=n_in[:, None] & c_in[None, :], other=0.0)
-    acc = tl.zeros([BN, BK], dtype=tl.float32)
-    k0 = tl.program_id(0) * BK
+    w0 = _weight_quarter(w, ns, n_in, k0, K, stride_w, BQ)
+    w1 = _weight_quarter(w, ns, n_in, k0 + BQ, K, stride_w, BQ)
+    w2 = _weight_quarter(w, ns, n_in, k0 + 2 * BQ, K, stride_w, BQ)
+    w3 = _weight_quarter(w, ns, n_in, k0 + 3 * BQ, K, stride_w, BQ)
+    a0 = tl.zeros([BN, BQ], dtype=tl.float32)
+    a1 = tl.zeros([BN, BQ], dtype=tl.float32)
+    a2 = tl.zeros([BN, BQ], dtype=tl.float32)
+    a3 = tl.zeros([BN, BQ], dtype=tl.float32)
     for i in range(GROUP_M):
         rows = (tl.program_id(1) * GROUP_M + i) * BM + tl.arange(0, BM)
         live = rows < M
         rows = rows.to(tl.int64)
-        tile = live[:, None] & c_in[None, :]
-        g_in = live[:, None] & n_in[None, :]
-        gv = tl.load(g + rows[:, None] * stride_g + ns[None, :], mask=g_in, other=0.0)
-        keep = _keep(seed, rows, k0, K // 4, thresh, BK)
-        if WANT_DX:
-            dxv = tl.where(keep, tl.dot(gv, wv, input_precision=PRECISION) * scale, 0.0)
-            tl.store(dx + rows[:, None] * stride_dx + cols[None, :], dxv.to(dx.dtype.element_ty), mask=tile)
-        if WANT_DW:
-            xv = tl.load(x + rows[:, None] * stride_x + cols[None, :], mask=tile, other=0.0)
-            xd = tl.where(keep, xv.to(tl.float32) * scale, 0.0).to(xv.dtype)
-            acc = tl.dot(tl.trans(gv), xd, acc, input_precision=PRECISION)
+        gv = tl.load(
+            g + rows[:, None] * stride_g + ns[None, :], mask=live[:, None] & n_in[None, :], other=0.0
+        )
+        r0, r1, r2, r3 = _words(seed, rows, k0, quads, BQ)
+        args = (x, dx)
+        rest = (K, stride_x, stride_dx)
+        flags = (BQ, WANT_DX, WANT_DW, PRECISION)
+        a0 = _backward_quarter(a0, *args, w0, gv, rows, live, k0, *rest, r0, thresh, scale, *flags)
+        a1 = _backward_quarter(a1, *args, w1, gv, rows, live, k0 + BQ, *rest, r1, thresh, scale, *flags)
+        a2 = _backward_quarter(a2, *args, w2, gv, rows, live, k0 + 2 * BQ, *rest, r2, thresh, scale, *flags)
+        a3 = _backward_quarter(a3, *args, w3, gv, rows, live, k0 + 3 * BQ, *rest, r3, thresh, scale, *flags)
     if WANT_DW:
-        tl.atomic_add(dw + ns[:, None] * K + cols[None, :], acc, mask=n_in[:, None] & c_in[None, :])
+        _add_quarter(dw, a0, ns, n_in, k0, K, BQ)
+        _add_quarter(dw, a1, ns, n_in, k0 + BQ, K, BQ)
+        _add_quarter(dw, a2, ns, n_in, k0 + 2 * BQ, K, BQ)
+        _add_quarter(dw, a3, ns, n_in, k0 + 3 * BQ, K, BQ)
 
 
 def _launch_args(x: torch.Tensor, p: float) -> dict[str, Any]:
-    """The mask's threshold on a 32-bit draw and the kept values' scale, the dot's precision for dtype."""
+    """The mask's threshold on a 32-bit draw and the kept values' scale, the dot's precision for dtype,
+    the Philox counters a row (its tiles' quarters, so that no two values share a word), the tiles."""
+    k = x.shape[-1]
     return {
+        "quads": triton.cdiv(k, BK) * (BK // 4),
+        "BM": BM,
+        "BK": BK,
+        "num_warps": WARPS,
         "thresh": int(p * 2**32),
         "scale": 1.0 / (1.0 - p),
         "PRECISION": "ieee" if x.dtype == torch.float32 else "tf32",
@@ -125,8 +186,8 @@ class _DropoutLinear(torch.autograd.Function):
         if x2.shape[0]:
             with on_device(x.device):
                 _forward_kernel[(triton.cdiv(x2.shape[0], BM),)](
-                    x2, weight, h, seed, x2.shape[0], k, n, x2.stride(0), weight.stride(0), h.stride(0),
-                    BM=BM, BK=BK, BN=bn, num_warps=4, **_launch_args(x, p),
+                    x2, weight, h, seed, x2.shape[0], k, N=n, stride_x=x2.stride(0),
+                    stride_w=weight.stride(0), stride_h=h.stride(0), BN=bn, **_launch_args(x, p),
                 )  # fmt: skip
         ctx.save_for_backward(x2, weight, seed)
         ctx.p, ctx.shape = p, x.shape
@@ -146,10 +207,10 @@ class _DropoutLinear(torch.autograd.Function):
             grid = (triton.cdiv(k, BK), triton.cdiv(m, BM * GROUP_M))
             with on_device(x2.device):
                 _backward_kernel[grid](
-                    x2, weight, g2, x2 if dx is None else dx, x2 if dw is None else dw, seed, m, k, n,
-                    x2.stride(0), weight.stride(0), g2.stride(0), k, BM=BM, BK=BK,
-                    BN=max(16, triton.next_power_of_2(n)), GROUP_M=GROUP_M, WANT_DX=want_dx,
-                    WANT_DW=want_dw, num_warps=4, **_launch_args(x2, ctx.p),
+                    x2, weight, g2, x2 if dx is None else dx, x2 if dw is None else dw, seed, m, k,
+                    N=n, stride_x=x2.stride(0), stride_w=weight.stride(0), stride_g=g2.stride(0),
+                    stride_dx=k, BN=max(16, triton.next_power_of_2(n)), GROUP_M=GROUP_M,
+                    WANT_DX=want_dx, WANT_DW=want_dw, **_launch_args(x2, ctx.p),
                 )  # fmt: skip
         if dx is not None:
             dx = dx.view(ctx.shape)
@@ -176,7 +237,10 @@ def fits(x: torch.Tensor, weight: torch.Tensor, p: float) -> bool:
 def probe(device: torch.device, dtype: torch.dtype) -> None:
     """Both kernels once on a small problem of `dtype` on `device`, under a fixed seed (torch's generator
     untouched): raises where they do not build or run here, before a real call draws its mask."""
-    with torch.enable_grad():
+    # Its own graph, outside any caller's saved-tensor hooks: checkpointing counts the tensors a forward
+    # saves, and its recompute (which runs no probe) must save as many.
+    identity = torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t)
+    with torch.enable_grad(), identity:
         x = torch.ones(32, 64, device=device, dtype=dtype, requires_grad=True)
         weight = torch.ones(16, 64, device=device, dtype=dtype, requires_grad=True)
         seed = torch.zeros(1, dtype=torch.int64, device=device)

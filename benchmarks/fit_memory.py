@@ -37,8 +37,11 @@ IN_SAMPLE = ("after-4096", "after-8192")
 GiB = 1024**3
 
 
-def planned(row: Any) -> Any:
-    """The plan's training phase for a step_speed row, configured as the row ran."""
+def planned(row: Any, keep_dequant: bool = False) -> Any:
+    """The plan's training phase for a step_speed row, configured as the row ran (`keep_dequant`: whether
+    the trainer kept the dequant path's weights for backward then; rows measured before say nothing)."""
+    from dataclasses import replace
+
     from benchmarks.step_speed import EARLIER_OFFLOAD, EMB_HOST, STORY_PROFILE
     from cockpit.plan.estimator import estimate
     from cockpit.plan.hardware import Hardware
@@ -49,34 +52,35 @@ def planned(row: Any) -> Any:
     profile, _ = load_profile(STORY_PROFILE, overrides)
     inputs = inputs_for(profile, resolve_geometry(profile).with_layers(row.layers))
     hw = Hardware(gpus=1, gpu_name="NVIDIA H200", gpu_mem_gib=139.8, host_ram_gib=128)
-    return estimate(inputs, setup_for(profile, hw)), inputs, profile
+    return estimate(inputs, replace(setup_for(profile, hw), keep_dequant=keep_dequant)), inputs, profile
 
 
-def needed_working_layers(row: Any, measured_gib: float) -> float:
+def needed_working_layers(row: Any, measured_gib: float, keep_dequant: bool) -> float:
     """The working-layer factor under which this row's plan equals its measured peak."""
-    e, inputs, _ = planned(row)
+    e, inputs, _ = planned(row, keep_dequant)
     acts = inputs.activations(e.setup)
     rest = sum(e.train.gpu.values()) - e.train.gpu["layer recompute + backward"]
     return (measured_gib * GiB - rest) / acts.layer_saved
 
 
-def measured_rows(data: dict[str, Any]) -> list[tuple[Any, float]]:
-    """(row definition, measured training peak in GiB) for every row that ran and has a peak."""
+def measured_rows(data: dict[str, Any]) -> list[tuple[Any, float, bool]]:
+    """(row definition, measured training peak in GiB, whether the trainer kept the dequant path's weights
+    for backward) for every row that ran and has a peak."""
     from benchmarks.step_speed import MOE_LEAF, gpu_rows
 
-    peaks = {r["name"]: r["result"].get("cuda_peak_gib") for r in data["rows"] if r.get("result")}
+    results = {r["name"]: r["result"] for r in data["rows"] if r.get("result")}
     return [
-        (row, peaks[row.name])
+        (row, results[row.name]["cuda_peak_gib"], results[row.name].get("keep_dequant", False))
         for row in gpu_rows()
-        if peaks.get(row.name) and not set(MOE_LEAF) & set(row.extra)
+        if results.get(row.name, {}).get("cuda_peak_gib") and not set(MOE_LEAF) & set(row.extra)
     ]
 
 
 def table(data: dict[str, Any]) -> list[dict[str, Any]]:
     """One line per measured row: its configuration, the measured and planned peak, in or out of sample."""
     out = []
-    for row, measured in measured_rows(data):
-        e, _, profile = planned(row)
+    for row, measured, keep in measured_rows(data):
+        e, _, profile = planned(row, keep)
         plan = e.train.gpu_peak / GiB
         out.append(
             {
@@ -101,7 +105,9 @@ def fit(data: dict[str, Any]) -> float:
     """WORKING_LAYERS_FAST: the largest factor an in-sample row needs, to two decimals, rounded up."""
     import math
 
-    needs = [needed_working_layers(row, m) for row, m in measured_rows(data) if row.name in IN_SAMPLE]
+    needs = [
+        needed_working_layers(*measured) for measured in measured_rows(data) if measured[0].name in IN_SAMPLE
+    ]
     return math.ceil(max(needs) * 100) / 100
 
 

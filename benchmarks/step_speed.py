@@ -448,6 +448,9 @@ def run_row(row: Row, profile_name: str, runs: Path, gpu: bool, timeout: float) 
     code = run_depth(run_dir, row.layers, row.steps, row.env(), timeout=timeout, sampler=row.telemetry)
     result = read_row(run_dir, row)
     result.update(exit=code, wall_s=round(time.time() - t0, 1), run_dir=str(run_dir))
+    # The trainer keeps the dequant path's weights for backward unless the row switched it off; rows
+    # without the field ran before it did (benchmarks/fit_memory.py plans each as it ran).
+    result["keep_dequant"] = ("COCKPIT_KEEP_DEQUANT", "0") not in row.env_extra
     if KEEP_TRACES:
         keep_traces(run_dir, row.name)
     if code != 0:

@@ -40,6 +40,9 @@ class Setup:
     nodes: int = 1  # hosts, each with `gpus` GPUs (hardware.nodes)
     chunked_loss: bool = False  # training.chunked_loss: the logits a chunk of target rows at a time
     attention: str = ""  # training.attention: "varlen" is the fast path WORKING_LAYERS_FAST was fitted on
+    # The trainer keeps the dequant path's expert weights from recompute to backward (trainer/frozen_experts);
+    # False plans a measurement made before it did.
+    keep_dequant: bool = True
 
     @property
     def fast_paths(self) -> bool:

@@ -301,7 +301,8 @@ def _gathered(w: Weights, setup: Setup, layers: int) -> tuple[int, int]:
 def _keeps_dequantized(inputs: Inputs, setup: Setup) -> bool:
     """Whether the experts keep their dequantized weights from recompute to backward (frozen_experts)."""
     g = inputs.geometry
-    return setup.grad_ckpt and dequant_path(setup.seq_len * setup.micro_batch, g.top_k, g.experts)
+    tokens = setup.seq_len * setup.micro_batch
+    return setup.keep_dequant and setup.grad_ckpt and dequant_path(tokens, g.top_k, g.experts)
 
 
 def _gpu_training(inputs: Inputs, setup: Setup, shares: Shares, acts: Activations) -> Phase:

@@ -148,11 +148,46 @@ def _backward_kernel(
         r0, r1, r2, r3 = _words(seed, rows, k0, quads, BQ)
         args = (x, dx)
         rest = (K, stride_x, stride_dx)
-        flags = (BQ, WANT_DX, WANT_DW, PRECISION)
-        a0 = _backward_quarter(a0, *args, w0, gv, rows, live, k0, *rest, r0, thresh, scale, *flags)
-        a1 = _backward_quarter(a1, *args, w1, gv, rows, live, k0 + BQ, *rest, r1, thresh, scale, *flags)
-        a2 = _backward_quarter(a2, *args, w2, gv, rows, live, k0 + 2 * BQ, *rest, r2, thresh, scale, *flags)
-        a3 = _backward_quarter(a3, *args, w3, gv, rows, live, k0 + 3 * BQ, *rest, r3, thresh, scale, *flags)
+        a0 = _backward_quarter(
+            a0, *args, w0, gv, rows, live, k0, *rest, r0, thresh, scale, BQ, WANT_DX, WANT_DW, PRECISION
+        )
+        a1 = _backward_quarter(
+            a1, *args, w1, gv, rows, live, k0 + BQ, *rest, r1, thresh, scale, BQ, WANT_DX, WANT_DW, PRECISION
+        )
+        a2 = _backward_quarter(
+            a2,
+            *args,
+            w2,
+            gv,
+            rows,
+            live,
+            k0 + 2 * BQ,
+            *rest,
+            r2,
+            thresh,
+            scale,
+            BQ,
+            WANT_DX,
+            WANT_DW,
+            PRECISION,
+        )
+        a3 = _backward_quarter(
+            a3,
+            *args,
+            w3,
+            gv,
+            rows,
+            live,
+            k0 + 3 * BQ,
+            *rest,
+            r3,
+            thresh,
+            scale,
+            BQ,
+            WANT_DX,
+            WANT_DW,
+            PRECISION,
+        )
     if WANT_DW:
         _add_quarter(dw, a0, ns, n_in, k0, K, BQ)
         _add_quarter(dw, a1, ns, n_in, k0 + BQ, K, BQ)

@@ -68,7 +68,6 @@ NO_FUSED_ACT = (("COCKPIT_FUSED_ACT", "0"),)  # the experts' activation in torch
 NO_FUSED_COMBINE = (("COCKPIT_FUSED_COMBINE", "0"),)  # pairs gathered, then summed (trainer/routing.py)
 NO_NORM_KERNEL = (("COCKPIT_NORM_KERNEL", "0"),)  # torch's rms_norm kernel, not kernels/rms_norm.py
 PEFT_LORA = (("COCKPIT_LEAN_LORA", "0"),)  # PEFT's own LoRA forward, not trainer/lora_forward.py
-NO_DROPOUT_KERNEL = (("COCKPIT_DROPOUT_KERNEL", "0"),)  # torch's dropout, then lora_A (not dropout_linear)
 NO_KEEP_DEQUANT = (("COCKPIT_KEEP_DEQUANT", "0"),)  # backward dequantizes the experts again
 PREFETCH2 = ("deepspeed.prefetch_layers=2",)
 STAGE2 = ("deepspeed.stage=2",)  # ZeRO-2 at one rank: no parameter hooks (what ZeRO-3's cost)
@@ -277,15 +276,12 @@ def gpu_rows() -> list[Row]:
             for kind, env in (("peft", PEFT_LORA), ("lean", ()))
             for layers in (4, 8)
         ),
-        # The dropout kernel (kernels/dropout_linear.py) and the recompute's dequantized experts kept for
-        # backward (trainer/frozen_experts.py): neither, the kernel alone, both; profiled at 4 and 8 layers.
+        # The recompute's dequantized experts kept for backward (trainer/frozen_experts.py) off and on,
+        # profiled at 4 and 8 layers (run as drop-off/drop-both beside a dropout kernel that did not
+        # compile there and ran torch's dropout in both: results/step_speed_h100_keep_profile.json).
         *(
-            Row(f"drop-{kind}-{layers}L-prof", layers, 4096, mb=8, ga=1, steps=7, profile=True, env_extra=env)
-            for kind, env in (
-                ("off", (*NO_DROPOUT_KERNEL, *NO_KEEP_DEQUANT)),
-                ("kernel", NO_KEEP_DEQUANT),
-                ("both", ()),
-            )
+            Row(f"keep-{kind}-{layers}L-prof", layers, 4096, mb=8, ga=1, steps=7, profile=True, env_extra=env)
+            for kind, env in (("off", NO_KEEP_DEQUANT), ("on", ()))
             for layers in (4, 8)
         ),
         # the 1-row story step again, in the same session as the rows above (run-to-run spread ~8%)
@@ -768,6 +764,16 @@ def table(rows: list[Row], ceilings: dict[str, float]) -> str:
 
 # Levers measured and dropped: (what, the evidence, rows shown here that ran with it).
 DROPPED = (
+    (
+        "LoRA's dropout drawn inside lora_A's product (a Triton kernel: Philox keep bits by row and column, "
+        "nothing of [tokens, width] written forward, the mask drawn again backward; commit 4c224f2)",
+        "on one H100 at the story's shapes, a layer-step's four draws (forward twice, backward once): "
+        "torch's dropout then lora_A 6.00 and 5.96 ms, the kernel 6.22 ms (words interleaved) and 6.06 ms "
+        "at its best tiles (quarter tiles, 8.05 as first shipped): forward faster (0.27-0.35 against 0.38 "
+        "ms at 4,096 wide), backward slower (0.66-0.94 against 0.47) "
+        "(benchmarks/results/earlier/dropout_speed_h100_{interleave,quarters}.md; the code was removed)",
+        (),
+    ),
     (
         "The 4-bit LoRA projections' scaled adapter term added in one kernel (`torch.add(base, lora, "
         "alpha=scaling)` in place of PEFT's clone, scale and add; 2.9 ms of a further layer's device time "

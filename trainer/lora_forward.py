@@ -12,11 +12,6 @@ Only the plain case takes this path: one active vanilla adapter (no DoRA or othe
 or disabled, called with the input alone (no per-row adapter names), autocast off. Everything else runs
 PEFT's own forward. The modules are still called (`lora_A`, `lora_B`, the dropout), so ZeRO-3's hooks
 gather their weights as before, and the dropout draws as PEFT's does.
-
-On a GPU, an active dropout and `lora_A` are one Triton kernel each way instead
-(`trainer.kernels.dropout_linear`): `lora_A` is called with the input and the dropout's probability, so
-ZeRO-3 still gathers its weight, and draws the mask inside its product; the dropped input is neither
-written nor saved. The mask is another draw than torch's dropout, with the same probability.
 """
 
 from __future__ import annotations
@@ -25,15 +20,11 @@ import os
 from typing import Any
 
 import torch
-from torch.nn import functional as F
 
-from trainer.fast_path import FastPath, swap_forwards
+from trainer.fast_path import swap_forwards
 
-# Off for the speed benchmark's control rows: COCKPIT_LEAN_LORA=0 (PEFT's own forward),
-# COCKPIT_DROPOUT_KERNEL=0 (torch's dropout, then lora_A).
+# Off for the speed benchmark's control row: COCKPIT_LEAN_LORA=0 (PEFT's own forward).
 ENABLED = os.environ.get("COCKPIT_LEAN_LORA", "1") != "0"
-DROPOUT_KERNEL = os.environ.get("COCKPIT_DROPOUT_KERNEL", "1") != "0"
-KERNEL = FastPath("dropout + LoRA A kernel", "torch's dropout, then lora_A")
 
 
 def _plain(layer: Any) -> str | None:
@@ -52,49 +43,8 @@ def _lean_forward(self: Any, x: torch.Tensor, *args: Any, **kwargs: Any) -> torc
         return type(self).forward(self, x, *args, **kwargs)
     result = self.base_layer(x)
     lora_A, lora_B = self.lora_A[adapter], self.lora_B[adapter]
-    x = self._cast_input_dtype(x, lora_A.weight.dtype)
-    p = _fused_p(self.lora_dropout[adapter], lora_A, x)
-    h = lora_A(x, p) if p else lora_A(self.lora_dropout[adapter](x))
+    h = lora_A(self.lora_dropout[adapter](self._cast_input_dtype(x, lora_A.weight.dtype)))
     return result + lora_B(h * self.scaling[adapter]).to(result.dtype)
-
-
-def _fused_p(dropout: torch.nn.Module, lora_A: torch.nn.Module, x: torch.Tensor) -> float:
-    """The dropout's probability where `lora_A` draws it in its kernel (an active dropout, a GPU), else 0."""
-    active = isinstance(dropout, torch.nn.Dropout) and dropout.training and dropout.p > 0
-    fused = getattr(lora_A, "cockpit_dropout_kernel", False) and not KERNEL.failed
-    return float(dropout.p) if active and fused and kernel_device(x) else 0.0
-
-
-def kernel_device(x: torch.Tensor) -> bool:
-    """Whether the dropout kernel is tried for x: on a GPU (the tests also try it on the CPU, interpreted)."""
-    return x.is_cuda
-
-
-def _lora_a_forward(self: torch.nn.Module, x: torch.Tensor, p: float = 0.0) -> torch.Tensor:
-    """`lora_A`'s forward: with the input alone (as PEFT calls it) a plain linear; with a dropout
-    probability, the dropout and the product in one kernel where it takes them, else one after the other."""
-    if p:
-        from trainer.kernels import dropout_linear  # Triton: imported where the kernel is tried
-
-        if self.bias is None and dropout_linear.fits(x, self.weight, p) and _probed(x):
-            return dropout_linear.dropout_linear(x, self.weight, p)
-        x = F.dropout(x, p, training=True)
-    return F.linear(x, self.weight, self.bias)
-
-
-_PROBED: dict[tuple[torch.device, torch.dtype], bool] = {}
-
-
-def _probed(x: torch.Tensor) -> bool:
-    """Whether the dropout kernels ran, both ways, on x's device and dtype: tried once, on a small problem,
-    before any real call. A kernel that fails only in a real call raises: its forward would have drawn its
-    mask from the generator, and a fallback (or checkpointing's recompute) would draw another."""
-    from trainer.kernels import dropout_linear
-
-    key = (x.device, x.dtype)
-    if key not in _PROBED:
-        _PROBED[key] = KERNEL.run(lambda: dropout_linear.probe(x.device, x.dtype) or True) is not None
-    return _PROBED[key]
 
 
 def is_lora_linear(module: torch.nn.Module) -> bool:
@@ -104,19 +54,8 @@ def is_lora_linear(module: torch.nn.Module) -> bool:
     return isinstance(module, LoraLayer) and type(module).__name__ in ("Linear", "Linear4bit")
 
 
-def _is_lora_a(module: torch.nn.Module) -> bool:
-    return type(module) is torch.nn.Linear and getattr(module, "cockpit_dropout_kernel", False)
-
-
 def install(model: torch.nn.Module) -> int:
-    """Give each LoRA linear layer of `model` the lean forward, and its `lora_A` the dropout kernel where
-    enabled; returns how many layers (0 when disabled)."""
+    """Give each LoRA linear layer of `model` the lean forward; returns how many (0 when disabled)."""
     if not ENABLED:
         return 0
-    if DROPOUT_KERNEL:
-        for module in model.modules():
-            if is_lora_linear(module):
-                for lora_A in module.lora_A.values():
-                    lora_A.cockpit_dropout_kernel = True
-        swap_forwards(model, _is_lora_a, _lora_a_forward)
     return swap_forwards(model, is_lora_linear, _lean_forward)

@@ -323,7 +323,7 @@ def _gpu_training(inputs: Inputs, setup: Setup, shares: Shares, acts: Activation
         # NF4 experts dequantize a chunk at a time within the layer's recompute and backward; measured,
         # it never adds to the activation transients at seq 1024 (adding it over-predicts all four
         # NF4 slices by its 0.49 GiB), so the larger of the two counts. On the dequant path under
-        # checkpointing, the recompute's weights are kept for the backward: the smaller one on top.
+        # checkpointing, the recompute's weights are kept for the backward: both, on top.
         "layer recompute + backward": max(acts.working(setup.grad_ckpt), w.dequant_chunk_bytes())
         + (w.kept_dequant_bytes() if _keeps_dequantized(inputs, setup) else 0),
         "logits + loss": acts.logits,

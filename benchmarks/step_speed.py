@@ -68,7 +68,7 @@ NO_FUSED_ACT = (("COCKPIT_FUSED_ACT", "0"),)  # the experts' activation in torch
 NO_FUSED_COMBINE = (("COCKPIT_FUSED_COMBINE", "0"),)  # pairs gathered, then summed (trainer/routing.py)
 NO_NORM_KERNEL = (("COCKPIT_NORM_KERNEL", "0"),)  # torch's rms_norm kernel, not kernels/rms_norm.py
 PEFT_LORA = (("COCKPIT_LEAN_LORA", "0"),)  # PEFT's own LoRA forward, not trainer/lora_forward.py
-NO_KEEP_DEQUANT = (("COCKPIT_KEEP_DEQUANT", "0"),)  # backward dequantizes the experts again
+NO_KEEP_DEQUANT = ("training.keep_dequantized_experts=false",)  # backward dequantizes the experts again
 PREFETCH2 = ("deepspeed.prefetch_layers=2",)
 STAGE2 = ("deepspeed.stage=2",)  # ZeRO-2 at one rank: no parameter hooks (what ZeRO-3's cost)
 STACK = (("COCKPIT_PROFILE_STACK", "1"),)  # Python frames in the kept trace
@@ -280,8 +280,8 @@ def gpu_rows() -> list[Row]:
         # profiled at 4 and 8 layers (run as drop-off/drop-both beside a dropout kernel that did not
         # compile there and ran torch's dropout in both: results/step_speed_h100_keep_profile.json).
         *(
-            Row(f"keep-{kind}-{layers}L-prof", layers, 4096, mb=8, ga=1, steps=7, profile=True, env_extra=env)
-            for kind, env in (("off", NO_KEEP_DEQUANT), ("on", ()))
+            Row(f"keep-{kind}-{layers}L-prof", layers, 4096, mb=8, ga=1, steps=7, profile=True, extra=extra)
+            for kind, extra in (("off", NO_KEEP_DEQUANT), ("on", ()))
             for layers in (4, 8)
         ),
         # the 1-row story step again, in the same session as the rows above (run-to-run spread ~8%)
@@ -446,7 +446,7 @@ def run_row(row: Row, profile_name: str, runs: Path, gpu: bool, timeout: float) 
     result.update(exit=code, wall_s=round(time.time() - t0, 1), run_dir=str(run_dir))
     # The trainer keeps the dequant path's weights for backward unless the row switched it off; rows
     # without the field ran before it did (benchmarks/fit_memory.py plans each as it ran).
-    result["keep_dequant"] = ("COCKPIT_KEEP_DEQUANT", "0") not in row.env_extra
+    result["keep_dequant"] = not set(NO_KEEP_DEQUANT) & set(row.extra)
     if KEEP_TRACES:
         keep_traces(run_dir, row.name)
     if code != 0:

@@ -15,7 +15,11 @@ if not torch.cuda.is_available():  # the Triton kernels run on the CPU only in T
 
 from test_experts4bit import rel, run_experts, small_experts
 
+from cockpit.profiles import load_profile
 from trainer import frozen_experts
+from trainer.experts4bit import NF4Experts
+from trainer.experts_model import quantize_model_experts
+from trainer.model import attach_lora
 
 
 def _dequantizations(experts, monkeypatch, checkpointed: bool) -> tuple[int, tuple]:
@@ -52,8 +56,15 @@ def test_kept_weights_give_the_loops_gradients_with_one_dequantization_fewer(che
         assert g.abs().sum() > 0 and rel(got[3][name], g) < 1e-5
 
 
-def test_switched_off_nothing_is_kept(monkeypatch):
-    experts = small_experts(lora=False)
-    monkeypatch.setattr(frozen_experts, "KEEP_DEQUANT", False)
-    assert frozen_experts.keep_for_backward(torch.nn.Sequential(experts)) == 0
-    assert experts.keep_dequantized is False
+@pytest.mark.parametrize("keep", [True, False])
+def test_the_profile_chooses_whether_the_experts_keep_their_weights(tiny_dir, keep):
+    """`training.keep_dequantized_experts` (under gradient checkpointing) sets every NF4 experts module."""
+    from transformers import AutoModelForCausalLM
+
+    profile, _ = load_profile("tiny-cpu", [f"training.keep_dequantized_experts={str(keep).lower()}"])
+    assert profile.training.gradient_checkpointing
+    model = AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32)
+    assert quantize_model_experts(model, torch.float32) > 0
+    model = attach_lora(profile, model)
+    flags = [m.keep_dequantized for m in model.modules() if isinstance(m, NF4Experts)]
+    assert flags and all(flag == keep for flag in flags)

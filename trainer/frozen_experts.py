@@ -9,19 +9,16 @@ first forward are dropped at once, and the layer's recompute runs just before it
 dequant path's weights (`PackedGroupedMM` with `keep`) are saved: the recompute's dequantization serves
 the backward too, one of a layer's three. The cost is memory in that window only: a layer's experts'
 16-bit weights of both projections (4.5 GiB for the story's 128 experts) from its recompute through its
-backward, where otherwise one projection's (3 GiB) is dequantized at a time.
+backward, where otherwise one projection's (3 GiB) is dequantized at a time: the profile chooses
+(`training.keep_dequantized_experts`, on by default; the plan counts it).
 """
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import torch
 from torch import nn
-
-# Off for the speed benchmark's control rows: COCKPIT_KEEP_DEQUANT=0 (backward dequantizes again).
-KEEP_DEQUANT = os.environ.get("COCKPIT_KEEP_DEQUANT", "1") != "0"
 
 
 class DequantChunk:
@@ -125,6 +122,6 @@ def keep_for_backward(model: nn.Module) -> int:
     count = 0
     for module in model.modules():
         if hasattr(module, "keep_dequantized"):
-            module.keep_dequantized = KEEP_DEQUANT
-            count += KEEP_DEQUANT
+            module.keep_dequantized = True
+            count += 1
     return count

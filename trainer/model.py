@@ -171,9 +171,10 @@ def attach_lora(profile: Profile, model: Any) -> Any:
     if profile.training.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.enable_input_require_grads()
-        # Non-reentrant: the first forward's saved tensors are dropped, so the recompute's dequantized
-        # experts can serve the backward (trainer/frozen_experts.py).
-        frozen_experts.keep_for_backward(model)
+        if profile.training.keep_dequantized_experts:
+            # Non-reentrant: the first forward's saved tensors are dropped, so the recompute's dequantized
+            # experts can serve the backward (trainer/frozen_experts.py).
+            frozen_experts.keep_for_backward(model)
     lora = profile.lora
     config = LoraConfig(
         r=lora.r,

@@ -40,8 +40,8 @@ class Setup:
     nodes: int = 1  # hosts, each with `gpus` GPUs (hardware.nodes)
     chunked_loss: bool = False  # training.chunked_loss: the logits a chunk of target rows at a time
     attention: str = ""  # training.attention: "varlen" is the fast path WORKING_LAYERS_FAST was fitted on
-    # The trainer keeps the dequant path's expert weights from recompute to backward (trainer/frozen_experts);
-    # False plans a measurement made before it did.
+    # training.keep_dequantized_experts: the dequant path's expert weights kept from recompute to backward
+    # (trainer/frozen_experts.py); benchmarks/fit_memory.py plans rows measured before it existed as False.
     keep_dequant: bool = True
 
     @property

@@ -163,4 +163,5 @@ def setup_for(profile: Profile, hw: Hardware) -> Setup:
         embeddings_on_gpu=ds.embeddings_on_gpu,
         chunked_loss=t.chunked_loss,
         attention=t.attention,
+        keep_dequant=t.keep_dequantized_experts,
     )

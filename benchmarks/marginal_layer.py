@@ -78,6 +78,10 @@ BUSY_PROFILES = {
         "step_speed_h200_lora_profile", ("lora-peft-4L-prof", "lora-peft-8L-prof")),
     LEAN: (
         "step_speed_h200_lora_profile", ("lora-lean-4L-prof", "lora-lean-8L-prof")),
+    "one H100: the experts dequantized again for backward (the ninth call)": (
+        "step_speed_h100_keep_profile", ("keep-off-4L-prof", "keep-off-8L-prof")),
+    "one H100: the recompute's dequantized experts kept for backward (the ninth call; as shipped)": (
+        "step_speed_h100_keep_profile", ("keep-on-4L-prof", "keep-on-8L-prof")),
 }  # fmt: skip
 NOW_PROFILES = ("now-4L-prof", "now-8L-prof")  # step_speed_h200_now_profile.json: every lever on
 PROFILES = ("story-4096-mb4-ga2-prof", "story-4096-mb4-ga2-8L-prof")  # step_speed_h200_story_profile.json

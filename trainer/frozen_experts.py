@@ -6,11 +6,11 @@ weights: backward dequantizes them again (a chunk at a time, once, when their gr
 
 One exception pays: under non-reentrant gradient checkpointing (the trainer's), tensors saved in the
 first forward are dropped at once, and the layer's recompute runs just before its backward. There the
-dequant path's weights (`PackedGroupedMM` with `keep`) are saved: the recompute's dequantization serves
-the backward too, one of a layer's three. The cost is memory in that window only: a layer's experts'
-16-bit weights of both projections (4.5 GiB for the story's 128 experts) from its recompute through its
-backward, where otherwise one projection's (3 GiB) is dequantized at a time: the profile chooses
-(`training.keep_dequantized_experts`, on by default; the plan counts it).
+dequant path's weights are saved (`PackedGroupedMM`, for a module `keep_for_backward` set): the
+recompute's dequantization serves the backward too, one of a layer's three. The cost is memory in that
+window only: a layer's experts' 16-bit weights of both projections (4.5 GiB for the story's 128 experts)
+from its recompute through its backward, where otherwise one projection's (3 GiB) is dequantized at a
+time. The profile chooses (`training.keep_dequantized_experts`, on by default; the plan counts it).
 """
 
 from __future__ import annotations

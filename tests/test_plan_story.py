@@ -318,3 +318,17 @@ def test_the_dequant_path_keeps_a_layers_expert_weights_through_the_backward(mon
     for layers in (4, 8):
         measured = (peak[f"keep-on-{layers}L-prof"] - peak[f"keep-off-{layers}L-prof"]) * GiB
         assert measured <= planned <= measured + 1.5 * GiB
+
+
+def test_where_only_the_kept_weights_do_not_fit_the_plan_gives_them_back() -> None:
+    """On GPUs of 60 GiB (55.2 usable) the story as shipped needs 57.0: its twin without the kept experts
+    fits, and the plan recommends it by the override a user types; the options table says so."""
+    profile, _ = load_profile(STORY)
+    plan = build_plan(profile, Hardware(4, "H100-80GB", 60, 960))
+    assert not plan.configured.fits
+    assert plan.best is not None and plan.best.fits and not plan.best.setup.keep_dequant
+    assert plan.best.setup.offload == plan.configured.setup.offload
+    assert "training.keep_dequantized_experts=false" in plan.best_overrides()
+    assert any(not o.estimate.setup.keep_dequant for o in plan.options)
+    shipped = build_plan(profile, Hardware(4, "H100-80GB", 80, 960))
+    assert shipped.best is not None and shipped.best.setup.keep_dequant  # where both fit, kept

@@ -82,4 +82,5 @@ class Setup:
         if self.nodes > 1:
             hw = f"{self.nodes} nodes x {hw}"
         rows = f" x {self.micro_batch}" if self.micro_batch > 1 else ""
-        return f"{mode}, {where}, {hw}, seq {self.seq_len}{rows}"
+        again = "" if self.keep_dequant else ", experts dequantized again for backward"
+        return f"{mode}, {where}, {hw}, seq {self.seq_len}{rows}{again}"

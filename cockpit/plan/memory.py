@@ -298,7 +298,7 @@ def _gathered(w: Weights, setup: Setup, layers: int) -> tuple[int, int]:
     return gathered, kept_embeddings
 
 
-def _keeps_dequantized(inputs: Inputs, setup: Setup) -> bool:
+def keeps_dequantized(inputs: Inputs, setup: Setup) -> bool:
     """Whether the experts keep their dequantized weights from recompute to backward (frozen_experts)."""
     g = inputs.geometry
     tokens = setup.seq_len * setup.micro_batch
@@ -325,7 +325,7 @@ def _gpu_training(inputs: Inputs, setup: Setup, shares: Shares, acts: Activation
         # NF4 slices by its 0.49 GiB), so the larger of the two counts. On the dequant path under
         # checkpointing, the recompute's weights are kept for the backward: both, on top.
         "layer recompute + backward": max(acts.working(setup.grad_ckpt), w.dequant_chunk_bytes())
-        + (w.kept_dequant_bytes() if _keeps_dequantized(inputs, setup) else 0),
+        + (w.kept_dequant_bytes() if keeps_dequantized(inputs, setup) else 0),
         "logits + loss": acts.logits,
         "LoRA + optimizer": 2 * shares.lora * act_bytes // shares.zero_n
         + (shares.optimizer if setup.offload_optimizer == "none" else 0),

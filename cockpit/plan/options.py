@@ -1,5 +1,6 @@
-"""The options table: the configuration a profile asks for, beside every offload mode and loader, more rows
-a micro-batch, other GPU counts and shorter sequences; the fastest that fits, and what fitting requires.
+"""The options table: the configuration a profile asks for, beside every offload mode and loader (and, where
+the experts keep their dequantized weights for backward, the same without), more rows a micro-batch, other
+GPU counts and shorter sequences; the fastest that fits, and what fitting requires.
 """
 
 from __future__ import annotations
@@ -10,15 +11,17 @@ from cockpit.contract import LOADERS
 from cockpit.plan.configuration import OFFLOAD_MODES, Setup
 from cockpit.plan.estimator import Estimate, estimate
 from cockpit.plan.inputs import GiB, Inputs
+from cockpit.plan.memory import keeps_dequantized
 
 
 def _rank(e: Estimate) -> tuple:
-    """Sort key for fitting options: fastest first; then what the trainer does today, then less offload."""
+    """Sort key for fitting options: fastest first; then what the trainer does today, then less offload,
+    then the experts' dequantized weights kept for backward (a dequantization fewer, unmodelled)."""
     s = e.setup
     offload = ("none", "cpu", "nvme").index(s.offload_param) * 2 + ("none", "cpu", "nvme").index(
         s.offload_optimizer
     )
-    return (-(e.tokens_per_s or 0.0), s.loader != "layerwise", offload)
+    return (-(e.tokens_per_s or 0.0), s.loader != "layerwise", offload, not s.keep_dequant)
 
 
 def pick(estimates: list[Estimate]) -> Estimate:
@@ -52,6 +55,8 @@ def _variants(inputs: Inputs, base: Setup, gpus: int, seq_len: int) -> list[Esti
                 loader=loader,
             )
             out.append(estimate(inputs, setup))
+            if keeps_dequantized(inputs, setup):  # its twin gives the kept weights back
+                out.append(estimate(inputs, replace(setup, keep_dequant=False)))
     return out
 
 
@@ -80,6 +85,8 @@ def overrides_for(configured: Setup, other: Setup, grad_accum: int) -> list[str]
         sets.append(f"hardware.gpus={other.gpus}")
     if other.seq_len != configured.seq_len:
         sets.append(f"training.seq_len={other.seq_len}")
+    if other.keep_dequant != configured.keep_dequant:
+        sets.append(f"training.keep_dequantized_experts={str(other.keep_dequant).lower()}")
     if other.micro_batch != configured.micro_batch:
         sets.append(f"training.micro_batch_size={other.micro_batch}")
         accum = grad_accum * configured.micro_batch // other.micro_batch

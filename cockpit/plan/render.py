@@ -290,8 +290,10 @@ def options_table(plan: Plan, measured: dict[str, Measured] | None = None) -> Ta
         row = CONFIGURED if s == ref.setup else o.label
         m = measured.get(row) or measured.get(o.label)
         fits = "[green]yes[/]" if e.fits else f"[red]no[/]: {b.name}" if b else "[red]no[/]"
-        # an offload mode's own row is named for it; the others say which mode their fastest uses
-        cells = [o.label if o.label == s.offload else f"{o.label}, {s.offload}"]
+        # an offload mode's own row is named for it; the others say which mode their fastest uses, and
+        # each where it gives the experts' kept weights back
+        again = ", experts dequantized again" if ref.setup.keep_dequant and not s.keep_dequant else ""
+        cells = [(o.label if o.label == s.offload else f"{o.label}, {s.offload}") + again]
         if len(loaders) > 1:
             cells.append(_loader(s.loader))
         cells += [

@@ -1,6 +1,7 @@
 """The dequant path's weights kept from a checkpointed recompute for its backward
-(`trainer.frozen_experts.PackedGroupedMM`): the same outputs and gradients as the loop, one dequantization
-a weight fewer a step, and nothing kept where the module was not told to (no checkpointing)."""
+(`trainer.frozen_experts.PackedGroupedMM`): the same outputs and gradients as the loop, with and without
+checkpointing, one dequantization a weight fewer a step; and the profile's field deciding whether a
+model's experts keep them."""
 
 from __future__ import annotations
 

@@ -16,6 +16,7 @@ from cockpit.plan import Hardware, build_plan
 from cockpit.plan.formats import four_bit, pow2_ceil
 from cockpit.plan.inputs import GiB
 from cockpit.profiles import PROFILES_DIR, load_profile
+from tests.conftest import REPO
 
 STORY = "qwen3-235b-a22b-thinking-4xh100"
 CONFIG = json.loads((PROFILES_DIR / "models/qwen3-235b-a22b-thinking-2507/config.json").read_text())
@@ -311,9 +312,7 @@ def test_the_dequant_path_keeps_a_layers_expert_weights_through_the_backward(mon
     assert kept[1] == recompute(1)
     assert dequant_path(4096 * 8, 8, E) and not dequant_path(4096, 8, E)
 
-    results = json.loads(
-        (PROFILES_DIR.parent / "benchmarks/results/step_speed_h100_keep_profile.json").read_text()
-    )
+    results = json.loads((REPO / "benchmarks/results/step_speed_h100_keep_profile.json").read_text())
     peak = {r["name"]: r["result"]["cuda_peak_gib"] for r in results["rows"]}
     for layers in (4, 8):
         measured = (peak[f"keep-on-{layers}L-prof"] - peak[f"keep-off-{layers}L-prof"]) * GiB

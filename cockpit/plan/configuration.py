@@ -9,6 +9,8 @@ from dataclasses import dataclass
 from cockpit.contract import keeps_embeddings
 
 # The offload modes the planner compares, (offload_param, offload_optimizer) -> name.
+# How a setup without the kept dequantized experts (`Setup.keep_dequant` false) is said, in lines and tables.
+DEQUANTIZED_AGAIN = "experts dequantized again for backward"
 OFFLOAD_MODES = {
     ("none", "none"): "no offload",
     ("none", "cpu"): "optimizer offload",
@@ -82,5 +84,5 @@ class Setup:
         if self.nodes > 1:
             hw = f"{self.nodes} nodes x {hw}"
         rows = f" x {self.micro_batch}" if self.micro_batch > 1 else ""
-        again = "" if self.keep_dequant else ", experts dequantized again for backward"
+        again = "" if self.keep_dequant else f", {DEQUANTIZED_AGAIN}"
         return f"{mode}, {where}, {hw}, seq {self.seq_len}{rows}{again}"

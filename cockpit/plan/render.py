@@ -8,6 +8,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
+from cockpit.plan.configuration import DEQUANTIZED_AGAIN
 from cockpit.plan.estimator import Estimate
 from cockpit.plan.eval_time import evaluation_words
 from cockpit.plan.inputs import GiB
@@ -292,7 +293,7 @@ def options_table(plan: Plan, measured: dict[str, Measured] | None = None) -> Ta
         fits = "[green]yes[/]" if e.fits else f"[red]no[/]: {b.name}" if b else "[red]no[/]"
         # an offload mode's own row is named for it; the others say which mode their fastest uses, and
         # each where it gives the experts' kept weights back
-        again = ", experts dequantized again" if ref.setup.keep_dequant and not s.keep_dequant else ""
+        again = f", {DEQUANTIZED_AGAIN}" if ref.setup.keep_dequant and not s.keep_dequant else ""
         cells = [(o.label if o.label == s.offload else f"{o.label}, {s.offload}") + again]
         if len(loaders) > 1:
             cells.append(_loader(s.loader))

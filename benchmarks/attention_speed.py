@@ -8,8 +8,11 @@ query heads, 4 key/value heads, head_dim 128), bf16, the layout Transformers han
 Paths:
   per-document   `trainer.attention._per_document`: causal SDPA one document at a time (FlashAttention-2),
                  outputs concatenated: the trainer's path before, and its path where the packed call is not
-  packed         `trainer.attention._packed`: the whole micro-batch in one `varlen_attn` call (what the
-                 trainer runs now on a GPU)
+  packed         `trainer.attention.packed_attention` with COCKPIT_VARLEN_KERNEL=torch: the whole
+                 micro-batch in one `varlen_attn` call (FlashAttention-2; the trainer's GPU path where
+                 FlashAttention-4 is absent)
+  flash4         the same call through FlashAttention-4 (`trainer.flash4`: the `flash-attn-4` package,
+                 CUTLASS's Python DSL; its kernels compiled before the timing, by its probe)
   cudnn          the per-document loop under SDPA's cuDNN backend (timed after its per-length plans are
                  built: a first length costs ~0.1 s)
   flex           FlexAttention, compiled, with a document-causal block mask (mask built outside the timing)
@@ -27,11 +30,13 @@ loss gives none there).
 
     python benchmarks/attention_speed.py --out DIR  # DIR/attention_speed.{md,json} (committed as _h200)
     python benchmarks/attention_speed.py --smoke    # CPU, tiny shapes: the per-document path only
+    python benchmarks/attention_speed.py --paths packed,flash4 --rows 8  # the story's micro-batch, two paths
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import random
@@ -101,12 +106,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--rows", type=int, default=4, help="rows of 4,096 tokens (the story ships 8)")
     parser.add_argument("--smoke", action="store_true", help="CPU, tiny shapes, the per-document path")
+    parser.add_argument("--paths", default="", help="comma-separated paths to run (default: every one)")
     args = parser.parse_args(argv)
     import torch
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    from trainer import attention
+    from trainer import attention, flash4
 
     if not args.smoke and not torch.cuda.is_available():
         log("no CUDA device: run with --smoke for the CPU check of this script")
@@ -128,6 +134,7 @@ def main(argv: list[str] | None = None) -> int:
         return attention.per_document_attention(q, k, v, doc_lens, 0.0, scale)
 
     def packed(q: Any, k: Any, v: Any) -> Any:
+        attention.CHOICE = "torch"
         out = attention.packed_attention(q, k, v, doc_lens, scale)
         if out is None:
             raise RuntimeError("the packed call is unavailable here")
@@ -164,6 +171,19 @@ def main(argv: list[str] | None = None) -> int:
     paths: dict[str, Any] = {"per-document": per_document}
     if not args.smoke:
         paths["packed"] = packed
+        fa4 = flash4.find(device, h, hkv, d, dtype, forced=True)
+        if fa4 is not None:
+            cu = attention.segments(doc_lens, t)
+            longest = max(y - x for x, y in itertools.pairwise(cu))
+            cu_t = torch.tensor(cu, dtype=torch.int32, device=device)
+
+            def flash4_path(q: Any, k: Any, v: Any) -> Any:
+                flat = [x.transpose(1, 2).reshape(b * t, x.shape[1], d) for x in (q, k, v)]
+                return flash4.call(fa4, *flat, cu_t, longest, scale).view(b, t, h, d)
+
+            paths["flash4"] = flash4_path
+        else:
+            log("flash4: FlashAttention-4 unavailable here (see the warning above)")
         paths["cudnn"] = cudnn
         paths["cudnn-ragged"] = cudnn_ragged
         paths["cudnn-ragged-repeat"] = lambda q, k, v: cudnn_ragged(q, k, v, gqa=False)
@@ -223,7 +243,10 @@ def main(argv: list[str] | None = None) -> int:
     fwd_flops = flops(doc_lens, h, d)
     ref = reference()
     rows: list[dict[str, Any]] = []
+    chosen = [p for p in args.paths.split(",") if p]
     for name, fn in paths.items():
+        if chosen and name not in chosen:
+            continue
         row: dict[str, Any] = {"path": name}
         try:
             q, k, v = fresh(True)

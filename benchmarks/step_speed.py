@@ -69,6 +69,7 @@ NO_FUSED_COMBINE = (("COCKPIT_FUSED_COMBINE", "0"),)  # pairs gathered, then sum
 NO_NORM_KERNEL = (("COCKPIT_NORM_KERNEL", "0"),)  # torch's rms_norm kernel, not kernels/rms_norm.py
 PEFT_LORA = (("COCKPIT_LEAN_LORA", "0"),)  # PEFT's own LoRA forward, not trainer/lora_forward.py
 NO_KEEP_DEQUANT = ("training.keep_dequantized_experts=false",)  # backward dequantizes the experts again
+TORCH_VARLEN = (("COCKPIT_VARLEN_KERNEL", "torch"),)  # FlashAttention-2 through varlen_attn, not FA4
 PREFETCH2 = ("deepspeed.prefetch_layers=2",)
 STAGE2 = ("deepspeed.stage=2",)  # ZeRO-2 at one rank: no parameter hooks (what ZeRO-3's cost)
 STACK = (("COCKPIT_PROFILE_STACK", "1"),)  # Python frames in the kept trace
@@ -282,6 +283,13 @@ def gpu_rows() -> list[Row]:
         *(
             Row(f"keep-{kind}-{layers}L-prof", layers, 4096, mb=8, ga=1, steps=7, profile=True, extra=extra)
             for kind, extra in (("off", NO_KEEP_DEQUANT), ("on", ()))
+            for layers in (4, 8)
+        ),
+        # Packed attention through torch's varlen_attn (FlashAttention-2) and FlashAttention-4
+        # (trainer/flash4.py, the flash-attn-4 package where it is installed), profiled at 4 and 8 layers.
+        *(
+            Row(f"fa4-{kind}-{layers}L-prof", layers, 4096, mb=8, ga=1, steps=7, profile=True, env_extra=env)
+            for kind, env in (("off", TORCH_VARLEN), ("on", ()))
             for layers in (4, 8)
         ),
         # the 1-row story step again, in the same session as the rows above (run-to-run spread ~8%)

@@ -4,10 +4,15 @@ With packing, Transformers' "sdpa" builds a dense block-diagonal mask, and a mas
 query against every key of the row: at 8,192 tokens of ~2,000-token documents that is four times the
 FLOPs, on a slower masked kernel. Here the packed collator says where each document starts
 (`doc_lens`, passed through the model's keyword arguments to every attention call), and each document
-runs as its own causal segment. On a GPU that is one call for the whole micro-batch: torch's
-`varlen_attn` (FlashAttention-2 over packed segments, grouped key/value heads as they are), with each row's
-padding a segment of its own. Elsewhere (the CPU, dropout, an older torch) it is
-causal SDPA one document at a time. Without `doc_lens` (no packing) it is Transformers' own SDPA.
+runs as its own causal segment. On a GPU that is one call for the whole micro-batch, with each row's
+padding a segment of its own: FlashAttention-4 where it runs (`trainer/flash4.py`: Hopper, the
+`flash-attn-4` package), else torch's `varlen_attn` (FlashAttention-2), grouped key/value heads as they
+are. Elsewhere (the CPU, dropout, an older torch) it is causal SDPA one document at a time. Without
+`doc_lens` (no packing) it is Transformers' own SDPA.
+
+COCKPIT_VARLEN_KERNEL picks the packed call: `auto` (the default; `1` says the same), `flash4` (tried on
+any GPU, with a warning where it cannot run), `torch` (`varlen_attn` only), `0` (one SDPA call a
+document: the speed benchmark's control row).
 
 Registered with Transformers as the attention implementation `"varlen"` (with no mask of its own).
 """
@@ -28,8 +33,19 @@ log = logging.getLogger(__name__)
 
 NAME = "varlen"
 _BACKENDS: list[Any] | None = None
-# Off for the speed benchmark's control row: COCKPIT_VARLEN_KERNEL=0 (one SDPA call a document).
-KERNEL = os.environ.get("COCKPIT_VARLEN_KERNEL", "1") != "0"
+CHOICES = ("auto", "flash4", "torch", "0")
+
+
+def kernel_choice(value: str | None) -> str:
+    """COCKPIT_VARLEN_KERNEL's value as one of `CHOICES` (unset and `1` are `auto`)."""
+    value = "auto" if value in (None, "", "1") else value
+    if value not in CHOICES:
+        raise ValueError(f"COCKPIT_VARLEN_KERNEL={value}: expected one of {', '.join(CHOICES)}")
+    return value
+
+
+CHOICE = kernel_choice(os.environ.get("COCKPIT_VARLEN_KERNEL"))
+KERNEL = CHOICE != "0"
 _kernel_failed = False
 _SEGMENTS: dict[tuple[Any, ...], tuple[torch.Tensor, int]] = {}  # the last micro-batches' offsets
 
@@ -146,6 +162,7 @@ def packed_attention(
     """Every document of the micro-batch in one `varlen_attn` call; [B, T, H, D], or None (and the
     per-document path from then on) where this torch has no such call or it fails here."""
     global _kernel_failed
+    from trainer import flash4
     from trainer.pass_through import PASS_THROUGH
 
     b, h, t, d = query.shape
@@ -154,6 +171,13 @@ def packed_attention(
     def packed(x: torch.Tensor) -> torch.Tensor:  # [B, H, T, D] -> [B*T, H, D] (a view after RoPE)
         return x.transpose(1, 2).reshape(b * t, x.shape[1], d)
 
+    fa4 = None
+    if CHOICE in ("auto", "flash4"):
+        fa4 = flash4.find(query.device, h, key.shape[1], d, query.dtype, forced=CHOICE == "flash4")
+    if fa4 is not None:
+        out = flash4.call(fa4, packed(query), packed(key), packed(value), cu, longest,
+                          d**-0.5 if scaling is None else scaling)  # fmt: skip
+        return out.view(b, t, h, d)
     try:
         from torch.nn.attention.varlen import varlen_attn
 
@@ -200,6 +224,24 @@ def per_document_attention(
             rows.append(torch.cat(parts, dim=2) if len(parts) > 1 else parts[0])
     out = torch.cat(rows, dim=0) if len(rows) > 1 else rows[0]
     return out.transpose(1, 2).contiguous()
+
+
+def prepare(config: Any, dtype: torch.dtype) -> str:
+    """The packed call this process will make for `config`'s attention: `flash4`, `varlen_attn` or
+    `per-document` (no GPU, or COCKPIT_VARLEN_KERNEL=0). On a GPU, FlashAttention-4 is found and probed
+    here, its kernels compiled before the first step rather than inside it."""
+    if not KERNEL or not torch.cuda.is_available():
+        return "per-document"
+    if CHOICE in ("auto", "flash4"):
+        from trainer import flash4
+
+        heads = config.num_attention_heads
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+        device = torch.device("cuda", torch.cuda.current_device())
+        kv_heads = getattr(config, "num_key_value_heads", None) or heads
+        if flash4.find(device, heads, kv_heads, head_dim, dtype, forced=CHOICE == "flash4") is not None:
+            return "flash4"
+    return "varlen_attn"
 
 
 def register() -> str:

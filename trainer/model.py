@@ -136,16 +136,20 @@ def configure_training(profile: Profile, model: Any) -> dict[str, Any]:
     from trainer.quant import keep_4bit_layout
 
     t = profile.training
+    kernel = None
     if t.attention == "varlen":
-        from trainer.attention import register
+        from trainer.attention import prepare, register
 
         register()
+        config = getattr(model.config, "text_config", model.config)
+        kernel = prepare(config, DTYPES[profile.quantization.compute_dtype])
     if getattr(model.config, "_attn_implementation", None) != t.attention:
         model.set_attn_implementation(t.attention)
     chunked = use_chunked_loss(model) if t.chunked_loss else False
     return {
         "cpu_4bit_repack_off": keep_4bit_layout(model),
         "attention": model.config._attn_implementation,
+        **({"attention_kernel": kernel} if kernel else {}),
         "chunked_loss": chunked,
         "fused_rms_norms": fuse_rms_norms(model),
         "fused_rope": rope.install(model),

@@ -224,6 +224,7 @@ EVENTS: dict[str, Fields] = {
         "nf4_expert_tensors": INT,
         "nf4_expert_tensors_partitioned": INT,
         "attention": TEXT,
+        "attention_kernel": TEXT,
         "chunked_loss": FLAG,
         "fused_rms_norms": INT,
         "fused_rope": FLAG,

@@ -80,8 +80,12 @@ BUSY_PROFILES = {
         "step_speed_h200_lora_profile", ("lora-lean-4L-prof", "lora-lean-8L-prof")),
     "one H100: the experts dequantized again for backward (the ninth call)": (
         "step_speed_h100_keep_profile", ("keep-off-4L-prof", "keep-off-8L-prof")),
-    "one H100: the recompute's dequantized experts kept for backward (the ninth call; as shipped)": (
+    "one H100: the recompute's dequantized experts kept for backward (the ninth call)": (
         "step_speed_h100_keep_profile", ("keep-on-4L-prof", "keep-on-8L-prof")),
+    "one H100: packed attention through torch's varlen_attn, FlashAttention-2 (the tenth call)": (
+        "step_speed_h100_fa4_profile", ("fa4-off-4L-prof", "fa4-off-8L-prof")),
+    "one H100: packed attention through FlashAttention-4 (the tenth call; as shipped)": (
+        "step_speed_h100_fa4_profile", ("fa4-on-4L-prof", "fa4-on-8L-prof")),
 }  # fmt: skip
 NOW_PROFILES = ("now-4L-prof", "now-8L-prof")  # step_speed_h200_now_profile.json: every lever on
 PROFILES = ("story-4096-mb4-ga2-prof", "story-4096-mb4-ga2-8L-prof")  # step_speed_h200_story_profile.json

@@ -522,6 +522,7 @@ def read_row(run_dir: Path, row: Row) -> dict[str, Any]:
     loaded = kinds.get("loaded", [{}])[0]
     out["load_s"] = loaded.get("load_s")
     out["attention"] = loaded.get("attention")
+    out["attention_kernel"] = loaded.get("attention_kernel")  # flash4, varlen_attn or per-document
     if profiled:
         out["profile"] = {k: v for k, v in profiled.items() if k not in ("t", "kind", "rank")}
     return out

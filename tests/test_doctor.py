@@ -35,7 +35,8 @@ def test_each_check_on_this_machine_tells_the_truth(tmp_path: Path) -> None:
     checks = _by_name(doctor.examine(profile, tmp_path / "runs"))
     # no shm op line: the tiny profile's one rank does not use it
     assert set(checks) == {
-        "libraries", "model and data", "experts in 4 bit", "partition at load", "DeepSpeed CPU Adam",
+        "libraries", "model and data", "experts in 4 bit", "partition at load", "packed attention",
+        "DeepSpeed CPU Adam",
         "c++ compiler", "ninja", "GPUs", "host RAM", "disk", "NF4 cache", "plan",
     }  # fmt: skip
     assert all(c.status in ("ok", "warn", "fail") and c.reason for c in checks.values())
@@ -127,6 +128,12 @@ def test_known_bad_combination_from_a_crafted_profile(tmp_path: Path) -> None:
     good, _ = load_profile("tiny-cpu")
     assert doctor.check_fused_experts(good, "5.24.0", is_moe=True).status == "ok"
     assert doctor.check_zero_init(good, "5.24.0").status == "ok"
+    # Packed attention on GPUs without FlashAttention-4: said, with the extra that brings it
+    story, _ = load_profile("qwen3-235b-a22b-thinking-4xh100")
+    missing = doctor.check_flash4(story, None)
+    assert missing.status == "warn" and "cockpit[flash4]" in missing.reason
+    assert doctor.check_flash4(story, "4.0.0b40").status == "ok"
+    assert doctor.check_flash4(good, None).status == "ok"  # the tiny profile: no GPU
     # Through the whole examination, with the Transformers installed here (5.x).
     checks = _by_name(doctor.examine(bad, tmp_path / "runs"))
     assert checks["experts in 4 bit"].status == "warn"

@@ -106,6 +106,18 @@ def check_fused_experts(profile: Profile, transformers_version: str | None, is_m
     return Check(name, "ok", kept)
 
 
+def check_flash4(profile: Profile, version: str | None) -> Check:
+    """FlashAttention-4 (the `flash4` extra) for the packed attention on Hopper GPUs, where a run uses it."""
+    name = "packed attention"
+    if profile.training.attention != "varlen" or not profile.hardware.gpus:
+        return Check(name, "ok", "no packed attention on a GPU in this profile")
+    if version is None:
+        return Check(name, "warn", "flash-attn-4 missing: torch's FlashAttention-2 runs it, 1.7x slower on "
+                     "Hopper; pip install 'cockpit[flash4]'", {"flash_attn_4": None})  # fmt: skip
+    return Check(name, "ok", f"flash-attn-4 {version} on Hopper GPUs (checked at each run's start)",
+                 {"flash_attn_4": version})  # fmt: skip
+
+
 def check_zero_init(profile: Profile, transformers_version: str | None) -> Check:
     """Transformers skips `deepspeed.zero.Init` for quantized models: from_pretrained is whole on each GPU."""
     name = "partition at load"
@@ -396,6 +408,7 @@ def examine(profile: Profile, runs_dir: Path, source: str = "") -> Examination:
     plan_check, plan, is_moe = _plan_figures(profile)
     checks.append(check_fused_experts(profile, versions.get("transformers"), is_moe))
     checks.append(check_zero_init(profile, versions.get("transformers")))
+    checks.append(check_flash4(profile, _version("flash-attn-4")))
     state, error = cpu_adam_state()
     unbuilt = dsops.needs_cpu_adam(profile) and not (state is not None and state.built)
     checks.append(check_cpu_adam(profile, state, error))

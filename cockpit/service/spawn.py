@@ -47,7 +47,9 @@ CHILD_ENV_DEFAULTS = {
 # Set unless the user set them. OpenMP threads that spin while they wait (the default) turn any other busy
 # process on the host into a 20x slowdown of every CPU step: two tiny runs side by side on 2 cores took
 # 20 s a step each with spinning threads, 1.0 s with passive ones (0.8 s alone).
-CHILD_ENV_UNLESS_SET = {"OMP_WAIT_POLICY": "PASSIVE"}
+# FlashAttention-4's compiled kernels kept on disk (its own temporary folder), so that each depth of a
+# rehearsal, each rank and each resume skips the JIT compile of the packed attention (trainer/flash4.py).
+CHILD_ENV_UNLESS_SET = {"OMP_WAIT_POLICY": "PASSIVE", "FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED": "1"}
 # Pinned host memory (ZeRO-3's offloaded partitions) taken by malloc and cudaHostRegister on 8 threads
 # rather than cudaHostAlloc, added to the allocator's settings unless they say how to pin: a story layer's
 # 1.28 GB pinned in 0.33 s against 1.48 s, its offloaded load 0.525 s a further layer against 1.104 s, its

@@ -270,9 +270,14 @@ def dequant_chunk_experts(num_experts: int, numel_per_expert: int) -> int:
     return max(1, min(num_experts, DEQUANT_CHUNK_BYTES // (2 * numel_per_expert)))
 
 
+def dequant_rows(rows_per_expert: float) -> bool:
+    """Whether NF4 experts given this many token-expert pairs an expert take the dequant path on a GPU."""
+    return rows_per_expert >= DEQUANT_MIN_ROWS
+
+
 def dequant_path(tokens: int, top_k: int, experts: int) -> bool:
     """Whether a micro-batch of `tokens` takes the NF4 experts' dequant path on a GPU."""
-    return experts > 0 and tokens * top_k / experts >= DEQUANT_MIN_ROWS
+    return experts > 0 and dequant_rows(tokens * top_k / experts)
 
 
 def loss_chunk_rows(vocab_size: int) -> int:

@@ -35,7 +35,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from cockpit.contract import DEQUANT_MIN_ROWS, dequant_chunk_experts
+from cockpit.contract import dequant_chunk_experts, dequant_rows
 from trainer.frozen_experts import DequantChunk, FrozenExpertLinear, FrozenExpertsGrouped, PackedGroupedMM
 from trainer.nf4_pack import (
     PackedLayout,
@@ -126,7 +126,7 @@ def expert_path(x: torch.Tensor, rows_per_expert: float = 0.0) -> str:
         from trainer.kernels import triton_status
 
         if triton_status(x.device)[0] and x.dtype in (torch.bfloat16, torch.float16):
-            return "dequant" if rows_per_expert >= DEQUANT_MIN_ROWS else "fused"
+            return "dequant" if dequant_rows(rows_per_expert) else "fused"
     if NF4Experts.grouped_failed:
         return "loop"
     return "grouped" if _grouped_mode(x) else "loop"

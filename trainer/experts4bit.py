@@ -36,7 +36,13 @@ import torch
 from torch import nn
 
 from cockpit.contract import dequant_chunk_experts, dequant_rows
-from trainer.frozen_experts import DequantChunk, FrozenExpertLinear, FrozenExpertsGrouped, PackedGroupedMM
+from trainer.frozen_experts import (
+    DequantChunk,
+    FrozenExpertLinear,
+    FrozenExpertsGrouped,
+    PackedGroupedMM,
+    grouped_product,
+)
 from trainer.nf4_pack import (
     PackedLayout,
     dequantize_experts_nf4,
@@ -297,7 +303,7 @@ class NF4Experts(nn.Module):
             packed, layout = self.packed(which), self.layouts[which]
             return nf4_triton.nf4_grouped_mm(x, packed, layout, expert_ids, offs, trans=trans)
         weights, offs = self.dequantized(which, x, expert_ids, offs)
-        return torch._grouped_mm(x, weights if trans else weights.transpose(-2, -1), offs=offs)
+        return grouped_product(x, weights, offs, trans)
 
     def dequantized(
         self, which: str, x: torch.Tensor, expert_ids: torch.Tensor, offs: torch.Tensor

@@ -83,6 +83,12 @@ class FrozenExpertsGrouped(torch.autograd.Function):
         return grad_x, None, None, None
 
 
+def grouped_product(x: torch.Tensor, weights: torch.Tensor, offs: torch.Tensor, trans: bool) -> torch.Tensor:
+    """Rows of x times their groups' dequantized weights [groups, out, in]: `x @ W.T`, or `x @ W` with
+    trans (one `torch._grouped_mm`; `offs`: each group's end row)."""
+    return torch._grouped_mm(x, weights if trans else weights.transpose(-2, -1), offs=offs)
+
+
 class PackedGroupedMM(torch.autograd.Function):
     """Rows of x sorted by expert times their experts' frozen packed weights (`NF4Experts.packed_mm`: the
     fused kernel, or one dequantization of all experts and one grouped GEMM). Backward runs the transposed
@@ -98,7 +104,7 @@ class PackedGroupedMM(torch.autograd.Function):
         if ctx.kept:
             weights, all_offs = owner.dequantized(which, x, ids, offs)
             ctx.save_for_backward(weights, all_offs)
-            return torch._grouped_mm(x, weights.transpose(-2, -1), offs=all_offs)
+            return grouped_product(x, weights, all_offs, trans=False)
         ctx.save_for_backward(ids, offs)
         return owner.packed_mm(which, x, ids, offs, trans=False, path=path)
 
@@ -109,7 +115,7 @@ class PackedGroupedMM(torch.autograd.Function):
             grad = grad.contiguous()
             if ctx.kept:
                 weights, all_offs = ctx.saved_tensors
-                grad_x = torch._grouped_mm(grad, weights, offs=all_offs)
+                grad_x = grouped_product(grad, weights, all_offs, trans=True)
             else:
                 expert_ids, offs = ctx.saved_tensors
                 grad_x = ctx.owner.packed_mm(ctx.which, grad, expert_ids, offs, trans=True, path=ctx.path)

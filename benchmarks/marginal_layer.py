@@ -173,17 +173,29 @@ def main() -> int:
         "step_speed_h200_lora_profile", ("lora-lean-4L-prof", "lora-lean-8L-prof")
     )
     out["busy"] = [
-        {"label": label, "file": name, "busy_s": busy, "step_s": step,
-         "matmul_tflops": json.loads((RESULTS / f"{name}.json").read_text())["ceilings"]["bf16_tflops"]}
-        for label, (name, rows) in BUSY_PROFILES.items()
-        for busy, _, step in [further_layer(name, rows, "top_ops_s")]
-    ]  # fmt: skip
+        busy_row(label, name, rows, out["datasheet_tflops"]) for label, (name, rows) in BUSY_PROFILES.items()
+    ]
     text = table(out)
     print(text)
     dest = Path(os.environ.get("OUT") or RESULTS)
     (dest / "marginal_layer.md").write_text(text)
     (dest / "marginal_layer.json").write_text(json.dumps(out, indent=1))
     return 0
+
+
+def busy_row(label: str, name: str, rows: tuple[str, str], datasheet: float) -> dict[str, Any]:
+    """A further layer's device time by a results file's profiled 4- and 8-layer rows, with its rate: the
+    layer's FLOPs (those rows' FLOPs a token differenced, times the step's tokens) over that time."""
+    results = json.loads((RESULTS / f"{name}.json").read_text())
+    by_name = {r["name"]: r["result"] for r in results["rows"]}
+    four, eight = by_name[rows[0]], by_name[rows[1]]
+    layer_tflop = (eight["flops_per_token"] - four["flops_per_token"]) / 4 * eight["tokens_per_step"] / 1e12
+    busy, _, step = further_layer(name, rows, "top_ops_s")
+    matmul = results["ceilings"]["bf16_tflops"]
+    rate = layer_tflop / busy
+    return {"label": label, "file": name, "busy_s": busy, "step_s": step, "matmul_tflops": matmul,
+            "layer_tflop": layer_tflop, "tflops": rate, "datasheet": rate / datasheet,
+            "matmul": rate / matmul}  # fmt: skip
 
 
 def further_layer(
@@ -307,10 +319,12 @@ def table(out: dict[str, Any]) -> str:
         "the 8-layer figure less the 4-layer one, over 4; calls differ by a few percent, as their matmul "
         "rates do):",
         "",
-        "| configuration | results | busy s a layer | step s a layer | matmul TFLOP/s in that call |",
-        "|---|---|---|---|---|",
-        *(f"| {b['label']} | `{b['file']}` | {b['busy_s']:.4f} | {b['step_s']:.4f} "
-          f"| {b['matmul_tflops']:.0f} |" for b in out["busy"]),
+        "| configuration | results | busy s a layer | step s a layer | TFLOP/s (busy) | % of datasheet "
+        "| % of matmul | matmul TFLOP/s in that call |",
+        "|---|---|---|---|---|---|---|---|",
+        *(f"| {b['label']} | `{b['file']}` | {b['busy_s']:.4f} | {b['step_s']:.4f} | {b['tflops']:.0f} "
+          f"| {100 * b['datasheet']:.1f}% | {100 * b['matmul']:.1f}% | {b['matmul_tflops']:.0f} |"
+          for b in out["busy"]),
     ]  # fmt: skip
     lines += ["", "Reproduce: `python benchmarks/marginal_layer.py` (reads the committed results)."]
     return "\n".join(lines) + "\n"

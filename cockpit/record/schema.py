@@ -1,13 +1,12 @@
 """The record's schema: every event kind's fields (units in their names) with their types, and run.json's.
 
-One table for the whole cockpit. The record check reads it (`event_problem`: a line whose field has the
-wrong type is damage, named with its file, line and field), so do the columns that compare and export
-read (`STEP_FIGURES`) and the fields an importer says are absent (`cockpit.importers.model`).
-`docs/record.md`'s event table documents the same kinds; `tests/test_record_schema.py` holds the two,
-and the records of real runs, to it.
+One table for the whole cockpit. The record check reads it (`event_problem`: a line whose field has the wrong
+type is damage, named with its file, line and field), so do the columns that compare and export read
+(`STEP_FIGURES`) and the fields an importer says are absent (`cockpit.importers.model`). `docs/record.md`
+documents the same kinds; `tests/test_record_schema.py` holds the two, and real runs' records, to it.
 
-Any field may be absent or null unless required. A field not listed is allowed (a newer writer's, a
-kind's extras); a kind not listed is checked for `t`, `kind` and `rank` only.
+Any field may be absent or null unless required. A field not listed is allowed (a newer writer's, a kind's
+extras); a kind not listed is checked for `t`, `kind` and `rank` only.
 
 JSON has no NaN or infinity: a writer puts a non-finite number as the text `"nan"`, `"inf"` or `"-inf"`
 (`encode`), and a number field takes it back as the float (`event_problem` decodes in place), so a

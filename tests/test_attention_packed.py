@@ -52,31 +52,44 @@ def test_one_call_equals_one_sdpa_call_a_document(monkeypatch) -> None:
     monkeypatch.setattr(attention, "_kernel_failed", False)
     monkeypatch.setattr(attention, "_SEGMENTS", {})
     monkeypatch.setattr(attention, "PAD_SEGMENT", 2)  # the first row's padding in two segments
-    torch.manual_seed(0)
-    b, h, hkv, t, d = 2, 4, 2, 12, 8
-    doc_lens = [[5, 4], [3, 7]]
-    docs = torch.zeros(b, t, 1, 1, dtype=torch.bool)
-    docs[0, :9] = docs[1, :10] = True
-    # [B, H, T, D] as Transformers hands them: transposes of [B, T, H, D] memory
-    q0, k0, v0 = (torch.randn(b, t, n, d) for n in (h, hkv, hkv))
-    upstream = torch.linspace(-1, 1, b * t * h * d).view(b, t, h, d) * docs
-    outs, grads = [], []
-    for packed in (True, False):
-        q, k, v = (x.clone().requires_grad_(True) for x in (q0, k0, v0))
-        qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
-        if packed:
-            out = attention.packed_attention(qt, kt, vt, doc_lens, d**-0.5)
-        else:
-            out = attention.per_document_attention(qt, kt, vt, doc_lens, 0.0, d**-0.5)
-        assert out.shape == (b, t, h, d) and out.is_contiguous()
-        (out * upstream).sum().backward()
-        outs.append(out.detach() * docs)
-        grads.append([x.grad for x in (q, k, v)])
+    outs, grads, docs = packed_against_per_document()
     assert not attention._kernel_failed
     torch.testing.assert_close(outs[0], outs[1])
     assert outs[0].abs().min() == 0 and outs[0][docs.expand_as(outs[0])].abs().min() > 0
     for mine, theirs in zip(grads[0], grads[1], strict=True):
         torch.testing.assert_close(mine, theirs)
+
+
+def packed_against_per_document(checkpointed: bool = False):
+    """Outputs (on the documents' tokens) and q/k/v gradients of the packed call, then of one SDPA call a
+    document, on [B, H, T, D] views as Transformers hands them (transposes of [B, T, H, D] memory); and
+    the documents' mask. The upstream gradient is zero on the padding, as the loss makes it."""
+    torch.manual_seed(0)
+    b, h, hkv, t, d = 2, 4, 2, 12, 8
+    doc_lens = [[5, 4], [3, 7]]
+    docs = torch.zeros(b, t, 1, 1, dtype=torch.bool)
+    docs[0, :9] = docs[1, :10] = True
+    q0, k0, v0 = (torch.randn(b, t, n, d) for n in (h, hkv, hkv))
+    upstream = torch.linspace(-1, 1, b * t * h * d).view(b, t, h, d) * docs
+    outs, grads = [], []
+    for packed in (True, False):
+
+        def run(q, k, v, packed=packed):
+            qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
+            if packed:
+                return attention.packed_attention(qt, kt, vt, doc_lens, d**-0.5)
+            return attention.per_document_attention(qt, kt, vt, doc_lens, 0.0, d**-0.5)
+
+        q, k, v = (x.clone().requires_grad_(True) for x in (q0, k0, v0))
+        if checkpointed:
+            out = torch.utils.checkpoint.checkpoint(run, q, k, v, use_reentrant=False)
+        else:
+            out = run(q, k, v)
+        assert out.shape == (b, t, h, d) and out.is_contiguous()
+        (out * upstream).sum().backward()
+        outs.append(out.detach() * docs)
+        grads.append([x.grad for x in (q, k, v)])
+    return outs, grads, docs
 
 
 def test_the_call_is_said_in_each_torchs_words() -> None:

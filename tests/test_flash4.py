@@ -16,6 +16,7 @@ import types
 import pytest
 import torch
 
+from tests.test_attention_packed import _reference_varlen, packed_against_per_document
 from trainer import attention, flash4
 
 
@@ -46,69 +47,36 @@ def fa4(monkeypatch):
     return module
 
 
-def _both_paths(checkpointed: bool = False):
-    """Output (on the documents' tokens) and q/k/v gradients of the packed call and of one SDPA call a
-    document, on transposed [B, H, T, D] views as Transformers hands them."""
-    torch.manual_seed(0)
-    b, h, hkv, t, d = 2, 4, 2, 12, 8
-    doc_lens = [[5, 4], [3, 7]]
-    docs = torch.zeros(b, t, 1, 1, dtype=torch.bool)
-    docs[0, :9] = docs[1, :10] = True
-    q0, k0, v0 = (torch.randn(b, t, n, d) for n in (h, hkv, hkv))
-    upstream = torch.linspace(-1, 1, b * t * h * d).view(b, t, h, d) * docs
-    results = []
-    for packed in (True, False):
-        q, k, v = (x.clone().requires_grad_(True) for x in (q0, k0, v0))
-
-        def run(q, k, v, packed=packed):
-            qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
-            if packed:
-                return attention.packed_attention(qt, kt, vt, doc_lens, d**-0.5)
-            return attention.per_document_attention(qt, kt, vt, doc_lens, 0.0, d**-0.5)
-
-        if checkpointed:
-            out = torch.utils.checkpoint.checkpoint(run, q, k, v, use_reentrant=False)
-        else:
-            out = run(q, k, v)
-        assert out.shape == (b, t, h, d)
-        (out * upstream).sum().backward()
-        results.append((out.detach() * docs, [x.grad for x in (q, k, v)]))
-    return results
+def _agree(checkpointed: bool = False) -> None:
+    """The packed call's output and gradients equal one SDPA call a document's."""
+    outs, grads, _ = packed_against_per_document(checkpointed)
+    torch.testing.assert_close(outs[0], outs[1])
+    for mine, theirs in zip(grads[0], grads[1], strict=True):
+        torch.testing.assert_close(mine, theirs)
 
 
 def test_the_packed_call_through_flash4_equals_one_sdpa_call_a_document(fa4) -> None:
-    (out, grads), (ref_out, ref_grads) = _both_paths()
+    _agree()
     assert len(flash4._FOUND) == 1 and next(iter(flash4._FOUND.values())) is _contract
-    torch.testing.assert_close(out, ref_out)
-    for mine, theirs in zip(grads, ref_grads, strict=True):
-        torch.testing.assert_close(mine, theirs)
 
 
 def test_the_probe_runs_inside_a_checkpointed_forward(fa4) -> None:
     """The first call probes FlashAttention-4 inside non-reentrant checkpointing's forward; the recompute
     (no probe) must save as many tensors, or backward fails."""
-    (out, grads), (ref_out, ref_grads) = _both_paths(checkpointed=True)
+    _agree(checkpointed=True)
     assert next(iter(flash4._FOUND.values())) is _contract
-    torch.testing.assert_close(out, ref_out)
-    for mine, theirs in zip(grads, ref_grads, strict=True):
-        torch.testing.assert_close(mine, theirs)
 
 
 def test_a_kernel_wrong_on_its_probe_is_refused_and_torchs_call_runs(fa4, monkeypatch, caplog) -> None:
     from torch.nn.attention import varlen
 
-    from tests.test_attention_packed import _reference_varlen
-
     fa4.flash_attn_varlen_func = lambda *a, **kw: _contract(*a, **kw, wrong=True)
     monkeypatch.setattr(varlen, "varlen_attn", _reference_varlen)
     monkeypatch.setattr(attention, "_kernel_failed", False)
-    (out, grads), (ref_out, ref_grads) = _both_paths()
+    _agree()
     assert list(flash4._FOUND.values()) == [None]
     assert "FlashAttention-4 is" in caplog.text and "from float32 on its probe" in caplog.text
     assert not attention._kernel_failed
-    torch.testing.assert_close(out, ref_out)
-    for mine, theirs in zip(grads, ref_grads, strict=True):
-        torch.testing.assert_close(mine, theirs)
 
 
 def test_probe_measures_the_error_of_output_and_gradients() -> None:

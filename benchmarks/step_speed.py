@@ -32,7 +32,9 @@ story-4096-mb4-ga2-8L-prof,story-4096-mb4-ga2-8L-loop` (`step_speed_h200_story_p
 `--rows levers-off-4L,levers-on-4L,levers-act-off-4L,levers-off-8L,levers-on-8L,levers-act-off-8L,
 levers-on-8L-prof` (`step_speed_h200_levers`; `benchmarks/marginal_layer.py` reads both). Later:
 `--rows now-4L-prof,now-8L-prof` (`step_speed_h200_now_profile`: every lever on, each kernel charged to
-its launching operator) and the LoRA-sum rows since dropped (`step_speed_h200_lora`).
+its launching operator) and the LoRA-sum rows since dropped (`step_speed_h200_lora`). On one H100:
+`--rows keep-...` (`step_speed_h100_keep_profile`) and `--rows fa4-off-4L-prof,fa4-on-4L-prof,
+fa4-off-8L-prof,fa4-on-8L-prof` (`step_speed_h100_fa4_profile`; FlashAttention-4 carried as wheels).
 
 Writes step_speed.md and step_speed.json under $OUT (else benchmarks/results/).
 """

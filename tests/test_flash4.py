@@ -80,18 +80,22 @@ def test_a_kernel_wrong_on_its_probe_is_refused_and_torchs_call_runs(fa4, monkey
 
 
 def test_probe_measures_the_error_of_output_and_gradients() -> None:
+    """Every problem of the probe counts: a kernel wrong only on one-tile documents is caught."""
     cpu = torch.device("cpu")
     assert flash4.probe(_contract, cpu, 4, 2, 16, torch.float32) < 1e-5
     wrong = flash4.probe(lambda *a, **kw: _contract(*a, **kw, wrong=True), cpu, 4, 2, 16, torch.float32)
     assert wrong > flash4.TOLERANCE
+
+    def wrong_when_short(*args, **kwargs):
+        return _contract(*args, **kwargs, wrong=kwargs["max_seqlen_q"] <= 64)
+
+    assert flash4.probe(wrong_when_short, cpu, 4, 2, 16, torch.float32) > flash4.TOLERANCE
 
 
 def test_absent_package_leaves_torchs_call(monkeypatch) -> None:
     monkeypatch.setitem(sys.modules, "flash_attn.cute.interface", None)  # import fails
     monkeypatch.setattr(flash4, "_FOUND", {})
     assert flash4.find(torch.device("cpu"), 4, 2, 16, torch.float32, forced=True) is None
-    # not forced: a CPU device is never tried
-    assert flash4.find(torch.device("cpu"), 8, 2, 16, torch.float32, forced=False) is None
 
 
 def test_kernel_choice_reads_the_environment_words() -> None:
@@ -100,3 +104,44 @@ def test_kernel_choice_reads_the_environment_words() -> None:
     ]  # fmt: skip
     with pytest.raises(ValueError, match="COCKPIT_VARLEN_KERNEL=fa4"):
         attention.kernel_choice("fa4")
+
+
+def test_only_the_measured_gpus_try_it_unless_forced(fa4, monkeypatch) -> None:
+    """Not forced, FlashAttention-4 is tried on compute capability 9 alone (the H100 and H200 measured)."""
+    monkeypatch.setattr(flash4, "probe", lambda *args: 0.0)  # a GPU's probe; here no GPU runs it
+    cuda = torch.device("cuda", 0)
+    for capability, expected in (((8, 0), None), ((10, 0), None), ((9, 0), _contract)):
+        monkeypatch.setattr(flash4, "_FOUND", {})
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device, c=capability: c)
+        assert flash4.find(cuda, 8, 2, 16, torch.bfloat16, forced=False) is expected
+    monkeypatch.setattr(flash4, "_FOUND", {})
+    assert flash4.find(cuda, 8, 2, 16, torch.bfloat16, forced=True) is _contract  # on (10, 0) too
+
+
+def test_prepare_probes_the_models_head_shape_on_a_gpu_run_only(monkeypatch) -> None:
+    from transformers import Qwen3MoeConfig
+
+    config = Qwen3MoeConfig(hidden_size=4096, num_attention_heads=64, num_key_value_heads=4, head_dim=128)
+    asked = []
+
+    def find(device, heads, kv_heads, head_dim, dtype, *, forced):
+        asked.append((heads, kv_heads, head_dim, dtype, forced))
+        return _contract if found else None
+
+    monkeypatch.setattr(flash4, "find", find)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(attention, "CHOICE", "auto")
+    found = True
+    assert attention.prepare(config, torch.bfloat16, on_gpu=True) == "flash4"
+    assert asked == [(64, 4, 128, torch.bfloat16, False)]
+    found = False
+    assert attention.prepare(config, torch.bfloat16, on_gpu=True) == "varlen_attn"
+    asked.clear()
+    assert attention.prepare(config, torch.bfloat16, on_gpu=False) == "per-document"  # a CPU profile
+    config.attention_dropout = 0.1  # dropout: one SDPA call a document
+    assert attention.prepare(config, torch.bfloat16, on_gpu=True) == "per-document"
+    config.attention_dropout = 0.0
+    monkeypatch.setattr(attention, "CHOICE", "torch")
+    assert attention.prepare(config, torch.bfloat16, on_gpu=True) == "varlen_attn"
+    assert asked == []

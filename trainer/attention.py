@@ -226,11 +226,11 @@ def per_document_attention(
     return out.transpose(1, 2).contiguous()
 
 
-def prepare(config: Any, dtype: torch.dtype) -> str:
-    """The packed call this process will make for `config`'s attention: `flash4`, `varlen_attn` or
-    `per-document` (no GPU, or COCKPIT_VARLEN_KERNEL=0). On a GPU, FlashAttention-4 is found and probed
-    here, its kernels compiled before the first step rather than inside it."""
-    if not KERNEL or not torch.cuda.is_available():
+def prepare(config: Any, dtype: torch.dtype, on_gpu: bool) -> str:
+    """The packed call this process will make for `config`'s attention in training: `flash4`,
+    `varlen_attn` or `per-document` (not on a GPU, attention dropout, or COCKPIT_VARLEN_KERNEL=0). On a
+    GPU, FlashAttention-4 is found and probed here, its kernels compiled before the first step."""
+    if not KERNEL or not on_gpu or not torch.cuda.is_available() or getattr(config, "attention_dropout", 0.0):
         return "per-document"
     if CHOICE in ("auto", "flash4"):
         from trainer import flash4

@@ -22,7 +22,9 @@ log = logging.getLogger(__name__)
 
 ARCHS = (9,)  # compute capabilities measured (H100, H200); COCKPIT_VARLEN_KERNEL=flash4 tries any GPU
 TOLERANCE = 2e-2  # largest relative error of output or gradient against float32 (bf16 gives ~3e-3)
-PROBE_DOCS = (200, 56)  # the probe's documents: one past a 128-token tile, one inside it
+# The probe's problems, each a list of documents: one past a 128-token tile and one inside it (the kernels
+# for several blocks), then every document inside one tile (the backward's single-block kernels).
+PROBES = ((200, 56), (48, 16))
 _FOUND: dict[tuple[Any, ...], Callable[..., Any] | None] = {}
 
 
@@ -57,6 +59,8 @@ def _load(
     except PASS_THROUGH:
         raise
     except Exception as exc:  # a kernel that does not compile or launch for this shape
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)  # a fault that broke the GPU's state raises here: no fallback
         log.warning("packed attention: FlashAttention-4 failed its probe (%s: %s); torch's varlen_attn",
                     type(exc).__name__, exc)  # fmt: skip
         return None
@@ -95,26 +99,30 @@ def reference(
 def probe(
     fn: Callable[..., Any], device: torch.device, heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype
 ) -> float:
-    """Forward and backward of `PROBE_DOCS` through `fn` against float32 math: the largest relative error
-    (norm of the difference over the reference's) of the output and the three gradients.
+    """Forward and backward of each of `PROBES` through `fn` against float32 math: the largest relative
+    error (norm of the difference over the reference's) of an output or gradient."""
+    return max(_probe_one(fn, docs, device, heads, kv_heads, head_dim, dtype) for docs in PROBES)
 
-    Its own graph, outside any caller's saved-tensor hooks: non-reentrant checkpointing counts the tensors
-    a forward saves, and its recompute (which runs no probe) must save as many."""
+
+def _probe_one(
+    fn: Callable[..., Any], docs: tuple[int, ...], device: torch.device, heads: int, kv_heads: int,
+    head_dim: int, dtype: torch.dtype,
+) -> float:  # fmt: skip
+    """One problem of the probe. Its own graph, outside any caller's saved-tensor hooks (non-reentrant
+    checkpointing counts the tensors a forward saves, and its recompute, which runs no probe, must save as
+    many) and outside autocast (the reference stays float32)."""
     scale = head_dim**-0.5
     gen = torch.Generator(device="cpu").manual_seed(0)
-    total = sum(PROBE_DOCS)
-    q, k, v, grad = (torch.randn(total, n, head_dim, generator=gen).to(device, dtype)
+    q, k, v, grad = (torch.randn(sum(docs), n, head_dim, generator=gen).to(device, dtype)
                      for n in (heads, kv_heads, kv_heads, heads))  # fmt: skip
-    offsets = [0]
-    for n in PROBE_DOCS:
-        offsets.append(offsets[-1] + n)
-    cu = torch.tensor(offsets, dtype=torch.int32, device=device)
-    with torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t), torch.enable_grad():
+    cu = torch.tensor([sum(docs[:i]) for i in range(len(docs) + 1)], dtype=torch.int32, device=device)
+    hooks = torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t)
+    with hooks, torch.enable_grad(), torch.autocast(device.type, enabled=False):
         mine = [x.clone().requires_grad_(True) for x in (q, k, v)]
-        out = call(fn, *mine, cu, max(PROBE_DOCS), scale)
+        out = call(fn, *mine, cu, max(docs), scale)
         out.backward(grad)
         ref = [x.float().requires_grad_(True) for x in (q, k, v)]
-        expected = reference(*ref, list(PROBE_DOCS), scale)
+        expected = reference(*ref, list(docs), scale)
         expected.backward(grad.float())
     pairs = [(out, expected)] + [(a.grad, b.grad) for a, b in zip(mine, ref, strict=True)]
     with torch.no_grad():  # no graph from here: the caller's hooks would count what it saved

@@ -142,7 +142,7 @@ def configure_training(profile: Profile, model: Any) -> dict[str, Any]:
 
         register()
         config = getattr(model.config, "text_config", model.config)
-        kernel = prepare(config, DTYPES[profile.quantization.compute_dtype])
+        kernel = prepare(config, DTYPES[profile.quantization.compute_dtype], profile.hardware.gpus > 0)
     if getattr(model.config, "_attn_implementation", None) != t.attention:
         model.set_attn_implementation(t.attention)
     chunked = use_chunked_loss(model) if t.chunked_loss else False

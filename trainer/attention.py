@@ -159,8 +159,9 @@ def packed_attention(
     doc_lens: list[list[int]],
     scaling: float | None,
 ) -> torch.Tensor | None:
-    """Every document of the micro-batch in one `varlen_attn` call; [B, T, H, D], or None (and the
-    per-document path from then on) where this torch has no such call or it fails here."""
+    """Every document of the micro-batch in one call, FlashAttention-4's where `trainer.flash4` finds it,
+    else torch's `varlen_attn`; [B, T, H, D], or None (and the per-document path from then on) where this
+    torch has no such call or it fails here."""
     global _kernel_failed
     from trainer import flash4
     from trainer.pass_through import PASS_THROUGH

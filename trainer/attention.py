@@ -172,9 +172,7 @@ def packed_attention(
     def packed(x: torch.Tensor) -> torch.Tensor:  # [B, H, T, D] -> [B*T, H, D] (a view after RoPE)
         return x.transpose(1, 2).reshape(b * t, x.shape[1], d)
 
-    fa4 = None
-    if CHOICE in ("auto", "flash4"):
-        fa4 = flash4.find(query.device, h, key.shape[1], d, query.dtype, forced=CHOICE == "flash4")
+    fa4 = _flash4(query.device, h, key.shape[1], d, query.dtype)
     if fa4 is not None:
         out = flash4.call(fa4, packed(query), packed(key), packed(value), cu, longest,
                           d**-0.5 if scaling is None else scaling)  # fmt: skip
@@ -233,16 +231,20 @@ def prepare(config: Any, dtype: torch.dtype, on_gpu: bool) -> str:
     GPU, FlashAttention-4 is found and probed here, its kernels compiled before the first step."""
     if not KERNEL or not on_gpu or not torch.cuda.is_available() or getattr(config, "attention_dropout", 0.0):
         return "per-document"
-    if CHOICE in ("auto", "flash4"):
-        from trainer import flash4
+    heads = config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    device = torch.device("cuda", torch.cuda.current_device())
+    return "varlen_attn" if _flash4(device, heads, kv_heads, head_dim, dtype) is None else "flash4"
 
-        heads = config.num_attention_heads
-        head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
-        device = torch.device("cuda", torch.cuda.current_device())
-        kv_heads = getattr(config, "num_key_value_heads", None) or heads
-        if flash4.find(device, heads, kv_heads, head_dim, dtype, forced=CHOICE == "flash4") is not None:
-            return "flash4"
-    return "varlen_attn"
+
+def _flash4(device: torch.device, heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype) -> Any:
+    """FlashAttention-4's call where COCKPIT_VARLEN_KERNEL lets it run and `trainer.flash4` finds it."""
+    if CHOICE not in ("auto", "flash4"):
+        return None
+    from trainer import flash4
+
+    return flash4.find(device, heads, kv_heads, head_dim, dtype, forced=CHOICE == "flash4")
 
 
 def register() -> str:

@@ -246,6 +246,18 @@ def accumulation(profile_name: str, overrides: list[str]) -> str:
     return words + f" (the profile's: {own.micro_batch_size} and {own.grad_accum})"
 
 
+def keep_record(run_dir: Path, target: Path) -> None:
+    """The parts of a run's record a forecast reads (manifest, plan, event streams), copied to target."""
+    import shutil
+
+    (target / "events").mkdir(parents=True, exist_ok=True)
+    for name in ("run.json", "plan.json"):
+        if (run_dir / name).is_file():
+            shutil.copy2(run_dir / name, target / name)
+    for stream in (run_dir / "events").glob("*.jsonl"):
+        shutil.copy2(stream, target / "events" / stream.name)
+
+
 def main(argv: list[str] | None = None) -> int:
     from cockpit.cli.arguments import add_overrides
 
@@ -262,6 +274,12 @@ def main(argv: list[str] | None = None) -> int:
         "--depths", default=",".join(map(str, DEPTHS)), help="depths run; the last is predicted"
     )
     parser.add_argument("--runs-dir", type=Path, default=Path("/tmp/rehearsal-accuracy-runs"))
+    parser.add_argument(
+        "--records",
+        type=Path,
+        help="copy each configuration's record (run.json, plan.json, events/) into this folder, as "
+        "results/forecast/records/ keeps them",
+    )
     add_overrides(parser)  # on top of each configuration's, e.g. --set training.grad_accum=1
     parser.add_argument(
         "--merge",
@@ -292,6 +310,10 @@ def main(argv: list[str] | None = None) -> int:
         depths = tuple(int(d) for d in args.depths.split(","))
         results[config] = rehearse(config, profile_name, gpu, args.runs_dir, deadline, depths)
         done = [m["layers"] for m in results[config]["measures"] if m["status"] == "ok"]
+        if args.records:
+            keep_record(
+                Path(results[config]["run_dir"]), args.records / f"{config}_{args.depths.replace(',', '-')}"
+            )
         print(f"{config}: depths {done} in {time.time() - t0:.0f} s", flush=True)
     ran = {c: ran_with(results[c], c, gpu) for c in CONFIGS if c in results}
     batches = sorted({accumulation(profile_name, o) for o in ran.values()})

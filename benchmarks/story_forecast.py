@@ -33,17 +33,21 @@ sys.path.insert(0, str(ROOT))
 
 STORY = "qwen3-235b-a22b-thinking-4xh100"
 # The rehearsal records each forecast reads (results/forecast/records/; each depth from the first that has
-# it), and whether they ran the micro-batch `forecast_consistency.RAN_AT` pins (4 rows, 2 a step): with
-# offload, the profile as shipped (8 rows, one micro-batch a step), every lever, depths 4, 8 and 16, with
-# pinned memory registered as the cockpit now launches its runs (`cockpit.service.spawn.PINNED_REGISTER`),
-# the head norms' kernel and the lean LoRA forward (`offload_4-16_lean`; `offload_4-16_register`, the
-# call before them, and `offload_1-16_mb8_val`, pinned by torch's default: benchmarks/pin_speed.py);
-# without offload, the earlier rehearsals at 4 x 2 (not run again: device time), so that forecast is the
+# it), whether they ran the micro-batch `forecast_consistency.RAN_AT` pins (4 rows, 2 a step), and the
+# profile settings they ran with where those differ from the profile as shipped. With offload: the
+# profile as shipped (8 rows, one micro-batch a step), every lever, depths 4, 8 and 16, with pinned memory
+# registered as the cockpit now launches its runs (`cockpit.service.spawn.PINNED_REGISTER`), the head
+# norms' kernel and the lean LoRA forward (`offload_4-16_lean`; `offload_4-16_register`, the call before
+# them, and `offload_1-16_mb8_val`, pinned by torch's default: benchmarks/pin_speed.py); it ran before the
+# experts kept their dequantized weights for the backward (the profile's
+# `training.keep_dequantized_experts`, on since), so the plan beside it is the configuration it ran.
+# Without offload, the earlier rehearsals at 4 x 2 (not run again: device time), so that forecast is the
 # slower code's, at the micro-batch it ran.
-RECORDS = {"offload": (["offload_4-16_lean"], False), "none": (["none_1-16"], True)}
-# Every record ran before the experts kept their dequantized weights for the backward (the profile's
-# `training.keep_dequantized_experts`, on since): the plan beside them is the configuration they ran.
-AS_THEY_RAN = ("training.keep_dequantized_experts=false",)
+KEPT_OFF = ("training.keep_dequantized_experts=false",)
+RECORDS = {
+    "offload": (["offload_4-16_lean"], False, KEPT_OFF),
+    "none": (["none_1-16"], True, KEPT_OFF),
+}
 EVAL_TIMINGS = ROOT / "benchmarks/results/eval_speed_h200.json"
 
 
@@ -112,9 +116,9 @@ def main(argv: list[str] | None = None) -> int:
     console = Console(record=True, width=150)
     summary = {}
     for config, (overrides, _, _) in CONFIGS.items():
-        records, at_then = RECORDS[config]
+        records, at_then, as_they_ran = RECORDS[config]
         ran = overrides if at_then else [o for o in overrides if o not in RAN_AT]
-        profile, plan = story([*ran, *AS_THEY_RAN])
+        profile, plan = story([*ran, *as_they_ran])
         by_depth = measures_of(records)
         measures = [m for d, m in sorted(by_depth.items()) if not chosen or d in chosen]
         measures, evaluation = with_eval_timings(measures)

@@ -97,7 +97,7 @@ def fit(data: dict[str, Any]) -> tuple[Any, list[dict[str, Any]]]:
         [(rows[n]["layers"], rows[n]["flops"], rows[n]["step_s"]) for n in IN_SAMPLE],
         data["ceilings"].get("gpu", "NVIDIA H200"),
         tflops,
-        f"benchmarks/results/step_speed_h200.json rows {', '.join(IN_SAMPLE + OFFLOAD_IN_SAMPLE)}",
+        f"benchmarks/results/{RESULTS.name} rows {', '.join(IN_SAMPLE + OFFLOAD_IN_SAMPLE)}",
     )
     exposed = [
         (
@@ -169,7 +169,7 @@ def report(speed: Any, table: list[dict[str, Any]]) -> str:
         f"offload_exposed={speed.offload_exposed:.6f}, measured_tflops={speed.measured_tflops}",
         "```",
         "",
-        "Reproduce: `python benchmarks/fit_speed.py` (reads the committed step_speed_h200.json).",
+        f"Reproduce: `python benchmarks/fit_speed.py` (reads the committed {RESULTS.name}).",
     ]
     return "\n".join(lines) + "\n"
 

@@ -6,12 +6,13 @@ query heads, 4 key/value heads, head_dim 128), bf16, the layout Transformers han
 ([B, H, T, D] views of [B, T, H, D]).
 
 Paths:
-  per-document   `trainer.attention._per_document`: causal SDPA one document at a time (FlashAttention-2),
-                 outputs concatenated: the trainer's path before, and its path where the packed call is not
-  packed         `trainer.attention.packed_attention` with COCKPIT_VARLEN_KERNEL=torch: the whole
+  per-document   `trainer.layers.attention._per_document`: causal SDPA one document at a time
+                 (FlashAttention-2), outputs concatenated: the trainer's path before, and its path where
+                 the packed call is not
+  packed         `trainer.layers.attention.packed_attention` with COCKPIT_VARLEN_KERNEL=torch: the whole
                  micro-batch in one `varlen_attn` call (FlashAttention-2; the trainer's GPU path where
                  FlashAttention-4 is absent)
-  flash4         the same call through FlashAttention-4 (`trainer.flash4`: the `flash-attn-4` package,
+  flash4         the same call through FlashAttention-4 (`trainer.layers.flash4`: the `flash-attn-4` package,
                  CUTLASS's Python DSL; its kernels compiled before the timing, by its probe)
   cudnn          the per-document loop under SDPA's cuDNN backend (timed after its per-length plans are
                  built: a first length costs ~0.1 s)
@@ -58,8 +59,8 @@ def log(msg: str) -> None:
 
 def story_rows(rows: int, length: int, mean: int, seed: int = 0) -> list[list[int]]:
     """Documents of about `mean` tokens (normal, sd mean/5, 64 to length) packed whole, best fit, into
-    `rows` rows of `length` (`trainer.packing.best_fit_decreasing`), first rows kept."""
-    from trainer.packing import best_fit_decreasing
+    `rows` rows of `length` (`trainer.inputs.packing.best_fit_decreasing`), first rows kept."""
+    from trainer.inputs.packing import best_fit_decreasing
 
     rng = random.Random(seed)
     lens = [max(64, min(length, int(rng.gauss(mean, mean / 5)))) for _ in range(rows * length // mean + 8)]
@@ -111,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    from trainer import attention, flash4
+    from trainer.layers import attention, flash4
 
     if not args.smoke and not torch.cuda.is_available():
         log("no CUDA device: run with --smoke for the CPU check of this script")

@@ -15,10 +15,10 @@ Two parts, one command:
    them (`config.num_hidden_layers`), batches of 1, 8 and 64 prompts of `--prompt-tokens` (512):
      before    transformers' `generate` (dynamic cache) with the expert kernel's block config of before
      generate  the same with the decode tiles (`DECODE_GROUPS`, `DECODE_FEW`)
-     static    `trainer.decode.GreedyDecoder` without the graph (static cache, device-side step)
+     static    `trainer.evaluation.decode.GreedyDecoder` without the graph (static cache, device-side step)
      graph     the same step captured as a CUDA graph and replayed (what evaluation now runs on one GPU)
-     blocks    the step as evaluation runs it over several GPUs (`trainer/decode_blocks.py`): a graph a
-               quarter of the layers, here all on one GPU, so 4 copies-and-replays a step
+     blocks    the step as evaluation runs it over several GPUs (`trainer/evaluation/decode_blocks.py`): a
+               graph a quarter of the layers, here all on one GPU, so 4 copies-and-replays a step
      graph-before  the graph with the expert GEMMs' configs of before the scale on the accumulator
                (`pick_before`: the fused kernel's decode tiles; `pick_config` now hands bf16 forwards of
                up to 32 rows an expert to `trainer.kernels.nf4_decode`)
@@ -27,8 +27,8 @@ Two parts, one command:
    attention weights in NF4, the distinct experts the batch hits, its KV cache; the head in bf16) over the
    measured bandwidth. Tokens agree: how far (of 32 greedy tokens, averaged over rows) each path's tokens
    follow the path before (random weights give near-ties: a bf16 rounding apart flips one). Also the
-   scoring forward (`trainer.scoring.score_ids`, rows of a prefix and its labels, SCORE_TOKENS tokens)
-   per depth.
+   scoring forward (`trainer.evaluation.scoring.score_ids`, rows of a prefix and its labels, SCORE_TOKENS
+   tokens) per depth.
 
     python benchmarks/decode_speed.py                       # on a GPU: the story's profile
     python benchmarks/decode_speed.py --profile tiny-cpu --layers 2 --batches 1,4 --depths 1,2  # CPU check
@@ -312,11 +312,11 @@ def decode_rows(args: argparse.Namespace, bw: float) -> tuple[list[dict], list[d
     from cockpit.contract import LABEL_TOKENS, SCORE_TOKENS
     from cockpit.plan.run_length import ASSUMED_LABELS
     from cockpit.profiles import load_profile
-    from trainer import decode, decode_blocks, eval_batch
-    from trainer.eval_timing import scoring_rows
+    from trainer.evaluation import decode, decode_blocks, eval_batch
+    from trainer.evaluation.eval_timing import scoring_rows
+    from trainer.evaluation.scoring import score_ids
     from trainer.model import load_base
     from trainer.nf4_pack import PackedLayout
-    from trainer.scoring import score_ids
 
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from eval_placement import model_dir_of
@@ -362,7 +362,8 @@ def decode_rows(args: argparse.Namespace, bw: float) -> tuple[list[dict], list[d
             return tokens
 
     def run_blocks(ids: Any, new: int) -> Any:
-        """A graph for each quarter of the layers, as on 4 GPUs (`trainer/decode_blocks.py`), on one."""
+        """A graph for each quarter of the layers, as on 4 GPUs (`trainer/evaluation/decode_blocks.py`), on
+        one."""
         saved = decode_blocks.SPLIT_EVERY
         decode_blocks.SPLIT_EVERY = -(-config.num_hidden_layers // BLOCKS)  # ceil: BLOCKS graphs at most
         try:
@@ -464,7 +465,7 @@ def profile_steps(model: Any, device: Any, gen: Any, args: argparse.Namespace) -
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    from trainer import decode
+    from trainer.evaluation import decode
 
     model.config.num_hidden_layers = max(args.depths)
     batch = max(args.batches)

@@ -1,11 +1,11 @@
 """Evaluation's placement over several GPUs: accelerate's way against the hand-written equal blocks.
 
-For a profile and GPU counts of a given memory, the evaluation's planning model (`trainer/placement.py`:
-the architecture on the meta device holding the bytes the loaded model holds, and the evaluation's
-working memory: the scoring logits on the head, each layer's KV cache) is placed by accelerate, as
-evaluation now does, and by the hand-written placement it replaced (`spread_devices`: equal blocks of
-layers, everything else on the first GPU). Per GPU: its decoder layers, weights, working memory, total
-and budget (the GPU's memory x `USABLE_FRACTION`). No weights and no GPU needed.
+For a profile and GPU counts of a given memory, the evaluation's planning model
+(`trainer/weights/placement.py`: the architecture on the meta device holding the bytes the loaded model holds,
+and the evaluation's working memory: the scoring logits on the head, each layer's KV cache) is placed by
+accelerate, as evaluation now does, and by the hand-written placement it replaced (`spread_devices`: equal
+blocks of layers, everything else on the first GPU). Per GPU: its decoder layers, weights, working memory,
+total and budget (the GPU's memory x `USABLE_FRACTION`). No weights and no GPU needed.
 
     python benchmarks/eval_placement.py                          # the story's profile, 2 and 4 H200s
     python benchmarks/eval_placement.py --profile tiny-cpu --gpus 2
@@ -16,7 +16,7 @@ Writes eval_placement.md and .json under $OUT (else benchmarks/results/).
 With `--run`, on the GPUs here (none: it says so and exits 2): the profile's model is loaded as
 evaluation loads it (`load_base(spread=True)`), from its weights where `model.path` holds them, else with
 random weights of its config sliced to `--layers`; then one scoring forward of SCORE_TOKENS tokens
-(`trainer.scoring.score_ids`) and one thinking batch (`generate`, EVAL_BATCH_SIZE prompts of
+(`trainer.evaluation.scoring.score_ids`) and one thinking batch (`generate`, EVAL_BATCH_SIZE prompts of
 `--prompt-tokens`, `eval.max_think_tokens` new tokens each). Per GPU: the planned layers and bytes
 against the allocated peak of the load, the scoring forward and the thinking; load time and tokens/s.
 Writes eval_placement_run.md and .json.
@@ -85,7 +85,7 @@ def placement_rows(placement: Any) -> list[dict[str, Any]]:
 def compare(profile_name: str, gpu_counts: list[int], gpu_mem_gib: float) -> dict[str, Any]:
     """Both placements of the profile's planning model for each GPU count."""
     from cockpit.profiles import load_profile
-    from trainer.placement import (
+    from trainer.weights.placement import (
         USABLE_FRACTION,
         PlacementError,
         WorkingMemory,
@@ -136,7 +136,7 @@ def model_dir_of(profile: Any) -> tuple[str, bool]:
     """Where the profile's model config is, and whether its weights are there too (else only its
     `model.config` folder is: enough for a plan, and for random weights)."""
     if profile.model.path.startswith("builtin:"):
-        from trainer import tiny
+        from trainer.inputs import tiny
 
         return str(tiny.model_path(seed=0)), True
     if (Path(profile.model.path) / "config.json").is_file() or not profile.model.config:
@@ -196,9 +196,9 @@ def run_on_gpus(profile_name: str, layers: int | None, prompt_tokens: int) -> di
     from cockpit.contract import EVAL_BATCH_SIZE, LABEL_TOKENS, SCORE_TOKENS
     from cockpit.plan.run_length import ASSUMED_LABELS
     from cockpit.profiles import load_profile
-    from trainer.eval_timing import scoring_rows
+    from trainer.evaluation.eval_timing import scoring_rows
+    from trainer.evaluation.scoring import score_ids
     from trainer.model import load_base
-    from trainer.scoring import score_ids
 
     profile, _ = load_profile(profile_name)
     model_dir, here = model_dir_of(profile)

@@ -4,7 +4,7 @@
 layers): each depth loads its slice of random weights as evaluation loads it and times, after a warm-up
 of each shape, a scoring forward and thinking batches (`EVAL_BATCH_SIZE` prompts and one alone, for 3
 and `--eval-tokens` new tokens: a decode step as the difference, and the rest of a call), through
-evaluation's own functions (`trainer.eval_timing`). No training steps.
+evaluation's own functions (`trainer.evaluation.eval_timing`). No training steps.
 
 Then each figure's line over the two shallower depths (`cockpit.rehearse.evaluation.fit_eval`) is read
 at the deepest and set beside what it measured; and so is the whole evaluation of the held-out split on

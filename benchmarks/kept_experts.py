@@ -43,7 +43,7 @@ GOAL = 0.90
 
 def dense_module(torch: Any, module: Any, dense: dict[str, Any]) -> None:
     """Make `module` read `dense` (its weights dequantized beforehand) where it would dequantize."""
-    from trainer.frozen_experts import grouped_product
+    from trainer.layers.frozen_experts import grouped_product
 
     zero = {k: torch.cat([w, w.new_zeros(1, *w.shape[1:])]) for k, w in dense.items()}
 
@@ -151,8 +151,8 @@ def report(meta: dict[str, Any], rows: list[dict[str, Any]]) -> str:
 def setup(torch: Any, smoke: bool) -> dict[str, Any]:
     """Packed random weights, their dense copies, one module per mode and the timer."""
     from benchmarks.nf4_kernels import SMOKE, STORY, make_packed, timer
-    from trainer.experts4bit import NF4Experts
     from trainer.kernels.nf4_ref import nf4_dequantize_ref
+    from trainer.layers.experts4bit import NF4Experts
     from trainer.nf4_pack import PackedLayout
 
     geometry = SMOKE if smoke else STORY

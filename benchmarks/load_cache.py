@@ -1,7 +1,8 @@
-"""The second load against the first: the NF4 cache (`trainer/nf4_cache.py`) on a checkpoint read from disk.
+"""The second load against the first: the NF4 cache (`trainer/weights/nf4_cache.py`) on a checkpoint read
+from disk.
 
-An N-layer slice of a profile's architecture gets random weights (`trainer.random_weights`, drawn on the
-GPU where there is one) written as a real checkpoint: bf16 safetensors shards of --shard-gib with the
+An N-layer slice of a profile's architecture gets random weights (`trainer.weights.random_weights`, drawn on
+the GPU where there is one) written as a real checkpoint: bf16 safetensors shards of --shard-gib with the
 hub's index and per-expert tensors (`mlp.experts.<e>.gate_proj.weight`, as the story's checkpoint has
 them). Then two loads, each a process of its own (its own RSS high-water mark and I/O counters), each
 after the checkpoint's and the cache's files are dropped from the page cache (fsync, then
@@ -10,7 +11,7 @@ after the checkpoint's and the cache's files are dropped from the page cache (fs
   first    the checkpoint read and quantized, the cache written ($COCKPIT_CACHE under --dir)
   cached   the cache read
 
-A load is the trainer's layer-by-layer loader (`trainer.loader.load_layerwise`) on one device without
+A load is the trainer's layer-by-layer loader (`trainer.weights.loader.load_layerwise`) on one device without
 ZeRO, then LoRA attached as a run attaches it (`trainer.model.attach_lora`) and --steps AdamW steps on
 one fixed batch. Per load: seconds, bytes read from disk (`/proc/self/io` read_bytes), the host RSS peak
 (VmHWM), the GPU peak (`torch.cuda.max_memory_allocated`), what the cache did (the load's facts), and
@@ -59,7 +60,7 @@ def config_dir(profile: Any) -> Path:
     from cockpit.profiles import BUILTIN_PREFIX
 
     if profile.model.path.startswith(BUILTIN_PREFIX):
-        from trainer import tiny
+        from trainer.inputs import tiny
 
         return tiny.model_path(0)
     if (Path(profile.model.path) / "config.json").is_file() or not profile.model.config:
@@ -73,7 +74,7 @@ def meta_model(profile: Any, layers: int) -> tuple[Any, Any]:
     from transformers import AutoConfig
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
-    from trainer.random_weights import sliced_config
+    from trainer.weights.random_weights import sliced_config
 
     config = sliced_config(AutoConfig.from_pretrained(config_dir(profile)), layers)
     with torch.device("meta"):
@@ -113,7 +114,7 @@ def write_checkpoint(profile: Any, layers: int, folder: Path, shard_bytes: int) 
     import torch
     from safetensors.torch import save_file
 
-    from trainer.random_weights import RandomWeights
+    from trainer.weights.random_weights import RandomWeights
 
     config, model = meta_model(profile, layers)
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -188,9 +189,9 @@ def child(args: argparse.Namespace) -> int:
     """Load the checkpoint at --child-dir, then the steps; write the figures to --result."""
     import torch
 
-    from trainer import nf4_cache
-    from trainer.loader import load_layerwise
     from trainer.model import attach_lora
+    from trainer.weights import nf4_cache
+    from trainer.weights.loader import load_layerwise
 
     nf4_cache.MARGIN_BYTES = ROOM_BYTES  # the benchmark's disk is small: leave less than a run would
     profile = profile_of(args.profile, args.sets)

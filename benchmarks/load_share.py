@@ -1,5 +1,5 @@
 """Load time and peak host RSS at load: each rank loading only its share of the model
-(`trainer.load_share`) against every rank loading all of it (`COCKPIT_LOAD_SHARE=0`, the old path).
+(`trainer.weights.load_share`) against every rank loading all of it (`COCKPIT_LOAD_SHARE=0`, the old path).
 
 Each job is the cockpit's trainer started as `cockpit run` starts it (DeepSpeed's runner with the
 profile's launcher options, every rank under `cockpit.service.guard`), N ranks, one optimizer step, no

@@ -333,7 +333,7 @@ def time_paths(bench: Bench, torch: Any, ctx: dict[str, Any], tokens: int, balan
 
 def time_module(bench: Bench, torch: Any, ctx: dict[str, Any], tokens: int) -> None:
     """The whole NF4Experts module per mode: forward, and forward + backward (input gradient)."""
-    from trainer.experts4bit import NF4Experts
+    from trainer.layers.experts4bit import NF4Experts
 
     module = ctx.get("module")
     if module is None:
@@ -611,7 +611,7 @@ def main(argv: list[str] | None = None) -> int:
     import triton
 
     from cockpit.contract import dequant_chunk_experts
-    from trainer.experts4bit import NF4Experts
+    from trainer.layers.experts4bit import NF4Experts
     from trainer.nf4_pack import PackedLayout
 
     e, h, w, topk = geometry["experts"], geometry["hidden"], geometry["width"], geometry["topk"]

@@ -4,9 +4,9 @@ Evaluation scores every label of an example after the example's prompt and think
 was a row of its own: the prefix went through the model once a label, rows packed to `SCORE_TOKENS`
 tokens a forward, every position's logits kept (`row_logprobs` here, as evaluation ran it).
 Now an example is one row, its prefix once and its labels behind it under a 4-D mask, and only the
-scored positions reach the head (`trainer.scoring.score_ids`). Both score the same random examples here:
-`--examples` prefixes of `--prefix` tokens (the story's 1,000-token prompt and 512 thinking tokens), each
-with `--labels` labels of `LABEL_TOKENS` tokens.
+scored positions reach the head (`trainer.evaluation.scoring.score_ids`). Both score the same random examples
+here: `--examples` prefixes of `--prefix` tokens (the story's 1,000-token prompt and 512 thinking tokens),
+each with `--labels` labels of `LABEL_TOKENS` tokens.
 
 The slice is loaded once at the deepest depth, as evaluation loads it (random weights, NF4), and each
 shallower depth runs the first layers of it. Per depth and path: forwards, tokens, the median of 3 timed
@@ -108,9 +108,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     from cockpit.contract import LABEL_TOKENS, SCORE_TOKENS
     from cockpit.profiles import load_profile
-    from trainer import scoring
+    from trainer.evaluation import scoring
+    from trainer.evaluation.scoring import chunks, score_ids, shares_prefix
     from trainer.model import load_base
-    from trainer.scoring import chunks, score_ids, shares_prefix
 
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from eval_placement import model_dir_of

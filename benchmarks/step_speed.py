@@ -64,12 +64,16 @@ MOE_LEAF = ('deepspeed.zero3_leaf="moe_block"',)
 NO_PERSIST = ("deepspeed.persistence_threshold=40960",)
 NO_FUSED_NORM = (("COCKPIT_FUSED_NORM", "0"),)
 NO_FAST_ROUTING = (("COCKPIT_FAST_ROUTING", "0"),)
-PER_DOCUMENT = (("COCKPIT_VARLEN_KERNEL", "0"),)  # attention one SDPA call a document (trainer/attention.py)
-NO_FUSED_ROPE = (("COCKPIT_FUSED_ROPE", "0"),)  # Transformers' rotary embedding (trainer/rope.py)
+PER_DOCUMENT = (
+    ("COCKPIT_VARLEN_KERNEL", "0"),
+)  # attention one SDPA call a document (trainer/layers/attention.py)
+NO_FUSED_ROPE = (("COCKPIT_FUSED_ROPE", "0"),)  # Transformers' rotary embedding (trainer/layers/rope.py)
 NO_FUSED_ACT = (("COCKPIT_FUSED_ACT", "0"),)  # the experts' activation in torch's kernels (kernels/swiglu.py)
-NO_FUSED_COMBINE = (("COCKPIT_FUSED_COMBINE", "0"),)  # pairs gathered, then summed (trainer/routing.py)
+NO_FUSED_COMBINE = (
+    ("COCKPIT_FUSED_COMBINE", "0"),
+)  # pairs gathered, then summed (trainer/layers/routing.py)
 NO_NORM_KERNEL = (("COCKPIT_NORM_KERNEL", "0"),)  # torch's rms_norm kernel, not kernels/rms_norm.py
-PEFT_LORA = (("COCKPIT_LEAN_LORA", "0"),)  # PEFT's own LoRA forward, not trainer/lora_forward.py
+PEFT_LORA = (("COCKPIT_LEAN_LORA", "0"),)  # PEFT's own LoRA forward, not trainer/layers/lora_forward.py
 NO_KEEP_DEQUANT = ("training.keep_dequantized_experts=false",)  # backward dequantizes the experts again
 TORCH_VARLEN = (("COCKPIT_VARLEN_KERNEL", "torch"),)  # FlashAttention-2 through varlen_attn, not FA4
 PREFETCH2 = ("deepspeed.prefetch_layers=2",)
@@ -80,8 +84,8 @@ SYNC_FETCH = (("COCKPIT_ASYNC_FETCH", "0"),)  # DeepSpeed's own fetch: whole-str
 # registered with varlen attention (Transformers then syncs the host on the position ids every forward).
 EARLIER_FETCH = (*SYNC_FETCH, ("COCKPIT_VARLEN_MASK", "1"))
 PREFETCH3 = ("deepspeed.prefetch_layers=3",)
-# Offload rows measured before trainer/zero3_fetch.py and deepspeed.embeddings_on_gpu, kept as they ran:
-# DeepSpeed's own fetch (whole-stream and host waits), the embedding and lm_head copied from the host.
+# Offload rows measured before trainer/weights/zero3_fetch.py and deepspeed.embeddings_on_gpu, kept as they
+# ran: DeepSpeed's own fetch (whole-stream and host waits), the embedding and lm_head copied from the host.
 EARLIER_OFFLOAD = frozenset(
     (
         "offload-4096",
@@ -184,7 +188,7 @@ def gpu_rows() -> list[Row]:
         Row("after-4096-stack", 4, 4096, profile=True, steps=8, env_extra=STACK),
         Row("offload-4096-stack", 4, 4096, offload=True, profile=True, steps=8, env_extra=STACK),
         # ZeRO-3's fetch with the host waiting on every copy (DeepSpeed's own) against device-side waits
-        # (trainer/zero3_fetch.py): same data and seed, so the losses compare too.
+        # (trainer/weights/zero3_fetch.py): same data and seed, so the losses compare too.
         Row(
             "offload-sync-4096-stack",
             4,
@@ -273,13 +277,14 @@ def gpu_rows() -> list[Row]:
             for layers in (4, 8)
             for kind, env in (("torch", NO_NORM_KERNEL), ("triton", ()))
         ),
-        # PEFT's LoRA forward and the lean one (trainer/lora_forward.py), profiled at 4 and 8 layers in turn.
+        # PEFT's LoRA forward and the lean one (trainer/layers/lora_forward.py), profiled at 4 and 8 layers in
+        # turn.
         *(
             Row(f"lora-{kind}-{layers}L-prof", layers, 4096, mb=8, ga=1, steps=7, profile=True, env_extra=env)
             for kind, env in (("peft", PEFT_LORA), ("lean", ()))
             for layers in (4, 8)
         ),
-        # The recompute's dequantized experts kept for backward (trainer/frozen_experts.py) off and on,
+        # The recompute's dequantized experts kept for backward (trainer/layers/frozen_experts.py) off and on,
         # profiled at 4 and 8 layers (run as drop-off/drop-both beside a dropout kernel that did not
         # compile there and ran torch's dropout in both: results/step_speed_h100_keep_profile.json).
         *(
@@ -288,7 +293,8 @@ def gpu_rows() -> list[Row]:
             for layers in (4, 8)
         ),
         # Packed attention through torch's varlen_attn (FlashAttention-2) and FlashAttention-4
-        # (trainer/flash4.py, the flash-attn-4 package where it is installed), profiled at 4 and 8 layers.
+        # (trainer/layers/flash4.py, the flash-attn-4 package where it is installed), profiled at 4 and 8
+        # layers.
         *(
             Row(f"fa4-{kind}-{layers}L-prof", layers, 4096, mb=8, ga=1, steps=7, profile=True, env_extra=env)
             for kind, env in (("off", TORCH_VARLEN), ("on", ()))
@@ -812,7 +818,7 @@ DROPPED = (
 # Offload levers kept, each measured against the row without it: (what, without, with).
 OFFLOAD_LEVERS = (
     (
-        "ZeRO-3's fetch overlapped with compute (trainer/zero3_fetch.py) against DeepSpeed's own",
+        "ZeRO-3's fetch overlapped with compute (trainer/weights/zero3_fetch.py) against DeepSpeed's own",
         "offload-sync-4096-steady",
         "offload-4096-steady",
     ),

@@ -310,7 +310,7 @@ def main(argv: list[str] | None = None) -> int:
     from benchmarks.load_cache import profile_of, write_checkpoint
 
     if args.cpu:
-        from trainer import tiny
+        from trainer.inputs import tiny
 
         model_dir = tiny.model_path(0)
     else:

@@ -7,9 +7,9 @@ and longer reasoning, written as JSON Lines; tokens are the tiny model's tokeniz
 them. Timed, each on a fresh cache folder, then again on the warm one:
 
 - read: `cockpit.data.load_examples` (`datasets` reads the file into Arrow, the rows are mapped and checked);
-- tokenize: `trainer.data.tokenize_examples` over the train split (`Dataset.map`, batched, into its cache
-  file), then the same call reading that file;
-- whole: `trainer.data.prepare_data`, read + check + tokenize, as the trainer's main process runs it.
+- tokenize: `trainer.inputs.data.tokenize_examples` over the train split (`Dataset.map`, batched, into
+  its cache file), then the same call reading that file;
+- whole: `trainer.inputs.data.prepare_data`, read + check + tokenize, as the trainer's main process runs it.
 
     python benchmarks/tokenize_cost.py                 # 3,600 examples of about 2,000 tokens
     python benchmarks/tokenize_cost.py --examples 360  # a quick look
@@ -80,7 +80,7 @@ def main() -> None:
     from cockpit.data.builtin import build_tokenizer
     from cockpit.data.chat import token_lengths
     from cockpit.profiles import DataSpec
-    from trainer.data import prepare_data, tokenize_examples
+    from trainer.inputs.data import prepare_data, tokenize_examples
 
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)

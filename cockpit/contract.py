@@ -20,9 +20,9 @@ PACKED_NESTED_BLOCKSIZES = (256, 128, 64)
 # Experts are quantized at load and dequantized in training this many bytes of 16-bit weights at a time.
 DEQUANT_CHUNK_BYTES = 512 * 1024**2
 # On a GPU the NF4 experts take the dequant path (every expert dequantized at once, then torch's grouped
-# GEMM) from this many token-expert pairs an expert on, the fused kernel below (`trainer.experts4bit`;
+# GEMM) from this many token-expert pairs an expert on, the fused kernel below (`trainer.layers.experts4bit`;
 # the faster of the two on an H200, benchmarks/results/nf4_kernels_h200.md). Under gradient checkpointing
-# that path keeps the recompute's weights for the backward (`trainer.frozen_experts`).
+# that path keeps the recompute's weights for the backward (`trainer.layers.frozen_experts`).
 DEQUANT_MIN_ROWS = 384
 # Float dtypes packed 4-bit bytes may be stored in (DeepSpeed moves float parameters' bytes untouched),
 # with the bytes of one item.
@@ -30,7 +30,7 @@ PACKED_STORAGE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 PACKED_STORAGE_DTYPES = tuple(PACKED_STORAGE_BYTES)
 
 # --- the loss ------------------------------------------------------------------------------------------
-# The head's logits are computed this many bytes (fp32) at a time, never whole (trainer/loss.py).
+# The head's logits are computed this many bytes (fp32) at a time, never whole (trainer/layers/loss.py).
 LOSS_CHUNK_BYTES = 256 * 1024**2
 
 # --- ZeRO-3 gathers --------------------------------------------------------------------------------------
@@ -45,10 +45,10 @@ LOSS_CHUNK_BYTES = 256 * 1024**2
 #   is noise: two fetches a layer.
 ZERO3_LAYER_FETCHES = 2
 # Layers kept gathered in training beyond the computing one and those prefetched, on one rank with the
-# overlapped fetch (`trainer/zero3_fetch.py`): the host runs ahead to DeepSpeed's live-parameter budget,
-# and a released layer's memory is held until the kernels that read it are done. Measured on the story's
-# slice (one H200, prefetch 3): the training peak grows by a whole layer up to about 6 layers (1.30 GiB
-# a layer from 1 to 4, 0.75 from 4 to 8), then by 0.159 GiB a layer (8 to 48 layers) - the rehearsal's
+# overlapped fetch (`trainer/weights/zero3_fetch.py`): the host runs ahead to DeepSpeed's live-parameter
+# budget, and a released layer's memory is held until the kernels that read it are done. Measured on the
+# story's slice (one H200, prefetch 3): the training peak grows by a whole layer up to about 6 layers (1.30
+# GiB a layer from 1 to 4, 0.75 from 4 to 8), then by 0.159 GiB a layer (8 to 48 layers) - the rehearsal's
 # knee for the GPU peak (`cockpit.rehearse.figures.gathered_knee`).
 GATHERED_BEYOND_PREFETCH = 2
 
@@ -61,17 +61,18 @@ def keeps_embeddings(embeddings_on_gpu: bool, stage: int, offload_param: str, gp
 
 
 # --- evaluation ------------------------------------------------------------------------------------------
-# Held-out examples whose thinking is generated together (trainer/evaluate.py; the forecast's estimate).
-# 64 rather than 16: `cockpit eval` of the tiny run took 50 s instead of 78 s on 2 cores, same F1; on the
-# story's GPUs the KV cache of 64 sequences of ~2,000 tokens is about 25 GB spread over the layer blocks.
+# Held-out examples whose thinking is generated together (trainer/evaluation/evaluate.py; the forecast's
+# estimate). 64 rather than 16: `cockpit eval` of the tiny run took 50 s instead of 78 s on 2 cores, same F1;
+# on the story's GPUs the KV cache of 64 sequences of ~2,000 tokens is about 25 GB spread over the layer
+# blocks.
 EVAL_BATCH_SIZE = 64
 # On a GPU the batch is as large as the memory left after loading holds (`eval_batch`), up to this: at
 # 64 prompts a decode step already reads nearly every expert of a layer (126 of 128 at top-8), so a larger
 # batch adds rows at little more cost a step (benchmarks/results/decode_speed_h200.md); 512 holds the
 # story's held-out 400 in one batch.
 MAX_EVAL_BATCH = 512
-# A thinking batch's prompts go through the model a chunk of rows at a time (`trainer/decode.py`), at
-# most this many of a row's key slots (its prompt and new tokens) a chunk, one row at least: the prefill's
+# A thinking batch's prompts go through the model a chunk of rows at a time (`trainer/evaluation/decode.py`),
+# at most this many of a row's key slots (its prompt and new tokens) a chunk, one row at least: the prefill's
 # activations are a chunk's, not the batch's, so the batch is bounded by its KV cache alone. A scoring
 # forward (`SCORE_TOKENS`) fits in the same room.
 PREFILL_TOKENS = 32_768
@@ -120,14 +121,15 @@ def eval_batch(free_bytes: list[int], row_bytes: list[int], examples: int) -> in
 
 
 # Of each GPU's memory free once the model is loaded, the share evaluation's rows may take (fragmentation
-# and kernels' workspaces keep the rest): `trainer/eval_batch.py` measures the free memory, the plan
-# models it (`cockpit/plan/eval_time.py`).
+# and kernels' workspaces keep the rest): `trainer/evaluation/eval_batch.py` measures the free memory, the
+# plan models it (`cockpit/plan/eval_time.py`).
 EVAL_BATCH_MARGIN = 0.9
-# Bytes a logit of the scoring forward (`trainer.scoring`) holds: the fp32 copy of the kept logits (4)
-# and its log-softmax (4) are alive together; the compute-dtype logits are freed before the second.
+# Bytes a logit of the scoring forward (`trainer.evaluation.scoring`) holds: the fp32 copy of the kept logits
+# (4) and its log-softmax (4) are alive together; the compute-dtype logits are freed before the second.
 SCORE_LOGIT_BYTES = 8
-# Positions whose logits a scoring forward keeps, at most (`trainer.scoring.chunks`): a row's prefix
-# last and its labels' tokens (at the story's 4 labels of a few tokens, about 20 a row, 21 rows a forward).
+# Positions whose logits a scoring forward keeps, at most (`trainer.evaluation.scoring.chunks`): a row's
+# prefix last and its labels' tokens (at the story's 4 labels of a few tokens, about 20 a row, 21 rows a
+# forward).
 SCORE_LOGITS = 1_024
 
 
@@ -140,13 +142,14 @@ def score_logit_bytes(vocab: int) -> int:
 # A scored row's tail: the label and its end of turn (assumed: a few tokens), after prompt and thinking.
 LABEL_TOKENS = 4
 # The share of an example before its answer where no data says so: the rehearsal's random rows
-# (`trainer.data.synthetic_rows`) are made so, and the plan and the rehearsal's prompts assume it.
+# (`trainer.inputs.data.synthetic_rows`) are made so, and the plan and the rehearsal's prompts assume it.
 PROMPT_FRACTION = 0.5
-# The shorter thinking call a timed decode step is the difference from (`trainer.eval_timing`): past 2
-# tokens, so that every decode path sets itself up (the fast path's CUDA graph) as for a whole thinking.
+# The shorter thinking call a timed decode step is the difference from (`trainer.evaluation.eval_timing`):
+# past 2 tokens, so that every decode path sets itself up (the fast path's CUDA graph) as for a whole
+# thinking.
 EVAL_FIRST_TOKENS = 3
-# Label scoring runs rows of an example's prefix and its labels (`trainer.scoring`), several examples a
-# forward, at most this many tokens a forward.
+# Label scoring runs rows of an example's prefix and its labels (`trainer.evaluation.scoring`), several
+# examples a forward, at most this many tokens a forward.
 SCORE_TOKENS = 32_768
 
 # --- the loader --------------------------------------------------------------------------------------
@@ -156,11 +159,12 @@ LOADERS = ("layerwise", "transformers")
 def load_builder(unit: int, ranks: int) -> int:
     """The rank that reads and quantizes unit `unit` of a layer-by-layer load over `ranks` ranks (decoder
     layer i is unit i, embeddings, final norm and head together the unit after the last layer); it
-    broadcasts the unit to the others (`trainer/load_share.py`), in rounds of one unit a rank."""
+    broadcasts the unit to the others (`trainer/weights/load_share.py`), in rounds of one unit a rank."""
     return unit % ranks
 
 
-# --- the built-in tiny model (trainer/tiny.py builds it; the planner plans it) --------------------------
+# --- the built-in tiny model (trainer/inputs/tiny.py builds it; the planner plans it)
+# --------------------------
 TINY_MODEL: dict[str, Any] = {
     "vocab_size": 1024,
     "hidden_size": 128,

@@ -2,10 +2,11 @@
 
 The first layer-by-layer load of a checkpoint reads its 16-bit weights and quantizes them; it also keeps
 what it built, unit by unit (each decoder layer, then the rest), in `$COCKPIT_CACHE/nf4/<key>/`, and
-the next load reads that instead: about a quarter of the bytes and no quantization (`trainer/nf4_cache.py`
-writes and reads the units). A cache folder holds `manifest.json` (the checkpoint's folder and
-fingerprint, the settings, how many units) and one safetensors file a unit (`layer-00012.safetensors`,
-`rest.safetensors`), each valid on its own: a load that stops halfway keeps the units it wrote.
+the next load reads that instead: about a quarter of the bytes and no quantization
+(`trainer/weights/nf4_cache.py` writes and reads the units). A cache folder holds `manifest.json` (the
+checkpoint's folder and fingerprint, the settings, how many units) and one safetensors file a unit
+(`layer-00012.safetensors`, `rest.safetensors`), each valid on its own: a load that stops halfway keeps the
+units it wrote.
 
 The key is a digest of the checkpoint's fingerprint (per shard: its name, size, modification time and
 safetensors header; a hub blob's sha256 where the shard links to one) and of the settings that change
@@ -113,7 +114,7 @@ def changes(old: dict[str, dict[str, Any]], new: dict[str, dict[str, Any]]) -> s
 # --- the settings that change the bytes ----------------------------------------------------------------
 def off_reason(profile: Any, loader: str = "layerwise", random: bool = False) -> str:
     """Why a load of `profile` keeps no NF4 cache ("" when it keeps one): the trainer's rule
-    (`trainer.nf4_cache.open_cache`), which the plan counts too. Only the layer-by-layer loader writes
+    (`trainer.weights.nf4_cache.open_cache`), which the plan counts too. Only the layer-by-layer loader writes
     one, of a real checkpoint, with something quantized, unless the profile turns it off."""
     q = profile.quantization
     if random:

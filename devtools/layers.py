@@ -10,7 +10,7 @@ from __future__ import annotations
 
 # (layer, rank, module prefixes): the lower the rank, the lower the floor. A prefix claims the module of
 # that name and every module under it.
-LAYERS: tuple[tuple[str, int, tuple[str, ...]], ...] = (
+LAYERS: tuple[tuple[str, float, tuple[str, ...]], ...] = (
     ("ground: the run record", 0, ("cockpit.record", "cockpit.units")),
     (
         "shared facts",
@@ -42,7 +42,25 @@ LAYERS: tuple[tuple[str, int, tuple[str, ...]], ...] = (
             "cockpit.predictions",
         ),
     ),
-    ("the trainer (a process of its own)", 4, ("trainer",)),
+    # The trainer, a process of its own, is floor 4; its rooms stand on steps of it, the run at the top.
+    (
+        "the trainer's shared pieces",
+        4.0,
+        (
+            "trainer.nf4_pack",
+            "trainer.fast_path",
+            "trainer.pass_through",
+            "trainer.ds_config",
+            "trainer.distributed",
+        ),
+    ),
+    ("the trainer's kernels", 4.1, ("trainer.kernels",)),
+    ("the trainer's inputs", 4.2, ("trainer.inputs",)),
+    ("the trainer's layers", 4.3, ("trainer.layers",)),
+    ("the trainer's weights", 4.4, ("trainer.weights",)),
+    ("the trainer's model", 4.5, ("trainer.model",)),
+    ("the trainer's evaluation", 4.6, ("trainer.evaluation",)),
+    ("the trainer's run (a process of its own)", 4.7, ("trainer",)),
     ("service: every process", 5, ("cockpit.service",)),
     ("front ends", 6, ("cockpit.cli", "cockpit.headless", "cockpit.app", "cockpit.__main__")),
 )
@@ -60,11 +78,11 @@ def claims(prefix: str, module: str) -> bool:
     return module == prefix or module.startswith(prefix + ".")
 
 
-def layer_of(module: str) -> tuple[str, int] | None:
+def layer_of(module: str) -> tuple[str, float] | None:
     """The layer and rank of `module` (the longest prefix that claims it), or None."""
     if module in FACES:
         return FACES[module]
-    best: tuple[int, str, int] | None = None
+    best: tuple[int, str, float] | None = None
     for name, rank, prefixes in LAYERS:
         for prefix in prefixes:
             if claims(prefix, module) and (best is None or len(prefix) > best[0]):
@@ -73,9 +91,9 @@ def layer_of(module: str) -> tuple[str, int] | None:
 
 
 def room_of(module: str) -> str:
-    """The room a module lives in: its folder under cockpit/ (`cockpit.plan`), a loose module of cockpit/
-    (`cockpit.compare`), or the top package (`trainer`)."""
+    """The room a module lives in: its folder under cockpit/ or trainer/ (`cockpit.plan`, `trainer.layers`),
+    or a loose module of either (`cockpit.compare`, `trainer.recipe`); anything else, its top package."""
     parts = module.split(".")
-    if parts[0] != "cockpit" or len(parts) == 1:
+    if parts[0] not in ("cockpit", "trainer") or len(parts) == 1:
         return parts[0]
     return ".".join(parts[:2])

@@ -68,7 +68,7 @@ def one_extensions_folder() -> Iterator[str]:
 @pytest.fixture(scope="session")
 def tiny_dir(private_cache: Path) -> str:
     """The built-in tiny model's directory (built once a session, in the tests' `$COCKPIT_CACHE`)."""
-    from trainer import tiny
+    from trainer.inputs import tiny
 
     return str(tiny.model_path(seed=0))
 

@@ -22,9 +22,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from cockpit.profiles import load_profile
-from trainer import load_share, tiny
-from trainer.loader import load_layerwise
+from trainer.inputs import tiny
 from trainer.model import _zero3_init_config
+from trainer.weights import load_share
+from trainer.weights.loader import load_layerwise
 
 deepspeed.init_distributed(dist_backend="gloo")
 rank = int(os.environ["RANK"])

@@ -281,8 +281,8 @@ class SyntheticRun:
     def evaluate(self, done: int | None = None, per_example_s: float = 0.09) -> SyntheticRun:
         """The evaluation stage: the base model, then the fine-tuned one, `done` examples of the second in
         (all of both by default), 8 a batch."""
-        self.supervisor.write("launch", stage="eval", argv=["python", "-m", "trainer.evaluate"], pid=4200,
-                              world_size=1)  # fmt: skip
+        argv = ["python", "-m", "trainer.evaluation.evaluate"]
+        self.supervisor.write("launch", stage="eval", argv=argv, pid=4200, world_size=1)
         self.eval_writer = self._writer("eval")
         total = sum(40 for _ in TENANTS)
         self.wait(5.0)

@@ -102,9 +102,9 @@ def _plant(root: Path, files: dict[str, str]) -> Path:
 
 
 def test_each_rule_fails_on_a_planted_tree(tmp_path: Path) -> None:
-    """An import up a floor (a type-checking one, a lazy one), a loop between rooms that no two modules
-    close, a module no layer claims, a process started from a model, the trainer imported, a benchmark's
-    reach into a private name: each is found and named."""
+    """An import up a floor (a type-checking one, a lazy one, one between the trainer's rooms), a loop
+    between rooms that no two modules close, a module no layer claims, a process started from a model,
+    the trainer imported, a benchmark's reach into a private name: each is found and named."""
     root = _plant(
         tmp_path,
         {
@@ -124,6 +124,12 @@ def test_each_rule_fails_on_a_planted_tree(tmp_path: Path) -> None:
             "cockpit/loose.py": "",
             "cockpit/compare.py": "from trainer import evaluate\n",
             "trainer/evaluate.py": "def _row_logprobs():\n    pass\n",
+            "trainer/layers/__init__.py": "",
+            "trainer/layers/rope.py": "def f():\n    from trainer.evaluation.decode import step\n",
+            "trainer/evaluation/__init__.py": "",
+            "trainer/layers/loss.py": "def g():\n    pass\n",
+            "trainer/evaluation/decode.py": "def step():\n    pass\n",
+            "trainer/evaluation/validation.py": "from trainer.layers.loss import g\n",
             "benchmarks/__init__.py": "",
             "benchmarks/score.py": "from trainer.evaluate import _row_logprobs\n",
         },
@@ -133,8 +139,12 @@ def test_each_rule_fails_on_a_planted_tree(tmp_path: Path) -> None:
         ("cockpit.compare", "trainer.evaluate"),  # the trainer's floor is above the models' too
         ("cockpit.plan.inputs", "cockpit.service.runs"),
         ("cockpit.record.view", "cockpit.plan.inputs"),
+        ("trainer.layers.rope", "trainer.evaluation.decode"),  # the trainer's rooms are steps of its floor
     ]
-    assert checks.room_loops(edges) == [["cockpit.plan", "cockpit.report"]]
+    assert checks.room_loops(edges) == [
+        ["cockpit.plan", "cockpit.report"],
+        ["trainer.evaluation", "trainer.layers"],
+    ]
     assert checks.module_loops(edges) == []  # the loop is between rooms only
     assert checks.unclaimed(root) == ["cockpit.loose"]
     assert checks.process_calls(root) == [

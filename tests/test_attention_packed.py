@@ -1,4 +1,4 @@
-"""Packed attention in one call (`trainer.attention`): the segments it hands torch's `varlen_attn`, the
+"""Packed attention in one call (`trainer.layers.attention`): the segments it hands torch's `varlen_attn`, the
 words it says them in for each torch, and its output against one SDPA call a document.
 
 `varlen_attn` runs FlashAttention-2 and has no CPU kernel, so here it is stood in for by a plain
@@ -13,7 +13,7 @@ import itertools
 import torch
 import torch.nn.functional as F
 
-from trainer import attention
+from trainer.layers import attention
 
 
 def _reference_varlen(q, k, v, cu_seq_q, cu_seq_k, max_q, max_k, *, return_aux=None, scale=None,

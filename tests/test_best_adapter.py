@@ -15,7 +15,7 @@ import torch
 
 from cockpit.record import read_events
 from cockpit.record.writer import EventWriter
-from trainer.best_adapter import POINTER, AdapterKeeper, Best, read_best
+from trainer.evaluation.best_adapter import POINTER, AdapterKeeper, Best, read_best
 
 
 class Model:
@@ -142,8 +142,8 @@ def test_the_validation_callback_offers_each_validation_with_the_last_one_marked
 
     from tests.test_loss import _model
     from tests.test_validation import _examples
-    from trainer.packing import PackedCollator
-    from trainer.validation import EarlyStopping, ValidationCallback, validation_batches
+    from trainer.evaluation.validation import EarlyStopping, ValidationCallback, validation_batches
+    from trainer.inputs.packing import PackedCollator
 
     net = _model()
     rows, groups = _examples(6)

@@ -15,9 +15,9 @@ from cockpit.plan.hardware import Hardware
 from cockpit.plan.inputs import inputs_for, setup_for
 from cockpit.plan.weights import Precision, Weights
 from cockpit.profiles import PROFILES_DIR, load_profile
-from trainer import quant
-from trainer.experts4bit import NF4Experts
+from trainer.layers.experts4bit import NF4Experts
 from trainer.nf4_pack import PackedLayout
+from trainer.weights import quant
 
 STORY = json.loads((PROFILES_DIR / "models/qwen3-235b-a22b-thinking-2507/config.json").read_text())
 # (experts, hidden, expert width): the story's, the tiny model's, and widths whose block counts pick each

@@ -17,8 +17,8 @@ import torch
 from cockpit.data.examples import load_examples, validation_sample
 from cockpit.data.tenants import generate
 from cockpit.profiles import DataSpec
-from trainer.data import prepare_data, rows_fingerprint, tokenize_example, tokenize_examples
-from trainer.packing import PackedCollator, pack_rows
+from trainer.inputs.data import prepare_data, rows_fingerprint, tokenize_example, tokenize_examples
+from trainer.inputs.packing import PackedCollator, pack_rows
 
 SEQ_LEN = 192
 FORMATS = ("jsonl", "json", "parquet", "csv", "arrow", "arrow-dict")
@@ -191,7 +191,7 @@ def test_the_validation_sample_is_the_first_of_each_tenant(examples: list[dict],
 
 
 def test_examples_longer_than_seq_len_are_counted_and_said(examples: list[dict], tokenizer, tmp_path) -> None:
-    from trainer.data import over_seq_len_words
+    from trainer.inputs.data import over_seq_len_words
 
     prompts_cut = tokenize_examples(tokenizer, examples, 72, tmp_path)  # prompts ~80 tokens, answers ~25
     assert prompts_cut.over_seq_len > 0 and not any(prompts_cut.answer_cut)

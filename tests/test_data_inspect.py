@@ -36,7 +36,7 @@ def test_tenants_splits_labels_and_token_lengths(tmp_path: Path, tokenizer_dir: 
     from transformers import AutoTokenizer
 
     from cockpit.data.chat import token_lengths
-    from trainer.data import tokenize_examples
+    from trainer.inputs.data import tokenize_examples
 
     examples = generate(0, 12, 3)
     code, found = _inspect(_write(tmp_path / "d.jsonl", examples), tokenizer_dir, capsys,

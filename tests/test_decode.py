@@ -1,5 +1,5 @@
-"""The fast greedy decoder (`trainer/decode.py`) gives `generate`'s tokens on the tiny model, left padding
-and early ends included; and the evaluation's thinking gives the same text through either path."""
+"""The fast greedy decoder (`trainer/evaluation/decode.py`) gives `generate`'s tokens on the tiny model, left
+padding and early ends included; and the evaluation's thinking gives the same text through either path."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from trainer import decode, evaluate  # noqa: E402
+from trainer.evaluation import decode, evaluate  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -150,7 +150,8 @@ def test_steps_use_grouped_attention(tiny, monkeypatch: pytest.MonkeyPatch) -> N
     assert decode.path() == "launched"  # no CUDA graph on the CPU
 
 
-# --- a graph a GPU (`trainer/decode_blocks.py`): what runs without a GPU -----------------------------
+# --- a graph a GPU (`trainer/evaluation/decode_blocks.py`): what runs without a GPU
+# -----------------------------
 
 
 def _left_padded(tiny, new: int):
@@ -163,7 +164,7 @@ def _left_padded(tiny, new: int):
 
 
 def test_blocks_cut_at_device_changes_and_every_n(tiny) -> None:
-    from trainer import decode_blocks
+    from trainer.evaluation import decode_blocks
 
     model, _ = tiny
     layers = decode_blocks.layer_list(model)
@@ -178,7 +179,7 @@ def test_blocks_cut_at_device_changes_and_every_n(tiny) -> None:
 def test_stand_ins_give_the_layers_outputs_and_keep_block_inputs(tiny) -> None:
     """Installed, the stand-ins run the real layers block by block (recording each block's inputs on
     its device) and the model's logits do not change; afterwards the real layers are back."""
-    from trainer import decode_blocks
+    from trainer.evaluation import decode_blocks
 
     model, tokenizer = tiny
     model.set_attn_implementation("sdpa")
@@ -202,7 +203,7 @@ def test_stand_ins_give_the_layers_outputs_and_keep_block_inputs(tiny) -> None:
 def test_decoding_block_by_block_gives_generates_tokens(tiny, split_every: int, monkeypatch) -> None:
     """The blocks' path (a graph a GPU on CUDA) with each block's layers run on its own buffers from the
     second step on: every step's positions, mask and cache slot must reach them, or tokens drift."""
-    from trainer import decode_blocks
+    from trainer.evaluation import decode_blocks
 
     new = 20
     model, enc, expected = _left_padded(tiny, new)
@@ -217,7 +218,7 @@ def test_decoding_block_by_block_gives_generates_tokens(tiny, split_every: int, 
 def test_a_capture_that_fails_leaves_the_layers_and_the_tokens(tiny, monkeypatch) -> None:
     """A block that cannot be captured: the real layers go back, the steps are launched one by one from
     the step recorded, and the tokens are still generate's."""
-    from trainer import decode_blocks
+    from trainer.evaluation import decode_blocks
 
     new = 12
     model, enc, expected = _left_padded(tiny, new)
@@ -241,7 +242,7 @@ def test_a_capture_that_fails_leaves_the_layers_and_the_tokens(tiny, monkeypatch
 def test_a_replay_that_fails_decodes_the_batch_again_launched(tiny, monkeypatch) -> None:
     """Graphs that fail once replaying: the batch is decoded again with its steps launched one by one
     (generate's tokens, said once), and the fast path stays on for the batches after."""
-    from trainer import decode_blocks
+    from trainer.evaluation import decode_blocks
 
     new = 12
     model, enc, expected = _left_padded(tiny, new)
@@ -261,14 +262,14 @@ def test_a_replay_that_fails_decodes_the_batch_again_launched(tiny, monkeypatch)
 
 
 def test_a_block_input_that_changes_shape_is_refused() -> None:
-    from trainer import decode_blocks
+    from trainer.evaluation import decode_blocks
 
     with pytest.raises(ValueError, match="changed shape"):
         decode_blocks._load(torch.zeros(2, 3), torch.zeros(3, 3))
 
 
 def test_stand_ins_are_removed_when_a_step_fails(tiny) -> None:
-    from trainer import decode_blocks
+    from trainer.evaluation import decode_blocks
 
     model, _ = tiny
     layers = decode_blocks.layer_list(model)

@@ -159,7 +159,8 @@ def test_eval_only_run_compares_several_base_models(tmp_path: Path, asset_cache:
 
     other = tmp_path / "other-model"
     build = (
-        "import sys, pathlib; from trainer.tiny import build_model; build_model(pathlib.Path(sys.argv[1]), 1)"
+        "import sys, pathlib; from trainer.inputs.tiny import build_model; "
+        "build_model(pathlib.Path(sys.argv[1]), 1)"
     )
     built = run_watched([sys.executable, "-c", build, str(other)], Watch(), env=env_for(asset_cache))
     assert built.returncode == 0, built.stderr[-2000:]
@@ -269,11 +270,11 @@ def adapter_val_loss(run_dir: Path, adapter: Path) -> float:
     from cockpit.cache import cache_root
     from cockpit.profiles import parse_profile
     from trainer import model as model_mod
-    from trainer.assets import resolve_assets
-    from trainer.data import prepare_data
-    from trainer.evaluate import load_finetuned
-    from trainer.packing import PackedCollator
-    from trainer.validation import group_sums, tenant_losses, validation_batches
+    from trainer.evaluation.evaluate import load_finetuned
+    from trainer.evaluation.validation import group_sums, tenant_losses, validation_batches
+    from trainer.inputs.assets import resolve_assets
+    from trainer.inputs.data import prepare_data
+    from trainer.inputs.packing import PackedCollator
 
     profile = parse_profile(load_manifest(run_dir)["profile"], "run.json")
     t, per_tenant = profile.training, profile.validation.examples_per_tenant
@@ -301,9 +302,9 @@ def test_every_format_trains_on_the_run_s_very_rows(
 
     from cockpit.profiles import load_profile
     from tests.test_data_formats import write_formats
-    from trainer import tiny
-    from trainer.data import load_examples, prepare_data, rows_fingerprint
-    from trainer.packing import PackedCollator, pack_rows
+    from trainer.inputs import tiny
+    from trainer.inputs.data import load_examples, prepare_data, rows_fingerprint
+    from trainer.inputs.packing import PackedCollator, pack_rows
 
     run_dir, _ = tiny_run
     (data,) = read_events(run_dir, "data")

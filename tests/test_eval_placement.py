@@ -1,4 +1,4 @@
-"""Evaluation's placement over several GPUs (`trainer.placement`), decided without GPUs.
+"""Evaluation's placement over several GPUs (`trainer.weights.placement`), decided without GPUs.
 
 accelerate places a planning model (meta device) on fake GPU budgets; the planning model must hold the
 bytes the loader really holds (checked against the tiny model loaded on the CPU, and against the plan
@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from cockpit.profiles import load_profile
-from trainer.placement import (
+from trainer.weights.placement import (
     PlacementError,
     WorkingMemory,
     model_config,
@@ -82,7 +82,7 @@ def held_bytes(module: torch.nn.Module) -> int:
 
 def test_the_planning_model_holds_the_bytes_the_loader_holds(tiny_dir: str) -> None:
     """Per decoder layer and for the rest, on the tiny model loaded in 4 bit with NF4 experts."""
-    from trainer.loader import load_layerwise
+    from trainer.weights.loader import load_layerwise
 
     profile, _ = load_profile("tiny-cpu")
     assert profile.quantization.load_in_4bit and profile.quantization.quantize_experts
@@ -184,7 +184,7 @@ def test_one_gpu_or_none_places_nothing(tiny_dir: str) -> None:
 
 
 def test_the_loader_takes_a_placement_of_one_device_a_layer_as_it_is() -> None:
-    from trainer.loader import spread_devices
+    from trainer.weights.loader import spread_devices
 
     a, b, c = torch.device("cuda", 0), torch.device("cuda", 1), torch.device("cuda", 2)
     placement = [a, b, b, b, c, c, c]

@@ -139,10 +139,10 @@ def test_with_a_budget_the_first_system_is_cut_and_the_others_score_what_it_fini
 
 
 def evaluation(tmp_path: Path, budget_s: float | None, examples: int | None):
-    """trainer.evaluate's Evaluation on a record whose profile is the tiny one, with the model's work
-    (thinking, label scores) replaced by fakes that take 10 s of a fake clock a batch."""
+    """trainer.evaluation.evaluate's Evaluation on a record whose profile is the tiny one, with the model's
+    work (thinking, label scores) replaced by fakes that take 10 s of a fake clock a batch."""
     from cockpit.profiles import load_profile, profile_to_dict
-    from trainer import evaluate
+    from trainer.evaluation import evaluate
 
     profile, _ = load_profile("tiny-cpu")
     write_manifest(tmp_path, {"run_id": "r", "profile": profile_to_dict(profile)})
@@ -169,7 +169,7 @@ class _Model:
 
 
 def run_two_systems(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, budget_s: float | None, n: int | None):
-    from trainer import evaluate
+    from trainer.evaluation import evaluate
 
     ev, population, think = evaluation(tmp_path, budget_s, n)
     monkeypatch.setattr(evaluate, "think", think)
@@ -292,7 +292,7 @@ def test_the_command_s_request_overrides_the_profile(tmp_path: Path) -> None:
     flag: the later wins; a time budget alike."""
     from cockpit.profiles import load_profile, profile_to_dict
     from cockpit.service.lifecycle import eval_request
-    from trainer.evaluate import Evaluation
+    from trainer.evaluation.evaluate import Evaluation
 
     profile, _ = load_profile("tiny-cpu", ["eval.examples=50", "eval.time_budget_s=600"])
     write_manifest(tmp_path, {"run_id": "r", "profile": profile_to_dict(profile)})

@@ -22,18 +22,18 @@ if not torch.cuda.is_available():  # the Triton kernels run on the CPU only in T
 
 from cockpit.profiles import ProfileError, load_profile, parse_profile, profile_to_dict
 from devtools.faults import Watch, run_watched
-from trainer import experts4bit
 from trainer.audit import EngineFacts, build_audit
-from trainer.experts4bit import NF4Experts
-from trainer.experts_model import (
+from trainer.layers import experts4bit
+from trainer.layers.experts4bit import NF4Experts
+from trainer.layers.experts_model import (
     expert_lora_state_dict,
     load_expert_lora,
     quantize_model_experts,
     set_moe_leaf_modules,
 )
-from trainer.loader import load_layerwise
 from trainer.model import attach_lora, lora_matches, parameter_census
 from trainer.nf4_pack import PackedLayout, dequantize_experts_nf4, quantize_experts_nf4
+from trainer.weights.loader import load_layerwise
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -317,7 +317,7 @@ def test_expert_lora_trains_only_itself_and_gets_gradients(quantized, tmp_path):
         if name in expert_lora:
             assert torch.equal(restored[name], p)
     # Evaluation loads both halves of the adapter: the same logits as the trained model.
-    from trainer.evaluate import load_finetuned
+    from trainer.evaluation.evaluate import load_finetuned
 
     adapter = tmp_path / "adapter"
     model.save_pretrained(str(adapter))
@@ -419,7 +419,7 @@ def test_two_zero3_ranks_with_uneven_routing_finish(tmp_path, tiny_dir):
 
 
 def test_spread_placement_and_input_moves():
-    from trainer.loader import _move, spread_devices
+    from trainer.weights.loader import _move, spread_devices
 
     cpu, meta = torch.device("cpu"), torch.device("meta")
     placement = spread_devices(10, [cpu, meta, cpu])
@@ -428,7 +428,7 @@ def test_spread_placement_and_input_moves():
     moved = _move(nested, meta)
     assert moved[0][0].is_meta and moved[0][1][0].is_meta and moved[1]["mask"].is_meta
     assert moved[1]["cache"] is nested[1]["cache"] and moved[2] == 3
-    from trainer.loader import follow_inputs
+    from trainer.weights.loader import follow_inputs
 
     layer = torch.nn.Linear(4, 3, device="meta")  # another device than its input's
     follow_inputs(layer, meta)
@@ -453,7 +453,7 @@ def test_a_recomputation_stop_is_not_taken_for_a_failed_kernel(monkeypatch: pyte
     path must let that through, not fall back to another path mid-recompute (which then breaks)."""
     import torch.utils.checkpoint as ckpt
 
-    from trainer import experts4bit
+    from trainer.layers import experts4bit
 
     torch.manual_seed(0)
     layer = NF4Experts(4, 64, 64, torch.nn.SiLU(), torch.float32, torch.float32, "cpu")

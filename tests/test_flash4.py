@@ -1,5 +1,5 @@
-"""FlashAttention-4 in the packed attention call (`trainer.flash4`, `trainer.attention`): found, probed,
-called with the packed layout, and refused where its probe is wrong.
+"""FlashAttention-4 in the packed attention call (`trainer.layers.flash4`, `trainer.layers.attention`): found,
+probed, called with the packed layout, and refused where its probe is wrong.
 
 FlashAttention-4 has no CPU kernel, so here `flash_attn.cute.interface` is stood in for by a module whose
 `flash_attn_varlen_func` implements the documented contract (causal attention within each segment of
@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from tests.test_attention_packed import _reference_varlen, packed_against_per_document
-from trainer import attention, flash4
+from trainer.layers import attention, flash4
 
 
 def _contract(q, k, v, *, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,

@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeRMSNorm
 
-from trainer.fused_norm import fuse_rms_norms, is_rms_norm
+from trainer.layers.fused_norm import fuse_rms_norms, is_rms_norm
 
 
 @pytest.mark.parametrize(("dtype", "tol"), [(torch.float32, 1e-6), (torch.bfloat16, 1e-2)])

@@ -1,6 +1,6 @@
 """Each token's sum over its k pairs' rows (`trainer.kernels.gather_sum`) against the torch formula it
-replaces in `trainer.routing` (a gather into token order, then a sum over k). The Triton kernel runs here
-under Triton's CPU interpreter (`TRITON_INTERPRET=1`) when Triton imports; on GPUs
+replaces in `trainer.layers.routing` (a gather into token order, then a sum over k). The Triton kernel runs
+here under Triton's CPU interpreter (`TRITON_INTERPRET=1`) when Triton imports; on GPUs
 `benchmarks/step_speed.py` runs it in the trainer."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 import torch
 from triton_kernels import interpreted  # first: it sets TRITON_INTERPRET where no GPU is
 
-from trainer.routing import gather_sum_torch
+from trainer.layers.routing import gather_sum_torch
 
 
 @pytest.fixture(scope="module")

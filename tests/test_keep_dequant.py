@@ -1,6 +1,6 @@
 """The dequant path's weights kept from a checkpointed recompute for its backward
-(`trainer.frozen_experts.PackedGroupedMM`): the same outputs and gradients as the loop, with and without
-checkpointing, one dequantization a weight fewer a step; and the profile's field deciding whether a
+(`trainer.layers.frozen_experts.PackedGroupedMM`): the same outputs and gradients as the loop, with and
+without checkpointing, one dequantization a weight fewer a step; and the profile's field deciding whether a
 model's experts keep them."""
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ if not torch.cuda.is_available():  # the Triton kernels run on the CPU only in T
 from test_experts4bit import rel, run_experts, small_experts
 
 from cockpit.profiles import load_profile
-from trainer import frozen_experts
-from trainer.experts4bit import NF4Experts
-from trainer.experts_model import quantize_model_experts
+from trainer.layers import frozen_experts
+from trainer.layers.experts4bit import NF4Experts
+from trainer.layers.experts_model import quantize_model_experts
 from trainer.model import attach_lora
 
 

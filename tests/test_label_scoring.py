@@ -1,5 +1,5 @@
-"""Label scoring (`trainer/scoring.py`): an example's labels scored behind one shared prefix give the
-scores of one row a label, alone or batched over several examples and forwards, with sdpa and eager."""
+"""Label scoring (`trainer/evaluation/scoring.py`): an example's labels scored behind one shared prefix give
+the scores of one row a label, alone or batched over several examples and forwards, with sdpa and eager."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 import torch
 import transformers
 
-from trainer import scoring
+from trainer.evaluation import scoring
 
 
 class _Tok:

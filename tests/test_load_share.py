@@ -1,4 +1,4 @@
-"""Each rank loads only its share (`trainer.load_share`): who builds which unit, and on two CPU ranks
+"""Each rank loads only its share (`trainer.weights.load_share`): who builds which unit, and on two CPU ranks
 (gloo) the model loaded shared equals the model every rank built itself, byte for byte."""
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from devtools.faults import Watch, communicate_watched
-from trainer import tiny
-from trainer.load_share import Share
-from trainer.loader import _unit_of
+from trainer.inputs import tiny
+from trainer.weights.load_share import Share
+from trainer.weights.loader import _unit_of
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -1,5 +1,5 @@
-"""The lean LoRA forward (`trainer.lora_forward`) against PEFT's own: the same outputs and gradients, the
-same dropout draws, on plain and 4-bit (bitsandbytes NF4, on the CPU) projections; PEFT's forward where
+"""The lean LoRA forward (`trainer.layers.lora_forward`) against PEFT's own: the same outputs and gradients,
+the same dropout draws, on plain and 4-bit (bitsandbytes NF4, on the CPU) projections; PEFT's forward where
 the call is not the plain case."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import torch
 from peft import LoraConfig, get_peft_model
 from torch import nn
 
-from trainer import lora_forward
+from trainer.layers import lora_forward
 
 
 class Block(nn.Module):

@@ -6,7 +6,7 @@ import pytest
 import torch
 import transformers
 
-from trainer.loss import linear_cross_entropy, use_chunked_loss
+from trainer.layers.loss import linear_cross_entropy, use_chunked_loss
 
 
 def _model() -> transformers.PreTrainedModel:

@@ -1,5 +1,5 @@
-"""The NF4 cache (`trainer/nf4_cache.py`, `cockpit/model_cache.py`): the tiny model's checkpoint loaded
-twice, the second load from the cache with the same bytes and the same loss; what is refused (stale,
+"""The NF4 cache (`trainer/weights/nf4_cache.py`, `cockpit/model_cache.py`): the tiny model's checkpoint
+loaded twice, the second load from the cache with the same bytes and the same loss; what is refused (stale,
 foreign, damaged, misfitting) and rebuilt; a full disk; listing and clearing through the CLI."""
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import torch
 from cockpit import cli, model_cache
 from cockpit.profiles import load_profile
 from cockpit.units import size
-from trainer import nf4_cache
-from trainer.loader import load_layerwise
+from trainer.weights import nf4_cache
+from trainer.weights.loader import load_layerwise
 
 CPU = torch.device("cpu")
 UNITS = 5  # the tiny model's 4 decoder layers and the rest

@@ -8,7 +8,7 @@ import pytest
 import torch
 import transformers
 
-from trainer.packing import IGNORE, PackedCollator, pack_rows, packing_efficiency
+from trainer.inputs.packing import IGNORE, PackedCollator, pack_rows, packing_efficiency
 
 
 def _rows(lengths: list[int], seed: int = 0) -> list[dict[str, list[int]]]:
@@ -135,7 +135,7 @@ def test_packed_loss_equals_the_examples_loss() -> None:
 
 def test_varlen_attention_matches_each_example_alone() -> None:
     """The varlen attention (one document at a time) gives each example its logits alone, like the mask."""
-    from trainer.attention import register
+    from trainer.layers.attention import register
 
     model = _tiny_model("sdpa")
     model.set_attn_implementation(register())
@@ -154,7 +154,7 @@ def test_varlen_attention_matches_each_example_alone() -> None:
 
 def test_varlen_gradients_match_the_masked_sdpa() -> None:
     """Loss and gradients through the varlen attention equal those through Transformers' masked SDPA."""
-    from trainer.attention import register
+    from trainer.layers.attention import register
 
     rows = _rows([9, 4, 12], seed=4) + _rows([20, 6], seed=5)
     packed = pack_rows(rows, seq_len=32)
@@ -177,7 +177,7 @@ def test_varlen_builds_no_mask_and_reads_no_position_on_the_host(monkeypatch: py
     layers' copies had landed."""
     from transformers import masking_utils
 
-    from trainer.attention import register
+    from trainer.layers.attention import register
 
     def refuse(*args: object, **kwargs: object) -> None:
         raise AssertionError("the position ids were searched for packed rows: a host sync on a GPU")

@@ -45,7 +45,7 @@ def test_data_file_counted_as_the_trainer_tokenizes_it(tmp_path):
     from cockpit.data.builtin import build_tokenizer
     from cockpit.data.chat import load_tokenizer
     from cockpit.data.inspection import count_tokens
-    from trainer.data import tokenize_examples
+    from trainer.inputs.data import tokenize_examples
 
     build_tokenizer(tmp_path / "model", 0, 1024)
     _write_data(tmp_path, ["one two three", "four five"])

@@ -23,7 +23,7 @@ STORY = "qwen3-235b-a22b-thinking-4xh100"
 
 
 def test_a_validation_at_the_start_every_eval_steps_and_at_the_last() -> None:
-    """As `trainer.validation` does: the tiny run's 320 steps at 40 give 0, 40, ..., 320."""
+    """As `trainer.evaluation.validation` does: the tiny run's 320 steps at 40 give 0, 40, ..., 320."""
     assert validation_passes(320, 40) == len(range(0, 321, 40)) == 9
     assert validation_passes(112, 50) == len([0, 50, 100, 112])
     assert validation_passes(0, 50) == 0 and validation_passes(100, 0) == 0

@@ -110,8 +110,8 @@ def test_the_validation_loss_reaches_the_trackers(tmp_path: Path) -> None:
     from cockpit.record.writer import EventWriter
     from tests.test_loss import _model
     from tests.test_validation import _examples
-    from trainer.packing import PackedCollator
-    from trainer.validation import EarlyStopping, ValidationCallback, validation_batches
+    from trainer.evaluation.validation import EarlyStopping, ValidationCallback, validation_batches
+    from trainer.inputs.packing import PackedCollator
 
     model = _model()
     rows, groups = _examples(6)

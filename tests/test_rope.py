@@ -1,4 +1,4 @@
-"""Fused rotary embedding (`trainer.kernels.rope`, `trainer.rope`): the kernel's forward and gradient
+"""Fused rotary embedding (`trainer.kernels.rope`, `trainer.layers.rope`): the kernel's forward and gradient
 against autograd of Transformers' formula (under Triton's CPU interpreter when Triton imports), and the
 swap of the modeling file's `apply_rotary_pos_emb`, which leaves CPU tensors to the original."""
 
@@ -45,7 +45,7 @@ def test_install_swaps_the_modeling_files_function_once(monkeypatch) -> None:
     from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
     from transformers.models.qwen3_moe import modeling_qwen3_moe as modeling
 
-    from trainer import rope
+    from trainer.layers import rope
 
     # Transformers' own, also where a model built earlier in this process swapped it in already
     original = getattr(modeling.apply_rotary_pos_emb, "cockpit_original", modeling.apply_rotary_pos_emb)

@@ -7,7 +7,7 @@ import importlib
 import pytest
 import torch
 
-from trainer import routing
+from trainer.layers import routing
 
 
 def _pairs(tokens: int = 10, experts: int = 5, k: int = 3, seed: int = 0):

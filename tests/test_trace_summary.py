@@ -50,7 +50,7 @@ def host(cat: str, name: str, ts: float, dur: float, tid: int = 1, ext: int | No
 def test_kernels_are_charged_to_the_operator_that_launched_them() -> None:
     events = [
         # forward: trainer code -> torch code -> aten::mul launching two kernels
-        host("python_function", "trainer/experts4bit.py(300): forward", 0.0, 100.0),
+        host("python_function", "trainer/layers/experts4bit.py(300): forward", 0.0, 100.0),
         host("python_function", "torch/nn/functional.py(10): silu", 1.0, 50.0),
         host("cpu_op", "aten::silu", 2.0, 10.0, ext=7),
         host("cpu_op", "aten::to", 20.0, 20.0, ext=8),
@@ -68,8 +68,8 @@ def test_kernels_are_charged_to_the_operator_that_launched_them() -> None:
     ops = summarize_trace({"traceEvents": events}, steps=1, wall_s=0.001)["top_ops_s"]
     assert ops == [
         ["aten::mul < autograd::engine::evaluate_function: MulBackward0", 6e-05],
-        ["aten::silu @ trainer/experts4bit.py(300): forward", 4e-05],
-        ["aten::copy_ < aten::to @ trainer/experts4bit.py(300): forward", 2e-05],
+        ["aten::silu @ trainer/layers/experts4bit.py(300): forward", 4e-05],
+        ["aten::copy_ < aten::to @ trainer/layers/experts4bit.py(300): forward", 2e-05],
     ]
 
 
@@ -91,7 +91,9 @@ def test_a_frame_left_open_at_the_profilers_stop_encloses_nothing() -> None:
     events = [
         host("python_function", "trainer/layer.py(10): forward", 0.0, 50.0),
         host("cpu_op", "aten::mm", 1.0, 10.0, ext=1),
-        host("python_function", "trainer/attention.py(139): packed_attention", 20.0, 980.0),  # never returned
+        host(
+            "python_function", "trainer/layers/attention.py(139): packed_attention", 20.0, 980.0
+        ),  # never returned
         host("python_function", "trainer/experts.py(5): apply", 30.0, 10.001),  # rounding past its op
         host("cpu_op", "aten::_grouped_mm", 30.0, 10.0, ext=2),
         host("cpu_op", "aten::sum", 900.0, 100.0, ext=3),  # the last op: the profiler stopped after it

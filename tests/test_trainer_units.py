@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from cockpit.record.checkpoints import last_complete_checkpoint
-from trainer.evaluate import cut_at_end
+from trainer.evaluation.evaluate import cut_at_end
 
 
 def test_resume_skips_a_checkpoint_cut_short(tmp_path: Path) -> None:
@@ -84,8 +84,8 @@ def test_the_setup_phase_says_when_it_builds_the_built_in_assets(
     """The first run in an environment builds the tiny model, tokenizer and data: the viewers say so."""
     from cockpit.data import builtin
     from cockpit.profiles import load_profile
-    from trainer import tiny
-    from trainer.assets import setup_words
+    from trainer.inputs import tiny
+    from trainer.inputs.assets import setup_words
 
     monkeypatch.setenv("COCKPIT_CACHE", str(tmp_path))
     profile, _ = load_profile("tiny-cpu")

@@ -7,15 +7,15 @@ import torch
 
 from devtools.faults import Watch, communicate_watched
 from tests.test_loss import _model
-from trainer.loss import grouped_cross_entropy, use_chunked_loss
-from trainer.packing import PackedCollator
-from trainer.validation import (
+from trainer.evaluation.validation import (
     EarlyStopping,
     group_sums,
     tenant_losses,
     time_forwards,
     validation_batches,
 )
+from trainer.inputs.packing import PackedCollator
+from trainer.layers.loss import grouped_cross_entropy, use_chunked_loss
 
 
 def _examples(n: int, seed: int = 3) -> tuple[list[dict[str, list[int]]], list[int]]:
@@ -165,7 +165,7 @@ def test_the_callback_validates_on_schedule_and_stops_early(tmp_path) -> None:
 
     from cockpit.record import read_events
     from cockpit.record.writer import EventWriter
-    from trainer.validation import ValidationCallback
+    from trainer.evaluation.validation import ValidationCallback
 
     model = _model()
     use_chunked_loss(model)
@@ -206,9 +206,9 @@ import torch
 sys.path.insert(0, os.getcwd())
 from tests.test_loss import _model
 from tests.test_validation import _examples
-from trainer.loss import use_chunked_loss
-from trainer.packing import PackedCollator
-from trainer.validation import group_sums, validation_batches
+from trainer.layers.loss import use_chunked_loss
+from trainer.inputs.packing import PackedCollator
+from trainer.evaluation.validation import group_sums, validation_batches
 
 torch.distributed.init_process_group("gloo")
 rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from cockpit.profiles import load_profile
-from trainer import zero3_fetch
-from trainer.zero3_fetch import LatestCopy
+from trainer.weights import zero3_fetch
+from trainer.weights.zero3_fetch import LatestCopy
 
 
 def test_a_module_waits_for_the_latest_copy_it_needs_and_nothing_after() -> None:

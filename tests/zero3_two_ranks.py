@@ -16,8 +16,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from cockpit.profiles import Profile, load_profile
-from trainer import tiny
 from trainer.ds_config import zero_init_config
+from trainer.inputs import tiny
 from trainer.model import attach_lora, load_base
 
 deepspeed.init_distributed(dist_backend="gloo")

@@ -13,7 +13,7 @@ import torch
 
 from cockpit.contract import kind_of
 from cockpit.profiles import Profile
-from trainer.quant import DTYPES, bnb_config, experts_storage_dtype, uses_layerwise_loader
+from trainer.weights.quant import DTYPES, bnb_config, experts_storage_dtype, uses_layerwise_loader
 
 
 def _zero3_init_config(profile: Profile, model_dir: str) -> dict[str, Any] | None:
@@ -39,21 +39,21 @@ def load_base(
     """The frozen base model, quantized as the profile says, on this rank's device.
 
     With `spread` (evaluation: one process, no DeepSpeed) it is spread over the visible GPUs as
-    accelerate places it (`trainer.placement`: whole decoder layers, everything else on the first GPU);
-    the layer-by-layer loader loads each layer onto its GPU, `"transformers"` takes the same map as
+    accelerate places it (`trainer.weights.placement`: whole decoder layers, everything else on the first
+    GPU); the layer-by-layer loader loads each layer onto its GPU, `"transformers"` takes the same map as
     `from_pretrained(device_map=...)`. One GPU or none: nothing to place.
 
     `model.loader = "layerwise"` (default) loads and quantizes one decoder layer at a time and, under
-    ZeRO-3, partitions each as soon as it is built (`trainer.loader`); `"transformers"` is
+    ZeRO-3, partitions each as soon as it is built (`trainer.weights.loader`); `"transformers"` is
     `from_pretrained`, which puts the whole model on each rank's GPU before ZeRO-3 sees it. Either way,
-    `quantization.quantize_experts` packs the fused MoE experts in NF4 (`trainer.experts4bit`), and the
+    `quantization.quantize_experts` packs the fused MoE experts in NF4 (`trainer.layers.experts4bit`), and the
     MoE blocks become ZeRO-3 leaf modules. What the loader did is left in `model.cockpit_load_facts`.
     `random_layers` (a rehearsal; with `spread`, a placement measured on GPUs): the architecture sliced
     to that many decoder layers, random weights (the layer-by-layer loader only). `progress(done, total)`
     is called after each decoder layer the layer-by-layer loader has loaded.
     """
-    from trainer import experts_model
-    from trainer.loader import load_device, load_layerwise
+    from trainer.layers import experts_model
+    from trainer.weights.loader import load_device, load_layerwise
 
     q = profile.quantization
     device = load_device()
@@ -62,7 +62,7 @@ def load_base(
         raise ValueError('random weights need the layer-by-layer loader (model.loader = "layerwise")')
     placement = None
     if spread and device.type == "cuda":
-        from trainer.placement import plan_evaluation
+        from trainer.weights.placement import plan_evaluation
 
         placement = plan_evaluation(profile, model_dir, random_layers=random_layers)
     if layerwise and spread:
@@ -110,7 +110,7 @@ def load_base(
     if profile.deepspeed.zero3_leaf == "decoder_layer":
         from deepspeed.utils import set_z3_leaf_modules
 
-        from trainer.loader import decoder_layers
+        from trainer.weights.loader import decoder_layers
 
         layer_cls = type(decoder_layers(model)[0])
         set_z3_leaf_modules(model, [layer_cls])
@@ -128,17 +128,18 @@ def load_base(
 
 def configure_training(profile: Profile, model: Any) -> dict[str, Any]:
     """The profile's training-time choices on a loaded base model: attention kernel, chunked loss, fused
-    RMSNorm and rotary embedding, and ZeRO-3's fetch without host waits (`trainer/zero3_fetch.py`)."""
-    from trainer import rope, zero3_fetch
+    RMSNorm and rotary embedding, and ZeRO-3's fetch without host waits (`trainer/weights/zero3_fetch.py`)."""
     from trainer.ds_config import embeddings_kept
-    from trainer.fused_norm import fuse_rms_norms
-    from trainer.loss import use_chunked_loss
-    from trainer.quant import keep_4bit_layout
+    from trainer.layers import rope
+    from trainer.layers.fused_norm import fuse_rms_norms
+    from trainer.layers.loss import use_chunked_loss
+    from trainer.weights import zero3_fetch
+    from trainer.weights.quant import keep_4bit_layout
 
     t = profile.training
     kernel = None
     if t.attention == "varlen":
-        from trainer.attention import prepare, register
+        from trainer.layers.attention import prepare, register
 
         register()
         config = getattr(model.config, "text_config", model.config)
@@ -154,7 +155,7 @@ def configure_training(profile: Profile, model: Any) -> dict[str, Any]:
         "fused_rms_norms": fuse_rms_norms(model),
         "fused_rope": rope.install(model),
         # One rank offloading to the CPU only: several ranks gather through collectives this ordering does
-        # not cover, and NVMe swap buffers are reused as soon as released (trainer/zero3_fetch.py).
+        # not cover, and NVMe swap buffers are reused as soon as released (trainer/weights/zero3_fetch.py).
         "async_fetch": profile.deepspeed.stage == 3
         and profile.world_size == 1
         and profile.deepspeed.offload_param != "nvme"
@@ -165,19 +166,19 @@ def configure_training(profile: Profile, model: Any) -> dict[str, Any]:
 
 def attach_lora(profile: Profile, model: Any) -> Any:
     """Wrap the model with PEFT LoRA on the profile's target modules (and the experts if asked), each
-    adapter's forward the lean one (`trainer.lora_forward`)."""
+    adapter's forward the lean one (`trainer.layers.lora_forward`)."""
     from peft import LoraConfig, get_peft_model
     from transformers import set_seed
 
-    from trainer import frozen_experts, lora_forward
-    from trainer.experts_model import add_expert_lora
+    from trainer.layers import frozen_experts, lora_forward
+    from trainer.layers.experts_model import add_expert_lora
 
     if profile.training.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.enable_input_require_grads()
         if profile.training.keep_dequantized_experts:
             # Non-reentrant: the first forward's saved tensors are dropped, so the recompute's dequantized
-            # experts can serve the backward (trainer/frozen_experts.py).
+            # experts can serve the backward (trainer/layers/frozen_experts.py).
             frozen_experts.keep_for_backward(model)
     lora = profile.lora
     config = LoraConfig(

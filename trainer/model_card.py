@@ -34,7 +34,7 @@ def quantization_words(profile: Profile) -> str:
     if q.load_in_4bit and q.quantize_experts:
         experts = (
             " The fused MoE experts were quantized by the cockpit itself (NF4, their block scales double "
-            "quantized; `trainer/experts4bit.py`): bitsandbytes quantizes `nn.Linear` only, so loaded "
+            "quantized; `trainer/layers/experts4bit.py`): bitsandbytes quantizes `nn.Linear` only, so loaded "
             "elsewhere the experts stay in 16 bit unless the engine quantizes them."
         )
     else:

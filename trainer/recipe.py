@@ -18,8 +18,8 @@ from typing import Any
 from cockpit.profiles import Profile, parse_profile
 from cockpit.record import EventWriter, RunPaths, load_manifest
 from trainer.arguments import BARE, training_arguments
-from trainer.assets import resolve_assets, setup_words
 from trainer.distributed import rank_identity
+from trainer.inputs.assets import resolve_assets, setup_words
 from trainer.ops import build_ops
 
 # COCKPIT_OVERHEAD_AB=N: the callbacks and per-step logging on and off in alternating blocks of N steps
@@ -48,7 +48,7 @@ class Recipe:
         self._dump_stacks_on_request()
         self.trainer: Any = None
         self.validation: Any = None  # the validation callback, when the run has a validation sample
-        self.prepared: Any = None  # the checked and tokenized data (`trainer.data.PreparedData`)
+        self.prepared: Any = None  # the checked and tokenized data (`trainer.inputs.data.PreparedData`)
         self._load_facts: dict[str, Any] = {}
 
     def _dump_stacks_on_request(self) -> None:
@@ -125,8 +125,8 @@ class Recipe:
         Real data is read, checked and tokenized once, by the main process of each host (`Dataset.map`'s
         cache file), while the other ranks wait; they then read the same cache.
         """
-        from trainer import data as data_mod
-        from trainer.packing import pack_rows, packing_efficiency
+        from trainer.inputs import data as data_mod
+        from trainer.inputs.packing import pack_rows, packing_efficiency
 
         t = self.profile.training
         _, data_file = resolve_assets(self.profile)
@@ -161,7 +161,7 @@ class Recipe:
     def prepare_data(self, tokenizer: Any, data_file: Path, args: Any) -> Any:
         """Read, check and tokenize the data on each host's main process first; say what it found."""
         from cockpit.cache import cache_root
-        from trainer import data as data_mod
+        from trainer.inputs import data as data_mod
 
         t = self.profile.training
         with args.main_process_first(local=True, desc="read and tokenize the data"):
@@ -191,8 +191,8 @@ class Recipe:
     def collator(self, tokenizer: Any) -> Any:
         from transformers import DataCollatorForSeq2Seq
 
-        from trainer.data import IGNORE
-        from trainer.packing import PackedCollator
+        from trainer.inputs.data import IGNORE
+        from trainer.inputs.packing import PackedCollator
 
         pad = getattr(tokenizer, "pad_token_id", None) if tokenizer is not None else None
         t = self.profile.training
@@ -285,9 +285,9 @@ class Recipe:
 
     def validation_callback(self, tokenizer: Any, record: Any) -> Any:
         """Validation loss on the held-out sample every `validation.eval_steps`, if there is a sample."""
-        from trainer.best_adapter import AdapterKeeper
         from trainer.distributed import rank0_says
-        from trainer.validation import EarlyStopping, ValidationCallback, validation_batches
+        from trainer.evaluation.best_adapter import AdapterKeeper
+        from trainer.evaluation.validation import EarlyStopping, ValidationCallback, validation_batches
 
         prepared = self.prepared
         v, t = self.profile.validation, self.profile.training
@@ -321,7 +321,7 @@ class Recipe:
 
     def validation_collator(self, tokenizer: Any) -> Any:
         """Validation rows are always packed (the loss of each example is the same either way)."""
-        from trainer.packing import PackedCollator
+        from trainer.inputs.packing import PackedCollator
 
         pad = getattr(tokenizer, "pad_token_id", None)
         return PackedCollator(
@@ -391,7 +391,7 @@ class Recipe:
 
     def save_checkpoint(self) -> None:
         """The run's adapter: the best one (lowest validation loss) when validation ran, else the last
-        (`trainer.best_adapter`)."""
+        (`trainer.evaluation.best_adapter`)."""
         self.phase("save")
         keeper = getattr(self.validation, "keeper", None)
         last = self.trainer.state.global_step
@@ -419,7 +419,7 @@ class Recipe:
         """PEFT saves only its own layers: the expert LoRA goes beside them, gathered from ZeRO-3."""
         from safetensors.torch import save_file
 
-        from trainer.experts_model import expert_lora_state_dict
+        from trainer.layers.experts_model import expert_lora_state_dict
 
         params = [p for n, p in self.model.named_parameters() if ".experts.lora_" in n]
         gather: Any = contextlib.nullcontext()

@@ -5,9 +5,9 @@ and a save cost before the real run (`cockpit.rehearse`).
 It is `trainer.recipe.Recipe` with the hooks that differ overridden: the steps, where the model's config
 comes from, a tokenizer and data that may be missing (random tokens then), no validation during the steps
 and no adapter. After the steps, a validation pass's forwards are timed on the trained slice
-(`trainer.validation.time_forwards`: a `rehearse_validation` event), and where its depth asks
-(`Depth.eval_tokens`), the evaluation on the same slice (`trainer.eval_timing`: a `rehearse_eval` event);
-a depth of no steps times only the evaluation.
+(`trainer.evaluation.validation.time_forwards`: a `rehearse_validation` event), and where its depth asks
+(`Depth.eval_tokens`), the evaluation on the same slice (`trainer.evaluation.eval_timing`: a `rehearse_eval`
+event); a depth of no steps times only the evaluation.
 """
 
 from __future__ import annotations
@@ -87,8 +87,8 @@ class Rehearsal(Recipe):
         run's."""
         from transformers import AutoConfig
 
-        from trainer.data import synthetic_rows
-        from trainer.eval_timing import prompt_tokens
+        from trainer.evaluation.eval_timing import prompt_tokens
+        from trainer.inputs.data import synthetic_rows
 
         t, d = self.profile.training, self.profile.data
         vocab = AutoConfig.from_pretrained(model_dir).get_text_config().vocab_size
@@ -107,7 +107,7 @@ class Rehearsal(Recipe):
 
     def prepare_data(self, tokenizer: Any, data_file: Path, args: Any) -> Any:
         """The recipe's data; its rows' mean prompt is what evaluation's prompts are timed at."""
-        from trainer.eval_timing import prompt_tokens
+        from trainer.evaluation.eval_timing import prompt_tokens
 
         prepared = super().prepare_data(tokenizer, data_file, args)
         self.prompt_tokens = prompt_tokens(prepared.train.rows)
@@ -130,9 +130,9 @@ class Rehearsal(Recipe):
     def time_validation(self) -> None:
         """A validation pass's forwards on the slice as it trained (ZeRO-3, offload and the chunked head as
         the run's validation has them), over micro-batches packed from the training examples as the real
-        validation packs its sample, whole micro-batches only (`trainer.validation.time_forwards`): a
-        `rehearse_validation` event, where the examples fill two rounds of them or more."""
-        from trainer.validation import time_forwards, validation_batches
+        validation packs its sample, whole micro-batches only (`trainer.evaluation.validation.time_forwards`):
+        a `rehearse_validation` event, where the examples fill two rounds of them or more."""
+        from trainer.evaluation.validation import time_forwards, validation_batches
 
         t = self.profile.training
         world = max(1, self.trainer.args.world_size)
@@ -161,9 +161,9 @@ class Rehearsal(Recipe):
 
     def time_evaluation(self) -> None:
         """Training's memory freed on every rank, then rank 0 loads the slice as evaluation loads it (over
-        the GPUs here) and times it (`trainer.eval_timing`): a `rehearse_eval` event."""
+        the GPUs here) and times it (`trainer.evaluation.eval_timing`): a `rehearse_eval` event."""
         from cockpit.contract import PROMPT_FRACTION
-        from trainer.eval_timing import release_training, time_evaluation
+        from trainer.evaluation.eval_timing import release_training, time_evaluation
 
         release_training(self)
         if self.rank != 0:

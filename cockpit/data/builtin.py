@@ -5,7 +5,7 @@ tokenizer is a byte-level BPE trained on generated chats. Both are built determi
 cached under `$COCKPIT_CACHE` (default `~/.cache/cockpit`), keyed by the settings that shape them, so a
 second run (or a second rank) reuses the first one's build. Builds go to a temporary folder that is renamed
 into place, so a crash never leaves half an asset behind. The trainer builds the tiny model itself
-(`trainer.tiny`) around the same tokenizer; `cockpit data` and the plan count tokens with it without
+(`trainer.inputs.tiny`) around the same tokenizer; `cockpit data` and the plan count tokens with it without
 building the model.
 """
 
@@ -115,7 +115,7 @@ def build_tokenizer(out_dir: Path, seed: int, vocab_size: int) -> None:
 
 
 def tokenizer_path(seed: int = 0) -> Path:
-    """The tiny model's tokenizer (the one `trainer.tiny` builds into the model's folder), alone in a
+    """The tiny model's tokenizer (the one `trainer.inputs.tiny` builds into the model's folder), alone in a
     folder of its own, built if missing."""
     vocab = TINY_MODEL["vocab_size"]
     key = asset_key(kind="tokenizer", seed=seed, vocab_size=vocab, template=CHAT_TEMPLATE)

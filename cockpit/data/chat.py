@@ -3,8 +3,8 @@
 An example becomes a chat: its system turn (none when empty) and its user turn, through the tokenizer's
 own chat template up to where the assistant starts (the prompt); then the assistant's answer, a thinking
 section holding the reasoning trace and the label, ended by the end-of-turn token. The trainer tokenizes
-exactly these texts (`trainer.data`), `cockpit data` counts them (`cockpit.data.inspection`) and so does
-the plan's run length (`cockpit.plan.run_length`), all through `token_count`: the model's tokenizer with
+exactly these texts (`trainer.inputs.data`), `cockpit data` counts them (`cockpit.data.inspection`) and so
+does the plan's run length (`cockpit.plan.run_length`), all through `token_count`: the model's tokenizer with
 its chat template where they are on this machine, else about four characters a token.
 
 Tokenizers come in as arguments (any Hugging Face tokenizer) or as the folder that holds one

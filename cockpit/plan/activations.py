@@ -54,7 +54,7 @@ class Activations:
 
 
 def chunked_loss_bytes(geometry: ModelGeometry, tokens: int, act_bytes: int) -> int:
-    """What the chunked loss holds at once (trainer/loss.py): one chunk's fp32 logits, turned in place
+    """What the chunked loss holds at once (trainer/layers/loss.py): one chunk's fp32 logits, turned in place
     into probabilities, their 16-bit copy for the two GEMMs, and the hidden states' gradient it fills."""
     rows = loss_chunk_rows(geometry.vocab)
     return rows * geometry.vocab * (4 + act_bytes) + tokens * geometry.hidden * act_bytes

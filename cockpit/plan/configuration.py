@@ -43,7 +43,8 @@ class Setup:
     chunked_loss: bool = False  # training.chunked_loss: the logits a chunk of target rows at a time
     attention: str = ""  # training.attention: "varlen" is the fast path WORKING_LAYERS_FAST was fitted on
     # training.keep_dequantized_experts: the dequant path's expert weights kept from recompute to backward
-    # (trainer/frozen_experts.py); benchmarks/fit_memory.py plans rows measured before it existed as False.
+    # (trainer/layers/frozen_experts.py); benchmarks/fit_memory.py plans rows measured before it existed as
+    # False.
     keep_dequant: bool = True
 
     @property

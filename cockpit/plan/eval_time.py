@@ -1,13 +1,13 @@
-"""The wall time of evaluating the base and the tuned model on the held-out split (`trainer/evaluate.py`),
-shared by `cockpit plan` (modelled here) and the rehearsal's forecast (measured on slices:
-`cockpit.rehearse.evaluation`).
+"""The wall time of evaluating the base and the tuned model on the held-out split
+(`trainer/evaluation/evaluate.py`), shared by `cockpit plan` (modelled here) and the rehearsal's forecast
+(measured on slices: `cockpit.rehearse.evaluation`).
 
 Evaluation classifies the held-out examples `EVAL_BATCH_SIZE` at a time: the batch's prompts are
 prefilled, each thinks greedily for up to `eval.max_think_tokens` tokens (one decode step a token for the
 whole batch, until its longest row ends: counted to the limit, an upper bound), then every label of an
 example is scored after its thinking: a row of the prompt, the thinking and each label's tokens (the
-prefix once for all the labels, `trainer.scoring`), several rows to a forward of at most `SCORE_TOKENS`
-tokens. Two systems, the base model and the tuned one, each over the whole split:
+prefix once for all the labels, `trainer.evaluation.scoring`), several rows to a forward of at most
+`SCORE_TOKENS` tokens. Two systems, the base model and the tuned one, each over the whole split:
 
     time = systems x [batches x (prefill + think tokens x decode step) + scoring forwards x a forward]
 
@@ -49,10 +49,10 @@ DECODE_BANDWIDTH_SHARE = 0.2638
 DECODE_FIXED_S = 0.000886
 DECODE_SOURCE = "benchmarks/results/eval_speed_h200.json (batch 64, one H200)"
 # Where evaluation's model spans several GPUs, its decode step replays a CUDA graph on each
-# (`trainer/decode_blocks.py`); each graph past the first costs this much, as `benchmarks/decode_speed.py`
-# measured on one H200: the story's 16-layer slice cut into 4 graphs, at batch 64, less it as one graph,
-# over the 3 more. Within the noise: at 2 and 8 layers the 4 graphs were the faster. The copies between
-# GPUs (a batch's hidden states, 0.5 MB at batch 64) are not in it.
+# (`trainer/evaluation/decode_blocks.py`); each graph past the first costs this much, as
+# `benchmarks/decode_speed.py` measured on one H200: the story's 16-layer slice cut into 4 graphs, at batch
+# 64, less it as one graph, over the 3 more. Within the noise: at 2 and 8 layers the 4 graphs were the faster.
+# The copies between GPUs (a batch's hidden states, 0.5 MB at batch 64) are not in it.
 GRAPH_BLOCK_S = 0.000038
 GRAPH_BLOCK_SOURCE = (
     "benchmarks/results/decode_speed_h200_blocks.json (16 layers, batch 64: 4 graphs less 1, over 3)"
@@ -130,7 +130,7 @@ class EvalShape:
 
     @property
     def rows_per_forward(self) -> int:
-        """Scored rows a forward holds (`trainer.scoring.chunks`: at most `SCORE_TOKENS` tokens and
+        """Scored rows a forward holds (`trainer.evaluation.scoring.chunks`: at most `SCORE_TOKENS` tokens and
         `SCORE_LOGITS` kept positions, one row at least)."""
         kept = 1 + math.ceil(self.split.labels) * LABEL_TOKENS
         return max(1, min(SCORE_TOKENS // self.width, SCORE_LOGITS // kept))
@@ -285,16 +285,16 @@ def modelled_costs(
 
 
 def target_batch(inputs: Any, hw: Any, prompt: float, think: int, examples: float) -> tuple[int, str]:
-    """Evaluation's batch on the plan's GPUs, as `trainer.eval_batch` chooses it once loaded: the rows
-    (`cockpit.contract.eval_row_bytes`) a GPU holds in what is left free, at most `MAX_EVAL_BATCH`. The
-    placement balances the weights and the scoring logits over the GPUs (`trainer.placement`: the first
-    GPU, which keeps the embeddings, the head and the logits, gets fewer layers), so each GPU is left about
-    the same; each also keeps room for a prefill chunk's activations (`cockpit.contract.prefill_bytes`).
+    """Evaluation's batch on the plan's GPUs, as `trainer.evaluation.eval_batch` chooses it once loaded: the
+    rows (`cockpit.contract.eval_row_bytes`) a GPU holds in what is left free, at most `MAX_EVAL_BATCH`. The
+    placement balances the weights and the scoring logits over the GPUs (`trainer.weights.placement`: the
+    first GPU, which keeps the embeddings, the head and the logits, gets fewer layers), so each GPU is left
+    about the same; each also keeps room for a prefill chunk's activations (`cockpit.contract.prefill_bytes`).
     Without GPU memory known, `EVAL_BATCH_SIZE`, as on the CPU."""
     from cockpit.contract import eval_batch, eval_row_bytes, prefill_bytes
 
     g, w = inputs.geometry, inputs.weights
-    gpus = hw.gpus  # evaluation is one process over one host's GPUs (trainer/placement.py)
+    gpus = hw.gpus  # evaluation is one process over one host's GPUs (trainer/weights/placement.py)
     if not gpus or not hw.gpu_mem_gib:
         return EVAL_BATCH_SIZE, f"{EVAL_BATCH_SIZE} (no GPU memory known)"
     item, tokens = inputs.precision.act_bytes, math.ceil(prompt)

@@ -9,7 +9,7 @@ never partitions or offloads it; it stays whole on the device that quantized it)
 - the 16-entry fp32 NF4/FP4 code book.
 So NF4 costs 0.5 + 4/64 = 0.5625 bytes a weight without double quant and about 0.5159 with it.
 
-The trainer packs the fused MoE experts itself (`trainer/experts4bit.py`, `PackedLayout`), per expert:
+The trainer packs the fused MoE experts itself (`trainer/layers/experts4bit.py`, `PackedLayout`), per expert:
 NF4 codes (n/2 bytes), one double-quantized byte of scale per 64 weights, and per expert an fp32 scale
 per `nested` blocks of those bytes plus an fp32 offset. Those are three ordinary parameters in the
 float storage dtype, so ZeRO-3 partitions, offloads and gathers them like any other: no quantization

@@ -1,7 +1,7 @@
 """What a load reads from disk: the 16-bit checkpoint the first time, the NF4 cache after.
 
-The layer-by-layer loader keeps what it quantized (`trainer/nf4_cache.py`, docs/load_cache.md): the next
-load of the same checkpoint and settings (a second run, a resume, evaluation's reload) reads the packed
+The layer-by-layer loader keeps what it quantized (`trainer/weights/nf4_cache.py`, docs/load_cache.md): the
+next load of the same checkpoint and settings (a second run, a resume, evaluation's reload) reads the packed
 model instead, with no quantization. The cache holds exactly what the weights hold after load: NF4
 codes, their scales and bitsandbytes' quantization state of every quantized tensor, and the rest in the
 compute dtype, so its bytes are the plan's `Weights.stored_bytes` (measured on the story's 8-layer slice:

@@ -4,7 +4,7 @@ Pure arithmetic over the model's tensors (`weights.py`) and its activations (`ac
 assumes, and why (see `../shared/FACTS.md` for the measurements it leans on):
 
 Load (from process start to the end of `deepspeed.initialize`), by `model.loader`:
-- "layerwise" (the trainer's default, `trainer/loader.py`): the model is built on the meta device and
+- "layerwise" (the trainer's default, `trainer/weights/loader.py`): the model is built on the meta device and
   filled one decoder layer at a time on each rank's GPU: the layer's tensors are read, attention (and
   dense MLP) `nn.Linear`s quantized by bitsandbytes there, the fused experts packed to NF4 a chunk of
   experts at a time, and under ZeRO-3 the layer is partitioned at once (`zero.Init(module=layer)`):
@@ -21,7 +21,7 @@ Load (from process start to the end of `deepspeed.initialize`), by `model.loader
 - Every rank maps the safetensors files: its RSS counts every page it reads (physically one shared,
   reclaimable page cache); the layerwise loader keeps them mapped until the whole model is loaded.
 - With several ranks the layerwise loader reads and quantizes each unit (a decoder layer, or the rest)
-  on one rank only (`cockpit.contract.load_builder`) and broadcasts it (`trainer/load_share.py`): a
+  on one rank only (`cockpit.contract.load_builder`) and broadcasts it (`trainer/weights/load_share.py`): a
   rank maps only the checkpoint pages of its own units, a host's page cache holds its ranks' units, and
   a GPU holds the unit its rank built, whole, while it receives another before ZeRO-3 partitions both.
 - With parameter offload, DeepSpeed copies each rank's partitions into pinned host memory, and PyTorch's
@@ -199,8 +199,8 @@ def _cpu_phases(inputs: Inputs, setup: Setup, shares: Shares, acts: Activations)
 
 
 def _layerwise_gpu(w: Weights, setup: Setup) -> dict[str, int]:
-    """A GPU at the layer-by-layer load's peak (`trainer/loader.py`, see the module docstring): the layers
-    kept so far and the worst one being loaded, or every layer's partition and the rest whole."""
+    """A GPU at the layer-by-layer load's peak (`trainer/weights/loader.py`, see the module docstring): the
+    layers kept so far and the worst one being loaded, or every layer's partition and the rest whole."""
     n = setup.ranks if setup.stage == 3 else 1
     partitioned = setup.stage == 3
     on_gpu = setup.offload_param == "none"
@@ -239,7 +239,7 @@ def _layerwise_gpu(w: Weights, setup: Setup) -> dict[str, int]:
 
 
 def _layerwise_load(w: Weights, setup: Setup, shares: Shares) -> Phase:
-    """The load phase of `trainer/loader.py` on GPUs (see the module docstring)."""
+    """The load phase of `trainer/weights/loader.py` on GPUs (see the module docstring)."""
     load = Phase(gpu=_layerwise_gpu(w, setup))
     baseline, host_params, host_opt = shares.baseline, shares.host_params, shares.host_opt
     # Host: each rank pins its partitions as each layer is partitioned, while the checkpoint pages it

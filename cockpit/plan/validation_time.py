@@ -1,5 +1,5 @@
-"""The wall time of the validation passes of a run (`trainer/validation.py`), shared by `cockpit plan` and
-the rehearsal's forecast.
+"""The wall time of the validation passes of a run (`trainer/evaluation/validation.py`), shared by `cockpit
+plan` and the rehearsal's forecast.
 
 The trainer computes the validation loss at the first step, every `validation.eval_steps` optimizer
 steps and at the last: a pass is a forward (no backward, no generation) over the validation sample, its

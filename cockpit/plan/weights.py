@@ -177,11 +177,11 @@ class Weights:
     def layerwise_unit_peak(self, block: str) -> int:
         """GPU bytes while the layerwise loader reads and quantizes one unit (before it is partitioned).
 
-        Derived from `trainer/loader.py` and `trainer/experts4bit.py`, tensor by tensor in order: what is
-        already loaded of the unit stays whole; a `Linear4bit` weight is copied to the GPU in the compute
-        dtype and quantized there; a packed experts weight allocates its packed tensors whole, then
-        streams `chunk` experts (`cockpit.contract.dequant_chunk_experts`): the per-expert copies and their
-        stack coexist (2 chunks in the checkpoint dtype), beside the previous chunk's quantize outputs
+        Derived from `trainer/weights/loader.py` and `trainer/layers/experts4bit.py`, tensor by tensor in
+        order: what is already loaded of the unit stays whole; a `Linear4bit` weight is copied to the GPU in
+        the compute dtype and quantized there; a packed experts weight allocates its packed tensors whole,
+        then streams `chunk` experts (`cockpit.contract.dequant_chunk_experts`): the per-expert copies and
+        their stack coexist (2 chunks in the checkpoint dtype), beside the previous chunk's quantize outputs
         (codes, fp32 absmax, 8-bit absmax) that are still referenced. On the H200 (1 layer of the story
         geometry) this gives 2,379 MiB against 2,378 MiB measured (`cuda_peak_per_layer_mib`).
         """

@@ -124,7 +124,8 @@ class RunPaths:
 
     @property
     def best_adapter(self) -> Path:
-        """While training: the best adapter so far (`trainer.best_adapter`); `adapter` at the end."""
+        """While training: the best adapter so far (`trainer.evaluation.best_adapter`); `adapter` at the
+        end."""
         return self.root / "adapter-best"
 
     @property

@@ -121,8 +121,8 @@ HEADER: Fields = {"t": Required(TIME), "kind": Required(TEXT), "rank": INT}  # e
 # The step event's fields by name: the writer (`trainer/callbacks.py`), the columns (`record.scalars`), the
 # importers (`cockpit.importers.model`) and the folds (`record.view`, `record.series`) name them through
 # these, never spelled again.
-# A thinking batch timed on a rehearsal's slice (`trainer.eval_timing`): these figures at evaluation's batch,
-# one prompt (`single_`), the largest batch (`large_`) and each decode step launched alone (`eager_`).
+# A thinking batch timed on a rehearsal's slice (`trainer.evaluation.eval_timing`): these figures at the
+# batch, one prompt (`single_`), the largest batch (`large_`) and each decode step launched alone (`eager_`).
 THINKING_TIMED = ("prefill_s", "prefill_sd_s", "decode_step_s", "decode_step_sd_s", "first_s", "think_s")
 THINKING_PREFIXES = ("", "single_", "large_", "eager_")
 FORWARDS_TIMED = dict.fromkeys(("first_s", "forward_s", "forward_sd_s"), NUMBER)  # validation's, rehearsed

@@ -311,8 +311,8 @@ def _from_fits(
 
 def _spread(gpus: int, target: dict[str, float], ranges: dict[str, Range]) -> str:
     """Where evaluation spans the target's GPUs its decode step replays a CUDA graph on each
-    (`trainer/decode_blocks.py`): each step gains `spread_overhead`. Adds it to `target` and `ranges`;
-    says how. (The rehearsal's steps launched one by one, `eager_*`, are what it costs if a capture
+    (`trainer/evaluation/decode_blocks.py`): each step gains `spread_overhead`. Adds it to `target` and
+    `ranges`; says how. (The rehearsal's steps launched one by one, `eager_*`, are what it costs if a capture
     fails: not counted.)"""
     extra = spread_overhead(gpus)
     for key in DECODE_STEPS:

@@ -23,7 +23,8 @@ DEFAULT_STEPS = 6  # optimizer steps a depth: WARMUP_STEPS, then the timed ones
 # New tokens of each thinking batch evaluation is timed with after a depth's steps (`cockpit rehearse
 # --eval-tokens`): enough to time a decode step, which is what the forecast reads.
 DEFAULT_EVAL_TOKENS = 32
-EVAL = "rehearse_eval"  # the trainer's event of evaluation timed on a depth's slice (`trainer.eval_timing`)
+# The trainer's event of evaluation timed on a depth's slice (`trainer.evaluation.eval_timing`).
+EVAL = "rehearse_eval"
 VALIDATION = "rehearse_validation"  # the trainer's event of validation forwards timed after a depth's steps
 MIB_PER_GIB = 1024.0
 

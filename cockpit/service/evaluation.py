@@ -1,4 +1,4 @@
-"""The evaluation stage: `trainer.evaluate` launched and watched, then the report written from its
+"""The evaluation stage: `trainer.evaluation.evaluate` launched and watched, then the report written from its
 predictions (`cockpit.report`)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from cockpit.service.stage import StageRunner
 
 
 def evaluate(runner: StageRunner, extra_args: list[str]) -> Evaluation:
-    """Score the held-out split (`extra_args` for `trainer.evaluate`), then write the report."""
+    """Score the held-out split (`extra_args` for `trainer.evaluation.evaluate`), then write the report."""
     keeper, paths = runner.keeper, runner.paths
     keeper.events.write("note", message="evaluating on the held-out split")
     runner.launch(evaluate_argv(paths.root, extra_args), "eval")

@@ -103,7 +103,7 @@ def start(runs_dir: Path, profile_ref: str, overrides: Sequence[str], argv: list
 
 def eval_request(examples: int | None = None, time_budget_s: float | None = None) -> dict[str, Any] | None:
     """What `cockpit eval --examples/--time-budget` asks of the evaluation, over the profile's eval section
-    (`trainer.evaluate` reads it from run.json); None when neither is given."""
+    (`trainer.evaluation.evaluate` reads it from run.json); None when neither is given."""
     asked = {"examples": examples, "time_budget_s": time_budget_s}
     return {k: v for k, v in asked.items() if v} or None
 

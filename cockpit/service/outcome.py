@@ -22,7 +22,7 @@ class Evaluation:
 
     status: str  # finished, failed, stopped, skipped
     summary: str  # the diagnosis's part about the evaluation
-    exit_code: int | None = None  # trainer.evaluate's
+    exit_code: int | None = None  # trainer.evaluation.evaluate's
 
     def outcome(self, fields: dict[str, Any]) -> Outcome:
         """The attempt's outcome when evaluating was all it did (an evaluation-only run)."""

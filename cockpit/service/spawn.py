@@ -48,7 +48,8 @@ CHILD_ENV_DEFAULTS = {
 # process on the host into a 20x slowdown of every CPU step: two tiny runs side by side on 2 cores took
 # 20 s a step each with spinning threads, 1.0 s with passive ones (0.8 s alone).
 # FlashAttention-4's compiled kernels kept on disk (its own temporary folder), so that each depth of a
-# rehearsal, each rank and each resume skips the JIT compile of the packed attention (trainer/flash4.py).
+# rehearsal, each rank and each resume skips the JIT compile of the packed attention
+# (trainer/layers/flash4.py).
 CHILD_ENV_UNLESS_SET = {"OMP_WAIT_POLICY": "PASSIVE", "FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED": "1"}
 # Pinned host memory (ZeRO-3's offloaded partitions) taken by malloc and cudaHostRegister on 8 threads
 # rather than cudaHostAlloc, added to the allocator's settings unless they say how to pin: a story layer's
@@ -114,8 +115,8 @@ def rehearsal_args(layers: int, steps: int, step_offset: int, eval_tokens: int =
 
 
 def evaluate_argv(run_dir: Path, extra: Sequence[str] = ()) -> list[str]:
-    """The evaluation stage's command (`python -m trainer.evaluate --help`)."""
-    return [sys.executable, "-m", "trainer.evaluate", "--run-dir", str(run_dir), *extra]
+    """The evaluation stage's command (`python -m trainer.evaluation.evaluate --help`)."""
+    return [sys.executable, "-m", "trainer.evaluation.evaluate", "--run-dir", str(run_dir), *extra]
 
 
 def sampler_argv(run_dir: Path, root_pid: int) -> list[str]:

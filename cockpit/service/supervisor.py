@@ -40,7 +40,8 @@ class Supervisor:
     """Owns one run: launch, watch, stop, diagnose.
 
     One attempt a process: a new run (train then evaluate, or evaluate base models only), a resume
-    (`resume`), or the evaluation of an ended run (`eval_args`, the arguments for `trainer.evaluate`).
+    (`resume`), or the evaluation of an ended run (`eval_args`, the arguments for
+    `trainer.evaluation.evaluate`).
     """
 
     def __init__(

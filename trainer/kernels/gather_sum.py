@@ -4,8 +4,8 @@ The experts' outputs come sorted by expert ([T * k, H], a row a token-expert pai
 the sum of its k rows. In torch that is a gather into token order ([T * k, H] written, then read again)
 and a sum over k: here one kernel reads each pair's row once where it lies and writes the token's sum,
 accumulated in float32 and rounded once to the rows' dtype. The same sum is the backward of spreading a
-token to its k pairs (`trainer.routing`, whose `gather_sum_torch` is the same sum in torch: the CPU's path
-and the tests' reference).
+token to its k pairs (`trainer.layers.routing`, whose `gather_sum_torch` is the same sum in torch: the CPU's
+path and the tests' reference).
 """
 
 from __future__ import annotations

@@ -191,7 +191,7 @@ def _nf4_decode_mm_kernel(
 
 
 # Made on a device's first call, outside any CUDA graph capture: evaluation runs a step eagerly before it
-# captures one (`trainer.decode.GreedyDecoder._record`).
+# captures one (`trainer.evaluation.decode.GreedyDecoder._record`).
 @cache
 def word_order(device: torch.device) -> torch.Tensor:
     """The columns of a 64-value block in the K order of `words` (`_word_columns`), for a gather."""

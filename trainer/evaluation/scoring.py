@@ -120,7 +120,7 @@ def _takes_keep(model: Any) -> bool:
 def _kept_logprobs(model: Any, batch: SharedRows, mask: torch.Tensor) -> torch.Tensor:
     """[R, keep, V] fp32 log-probabilities at the rows' last `batch.keep` columns (the compute-dtype
     logits are gone before the log-softmax: two fp32 copies at most, `SCORE_LOGIT_BYTES`)."""
-    from trainer.decode import router_off
+    from trainer.evaluation.decode import router_off
 
     device = model.device
     keep = {"logits_to_keep": batch.keep} if _takes_keep(model) else {}
@@ -142,7 +142,7 @@ def _kept_logprobs(model: Any, batch: SharedRows, mask: torch.Tensor) -> torch.T
 def row_scores(model: Any, batch: SharedRows, shared: bool) -> list[list[float]]:
     """One forward over `batch`: each row's labels' log-probabilities, in order. `shared`: rows of several
     labels under their 4-D mask; else rows of one label each, where the padding is all a mask says."""
-    from trainer.decode import attention_mask, model_dtype
+    from trainer.evaluation.decode import attention_mask, model_dtype
 
     device = model.device
     if shared:

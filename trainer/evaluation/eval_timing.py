@@ -1,21 +1,22 @@
 """Evaluation timed on a rehearsal's slice (`trainer.rehearsal`): the slice loaded as evaluation loads it
 (`trainer.model.load_base(spread=True)`: no ZeRO, spread over the GPUs here), then, each after a warm-up,
 a scoring forward at evaluation's shape and thinking batches, through evaluation's own functions
-(`trainer.evaluate.think` and `trainer.scoring.score_ids`): the rehearsal measures whatever evaluation runs.
+(`trainer.evaluation.evaluate.think` and `trainer.evaluation.scoring.score_ids`): the rehearsal measures
+whatever evaluation runs.
 
 - a scoring forward: rows of a prompt, the thinking and `ASSUMED_LABELS` labels behind them
   (`cockpit.plan.eval_time`), as many as a forward holds (`SCORE_TOKENS` tokens, `SCORE_LOGITS` kept);
 - thinking at `EVAL_BATCH_SIZE` prompts, at `MAX_EVAL_BATCH` (evaluation chooses its batch up to it
-  from the memory free once loaded: `trainer.eval_batch`) and at batch 1 (a request served alone): once
-  for `EVAL_FIRST_TOKENS` new tokens and once for N (the largest batch: `large_new_tokens(N)`, its prefill
-  being long and varied); a decode step is `(time(N) - time(3)) / (N - 3)`, and
+  from the memory free once loaded: `trainer.evaluation.eval_batch`) and at batch 1 (a request served alone):
+  once for `EVAL_FIRST_TOKENS` new tokens and once for N (the largest batch: `large_new_tokens(N)`, its
+  prefill being long and varied); a decode step is `(time(N) - time(3)) / (N - 3)`, and
   what a call costs beyond its decode steps (the prefill, the first token, the decode path's set-up: the
   fast path captures its step as a CUDA graph only past 2 tokens) is `time(3) - 2 x step`. The prefill's
   keys span the whole cache (prompt + new tokens), so a longer call's prefill is a little longer too:
   the difference books that as decode time (a few percent at most, an over-estimate);
 - and thinking at `EVAL_BATCH_SIZE` prompts with the steps launched one by one (`eager_*`): what a step
   costs where its graphs cannot be captured (over several GPUs evaluation replays a graph on each,
-  `trainer.decode_blocks`; the forecast counts that, and keeps these as the fallback's cost).
+  `trainer.evaluation.decode_blocks`; the forecast counts that, and keeps these as the fallback's cost).
 
 The prompts are random tokens, as a rehearsal's weights are random: `IdsTokenizer` stands for the
 model's tokenizer (a text is its token ids written out), and its end of text is an id past the
@@ -41,7 +42,7 @@ from cockpit.contract import (
     SCORE_TOKENS,
 )
 from cockpit.plan.run_length import ASSUMED_LABELS
-from trainer import decode
+from trainer.evaluation import decode
 
 REPEATS = 2  # timed calls of each shape after its warm-up (the median is kept, their spread too)
 # The largest batch's prefill is long (12 s at 16 layers: 512 prompts of 1,000 tokens) and varied by 0.09 s
@@ -57,7 +58,7 @@ def large_new_tokens(new_tokens: int) -> int:
 
 
 class IdsTokenizer:
-    """The part of a tokenizer `trainer.evaluate.think` uses, over texts that are token ids."""
+    """The part of a tokenizer `trainer.evaluation.evaluate.think` uses, over texts that are token ids."""
 
     padding_side = "left"
     pad_token_id = 0
@@ -89,7 +90,7 @@ class IdsTokenizer:
 
 def prompt_tokens(rows: list[dict[str, list[int]]]) -> float:
     """The mean prompt of training rows (unpacked): the tokens before the first target."""
-    from trainer.data import IGNORE
+    from trainer.inputs.data import IGNORE
 
     lengths = [next((i for i, x in enumerate(r["labels"]) if x != IGNORE), len(r["labels"])) for r in rows]
     return statistics.fmean(lengths) if lengths else 0.0
@@ -146,7 +147,7 @@ def time_thinking(
 ) -> dict[str, Any]:
     """A thinking batch of `prompts` timed for `EVAL_FIRST_TOKENS` and for `new_tokens` new tokens: its decode
     step and what it costs beyond its steps (module docstring), each with the spread of its repeats."""
-    from trainer.evaluate import think
+    from trainer.evaluation.evaluate import think
 
     tokenizer = IdsTokenizer(vocab)
     first = _timed(lambda: think(model, tokenizer, prompts, EVAL_FIRST_TOKENS), repeats)
@@ -178,8 +179,9 @@ def scoring_rows(
 
 
 def time_scoring(model: Any, vocab: int, prefix: int, labels: int, repeats: int) -> dict[str, Any]:
-    """One scoring forward (`trainer.scoring.score_ids`) of `scoring_rows`, and the path it took."""
-    from trainer import scoring
+    """One scoring forward (`trainer.evaluation.scoring.score_ids`) of `scoring_rows`, and the path it
+    took."""
+    from trainer.evaluation import scoring
 
     prefixes, tails = scoring_rows(vocab, prefix, labels)
     times = _timed(lambda: scoring.score_ids(model, prefixes, tails, 0), repeats)

@@ -4,7 +4,7 @@ FlashAttention-4 (`flash_attn.cute`, the `flash-attn-4` package, written in CUTL
 Hopper kernels for causal attention over packed segments with grouped key/value heads, forward and
 backward: warp-specialized, wgmma and TMA, which torch's `varlen_attn` (FlashAttention-2) does not use.
 It is optional: where the package is missing, or its kernels fail to compile or to match float32 math on
-a small problem the first time a head shape is seen, `trainer.attention` keeps torch's call, with a
+a small problem the first time a head shape is seen, `trainer.layers.attention` keeps torch's call, with a
 warning. The probe also compiles the kernels (a JIT), so that cost falls before the first step's
 attention, not inside it.
 """

@@ -1,7 +1,7 @@
 """Each rank of a multi-rank load builds only its share of the model; the others receive it by broadcast.
 
-The layer-by-layer loader (`trainer.loader`) fills a meta-device model one unit at a time: each decoder
-layer, then the rest (embeddings, final norm, head). With several ranks, unit u is read from the
+The layer-by-layer loader (`trainer.weights.loader`) fills a meta-device model one unit at a time: each
+decoder layer, then the rest (embeddings, final norm, head). With several ranks, unit u is read from the
 checkpoint and quantized only by rank `u % world` (the rest is unit `layers`); the units go in rounds
 of `world`, one unit a rank, so every rank reads and quantizes at the same time. Then, unit by unit, the
 rank that built it broadcasts it over torch.distributed's default group (the one DeepSpeed partitions
@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from cockpit.contract import load_builder
-from trainer.experts4bit import NF4Experts, is_fused_experts
+from trainer.layers.experts4bit import NF4Experts, is_fused_experts
 
 SWITCH = "COCKPIT_LOAD_SHARE"
 SHARING = os.environ.get(SWITCH, "1") != "0"
@@ -95,7 +95,7 @@ class Manifest:
     slots: list[Slot] = field(default_factory=list)
 
     def counts(self) -> dict[str, int]:
-        """The loader's counts for this unit (`trainer.loader.LayerwiseLoader.counts`)."""
+        """The loader's counts for this unit (`trainer.weights.loader.LayerwiseLoader.counts`)."""
         return {
             "linear_4bit": len(self.linear4bit),
             "experts_nf4": len(self.nf4_experts),
@@ -246,7 +246,7 @@ def assemble(
     """Make the modules `manifest` names (`Linear4bit`, `NF4Experts`) in `unit` (still on meta) and put
     every tensor in place, `tensor_of(slot)` giving each in the manifest's order (on `device`, or
     anywhere: it is moved there unless the slot lives on the CPU). The broadcast's receiving end, and
-    the NF4 cache's reading end (`trainer.nf4_cache`)."""
+    the NF4 cache's reading end (`trainer.weights.nf4_cache`)."""
     import bitsandbytes as bnb
 
     for path, spec in manifest.nf4_experts.items():

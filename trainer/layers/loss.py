@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from cockpit.contract import loss_chunk_rows
-from trainer.data import IGNORE
+from trainer.inputs.data import IGNORE
 
 
 class _LinearCrossEntropy(torch.autograd.Function):

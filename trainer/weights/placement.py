@@ -60,7 +60,7 @@ class WorkingMemory:
     def of(cls, config: Any, profile: Profile) -> WorkingMemory:
         """For a scoring forward's kept logits (`score_logit_bytes`), and EVAL_BATCH_SIZE prompts of at most
         `training.seq_len` tokens (a bound, not a measure) thinking `eval.max_think_tokens` each."""
-        from trainer.quant import DTYPES
+        from trainer.weights.quant import DTYPES
 
         text, kv_heads, head_dim = attention_shape(config)
         item = torch.empty(0, dtype=DTYPES[profile.quantization.compute_dtype]).element_size()
@@ -82,7 +82,7 @@ def model_config(profile: Profile, model_dir: str, random_layers: int | None = N
     """The transformers config the loader reads (sliced to `random_layers` for a rehearsal's slice)."""
     from transformers import AutoConfig
 
-    from trainer.random_weights import sliced_config
+    from trainer.weights.random_weights import sliced_config
 
     config = AutoConfig.from_pretrained(model_dir, trust_remote_code=profile.model.trust_remote_code)
     return sliced_config(config, random_layers) if random_layers is not None else config
@@ -97,10 +97,10 @@ def planning_model(profile: Profile, config: Any, working: WorkingMemory | None 
     from transformers import AutoModelForCausalLM
 
     from cockpit.plan.formats import four_bit
-    from trainer.experts4bit import NF4Experts
-    from trainer.experts_model import fused_experts_modules
-    from trainer.loader import decoder_layers
-    from trainer.quant import DTYPES, experts_storage_dtype, uses_layerwise_loader
+    from trainer.layers.experts4bit import NF4Experts
+    from trainer.layers.experts_model import fused_experts_modules
+    from trainer.weights.loader import decoder_layers
+    from trainer.weights.quant import DTYPES, experts_storage_dtype, uses_layerwise_loader
 
     q = profile.quantization
     compute = DTYPES[q.compute_dtype]
@@ -209,7 +209,7 @@ def _quiet_accelerate() -> Iterator[None]:
 
 
 def _layer_class(model: nn.Module) -> str:
-    from trainer.loader import decoder_layers
+    from trainer.weights.loader import decoder_layers
 
     return type(decoder_layers(model)[0]).__name__
 
@@ -252,7 +252,7 @@ def _bytes_on(device_map: dict[str, Any], sizes: dict[str, int], buffers: tuple[
 def _finish(
     how: str, model: nn.Module, device_map: dict[str, Any], budgets: dict[int, int], notes: list[str]
 ) -> Placement:
-    from trainer.loader import decoder_layers
+    from trainer.weights.loader import decoder_layers
 
     layers = decoder_layers(model)
     prefix = module_name(model, layers)
@@ -282,7 +282,7 @@ def place(model: nn.Module, budgets: dict[int, int]) -> Placement:
     from accelerate import infer_auto_device_map
     from accelerate.utils import get_balanced_memory
 
-    from trainer.loader import decoder_layers
+    from trainer.weights.loader import decoder_layers
 
     gpus = sorted(budgets)
     no_split = [_layer_class(model)]
@@ -330,9 +330,9 @@ def place(model: nn.Module, budgets: dict[int, int]) -> Placement:
 
 
 def place_by_hand(model: nn.Module, budgets: dict[int, int]) -> Placement:
-    """The hand-written placement evaluation used before (`trainer.loader.spread_devices`: equal blocks of
-    layers, everything else on the first GPU), for comparison."""
-    from trainer.loader import decoder_layers, spread_devices
+    """The hand-written placement evaluation used before (`trainer.weights.loader.spread_devices`: equal
+    blocks of layers, everything else on the first GPU), for comparison."""
+    from trainer.weights.loader import decoder_layers, spread_devices
 
     layers = decoder_layers(model)
     prefix = module_name(model, layers)

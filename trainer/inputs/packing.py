@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cockpit.contract import best_fit_decreasing
-from trainer.data import IGNORE
+from trainer.inputs.data import IGNORE
 
 
 def pack_rows(

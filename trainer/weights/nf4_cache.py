@@ -3,8 +3,8 @@
 `cockpit.model_cache` says what keys a cache and where it lives; here the layer-by-layer loader's units
 are written and read. A unit built from the checkpoint (its `Linear4bit` weights, scales and
 bitsandbytes' quantization state, its packed experts, its 16-bit tensors) is described and its tensors
-listed exactly as `trainer.load_share` broadcasts it (`manifest_of`, `tensors_of`): the description goes
-in a safetensors file's header with the cache's key, the tensors in its body, one file a unit, written
+listed exactly as `trainer.weights.load_share` broadcasts it (`manifest_of`, `tensors_of`): the description
+goes in a safetensors file's header with the cache's key, the tensors in its body, one file a unit, written
 under a temporary name and renamed (by a worker thread, while the loader builds the next unit). Reading
 one makes the same modules with the same bytes through the broadcast's receiving end
 (`load_share.assemble`): no checkpoint read, no quantization.
@@ -35,8 +35,8 @@ from torch import nn
 from cockpit import model_cache
 from cockpit.cache import private_dir
 from cockpit.units import size
-from trainer.experts4bit import is_fused_experts
-from trainer.load_share import Manifest, Slot, assemble, manifest_of, tensors_of
+from trainer.layers.experts4bit import is_fused_experts
+from trainer.weights.load_share import Manifest, Slot, assemble, manifest_of, tensors_of
 
 MARGIN_BYTES = 8 * 2**30  # free space a write leaves on the cache's disk, at least
 _DTYPE, _TUPLE = "__torch_dtype__", "__tuple__"  # JSON has neither

@@ -22,7 +22,7 @@ def _seed(seed: int, key: str) -> int:
 
 
 class RandomWeights:
-    """A stand-in for `trainer.loader.Checkpoint` whose tensors are drawn, not read."""
+    """A stand-in for `trainer.weights.loader.Checkpoint` whose tensors are drawn, not read."""
 
     def __init__(
         self, model: nn.Module, device: torch.device | str, dtype: torch.dtype, seed: int = 0

@@ -5,7 +5,7 @@ query against every key of the row: at 8,192 tokens of ~2,000-token documents th
 FLOPs, on a slower masked kernel. Here the packed collator says where each document starts
 (`doc_lens`, passed through the model's keyword arguments to every attention call), and each document
 runs as its own causal segment. On a GPU that is one call for the whole micro-batch, with each row's
-padding a segment of its own: FlashAttention-4 where it runs (`trainer/flash4.py`: Hopper, the
+padding a segment of its own: FlashAttention-4 where it runs (`trainer/layers/flash4.py`: Hopper, the
 `flash-attn-4` package), else torch's `varlen_attn` (FlashAttention-2), grouped key/value heads as they
 are. Elsewhere (the CPU, dropout, an older torch) it is causal SDPA one document at a time. Without
 `doc_lens` (no packing) it is Transformers' own SDPA.
@@ -159,11 +159,11 @@ def packed_attention(
     doc_lens: list[list[int]],
     scaling: float | None,
 ) -> torch.Tensor | None:
-    """Every document of the micro-batch in one call, FlashAttention-4's where `trainer.flash4` finds it,
-    else torch's `varlen_attn`; [B, T, H, D], or None (and the per-document path from then on) where this
+    """Every document of the micro-batch in one call, FlashAttention-4's where `trainer.layers.flash4` finds
+    it, else torch's `varlen_attn`; [B, T, H, D], or None (and the per-document path from then on) where this
     torch has no such call or it fails here."""
     global _kernel_failed
-    from trainer import flash4
+    from trainer.layers import flash4
     from trainer.pass_through import PASS_THROUGH
 
     b, h, t, d = query.shape
@@ -239,10 +239,11 @@ def prepare(config: Any, dtype: torch.dtype, on_gpu: bool) -> str:
 
 
 def _flash4(device: torch.device, heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype) -> Any:
-    """FlashAttention-4's call where COCKPIT_VARLEN_KERNEL lets it run and `trainer.flash4` finds it."""
+    """FlashAttention-4's call where COCKPIT_VARLEN_KERNEL lets it run and `trainer.layers.flash4` finds
+    it."""
     if CHOICE not in ("auto", "flash4"):
         return None
-    from trainer import flash4
+    from trainer.layers import flash4
 
     return flash4.find(device, heads, kv_heads, head_dim, dtype, forced=CHOICE == "flash4")
 

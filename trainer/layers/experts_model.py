@@ -8,7 +8,7 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
-from trainer.experts4bit import NF4Experts, is_fused_experts
+from trainer.layers.experts4bit import NF4Experts, is_fused_experts
 
 
 def fused_experts_modules(model: nn.Module) -> Iterable[tuple[str, nn.Module, str, nn.Module]]:

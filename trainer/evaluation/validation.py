@@ -3,8 +3,8 @@
 Every `validation.eval_steps` optimizer steps (and at the first and the last), the loss of a small
 held-out sample per tenant, with no generation. The sample's examples, of every tenant, are packed
 together and each token carries its tenant's number (`loss_groups`): one forward a micro-batch gives every
-tenant's summed loss and target count (`trainer.loss.grouped_cross_entropy`, the logits never whole). The
-ranks share the micro-batches, each running as many forwards (ZeRO-3 gathers weights in every one), and
+tenant's summed loss and target count (`trainer.layers.loss.grouped_cross_entropy`, the logits never whole).
+The ranks share the micro-batches, each running as many forwards (ZeRO-3 gathers weights in every one), and
 one all-reduce sums their counts. A tenant's loss is its token-weighted mean; the run's validation loss is
 the plain mean over tenants (each counts alike), and that is what early stopping watches.
 """
@@ -22,9 +22,9 @@ import torch
 from transformers import TrainerCallback
 
 from cockpit.record import EventWriter
-from trainer.best_adapter import AdapterKeeper
-from trainer.data import IGNORE
-from trainer.packing import pack_rows
+from trainer.evaluation.best_adapter import AdapterKeeper
+from trainer.inputs.data import IGNORE
+from trainer.inputs.packing import pack_rows
 
 
 @dataclass
@@ -102,7 +102,7 @@ def group_sums(
 ) -> torch.Tensor:
     """Summed loss and target count per group, [2, n_groups], over this rank's share of `batches`, summed
     over ranks when a process group is up. `chunked`: the model takes `loss_groups` (the chunked head)."""
-    from trainer.loss import grouped_cross_entropy_from_logits
+    from trainer.layers.loss import grouped_cross_entropy_from_logits
 
     totals = torch.zeros(2, n_groups, dtype=torch.float32, device=device)
     mine = list(batches[rank::world])
@@ -172,9 +172,9 @@ def tenant_losses(totals: torch.Tensor, tenants: Sequence[str]) -> dict[str, flo
 class ValidationCallback(TrainerCallback):
     """Validation loss at the start, every `eval_steps` and at the last step; `val_loss` events (rank 0
     writes them), and an `early_stop` event when early stopping ends the run. With a `keeper`
-    (`trainer.best_adapter`), each validation is offered to it: the best adapter is kept as training
-    goes on. With `log` (the Trainer's `log`), each validation also reaches the Trainer's callbacks as
-    `eval_loss` and `eval_loss/TENANT`, as the Trainer's own evaluation does: the trackers of
+    (`trainer.evaluation.best_adapter`), each validation is offered to it: the best adapter is kept as
+    training goes on. With `log` (the Trainer's `log`), each validation also reaches the Trainer's callbacks
+    as `eval_loss` and `eval_loss/TENANT`, as the Trainer's own evaluation does: the trackers of
     `training.report_to` get it (TensorBoard as `eval/loss`)."""
 
     def __init__(

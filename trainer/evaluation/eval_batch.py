@@ -24,12 +24,12 @@ from cockpit.contract import (
     prefill_bytes,
     score_logit_bytes,
 )
-from trainer.placement import attention_shape
+from trainer.weights.placement import attention_shape
 
 
 def layers_by_device(model: Any) -> Counter[torch.device]:
     """How many decoder layers run on each device."""
-    from trainer.loader import decoder_layers
+    from trainer.weights.loader import decoder_layers
 
     return Counter(next(layer.parameters()).device for layer in decoder_layers(model))
 

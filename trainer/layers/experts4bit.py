@@ -19,7 +19,7 @@ are sorted by expert and each weight is applied by one of these paths (`COCKPIT_
   auto     on CUDA (bf16/fp16) where Triton works: fused below `DEQUANT_MIN_ROWS` token-expert pairs an
            expert, dequant from there on (the faster of the two on an H200); else grouped (CPU) or loop
 Dequantized weights are not kept for backward (it dequantizes them again, or runs the fused kernel),
-except on dequant under checkpointing's recompute (`trainer.frozen_experts.PackedGroupedMM`).
+except on dequant under checkpointing's recompute (`trainer.layers.frozen_experts.PackedGroupedMM`).
 On fused and dequant, the activation and the routing weight (`silu(gate) * up * w`) are one Triton
 kernel each way (`trainer.kernels.swiglu`; COCKPIT_FUSED_ACT=0 gives torch's kernels).
 Expert LoRA works on every path (on fused and dequant its term loops over the experts, one host sync).
@@ -36,7 +36,7 @@ import torch
 from torch import nn
 
 from cockpit.contract import dequant_chunk_experts, dequant_rows
-from trainer.frozen_experts import (
+from trainer.layers.frozen_experts import (
     DequantChunk,
     FrozenExpertLinear,
     FrozenExpertsGrouped,
@@ -182,7 +182,7 @@ class NF4Experts(nn.Module):
         self.lora_r = 0
         self.lora_scaling = 0.0
         self.lora_dropout: nn.Module = nn.Identity()
-        # Set under non-reentrant checkpointing (`trainer.frozen_experts.keep_for_backward`): the
+        # Set under non-reentrant checkpointing (`trainer.layers.frozen_experts.keep_for_backward`): the
         # recompute's dequantized weights serve its backward.
         self.keep_dequantized = False
 
@@ -325,8 +325,8 @@ class NF4Experts(nn.Module):
         path: str,
     ) -> torch.Tensor:
         """Token-expert pairs sorted by expert, one grouped product a weight, offsets kept on the device;
-        the routing weights scale the intermediate activation (`trainer.routing`)."""
-        from trainer import routing
+        the routing weights scale the intermediate activation (`trainer.layers.routing`)."""
+        from trainer.layers import routing
 
         pairs = routing.SortedPairs.of(top_k_index, self.num_experts)
         experts = torch.arange(self.num_experts, device=hidden_states.device, dtype=torch.int32)

@@ -11,12 +11,12 @@ rank's slice (in pinned host memory with parameter offload) and frees the rest. 
 is about one layer; host memory holds each rank's partition, not the model once per rank.
 
 With several ranks each unit is read and quantized by one rank only and broadcast to the others,
-quantized bytes, scales and bitsandbytes' quantization state included (`trainer.load_share`), before
+quantized bytes, scales and bitsandbytes' quantization state included (`trainer.weights.load_share`), before
 ZeRO-3 partitions it: the same partitioned model as when every rank builds every unit, for a share of
 the reading and quantizing. One rank alone loads everything itself.
 
 A real checkpoint's units are kept, once built and before ZeRO-3 partitions them, in the NF4 cache
-(`trainer.nf4_cache`); a later load of the same checkpoint and settings reads them from there instead.
+(`trainer.weights.nf4_cache`); a later load of the same checkpoint and settings reads them from there instead.
 """
 
 from __future__ import annotations
@@ -31,11 +31,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from trainer.experts4bit import NF4Experts, is_fused_experts
-from trainer.load_share import Share, job_share, receive_unit, send_unit
-from trainer.nf4_cache import NF4Cache, open_cache
-from trainer.quant import DTYPES, bnb_config, experts_storage_dtype
-from trainer.random_weights import RandomWeights, sliced_config
+from trainer.layers.experts4bit import NF4Experts, is_fused_experts
+from trainer.weights.load_share import Share, job_share, receive_unit, send_unit
+from trainer.weights.nf4_cache import NF4Cache, open_cache
+from trainer.weights.quant import DTYPES, bnb_config, experts_storage_dtype
+from trainer.weights.random_weights import RandomWeights, sliced_config
 
 
 class Checkpoint:
@@ -293,7 +293,7 @@ def _bnb_linear_factory(
 def spread_devices(n_layers: int, devices: list[torch.device]) -> list[torch.device]:
     """Decoder layer i's device: contiguous, nearly equal blocks of layers, one block a device.
 
-    A list of one device a layer (a placement made elsewhere: evaluation's, `trainer.placement`) comes
+    A list of one device a layer (a placement made elsewhere: evaluation's, `trainer.weights.placement`) comes
     back as it is.
     """
     return [devices[i * len(devices) // n_layers] for i in range(n_layers)]
@@ -372,7 +372,7 @@ def load_layerwise(
     placement = spread_devices(n, spread_over) if spread_over else [device] * n
     factories: dict[torch.device, Any] = {device: loader.quantize_linear}
     peaks = []
-    # The NF4 cache of a real checkpoint (`trainer.nf4_cache`): units it holds are read, not built.
+    # The NF4 cache of a real checkpoint (`trainer.weights.nf4_cache`): units it holds are read, not built.
     cache = open_cache(profile, model_dir, device, n, random=random_layers is not None)
     # Several ranks: unit u (a decoder layer, or the rest as unit n) is built by one rank, in rounds.
     share = job_share() if spread_over is None else None

@@ -1,6 +1,6 @@
 """The profile's quantization settings as torch and bitsandbytes objects (no model code here).
 
-Both the model builder (`trainer.model`) and the layer-by-layer loader (`trainer.loader`) read these,
+Both the model builder (`trainer.model`) and the layer-by-layer loader (`trainer.weights.loader`) read these,
 so neither imports the other for them.
 """
 

@@ -1,5 +1,5 @@
 """Where a profile's model and data are on this machine: its own folders, or the built-in tiny model
-(`trainer.tiny`) and tenants (`cockpit.data.builtin`), built on a first run and cached after."""
+(`trainer.inputs.tiny`) and tenants (`cockpit.data.builtin`), built on a first run and cached after."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from cockpit.profiles import BUILTIN_PREFIX, Profile
 
 def setup_words(profile: Profile) -> str:
     """What the setup phase does, for the viewers: the built-in assets are built on a first run."""
-    from trainer import tiny
+    from trainer.inputs import tiny
 
     d = profile.data
     builtin = profile.model.path.startswith(BUILTIN_PREFIX) or d.source.startswith(BUILTIN_PREFIX)
@@ -22,7 +22,7 @@ def setup_words(profile: Profile) -> str:
 def resolve_assets(profile: Profile) -> tuple[str, Path]:
     """The model directory and data file of a profile, building the built-in ones if needed."""
     from cockpit.data import builtin
-    from trainer import tiny
+    from trainer.inputs import tiny
 
     model_dir = (
         str(tiny.model_path(seed=0)) if profile.model.path.startswith(BUILTIN_PREFIX) else profile.model.path

@@ -1,6 +1,6 @@
 """Frozen expert weights under autograd: dequantized for the forward, dequantized again for backward.
 
-The NF4 experts (`trainer.experts4bit`) dequantize their weights for the forward; keeping them for
+The NF4 experts (`trainer.layers.experts4bit`) dequantize their weights for the forward; keeping them for
 backward would hold every layer's 16-bit expert weights at once. These functions save nothing of the
 weights: backward dequantizes them again (a chunk at a time, once, when their gradients arrive).
 

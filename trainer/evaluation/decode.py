@@ -6,12 +6,12 @@ fixed cost at the story's geometry, whatever the depth. Here the cache is alloca
 prompt plus the new tokens, the 4-D mask is a buffer with one column switched on a step, and positions
 and cache slots live on the device, so a step is the same kernels on the same addresses every time. On
 one CUDA device that step is captured once as a CUDA graph and replayed (no Python, no launches); over
-several GPUs each GPU's layers are one graph (`trainer.decode_blocks`). The host reads the tokens back
-only every `CHECK_EVERY` steps to stop when every row has ended.
+several GPUs each GPU's layers are one graph (`trainer.evaluation.decode_blocks`). The host reads the tokens
+back only every `CHECK_EVERY` steps to stop when every row has ended.
 
 The arithmetic is the model's own: the same forward, the same greedy argmax; a row's tokens do not
-depend on the other rows of its batch, so `trainer.evaluate.cut_at_end` gives what `generate` gives.
-`COCKPIT_FAST_DECODE=0` (read once) takes `generate` instead; so does any model this cannot drive
+depend on the other rows of its batch, so `trainer.evaluation.evaluate.cut_at_end` gives what `generate`
+gives. `COCKPIT_FAST_DECODE=0` (read once) takes `generate` instead; so does any model this cannot drive
 (an attention other than sdpa or eager), and any failure of the fast path, said once in the log.
 """
 
@@ -29,7 +29,7 @@ import torch
 from transformers.cache_utils import Cache, DynamicLayer
 
 from cockpit.contract import prefill_rows
-from trainer import decode_blocks
+from trainer.evaluation import decode_blocks
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """The best adapter: the one of lowest validation loss, kept while training goes on.
 
-When a validation (`trainer.validation`) beats every earlier one at a trained step (after step 0, which
-is the base model: evaluation scores that anyway), every rank saves the adapter the way the final save
+When a validation (`trainer.evaluation.validation`) beats every earlier one at a trained step (after step 0,
+which is the base model: evaluation scores that anyway), every rank saves the adapter the way the final save
 does (under ZeRO-3 the LoRA weights are gathered, rank 0 writes) into `adapter-best/step-<N>/`. Rank 0
 then points `adapter-best/best.json` at it (an atomic rename: a reader sees the old best or the new,
 never half of one) and removes the older copy. At the last step no copy is made: the final save is that

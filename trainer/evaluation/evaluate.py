@@ -2,7 +2,7 @@
 
 Each example is classified by the model's own scores: it first writes its thinking section (greedy,
 at most `max_think_tokens`), then every label of the example's tenant is scored by the
-log-probability of `label<end of turn>` after that thinking (`trainer.scoring`: the prompt and the
+log-probability of `label<end of turn>` after that thinking (`trainer.evaluation.scoring`: the prompt and the
 thinking go through the model once for all the labels); the best one is the prediction. The same
 code scores a base model and a fine-tuned adapter, so their numbers are comparable.
 """
@@ -19,8 +19,8 @@ import torch
 
 from cockpit.contract import prefill_rows
 from cockpit.data.chat import THINK_CLOSE, THINK_OPEN, prompt_text
-from trainer import decode, eval_batch, scoring
-from trainer.scoring import score_many
+from trainer.evaluation import decode, eval_batch, scoring
+from trainer.evaluation.scoring import score_many
 
 THINK_END = "</think>"
 
@@ -67,7 +67,7 @@ def load_finetuned(base: Any, adapter: Path) -> Any:
     model = PeftModel.from_pretrained(base, str(adapter))
     expert_lora = adapter / "expert_lora.safetensors"
     if expert_lora.is_file():  # written beside the PEFT adapter when lora.target_experts is on
-        from trainer.experts_model import load_expert_lora
+        from trainer.layers.experts_model import load_expert_lora
 
         load_expert_lora(model, str(expert_lora))
     return model
@@ -121,8 +121,9 @@ def classify(
     keep_going: Callable[[], bool] | None = None,
 ) -> list[Prediction]:
     """Predictions for `examples` (the eval split, or a sample in its order) by thinking then label
-    scoring, `batch_size` at a time (by default as many as the free memory holds: `trainer.eval_batch`);
-    `keep_going`, asked before each batch, stops it after a whole batch (a time budget)."""
+    scoring, `batch_size` at a time (by default as many as the free memory holds:
+    `trainer.evaluation.eval_batch`); `keep_going`, asked before each batch, stops it after a whole batch (a
+    time budget)."""
     model.eval()
     predictions: list[Prediction] = []
     all_prompts = [prompt_text(tokenizer, ex) for ex in examples]
@@ -210,8 +211,8 @@ class Evaluation:
 
     def examples(self) -> tuple[str, list[dict[str, Any]]]:
         from cockpit.cache import cache_root
-        from trainer.assets import resolve_assets
-        from trainer.data import load_examples
+        from trainer.inputs.assets import resolve_assets
+        from trainer.inputs.data import load_examples
 
         model_dir, data_file = resolve_assets(self.profile)
         data = load_examples(data_file, self.profile.data, cache_dir=cache_root() / "datasets")
@@ -261,7 +262,8 @@ class Evaluation:
                           seconds=round(seconds, 2))  # fmt: skip
 
     def load(self, model_dir: str) -> Any:
-        """A base model spread over the GPUs here (`trainer.placement`), saying where its layers went."""
+        """A base model spread over the GPUs here (`trainer.weights.placement`), saying where its layers
+        went."""
         from trainer.model import load_base
 
         model = load_base(self.profile, model_dir, spread=True)
@@ -290,7 +292,7 @@ class Evaluation:
             model = load_finetuned(model, Path(adapter))
             self.score("finetuned", model, tokenizer, {"model": model_dir, "adapter": str(adapter)})
             if serving:
-                from trainer.serving import measure
+                from trainer.evaluation.serving import measure
 
                 stats = measure(model, tokenizer, [prompt_text(tokenizer, e) for e in examples])
                 self.events.write("serving", system="finetuned", **stats)
@@ -301,7 +303,7 @@ class Evaluation:
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
-    parser = argparse.ArgumentParser(prog="python -m trainer.evaluate", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m trainer.evaluation.evaluate", description=__doc__)
     parser.add_argument("--run-dir", type=Path, required=True)
     parser.add_argument(
         "--adapter", type=Path, help="LoRA adapter to score as 'finetuned' (default: the run's)"

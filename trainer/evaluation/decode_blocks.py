@@ -8,7 +8,7 @@ step runs the real layers and keeps each block's inputs in buffers on its device
 then captured as one graph on those buffers (`capture`, which runs nothing); every later step launches
 the embedding, rotary and mask work as before, and for each block copies its inputs into its buffers and
 replays its graph (`replay`). The cache's slot reaches the other devices through per-device copies made
-outside the graphs (`trainer.decode.StaticKV.sync_slot`).
+outside the graphs (`trainer.evaluation.decode.StaticKV.sync_slot`).
 """
 
 from __future__ import annotations

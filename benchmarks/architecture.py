@@ -25,8 +25,19 @@ sys.path.insert(0, str(ROOT))
 
 SERVICE = ("lifecycle", "supervisor", "node", "telemetry", "stall", "liveness", "ramguard", "shm")
 SERVICE += ("diagnosis", "runs", "doctor", "lost", "disk_space")
-# Old module prefix -> its home after issue 28's moves (the before tree read through the same table).
+# The trainer's modules that moved into its rooms (issue 29's session), by room.
+TRAINER_ROOMS = {
+    "layers": "attention flash4 rope fused_norm routing lora_forward experts4bit experts_model "
+    "frozen_experts loss",
+    "weights": "loader nf4_cache load_share quant random_weights placement zero3_fetch",
+    "evaluation": "evaluate scoring decode decode_blocks eval_batch eval_timing serving validation "
+    "best_adapter",
+    "inputs": "data packing tiny assets",
+}
+# Old module prefix -> its home after issue 28's moves and the trainer's rooms (the before tree read
+# through the same table).
 RENAMED = {
+    **{f"trainer.{m}": f"trainer.{room}.{m}" for room, ms in TRAINER_ROOMS.items() for m in ms.split()},
     **{f"cockpit.{m}": f"cockpit.service.{m}" for m in SERVICE},
     "trainer.guard": "cockpit.service.guard",
     "cockpit.control": "cockpit.record.control",

@@ -38,9 +38,10 @@ except ModuleNotFoundError:
     pass
 else:
     raise SystemExit("the block did not hold")
-import trainer.__main__, trainer.inputs.data, trainer.evaluation.validation, trainer.callbacks, trainer.model,
-trainer.layers.loss import trainer.evaluation.eval_timing, trainer.evaluation.evaluate  # a rehearsal depth
-times evaluation on its slice too from transformers import Trainer  # noqa: F401
+import trainer.__main__, trainer.inputs.data, trainer.evaluation.validation, trainer.callbacks
+import trainer.model, trainer.layers.loss
+import trainer.evaluation.eval_timing, trainer.evaluation.evaluate  # a rehearsal depth times evaluation too
+from transformers import Trainer  # noqa: F401
 from cockpit.plan.run_length import data_size
 from cockpit.profiles import load_profile
 from cockpit.record import EventWriter

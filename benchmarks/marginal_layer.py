@@ -1,5 +1,6 @@
 """The marginal decoder layer of the story's step, before and after the packed attention and the fused
-expert activation: seconds, TFLOP/s, and the share of the datasheet and of the measured matmul rate.
+expert activation (and, on one H100, FlashAttention-4 and the kept experts): seconds, TFLOP/s, and the
+share of the datasheet and of the measured matmul rate.
 
 Reads committed H200 results (no GPU needed):
   with offload   the story's rehearsals as shipped (parameter and optimizer offload, 3 layers prefetched),
@@ -63,6 +64,16 @@ OFFLOAD_RECORDS = {
     "8 rows x 1, the head norms' kernel (a sixth call)": "offload_4-16_norm",
     "8 rows x 1, the head norms' kernel and the lean LoRA (a seventh call; as shipped)": "offload_4-16_lean",
 }
+# The eleventh call, one H100, the story profile as shipped (FlashAttention-4, the kept experts) at depths
+# 4, 8 and 16 with offload and without (`rehearsal_accuracy.py --configs nf4-offload|nf4-none --depths
+# 4,8,16 --records DIR`); the matmul rate is the one `kept_experts.py` measured on that machine first.
+H100_RECORDS = {
+    "offload": ("one H100: FlashAttention-4 and the kept experts (the eleventh call; as shipped)",
+                "offload_4-16_fa4"),
+    "no offload": ("one H100: FlashAttention-4 and the kept experts, no offload (the eleventh call)",
+                   "none_4-16_fa4"),
+}  # fmt: skip
+H100_MATMUL = "kept_experts_h100.json"
 # One call, depths 4 and 8 with offload: the two levers off (COCKPIT_NORM_KERNEL=0 COCKPIT_LEAN_LORA=0),
 # then on (`rehearsal_accuracy.py --configs nf4-offload --depths 4,8`, results `rehearsal_both_{off,on}`).
 OFFLOAD_AB = {
@@ -148,6 +159,14 @@ def main() -> int:
         points = [by_depth[d].step_s for d in depths]
         gpu = [max(by_depth[d].gpu_train_gib.values()) for d in depths]
         add("offload", label, slope(list(zip(depths, points, strict=True))), depths, points, gpu=gpu)
+    h100 = json.loads((RESULTS / H100_MATMUL).read_text())["meta"]["peak_tflops"]
+    out["h100_matmul_tflops"] = h100
+    for config, (label, record) in H100_RECORDS.items():
+        by_depth = measures_of([record])
+        depths = sorted(by_depth)
+        points = [by_depth[d].step_s for d in depths]
+        gpu = [max(by_depth[d].gpu_train_gib.values()) for d in depths]
+        add(config, label, slope(list(zip(depths, points, strict=True))), depths, points, h100, gpu)
     for label, name in OFFLOAD_AB.items():
         measures = json.loads((RESULTS / f"{name}.json").read_text())["nf4-offload"]["measures"]
         depths, points = [m["layers"] for m in measures], [m["step_s"] for m in measures]
@@ -249,7 +268,9 @@ def table(out: dict[str, Any]) -> str:
         "",
         f"Rates: {out['datasheet_tflops']:.0f} TFLOP/s datasheet dense bf16; the measured rate is the 8192^3 "
         "bf16 matmul step_speed.py timed in each call (the offload rows: the levers call's, "
-        f"{out['matmul_tflops']:.0f} TFLOP/s). In sample: each slope fits its depths.",
+        f"{out['matmul_tflops']:.0f} TFLOP/s; the H100 rehearsals': kept_experts.py's on that machine, "
+        f"{out['h100_matmul_tflops']:.0f} TFLOP/s). The H100 and the H200 share one chip, so their dense "
+        "rate is the same; the H200's memory is faster. In sample: each slope fits its depths.",
         "",
         "| configuration | layer | depths (step s) | s a layer | TFLOP/s | % of datasheet | % of matmul "
         "| GPU peak in training, GiB |",

@@ -1,10 +1,9 @@
-"""The story's whole run predicted from depths measured on an H200: rehearsal figures, scaled to 4 x H100.
+"""The story's whole run predicted from depths measured on one GPU: rehearsal figures, scaled to 4 x H100.
 
 Reads the story's rehearsal records (`benchmarks/results/forecast/records/`, `RECORDS`, made by
-`benchmarks/rehearsal_accuracy.py`: the story's architecture at 1, 2, 4, 8 and 16 layers with
-parameter and optimizer offload, the same without, random weights, one H200, the story profile:
-with offload as shipped, 8 packed rows of 4096 tokens in one micro-batch a step, 3 layers prefetched;
-without, the earlier 4 rows and 2 micro-batches a step, as those depths ran) and
+`benchmarks/rehearsal_accuracy.py`: the story's architecture at 4, 8 and 16 layers with parameter and
+optimizer offload, the same without, random weights, one H100, the story profile as shipped: 8 packed
+rows of 4096 tokens in one micro-batch a step, 3 layers prefetched with offload) and
 predicts the whole 94-layer run on the story profile's own machine (4 x H100-80GB) with
 `cockpit.rehearse.forecast.forecast`, every assumption printed, each figure with its range. The step
 count comes from the profile's data (3,600 examples of about 2,000 tokens, one epoch, as the story ran:
@@ -34,19 +33,21 @@ sys.path.insert(0, str(ROOT))
 STORY = "qwen3-235b-a22b-thinking-4xh100"
 # The rehearsal records each forecast reads (results/forecast/records/; each depth from the first that has
 # it), whether they ran the micro-batch `forecast_consistency.RAN_AT` pins (4 rows, 2 a step), and the
-# profile settings they ran with where those differ from the profile as shipped. With offload: the
-# profile as shipped (8 rows, one micro-batch a step), every lever, depths 4, 8 and 16, with pinned memory
-# registered as the cockpit now launches its runs (`cockpit.service.spawn.PINNED_REGISTER`), the head
-# norms' kernel and the lean LoRA forward (`offload_4-16_lean`; `offload_4-16_register`, the call before
-# them, and `offload_1-16_mb8_val`, pinned by torch's default: benchmarks/pin_speed.py); it ran before the
-# experts kept their dequantized weights for the backward (the profile's
-# `training.keep_dequantized_experts`, on since), so the plan beside it is the configuration it ran.
-# Without offload, the earlier rehearsals at 4 x 2 (not run again: device time), so that forecast is the
-# slower code's, at the micro-batch it ran.
+# profile settings they ran with where those differ from the profile as shipped. Both are the story profile
+# as shipped (8 rows, one micro-batch a step; FlashAttention-4 and the kept dequantized experts) at depths
+# 4, 8 and 16, in one call on one H100 (`rehearsal_accuracy.py --configs nf4-offload|nf4-none --depths
+# 4,8,16 --records DIR`). The scaling below says H200: the two share one chip (the same dense bf16 rate,
+# 1.00 between them) and their hosts' pinned copies measured 55 GB/s both; evaluation's timings are the
+# H200's, and its decode step is scaled by the H200's memory. The records before them (`offload_4-16_lean`,
+# `none_1-16`, both on an H200) ran without FlashAttention-4 and with the experts dequantized again for
+# backward: `KEPT_OFF` reads them as they ran.
 KEPT_OFF = ("training.keep_dequantized_experts=false",)
+H100_RECORDS = (
+    "the depths ran on one H100 (FlashAttention-4, the kept experts), scaled as the H200's: one chip"
+)
 RECORDS = {
-    "offload": (["offload_4-16_lean"], False, KEPT_OFF),
-    "none": (["none_1-16"], True, KEPT_OFF),
+    "offload": (["offload_4-16_fa4"], False, ()),
+    "none": (["none_4-16_fa4"], False, ()),
 }
 EVAL_TIMINGS = ROOT / "benchmarks/results/eval_speed_h200.json"
 
@@ -139,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
             "the rehearsal's "
             f"whole run {result.wall['total_s'] / 3600:.2f} h ({lo / 3600:.2f}-{hi / 3600:.2f} h), "
             f"{26 * 3600 / result.wall['total_s']:.0f}x shorter than the story's; {evaluation}, "
-            f"{result.wall['eval_s'] / 3600:.2f} h of it"
+            f"{result.wall['eval_s'] / 3600:.2f} h of it; {H100_RECORDS}"
         )
         summary[config] = {
             "depths": [m.layers for m in measures],

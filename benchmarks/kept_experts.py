@@ -37,7 +37,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 DATASHEET_TFLOPS = 989.0
-MODES = ("kept", "fused", "dense")
+MODES = ("dense", "kept", "fused")  # dense first: the others are compared with it
 GOAL = 0.90
 
 
@@ -87,7 +87,7 @@ def measure(torch: Any, ctx: dict[str, Any], tokens: int) -> list[dict[str, Any]
     grad = torch.randn(tokens, ctx["H"], device=dev, dtype=dtype)
     flops = gemm_flops(ctx, tokens * topk)
     rows, outputs = [], {}
-    for mode in ("dense", *[m for m in MODES if m != "dense"]):
+    for mode in MODES:
         module = ctx["modules"][mode]
         os.environ["COCKPIT_NF4_EXPERTS"] = "fused" if mode == "fused" else "dequant"
         calls = run_mode(torch, module, x, index, weights, grad)
@@ -150,9 +150,8 @@ def report(meta: dict[str, Any], rows: list[dict[str, Any]]) -> str:
 
 def setup(torch: Any, smoke: bool) -> dict[str, Any]:
     """Packed random weights, their dense copies, one module per mode and the timer."""
-    from benchmarks.nf4_kernels import SMOKE, STORY, make_packed, timer
+    from benchmarks.nf4_kernels import SMOKE, STORY, make_packed, matmul_peak, packed_module, timer
     from trainer.kernels.nf4_ref import nf4_dequantize_ref
-    from trainer.layers.experts4bit import NF4Experts
     from trainer.nf4_pack import PackedLayout
 
     geometry = SMOKE if smoke else STORY
@@ -167,21 +166,13 @@ def setup(torch: Any, smoke: bool) -> dict[str, Any]:
     dense = {k: nf4_dequantize_ref(packed[k], layouts[k], list(range(e)), dtype) for k in layouts}
     modules = {}
     for mode in MODES:
-        module = NF4Experts(e, h, w, torch.nn.SiLU(), dtype, torch.bfloat16, device="meta")
-        for name, parts in packed.items():
-            for suffix, tensor in parts.items():
-                setattr(module, f"{name}_{suffix}", torch.nn.Parameter(tensor, requires_grad=False))
+        module = packed_module(torch, packed, e, h, w, dtype)
         module.keep_dequantized = mode != "fused"
         if mode == "dense":
             dense_module(torch, module, dense)
         modules[mode] = module
     ms = timer(torch, device)
-    if device.type == "cuda":
-        a = torch.randn(8192, 8192, device=device, dtype=torch.bfloat16)
-        peak = 2 * 8192**3 / ms(lambda: a @ a) / 1e9
-        del a
-    else:
-        peak = 1.0
+    peak = matmul_peak(torch, device, ms)
     return {
         "device": device, "dtype": dtype, "E": e, "H": h, "topk": topk, "layouts": layouts,
         "modules": modules, "timer": ms, "peak_tflops": peak, "tokens": geometry["tokens"],

@@ -153,20 +153,19 @@ def main() -> int:
             "matmul_tflops": measured, "gpu_train_gib": gpu,
         })  # fmt: skip
 
-    for label, record in OFFLOAD_RECORDS.items():
+    def add_record(config: str, label: str, record: str, measured: float = matmul) -> None:
+        """A rehearsal record's slope through its depths 4, 8 and 16."""
         by_depth = measures_of([record])
         depths = [d for d in (4, 8, 16) if d in by_depth]
         points = [by_depth[d].step_s for d in depths]
         gpu = [max(by_depth[d].gpu_train_gib.values()) for d in depths]
-        add("offload", label, slope(list(zip(depths, points, strict=True))), depths, points, gpu=gpu)
-    h100 = json.loads((RESULTS / H100_MATMUL).read_text())["meta"]["peak_tflops"]
-    out["h100_matmul_tflops"] = h100
+        add(config, label, slope(list(zip(depths, points, strict=True))), depths, points, measured, gpu)
+
+    for label, record in OFFLOAD_RECORDS.items():
+        add_record("offload", label, record)
+    out["h100_matmul_tflops"] = json.loads((RESULTS / H100_MATMUL).read_text())["meta"]["peak_tflops"]
     for config, (label, record) in H100_RECORDS.items():
-        by_depth = measures_of([record])
-        depths = sorted(by_depth)
-        points = [by_depth[d].step_s for d in depths]
-        gpu = [max(by_depth[d].gpu_train_gib.values()) for d in depths]
-        add(config, label, slope(list(zip(depths, points, strict=True))), depths, points, h100, gpu)
+        add_record(config, label, record, out["h100_matmul_tflops"])
     for label, name in OFFLOAD_AB.items():
         measures = json.loads((RESULTS / f"{name}.json").read_text())["nf4-offload"]["measures"]
         depths, points = [m["layers"] for m in measures], [m["step_s"] for m in measures]

@@ -153,6 +153,28 @@ def timer(torch: Any, device: Any) -> Callable[[Callable[[], Any]], float]:
     return cpu_ms
 
 
+def matmul_peak(torch: Any, device: Any, ms: Callable[[Callable[[], Any]], float]) -> float:
+    """TFLOP/s of an 8192^3 bf16 torch matmul timed by `ms` (1.0 off a GPU)."""
+    if device.type != "cuda":
+        return 1.0
+    a = torch.randn(8192, 8192, device=device, dtype=torch.bfloat16)
+    b = torch.randn(8192, 8192, device=device, dtype=torch.bfloat16)
+    return 2 * 8192**3 / ms(lambda: a @ b) / 1e9
+
+
+def packed_module(
+    torch: Any, packed: dict[str, Any], experts: int, hidden: int, width: int, dtype: Any
+) -> Any:
+    """An `NF4Experts` module (SiLU) holding the packed weights `packed` as frozen parameters."""
+    from trainer.layers.experts4bit import NF4Experts
+
+    module = NF4Experts(experts, hidden, width, torch.nn.SiLU(), dtype, torch.bfloat16, device="meta")
+    for name, parts in packed.items():
+        for suffix, tensor in parts.items():
+            setattr(module, f"{name}_{suffix}", torch.nn.Parameter(tensor, requires_grad=False))
+    return module
+
+
 # --- the paths ----------------------------------------------------------------------------------------
 
 
@@ -611,7 +633,6 @@ def main(argv: list[str] | None = None) -> int:
     import triton
 
     from cockpit.contract import dequant_chunk_experts
-    from trainer.layers.experts4bit import NF4Experts
     from trainer.nf4_pack import PackedLayout
 
     e, h, w, topk = geometry["experts"], geometry["hidden"], geometry["width"], geometry["topk"]
@@ -634,13 +655,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     log(f"{bench.meta['gpu']}, torch {torch.__version__}, triton {triton.__version__}, bnb {bnb_version}")
     ms = timer(torch, device)
-    if device.type == "cuda":
-        a = torch.randn(8192, 8192, device=device, dtype=torch.bfloat16)
-        b = torch.randn(8192, 8192, device=device, dtype=torch.bfloat16)
-        peak = 2 * 8192**3 / ms(lambda: a @ b) / 1e9
-        del a, b
-    else:
-        peak = 1.0
+    peak = matmul_peak(torch, device, ms)
     bench.meta["peak_tflops"] = peak
     log(f"bf16 matmul 8192^3: {peak:.0f} TFLOP/s")
     t = time.perf_counter()
@@ -662,11 +677,7 @@ def main(argv: list[str] | None = None) -> int:
     from trainer.kernels.nf4_ref import nf4_dequantize_ref
 
     ctx["dense"] = {k: nf4_dequantize_ref(packed[k], layouts[k], list(range(e)), dtype) for k in layouts}
-    module = NF4Experts(e, h, w, torch.nn.SiLU(), dtype, torch.bfloat16, device="meta")
-    for name, parts in packed.items():
-        for suffix, tensor in parts.items():
-            setattr(module, f"{name}_{suffix}", torch.nn.Parameter(tensor, requires_grad=False))
-    ctx["module"] = None if args.no_module else module
+    ctx["module"] = None if args.no_module else packed_module(torch, packed, e, h, w, dtype)
 
     tokens = [int(t) for t in args.tokens.split(",")] if args.tokens else geometry["tokens"]
     mid = tokens[1] if len(tokens) > 1 else tokens[0]

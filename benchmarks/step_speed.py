@@ -64,14 +64,12 @@ MOE_LEAF = ('deepspeed.zero3_leaf="moe_block"',)
 NO_PERSIST = ("deepspeed.persistence_threshold=40960",)
 NO_FUSED_NORM = (("COCKPIT_FUSED_NORM", "0"),)
 NO_FAST_ROUTING = (("COCKPIT_FAST_ROUTING", "0"),)
-PER_DOCUMENT = (
-    ("COCKPIT_VARLEN_KERNEL", "0"),
-)  # attention one SDPA call a document (trainer/layers/attention.py)
+# Attention one SDPA call a document (trainer/layers/attention.py).
+PER_DOCUMENT = (("COCKPIT_VARLEN_KERNEL", "0"),)
 NO_FUSED_ROPE = (("COCKPIT_FUSED_ROPE", "0"),)  # Transformers' rotary embedding (trainer/layers/rope.py)
 NO_FUSED_ACT = (("COCKPIT_FUSED_ACT", "0"),)  # the experts' activation in torch's kernels (kernels/swiglu.py)
-NO_FUSED_COMBINE = (
-    ("COCKPIT_FUSED_COMBINE", "0"),
-)  # pairs gathered, then summed (trainer/layers/routing.py)
+# Pairs gathered, then summed (trainer/layers/routing.py).
+NO_FUSED_COMBINE = (("COCKPIT_FUSED_COMBINE", "0"),)
 NO_NORM_KERNEL = (("COCKPIT_NORM_KERNEL", "0"),)  # torch's rms_norm kernel, not kernels/rms_norm.py
 PEFT_LORA = (("COCKPIT_LEAN_LORA", "0"),)  # PEFT's own LoRA forward, not trainer/layers/lora_forward.py
 NO_KEEP_DEQUANT = ("training.keep_dequantized_experts=false",)  # backward dequantizes the experts again

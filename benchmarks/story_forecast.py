@@ -32,23 +32,17 @@ sys.path.insert(0, str(ROOT))
 
 STORY = "qwen3-235b-a22b-thinking-4xh100"
 # The rehearsal records each forecast reads (results/forecast/records/; each depth from the first that has
-# it), whether they ran the micro-batch `forecast_consistency.RAN_AT` pins (4 rows, 2 a step), and the
-# profile settings they ran with where those differ from the profile as shipped. Both are the story profile
-# as shipped (8 rows, one micro-batch a step; FlashAttention-4 and the kept dequantized experts) at depths
-# 4, 8 and 16, in one call on one H100 (`rehearsal_accuracy.py --configs nf4-offload|nf4-none --depths
-# 4,8,16 --records DIR`). The scaling below says H200: the two share one chip (the same dense bf16 rate,
-# 1.00 between them) and their hosts' pinned copies measured 55 GB/s both; evaluation's timings are the
-# H200's, and its decode step is scaled by the H200's memory. The records before them (`offload_4-16_lean`,
-# `none_1-16`, both on an H200) ran without FlashAttention-4 and with the experts dequantized again for
-# backward: `KEPT_OFF` reads them as they ran.
-KEPT_OFF = ("training.keep_dequantized_experts=false",)
+# it). Both are the story profile as shipped (8 rows, one micro-batch a step, so without
+# `forecast_consistency.RAN_AT`'s 4 x 2; FlashAttention-4 and the kept dequantized experts) at depths 4, 8
+# and 16, in one call on one H100 (`rehearsal_accuracy.py --configs nf4-offload|nf4-none --depths 4,8,16
+# --records DIR`). The scaling below says H200: the two share one chip (the same dense bf16 rate, 1.00
+# between them) and their hosts' pinned copies measured 55 GB/s both; evaluation's timings are the H200's,
+# and its decode step is scaled by the H200's memory. The records before them (`offload_4-16_lean`,
+# `none_1-16`, on an H200) ran without FlashAttention-4, with the experts dequantized again for backward.
 H100_RECORDS = (
     "the depths ran on one H100 (FlashAttention-4, the kept experts), scaled as the H200's: one chip"
 )
-RECORDS = {
-    "offload": (["offload_4-16_fa4"], False, ()),
-    "none": (["none_4-16_fa4"], False, ()),
-}
+RECORDS = {"offload": ["offload_4-16_fa4"], "none": ["none_4-16_fa4"]}
 EVAL_TIMINGS = ROOT / "benchmarks/results/eval_speed_h200.json"
 
 
@@ -117,9 +111,8 @@ def main(argv: list[str] | None = None) -> int:
     console = Console(record=True, width=150)
     summary = {}
     for config, (overrides, _, _) in CONFIGS.items():
-        records, at_then, as_they_ran = RECORDS[config]
-        ran = overrides if at_then else [o for o in overrides if o not in RAN_AT]
-        profile, plan = story([*ran, *as_they_ran])
+        records = RECORDS[config]
+        profile, plan = story([o for o in overrides if o not in RAN_AT])
         by_depth = measures_of(records)
         measures = [m for d, m in sorted(by_depth.items()) if not chosen or d in chosen]
         measures, evaluation = with_eval_timings(measures)
@@ -128,7 +121,6 @@ def main(argv: list[str] | None = None) -> int:
         console.rule(
             f"{config}: the story profile, "
             + ("parameter + optimizer offload" if config == "offload" else "no offload")
-            + (" (4 rows a micro-batch, 2 a step, as those depths ran)" if at_then else "")
         )
         console.print(render(data))
         plan_step = (plan.get("run") or {}).get("optimizer_step_s")  # a micro-batch's step x accumulation

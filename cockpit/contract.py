@@ -163,8 +163,7 @@ def load_builder(unit: int, ranks: int) -> int:
     return unit % ranks
 
 
-# --- the built-in tiny model (trainer/inputs/tiny.py builds it; the planner plans it)
-# --------------------------
+# --- the built-in tiny model (trainer/inputs/tiny.py builds it; the planner plans it) ------------------
 TINY_MODEL: dict[str, Any] = {
     "vocab_size": 1024,
     "hidden_size": 128,

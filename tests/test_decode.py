@@ -150,8 +150,7 @@ def test_steps_use_grouped_attention(tiny, monkeypatch: pytest.MonkeyPatch) -> N
     assert decode.path() == "launched"  # no CUDA graph on the CPU
 
 
-# --- a graph a GPU (`trainer/evaluation/decode_blocks.py`): what runs without a GPU
-# -----------------------------
+# --- a graph a GPU (`trainer/evaluation/decode_blocks.py`): what runs without a GPU --------------------
 
 
 def _left_padded(tiny, new: int):

@@ -19,6 +19,8 @@ Two parts, one command:
      graph     the same step captured as a CUDA graph and replayed (what evaluation now runs on one GPU)
      blocks    the step as evaluation runs it over several GPUs (`trainer/evaluation/decode_blocks.py`): a
                graph a quarter of the layers, here all on one GPU, so 4 copies-and-replays a step
+     graph-prev  the graph with the layers of before `trainer.model.configure_inference`: Transformers'
+               RMSNorm and RoPE, bitsandbytes' dequantize + matmul for the 4-bit projections
      graph-before  the graph with the expert GEMMs' configs of before the scale on the accumulator
                (`pick_before`: the fused kernel's decode tiles; `pick_config` now hands bf16 forwards of
                up to 32 rows an expert to `trainer.kernels.nf4_decode`)
@@ -272,6 +274,24 @@ def picked_by(pick: Any) -> Iterator[None]:
         k.pick_config = saved
 
 
+@contextlib.contextmanager
+def layers_of_before(model: Any) -> Iterator[None]:
+    """The model with the layers evaluation ran before `trainer.model.configure_inference`: Transformers'
+    RMSNorm and RoPE, bitsandbytes' own 4-bit projections."""
+    from trainer.fast_path import restore_forwards
+    from trainer.layers import linear4bit_rows, rope
+    from trainer.layers.fused_norm import is_rms_norm
+    from trainer.model import configure_inference
+
+    restore_forwards(model, is_rms_norm)
+    restore_forwards(model, linear4bit_rows.is_linear4bit)
+    rope.uninstall(model)
+    try:
+        yield
+    finally:
+        configure_inference(model)
+
+
 def _ref(torch: Any, x: Any, weights: Any, experts: Any) -> Any:
     """Each row times its expert's dequantized weight, in float32, one expert at a time."""
     out = torch.empty(x.shape[0], weights.shape[1], device=x.device)
@@ -389,6 +409,10 @@ def decode_rows(args: argparse.Namespace, bw: float) -> tuple[list[dict], list[d
         with picked_by(pick_before):
             return run_fast(ids, new, True)
 
+    def run_graph_prev(ids: Any, new: int) -> Any:
+        with layers_of_before(model):
+            return run_fast(ids, new, True)
+
     paths = {
         "before": run_before,
         "generate": run_generate,
@@ -396,9 +420,10 @@ def decode_rows(args: argparse.Namespace, bw: float) -> tuple[list[dict], list[d
         "graph": lambda ids, new: run_fast(ids, new, True),
         "blocks": run_blocks,
         "graph-before": run_graph_before,
+        "graph-prev": run_graph_prev,
     }
     if device.type != "cuda":
-        del paths["graph"], paths["blocks"], paths["graph-before"]
+        del paths["graph"], paths["blocks"], paths["graph-before"], paths["graph-prev"]
     paths = {name: fn for name, fn in paths.items() if name in args.paths}
     chosen = eval_batch.choose(model, lambda: args.prompt_tokens, 512, 10_000)
     log(f"evaluation's batch from free memory with {args.layers} layers loaded: {chosen}")
@@ -461,14 +486,21 @@ def decode_rows(args: argparse.Namespace, bw: float) -> tuple[list[dict], list[d
 
 
 def profile_steps(model: Any, device: Any, gen: Any, args: argparse.Namespace) -> list[dict]:
-    """Device time a step by kernel: 8 static steps (no graph) at the deepest slice and largest batch."""
+    """Device time a step by kernel: 8 static steps (no graph) at the deepest slice, at each batch; a
+    row `all kernels` a batch gives their sum and count (a graph's step less that sum: the gaps)."""
+    rows = []
+    for batch in args.batches:
+        rows += _profile_batch(model, device, gen, args, batch)
+    return rows
+
+
+def _profile_batch(model: Any, device: Any, gen: Any, args: argparse.Namespace, batch: int) -> list[dict]:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
     from trainer.evaluation import decode
 
     model.config.num_hidden_layers = max(args.depths)
-    batch = max(args.batches)
     ids = torch.randint(1, model.config.vocab_size, (batch, args.prompt_tokens), generator=gen).to(device)
     steps = 8
     with torch.no_grad(), decode.grouped_steps(model):
@@ -488,15 +520,22 @@ def profile_steps(model: Any, device: Any, gen: Any, args: argparse.Namespace) -
         if total and (device.type != "cuda" or event.device_type.name == "CUDA"):
             rows.append(
                 {
+                    "batch": batch,
                     "kernel": event.key[:90],
                     "calls_a_step": event.count / steps,
                     "ms_a_step": total / 1e3 / steps,
                 }
             )
     rows.sort(key=lambda r: -r["ms_a_step"])
-    for r in rows[:15]:
-        log(f"profile {r['ms_a_step']:8.3f} ms {r['calls_a_step']:6.1f}x {r['kernel']}")
-    return rows[:25]
+    every = {
+        "batch": batch,
+        "kernel": "all kernels",
+        "calls_a_step": sum(r["calls_a_step"] for r in rows),
+        "ms_a_step": sum(r["ms_a_step"] for r in rows),
+    }
+    for r in [every, *rows[:15]]:
+        log(f"profile batch {batch} {r['ms_a_step']:8.3f} ms {r['calls_a_step']:6.1f}x {r['kernel']}")
+    return [every, *rows[:25]]
 
 
 def _common(a: list[int], b: list[int]) -> int:
@@ -584,13 +623,14 @@ def render(result: dict[str, Any]) -> str:
     if result.get("profile"):
         lines += [
             "",
-            "## Where a step's device time goes (static path, deepest slice, largest batch)",
+            "## Where a step's device time goes (static path, deepest slice, each batch)",
             "",
-            "| expert GEMMs | kernel | calls a step | ms a step |",
-            "|---|---|---|---|",
+            "| expert GEMMs | batch | kernel | calls a step | ms a step |",
+            "|---|---|---|---|---|",
         ]
         lines += [
-            f"| {r.get('with', '')} | `{r['kernel']}` | {r['calls_a_step']:.0f} | {r['ms_a_step']:.3f} |"
+            f"| {r.get('with', '')} | {r.get('batch', '')} | `{r['kernel']}` | {r['calls_a_step']:.0f} "
+            f"| {r['ms_a_step']:.3f} |"
             for r in result["profile"]
         ]
     lines += ["", "## Scoring forward", "", "| layers | tokens | seconds |", "|---|---|---|"]

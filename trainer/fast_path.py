@@ -51,3 +51,14 @@ def swap_forwards(
             module.forward = types.MethodType(forward, module)
             count += 1
     return count
+
+
+def restore_forwards(model: torch.nn.Module, matches: Callable[[torch.nn.Module], bool]) -> int:
+    """Undo `swap_forwards`: every module that `matches` takes its class's forward again; returns how many
+    had another."""
+    count = 0
+    for module in model.modules():
+        if matches(module) and "forward" in vars(module):
+            del module.forward
+            count += 1
+    return count

@@ -122,8 +122,24 @@ def load_base(
         # ZeRO-3 must own the packed experts and their scales like any parameter (no per-GPU copy).
         facts["nf4_expert_tensors"] = len(packed)
         facts["nf4_expert_tensors_partitioned"] = sum(hasattr(p, "ds_id") for p in packed)
+    if spread:
+        facts["inference_layers"] = configure_inference(model)
     model.cockpit_load_facts = facts
     return model
+
+
+def configure_inference(model: Any) -> dict[str, int | bool]:
+    """Evaluation's layers on a base model loaded with `spread`: the fused RMSNorm and rotary embedding
+    that training runs with, and bitsandbytes' 4-bit projections on a decode step's few rows by the NF4
+    decode kernel (`trainer/layers/linear4bit_rows.py`). Each falls back where it cannot run here."""
+    from trainer.layers import linear4bit_rows, rope
+    from trainer.layers.fused_norm import fuse_rms_norms
+
+    return {
+        "fused_rms_norms": fuse_rms_norms(model),
+        "fused_rope": rope.install(model),
+        "nf4_linear_rows": linear4bit_rows.install(model),
+    }
 
 
 def configure_training(profile: Profile, model: Any) -> dict[str, Any]:

@@ -77,3 +77,14 @@ def install(model: torch.nn.Module) -> bool:
             modeling.apply_rotary_pos_emb = _fused(current)
         return True
     return False
+
+
+def uninstall(model: torch.nn.Module) -> bool:
+    """Put Transformers' own `apply_rotary_pos_emb` back (a benchmark's control); whether it was swapped."""
+    for module in model.modules():
+        modeling = sys.modules.get(type(module).__module__)
+        current = getattr(modeling, "apply_rotary_pos_emb", None)
+        if type(module).__name__.endswith("Attention") and hasattr(current, "cockpit_original"):
+            modeling.apply_rotary_pos_emb = current.cockpit_original
+            return True
+    return False

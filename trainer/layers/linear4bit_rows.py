@@ -1,0 +1,140 @@
+"""bitsandbytes' 4-bit linear layers on a few rows (a decode step) through the NF4 decode kernel.
+
+For one row bitsandbytes multiplies by its 4-bit GEMV; for more, `matmul_4bit` dequantizes the whole
+weight to 16 bit and multiplies that: it writes and reads again four times the bytes of the codes, in
+two launches (three with the double-quantized scales). At the story's geometry a decode step's four
+attention projections are 71M weights a layer, so at batch 8 or 64 that is most of what the step reads
+outside the experts. Here rows 2 to `ROWS` of bf16, on a GPU, with no gradient asked for, take
+`trainer.kernels.nf4_triton.nf4_grouped_mm`: the weight read as a packed expert of its own (bitsandbytes'
+codes and double-quantized scales are the packed experts' layout, `trainer.nf4_pack`), one group, the
+block scale on the accumulator. Everything else, and any weight whose quantization is not that layout
+(FP4, single quantization, another block size), keeps bitsandbytes' forward.
+
+The arithmetic is the experts' decode kernel's: the NF4 table rounded to bf16 times the rows, float32
+accumulation, the block scale on the accumulator; bitsandbytes rounds each scaled weight to bf16 first.
+Both are within bf16's rounding of the float32 product (`tests/test_linear4bit_rows.py`).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+
+from trainer.fast_path import FastPath, swap_forwards
+
+# COCKPIT_NF4_LINEAR=0: bitsandbytes' own forward everywhere (the benchmarks' control).
+ENABLED = os.environ.get("COCKPIT_NF4_LINEAR", "1") != "0"
+ROWS = 64  # rows up to which the kernel takes a forward (a decode step's batch; prefill stays bnb's)
+# Weight rows a tile: narrower than the experts' 128, as one weight alone must give every SM tiles
+# (the story's o_proj has 4,096 outputs: 64 tiles of 64).
+TILE_OUTPUTS = 64
+KERNEL = FastPath("NF4 linear kernel", "bitsandbytes' dequantize and matmul")
+
+
+def _packed(module: Any) -> tuple[dict[str, torch.Tensor], Any] | None:
+    """The module's weight as a one-expert packed weight and its layout (made once, outside any CUDA
+    graph capture: a decode step runs eagerly before it is captured), or None where its quantization is
+    not the packed experts' layout."""
+    from cockpit.contract import NF4_BLOCKSIZE
+    from trainer.kernels.nf4_ref import NF4_VALUES, dynamic_map
+    from trainer.nf4_pack import PackedLayout
+
+    state = module.weight.quant_state
+    key = (state.absmax.data_ptr(), module.weight.data_ptr())
+    cached = getattr(module, "_cockpit_packed", None)
+    if cached is not None and cached[0] == key:
+        return cached[1]
+    found = None
+    out, inp = (int(n) for n in state.shape)
+    layout = PackedLayout(1, out, inp, torch.bfloat16)
+    nested = state.state2 if state.nested else None
+    if (
+        state.quant_type == "nf4"
+        and state.blocksize == NF4_BLOCKSIZE
+        and nested is not None
+        and out % 64 == 0
+        and inp % 64 == 0
+        and layout.blocks % 256 == 0
+        and nested.blocksize == layout.nested
+        and torch.equal(nested.code.float().cpu(), dynamic_map("cpu"))
+        and torch.equal(state.code.float().cpu(), torch.tensor(NF4_VALUES))
+    ):
+        device = module.weight.device
+        qstate = torch.cat([nested.absmax.float().reshape(-1), state.offset.float().reshape(1).to(device)])
+        packed = {
+            "nf4": module.weight.data.view(torch.uint8).reshape(1, -1),
+            "absmax": state.absmax.view(torch.uint8).reshape(1, -1),
+            "qstate": qstate.reshape(1, -1),
+        }
+        found = packed, layout
+    module._cockpit_packed = (key, found)
+    return found
+
+
+def takes(module: Any, x: torch.Tensor) -> bool:
+    """Whether the kernel takes this forward: 2 to ROWS bf16 rows on a GPU, no gradient, a weight of the
+    packed layout."""
+    rows = x.numel() // max(x.shape[-1], 1)
+    return (
+        ENABLED
+        and not KERNEL.failed
+        and x.is_cuda
+        and x.dtype == torch.bfloat16
+        and 2 <= rows <= ROWS
+        and not (torch.is_grad_enabled() and x.requires_grad)
+        and _packed(module) is not None
+    )
+
+
+def config_for(rows: int) -> Any:
+    """The decode kernel's config for `rows` rows of one weight: the experts' tile for that many rows an
+    expert (`trainer.kernels.nf4_triton`), TILE_OUTPUTS weight rows wide."""
+    from dataclasses import replace
+
+    from trainer.kernels import nf4_triton as k
+
+    tile = k.DECODE_ACC if rows <= k.DECODE_ACC_ROWS else k.DECODE_ACC_WIDE
+    return replace(tile if rows <= k.DECODE_ACC_WIDE_ROWS else k.DECODE_ACC_TALL, bn=TILE_OUTPUTS)
+
+
+def rows_mm(module: Any, x: torch.Tensor) -> torch.Tensor:
+    """`x @ W.T (+ bias)` by the NF4 decode kernel, one group (also the CPU under Triton's interpreter)."""
+    from trainer.kernels.nf4_triton import nf4_grouped_mm
+
+    found = _packed(module)
+    if found is None:
+        raise ValueError("the weight is not in the packed NF4 layout")
+    packed, layout = found
+    flat = x.reshape(-1, x.shape[-1]).contiguous()
+    rows = flat.shape[0]
+    one = torch.zeros(1, dtype=torch.int32, device=x.device)
+    offs = torch.full((1,), rows, dtype=torch.int32, device=x.device)
+    out = nf4_grouped_mm(flat, packed, layout, one, offs, config=config_for(rows))
+    if module.bias is not None:
+        out = out + module.bias.to(out.dtype)
+    return out.view(*x.shape[:-1], layout.out)
+
+
+def _forward(self: Any, x: torch.Tensor) -> torch.Tensor:
+    if takes(self, x):
+        out = KERNEL.run(lambda: rows_mm(self, x))
+        if out is not None:
+            return out
+    return type(self).forward(self, x)
+
+
+def is_linear4bit(module: torch.nn.Module) -> bool:
+    """A bitsandbytes `Linear4bit` (not PEFT's wrapper of one, which calls its base layer)."""
+    try:
+        import bitsandbytes as bnb
+    except ImportError:
+        return False
+    return isinstance(module, bnb.nn.Linear4bit) and hasattr(module.weight, "quant_state")
+
+
+def install(model: torch.nn.Module) -> int:
+    """Give every bitsandbytes `Linear4bit` of `model` the few-rows forward; returns how many (0 when
+    COCKPIT_NF4_LINEAR=0)."""
+    return swap_forwards(model, is_linear4bit, _forward) if ENABLED else 0

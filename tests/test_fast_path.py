@@ -8,7 +8,7 @@ import logging
 import pytest
 import torch
 
-from trainer.fast_path import FastPath
+from trainer.fast_path import FastPath, restore_forwards, swap_forwards
 from trainer.pass_through import PASS_THROUGH
 
 
@@ -44,3 +44,22 @@ def test_out_of_memory_is_raised_and_is_no_failure(error: type[BaseException]) -
     with pytest.raises(error):
         path.run(out_of_memory)
     assert not path.failed
+
+
+def _doubled(self: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    return 2 * type(self).forward(self, x)
+
+
+def test_swapped_forwards_are_undone_and_accelerates_are_left_alone() -> None:
+    """`swap_forwards` skips a module accelerate has hooked (its instance forward moves the inputs to the
+    module's GPU); `restore_forwards` undoes only the forwards it gave, not another instance forward."""
+    model = torch.nn.Sequential(torch.nn.Identity(), torch.nn.Identity(), torch.nn.Identity())
+    hooked, foreign = model[1], model[2]
+    hooked._hf_hook = object()
+    hooked.forward = lambda x: x + 1  # accelerate's wrapper, as `add_hook_to_module` leaves it
+    x = torch.ones(2)
+    assert swap_forwards(model, lambda m: isinstance(m, torch.nn.Identity), _doubled) == 2
+    foreign.forward = lambda x: x - 1  # set after the swap: not the swap's to undo
+    assert [m(x).tolist() for m in model] == [[2.0, 2.0], [2.0, 2.0], [0.0, 0.0]]
+    assert restore_forwards(model, lambda m: isinstance(m, torch.nn.Identity)) == 1
+    assert [m(x).tolist() for m in model] == [[1.0, 1.0], [2.0, 2.0], [0.0, 0.0]]

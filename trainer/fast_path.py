@@ -44,21 +44,24 @@ class FastPath:
 def swap_forwards(
     model: torch.nn.Module, matches: Callable[[torch.nn.Module], bool], forward: Callable[..., Any]
 ) -> int:
-    """Give every module of `model` that `matches` the method `forward`; returns how many."""
+    """Give every module of `model` that `matches` the method `forward`; returns how many. A module whose
+    forward accelerate has wrapped (`_hf_hook`: it moves the inputs to the module's GPU) keeps its own."""
+    forward.cockpit_swapped = True  # type: ignore[attr-defined]
     count = 0
     for module in model.modules():
-        if matches(module):
+        if matches(module) and not hasattr(module, "_hf_hook"):
             module.forward = types.MethodType(forward, module)
             count += 1
     return count
 
 
 def restore_forwards(model: torch.nn.Module, matches: Callable[[torch.nn.Module], bool]) -> int:
-    """Undo `swap_forwards`: every module that `matches` takes its class's forward again; returns how many
-    had another."""
+    """Undo `swap_forwards`: every module that `matches` and has a forward it gave takes its class's
+    forward again (another instance forward, accelerate's, stays); returns how many."""
     count = 0
     for module in model.modules():
-        if matches(module) and "forward" in vars(module):
+        own = vars(module).get("forward")
+        if matches(module) and getattr(getattr(own, "__func__", None), "cockpit_swapped", False):
             del module.forward
             count += 1
     return count

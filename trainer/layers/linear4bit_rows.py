@@ -37,19 +37,34 @@ def _packed(module: Any) -> tuple[dict[str, torch.Tensor], Any] | None:
     """The module's weight as a one-expert packed weight and its layout (made once, outside any CUDA
     graph capture: a decode step runs eagerly before it is captured), or None where its quantization is
     not the packed experts' layout."""
+    state = module.weight.quant_state
+    nested = state.state2 if state.nested else None
+    try:
+        key = (
+            module.weight.data_ptr(),
+            state.absmax.data_ptr(),
+            None if nested is None else (nested.absmax.data_ptr(), state.offset.data_ptr()),
+        )
+    except AttributeError:  # a state without bitsandbytes' tensors: not ours to take
+        return None
+    cached = getattr(module, "_cockpit_packed", None)
+    if cached is not None and cached[0] == key:
+        return cached[1]
+    try:
+        found = _as_packed(module, state, nested)
+    except Exception:  # a quantization state of another shape than bitsandbytes' own: not ours to take
+        found = None
+    module._cockpit_packed = (key, found)
+    return found
+
+
+def _as_packed(module: Any, state: Any, nested: Any) -> tuple[dict[str, torch.Tensor], Any] | None:
     from cockpit.contract import NF4_BLOCKSIZE
     from trainer.kernels.nf4_ref import NF4_VALUES, dynamic_map
     from trainer.nf4_pack import PackedLayout
 
-    state = module.weight.quant_state
-    key = (state.absmax.data_ptr(), module.weight.data_ptr())
-    cached = getattr(module, "_cockpit_packed", None)
-    if cached is not None and cached[0] == key:
-        return cached[1]
-    found = None
     out, inp = (int(n) for n in state.shape)
     layout = PackedLayout(1, out, inp, torch.bfloat16)
-    nested = state.state2 if state.nested else None
     if (
         state.quant_type == "nf4"
         and state.blocksize == NF4_BLOCKSIZE
@@ -68,9 +83,8 @@ def _packed(module: Any) -> tuple[dict[str, torch.Tensor], Any] | None:
             "absmax": state.absmax.view(torch.uint8).reshape(1, -1),
             "qstate": qstate.reshape(1, -1),
         }
-        found = packed, layout
-    module._cockpit_packed = (key, found)
-    return found
+        return packed, layout
+    return None
 
 
 def takes(module: Any, x: torch.Tensor) -> bool:
@@ -131,7 +145,7 @@ def is_linear4bit(module: torch.nn.Module) -> bool:
         import bitsandbytes as bnb
     except ImportError:
         return False
-    return isinstance(module, bnb.nn.Linear4bit) and hasattr(module.weight, "quant_state")
+    return isinstance(module, bnb.nn.Linear4bit) and getattr(module.weight, "quant_state", None) is not None
 
 
 def install(model: torch.nn.Module) -> int:

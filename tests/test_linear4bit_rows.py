@@ -89,3 +89,16 @@ def test_installed_forward_keeps_bitsandbytes_where_the_kernel_does_not_run() ->
     assert linear4bit_rows.install(model) == 2
     assert not linear4bit_rows.takes(model[0], x)  # not a GPU tensor
     assert torch.equal(model(x), before)
+
+
+def test_the_probe_passes_the_kernel_and_catches_a_wrong_product(kernels) -> None:
+    """The first-call check: the kernel's own product agrees with bitsandbytes'; with the kernel's copy of
+    the nested scales spoiled (what a tile computing garbage looks like), the probe refuses it."""
+    layer = nf4_linear(128, 256)
+    x = torch.randn(8, 256, generator=torch.Generator().manual_seed(5)).bfloat16()
+    ok, got = linear4bit_rows.probe(layer, x)
+    assert ok and got.shape == (8, 128)
+    packed, _ = linear4bit_rows._packed(layer)
+    packed["qstate"][:, :-1].mul_(-1)  # the kernel's copy only: bitsandbytes' state is untouched
+    ok, _ = linear4bit_rows.probe(layer, x)
+    assert not ok

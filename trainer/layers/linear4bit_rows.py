@@ -12,11 +12,14 @@ block scale on the accumulator. Everything else, and any weight whose quantizati
 
 The arithmetic is the experts' decode kernel's: the NF4 table rounded to bf16 times the rows, float32
 accumulation, the block scale on the accumulator; bitsandbytes rounds each scaled weight to bf16 first.
-Both are within bf16's rounding of the float32 product (`tests/test_linear4bit_rows.py`).
+Both are within bf16's rounding of the float32 product (`tests/test_linear4bit_rows.py`). Each weight
+shape and tile config is probed once on its first call (outside a CUDA graph capture: a decode step runs
+eagerly first) against bitsandbytes' own product, and left to bitsandbytes where they disagree.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import Any
 
@@ -31,6 +34,9 @@ ROWS = 64  # rows up to which the kernel takes a forward (a decode step's batch;
 # (the story's o_proj has 4,096 outputs: 64 tiles of 64).
 TILE_OUTPUTS = 64
 KERNEL = FastPath("NF4 linear kernel", "bitsandbytes' dequantize and matmul")
+TOLERANCE = 2e-2  # the most relative difference from bitsandbytes' product a probe accepts (bf16: ~5e-3)
+_PROBED: dict[tuple[Any, ...], bool] = {}  # (out, in, tile config, device) -> whether its probe passed
+log = logging.getLogger(__name__)
 
 
 def _packed(module: Any) -> tuple[dict[str, torch.Tensor], Any] | None:
@@ -131,8 +137,34 @@ def rows_mm(module: Any, x: torch.Tensor) -> torch.Tensor:
     return out.view(*x.shape[:-1], layout.out)
 
 
+def probe(module: Any, x: torch.Tensor) -> tuple[bool, torch.Tensor]:
+    """(whether the kernel's product agrees with bitsandbytes' own within TOLERANCE, the kernel's product)
+    on this call: a tile config seen first on a GPU is checked once before it is trusted (a Triton tile
+    can compile and still compute garbage, `trainer.kernels.nf4_triton`'s notes)."""
+    got = rows_mm(module, x)
+    want = type(module).forward(module, x).float()
+    err = float((got.float() - want).norm() / want.norm().clamp_min(1e-30))
+    return err <= TOLERANCE, got
+
+
+def _trusted(module: Any, x: torch.Tensor) -> bool | None:
+    """Whether this shape and tile config passed its probe (probing it now if it is new); None during a
+    CUDA graph capture that meets a new one (the capture then records bitsandbytes' forward)."""
+    rows = x.numel() // x.shape[-1]
+    key = (module.out_features, module.in_features, config_for(rows), x.device)
+    if key not in _PROBED:
+        if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+            return None
+        checked = KERNEL.run(lambda: probe(module, x))
+        _PROBED[key] = bool(checked and checked[0])
+        if not _PROBED[key]:
+            log.warning("NF4 linear kernel: [%d, %d] at %d rows disagrees with bitsandbytes (or failed); "
+                        "bitsandbytes' forward for it", key[0], key[1], rows)  # fmt: skip
+    return _PROBED[key]
+
+
 def _forward(self: Any, x: torch.Tensor) -> torch.Tensor:
-    if takes(self, x):
+    if takes(self, x) and _trusted(self, x):
         out = KERNEL.run(lambda: rows_mm(self, x))
         if out is not None:
             return out

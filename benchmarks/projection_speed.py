@@ -1,13 +1,14 @@
 """Benchmark: a decode step's attention projections in NF4, bitsandbytes against the NF4 decode kernel.
 
 At the story's geometry a decoder layer's q, k, v and o projections are bitsandbytes `Linear4bit`s of
-[8192, 4096], [512, 4096] twice and [4096, 8192] (71M weights, 37 MB in NF4). For more than one row
-bitsandbytes dequantizes each weight to bf16 and multiplies; `trainer.layers.linear4bit_rows` sends 2 to 64
-rows to the NF4 decode kernel instead. This times the four projections of `LAYERS` layers in turn (their
-weights together exceed the L2 cache, as a step through the model's layers does), replayed as a CUDA graph
-as evaluation's decode step is, at batches of 1, 8 and 64 rows:
+[8192, 4096], [512, 4096] twice and [4096, 8192] (71M weights, 37 MB in NF4). Past 4 rows bitsandbytes
+(0.50, on Hopper, as its heuristic picks) dequantizes each weight to bf16 and multiplies;
+`trainer.layers.linear4bit_rows` sends 5 to 64 rows to the NF4 decode kernel instead. This times the four
+projections of `LAYERS` layers in turn (their weights together exceed the L2 cache, as a step through the
+model's layers does), replayed as a CUDA graph as evaluation's decode step is, at batches of 1, 8 and 64
+rows:
 
-  bitsandbytes   `Linear4bit.forward` as it is (its GEMV at one row, dequantize + matmul above)
+  bitsandbytes   `Linear4bit.forward` as it is (its own 4-bit kernel to 4 rows, then as its heuristic picks)
   kernel bnN     `linear4bit_rows.rows_mm` with N weight rows a tile (TILE_OUTPUTS is the default)
 
 Beside each: the memory limit (the layer's NF4 codes and scales over the copy bandwidth measured here)
@@ -115,7 +116,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             return [type(lin).forward(lin, x[n]) for layer in layers for n, lin in layer.items()]
 
         paths = {"bitsandbytes": bnb_path}
-        for tile in TILES if batch > 1 else ():
+        for tile in TILES if batch > 1 else ():  # rows_mm itself, whatever MIN_ROWS says
 
             def kernel(tile: int = tile, x: dict[str, Any] = x) -> list[Any]:
                 saved = linear4bit_rows.TILE_OUTPUTS

@@ -1,10 +1,11 @@
 """bitsandbytes' 4-bit linear layers on a few rows (a decode step) through the NF4 decode kernel.
 
-For one row bitsandbytes multiplies by its 4-bit GEMV; for more, `matmul_4bit` dequantizes the whole
-weight to 16 bit and multiplies that: it writes and reads again four times the bytes of the codes, in
-two launches (three with the double-quantized scales). At the story's geometry a decode step's four
-attention projections are 71M weights a layer, so at batch 8 or 64 that is most of what the step reads
-outside the experts. Here rows 2 to `ROWS` of bf16, on a GPU, with no gradient asked for, take
+Without a gradient, bitsandbytes 0.50 multiplies up to 4 rows by its own 4-bit kernel; past that, where
+its heuristic says so (on Hopper, mostly), `matmul_4bit` dequantizes the whole weight to 16 bit and
+multiplies that: it writes and reads again four times the bytes of the codes, in two launches (three with
+the double-quantized scales). At the story's geometry a decode step's four attention projections are 71M
+weights a layer, so at batch 8 or 64 that is most of what the step reads outside the experts. Here rows
+`MIN_ROWS` to `ROWS` of bf16, on a GPU, with no gradient asked for, take
 `trainer.kernels.nf4_triton.nf4_grouped_mm`: the weight read as a packed expert of its own (bitsandbytes'
 codes and double-quantized scales are the packed experts' layout, `trainer.nf4_pack`), one group, the
 block scale on the accumulator. Everything else, and any weight whose quantization is not that layout
@@ -29,7 +30,7 @@ from trainer.fast_path import FastPath, swap_forwards
 
 # COCKPIT_NF4_LINEAR=0: bitsandbytes' own forward everywhere (the benchmarks' control).
 ENABLED = os.environ.get("COCKPIT_NF4_LINEAR", "1") != "0"
-ROWS = 64  # rows up to which the kernel takes a forward (a decode step's batch; prefill stays bnb's)
+MIN_ROWS, ROWS = 5, 64  # rows the kernel takes (fewer: bitsandbytes' own kernel; more: the prefill)
 # Weight rows a tile: narrower than the experts' 128, as one weight alone must give every SM tiles
 # (the story's o_proj has 4,096 outputs: 64 tiles of 64).
 TILE_OUTPUTS = 64
@@ -94,15 +95,15 @@ def _as_packed(module: Any, state: Any, nested: Any) -> tuple[dict[str, torch.Te
 
 
 def takes(module: Any, x: torch.Tensor) -> bool:
-    """Whether the kernel takes this forward: 2 to ROWS bf16 rows on a GPU, no gradient, a weight of the
-    packed layout."""
+    """Whether the kernel takes this forward: MIN_ROWS to ROWS bf16 rows on a GPU, no gradient, a weight of
+    the packed layout."""
     rows = x.numel() // max(x.shape[-1], 1)
     return (
         ENABLED
         and not KERNEL.failed
         and x.is_cuda
         and x.dtype == torch.bfloat16
-        and 2 <= rows <= ROWS
+        and MIN_ROWS <= rows <= ROWS
         and not (torch.is_grad_enabled() and x.requires_grad)
         and _packed(module) is not None
     )

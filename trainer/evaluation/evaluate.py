@@ -270,6 +270,12 @@ class Evaluation:
         placement = model.cockpit_load_facts.get("placement")
         if placement:
             print(f"[cockpit] eval placement of {model_dir}: {placement['summary']}", flush=True)
+        from trainer.layers.linear4bit_rows import MIN_ROWS, ROWS
+
+        layers = model.cockpit_load_facts.get("inference_layers") or {}
+        print(f"[cockpit] eval layers: {layers.get('fused_rms_norms', 0)} fused RMSNorms, fused RoPE "
+              f"{'on' if layers.get('fused_rope') else 'off'}, {layers.get('nf4_linear_rows', 0)} 4-bit "
+              f"projections by the NF4 decode kernel on {MIN_ROWS}-{ROWS} rows", flush=True)  # fmt: skip
         return model
 
     def run(self, base: bool, adapter: Path | None, others: list[tuple[str, str]], serving: bool) -> None:

@@ -11,7 +11,8 @@ rows:
   bitsandbytes   `Linear4bit.forward` as it is (its own 4-bit kernel to 4 rows, then as its heuristic picks)
   kernel bnN     `linear4bit_rows.rows_mm` with N weight rows a tile (TILE_OUTPUTS is the default)
 
-Beside each: the memory limit (the layer's NF4 codes and scales over the copy bandwidth measured here)
+Beside each: the memory limit (the layer's NF4 codes and scales over the copy bandwidth measured here,
+as `decode_speed.py` measures it)
 and the error against float32 products of bitsandbytes' own dequantized weights.
 
     python benchmarks/projection_speed.py            # on a GPU, about a minute
@@ -98,13 +99,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     shapes = SMOKE if args.smoke else STORY
     layers = build(torch, shapes, 1 if args.smoke else LAYERS, device)
-    bw = None
-    if device.type == "cuda":
-        a = torch.empty(2**30, dtype=torch.float32, device=device)
-        b = torch.empty_like(a)
-        ms = float(__import__("triton").testing.do_bench(lambda: b.copy_(a), rep=50))
-        bw = 2 * a.numel() * 4 / (ms / 1e3)
-        del a, b
+    from benchmarks.decode_speed import bandwidth  # the copy bandwidth decode_speed's limits use
+
+    bw = bandwidth(torch, device) if device.type == "cuda" else None
     per_layer = nf4_bytes(shapes)
     rows = []
     for batch in [int(b) for b in args.batches.split(",")]:

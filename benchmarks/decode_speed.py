@@ -688,7 +688,8 @@ def main(argv: list[str] | None = None) -> int:
     print(text)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    tag = next((g.lower() for g in ("H200", "H100") if g in name), name.split()[-1].lower())
+    from benchmarks.cards import card_tag
+    tag = card_tag(name)
     (out / f"decode_speed_{tag}{args.name}.md").write_text(text)
     (out / f"decode_speed_{tag}{args.name}.json").write_text(json.dumps(result, indent=1) + "\n")
     return 0

@@ -253,7 +253,8 @@ def main(argv: list[str] | None = None) -> int:
     result = analyse(run_dir, profile)
     text = render(result)
     print(text)
-    name = (str(result.get("device") or "cpu").split()[-1] or "cpu").lower()
+    from benchmarks.cards import card_tag
+    name = card_tag(result.get("device"))
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"eval_speed_{name}.md").write_text(text)
     (args.out / f"eval_speed_{name}.json").write_text(json.dumps(result, indent=1, default=str))

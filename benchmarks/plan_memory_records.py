@@ -26,9 +26,13 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 # configuration -> (its records, its profile overrides); measured on one H100 (rehearsal_h100_fa4*.md)
+NONE = ["deepspeed.offload_param=none", "deepspeed.offload_optimizer=none"]
+MB4 = ["training.micro_batch_size=4", "training.grad_accum=2"]
 RECORDS = {
     "offload": (["offload_4-16_fa4"], []),
-    "none": (["none_4-16_fa4"], ["deepspeed.offload_param=none", "deepspeed.offload_optimizer=none"]),
+    "none": (["none_4-16_fa4"], NONE),
+    "offload, 4 rows x 2": (["offload_4-16_mb4_fa4"], MB4),
+    "none, 4 rows x 2": (["none_4-16_mb4_fa4"], NONE + MB4),
 }
 GPU = ("NVIDIA H100", 79.6)  # the GPU the records ran on, and its memory in GiB
 GiB = 1024**3

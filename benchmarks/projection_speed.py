@@ -196,7 +196,8 @@ def main(argv: list[str] | None = None) -> int:
     if not args.smoke:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
-        tag = result["meta"]["device"].split()[1].lower() if " " in result["meta"]["device"] else "cpu"
+        from benchmarks.cards import card_tag
+        tag = card_tag(result["meta"]["device"])
         (out / f"projection_speed_{tag}.md").write_text(text)
         (out / f"projection_speed_{tag}.json").write_text(json.dumps(result, indent=1) + "\n")
     return 0

@@ -275,7 +275,8 @@ def main() -> int:
     result = run(args)
     text = render(result)
     print(text)
-    gpu = "cpu" if result["device"] == "cpu" else result["device"].split()[-1].lower()
+    from benchmarks.cards import card_tag
+    gpu = card_tag(result["device"])
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"scoring_speed_{gpu}.md").write_text(text)
     (args.out / f"scoring_speed_{gpu}.json").write_text(json.dumps(result, indent=1) + "\n")

@@ -1,22 +1,24 @@
-"""The planner's GPU training peak against the speed benchmark's measured peaks, fitted and checked.
-
-Reads `benchmarks/results/step_speed_h200.json` (`benchmarks/step_speed.py` on one H200: the story's
-geometry sliced, random weights, `torch.cuda.max_memory_allocated` over the training steps) and plans
-every row with the profile and overrides it ran with (`cockpit.plan.estimate` on the sliced geometry,
-one H200). Offload rows measured before the overlapped fetch ran with the embeddings on the host and are
-planned so.
+"""The planner's GPU training peak against measured peaks, fitted on the code as it runs now, and checked.
 
 One constant is fitted: `cockpit.plan.activations.WORKING_LAYERS_FAST`, what a layer's recompute and
 backward hold in units of what autograd saves for it, on the trainer's fast paths (chunked loss, fused NF4
-expert GEMMs, varlen attention). It is fitted on the IN_SAMPLE rows (no offload, 4 layers, 4,096 and
-8,192 tokens a micro-batch) as the largest that any of them needs, so that the plan bounds the peak
-rather than splits the difference. Every other row is out of sample: 1 and 2 layers, 1,024 tokens, two
-rows a micro-batch, gradient accumulation, and every parameter-offload row (prefetch 1 to 3, 4 to 8
-layers). Rows of the unfused paths (`before-*`) are planned with the unfused terms and shown apart.
-Rows that gather each expert block as its own ZeRO-3 leaf (a lever measured and dropped) are left out:
-the planner gathers whole layers, as the trainer does.
+expert GEMMs with the kept dequantized experts, varlen attention by FlashAttention-4 on Hopper). It is
+fitted as the largest factor that any in-sample measurement needs, rounded up, so that the plan bounds the
+peak rather than splits the difference.
 
-    python benchmarks/fit_memory.py     # prints the table and the constant for cockpit/plan/activations.py
+In sample (`RECORDS`): the story profile's rehearsals on one H100 with FlashAttention-4 and the kept experts,
+at 4, 8 and 16 layers, with parameter + optimizer offload and without, at 8 rows x 4,096 tokens a
+micro-batch (as shipped) and at 4 rows with accumulation 2: two token counts, so a per-token term and a
+fixed one are told apart. The records' peaks are `torch.cuda.max_memory_allocated` over the training
+steps; each depth is planned with the profile it ran (`run.json`) on its sliced geometry.
+
+Out of sample, the same code (`CURRENT`): `benchmarks/step_speed.py` rows on one H100 in the same session:
+1 and 2 layers, 1,024 and 4,096 tokens, offload at 4 and 8 layers, and a row without checkpointing.
+Shown apart, earlier code (`EARLIER`): the H200 rows of `step_speed` measured before FlashAttention-4,
+planned as the varlen path of before, whose bound they gave (`WORKING_LAYERS_VARLEN`: what the planner
+keeps for GPUs FlashAttention-4 does not run on).
+
+    python benchmarks/fit_memory.py     # prints the tables and the constant for cockpit/plan/activations.py
 
 Writes plan_memory_fit.md and .json under $OUT (else benchmarks/results/). No GPU needed.
 """
@@ -24,6 +26,7 @@ Writes plan_memory_fit.md and .json under $OUT (else benchmarks/results/). No GP
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 from pathlib import Path
@@ -32,55 +35,112 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-RESULTS = ROOT / "benchmarks/results/step_speed_h200.json"
-IN_SAMPLE = ("after-4096", "after-8192")
+RECORDS = ROOT / "benchmarks/results/forecast/records"
+IN_SAMPLE = ("offload_4-16_fa4", "none_4-16_fa4", "offload_4-16_mb4_fa4", "none_4-16_mb4_fa4")
+CURRENT = ROOT / "benchmarks/results/step_speed_h100_refit.json"
+EARLIER = ROOT / "benchmarks/results/step_speed_h200.json"
+GPUS = {"H100": ("NVIDIA H100", 79.6), "H200": ("NVIDIA H200", 139.8)}
 GiB = 1024**3
 
 
-def planned(row: Any, keep_dequant: bool = False) -> Any:
-    """The plan's training phase for a step_speed row, configured as the row ran (`keep_dequant`: whether
-    the trainer kept the dequant path's weights for backward then; rows measured before say nothing)."""
+def _estimate(
+    profile: Any, layers: int, gpu: str, keep_dequant: bool | None = None, flash4: bool = True
+) -> tuple[Any, Any]:
+    """The plan of `profile` sliced to `layers` on one `gpu` (GPUS), and its inputs; `flash4` false: as
+    the varlen attention of before FlashAttention-4 ran."""
     from dataclasses import replace
 
-    from benchmarks.step_speed import EARLIER_OFFLOAD, EMB_HOST, STORY_PROFILE
     from cockpit.plan.estimator import estimate
     from cockpit.plan.hardware import Hardware
     from cockpit.plan.inputs import inputs_for, resolve_geometry, setup_for
+
+    name, mem = GPUS[gpu]
+    inputs = inputs_for(profile, resolve_geometry(profile).with_layers(layers))
+    setup = setup_for(profile, Hardware(gpus=1, gpu_name=name, gpu_mem_gib=mem, host_ram_gib=128))
+    setup = replace(setup, flash4=setup.flash4 and flash4)
+    if keep_dequant is not None:
+        setup = replace(setup, keep_dequant=keep_dequant)
+    return estimate(inputs, setup), inputs
+
+
+def _needed(e: Any, inputs: Any, measured_gib: float) -> float:
+    """The working-layer factor under which this plan equals the measured peak."""
+    rest = sum(e.train.gpu.values()) - e.train.gpu["layer recompute + backward"]
+    working = measured_gib * GiB - rest - (e.train.gpu["layer recompute + backward"] - _working(e, inputs))
+    return working / inputs.activations(e.setup).layer_saved
+
+
+def _working(e: Any, inputs: Any) -> int:
+    """The part of the plan's recompute + backward term that WORKING_LAYERS_FAST scales."""
+    return inputs.activations(e.setup).working(e.setup.grad_ckpt)
+
+
+def record_profile(record: str) -> Any:
+    """The profile a rehearsal record ran, rebuilt from the story profile and the fields that vary."""
+    from benchmarks.forecast_consistency import STORY
     from cockpit.profiles import load_profile
 
-    overrides = row.overrides(gpu=True) + (list(EMB_HOST) if row.name in EARLIER_OFFLOAD else [])
-    profile, _ = load_profile(STORY_PROFILE, overrides)
-    inputs = inputs_for(profile, resolve_geometry(profile).with_layers(row.layers))
-    hw = Hardware(gpus=1, gpu_name="NVIDIA H200", gpu_mem_gib=139.8, host_ram_gib=128)
-    return estimate(inputs, replace(setup_for(profile, hw), keep_dequant=keep_dequant)), inputs, profile
+    ran = json.loads((RECORDS / record / "run.json").read_text())["profile"]
+    t, ds = ran["training"], ran["deepspeed"]
+    overrides = [
+        f"training.micro_batch_size={t['micro_batch_size']}",
+        f"training.grad_accum={t['grad_accum']}",
+        f"deepspeed.offload_param={ds['offload_param']}",
+        f"deepspeed.offload_optimizer={ds['offload_optimizer']}",
+    ]
+    return load_profile(STORY, overrides)[0]
 
 
-def needed_working_layers(row: Any, measured_gib: float, keep_dequant: bool) -> float:
-    """The working-layer factor under which this row's plan equals its measured peak."""
-    e, inputs, _ = planned(row, keep_dequant)
-    acts = inputs.activations(e.setup)
-    rest = sum(e.train.gpu.values()) - e.train.gpu["layer recompute + backward"]
-    return (measured_gib * GiB - rest) / acts.layer_saved
+def record_lines() -> list[dict[str, Any]]:
+    """One line per in-sample record and depth: measured and planned peak, and the factor it needs."""
+    from benchmarks.forecast_consistency import measures_of
+
+    out = []
+    for record in IN_SAMPLE:
+        profile = record_profile(record)
+        t, ds = profile.training, profile.deepspeed
+        for layers, m in sorted(measures_of([record]).items()):
+            measured = max(m.gpu_train_gib.values())
+            e, inputs = _estimate(profile, layers, "H100")
+            plan = e.train.gpu_peak / GiB
+            out.append(
+                {
+                    "line": f"{record} at {layers}",
+                    "record": record,
+                    "layers": layers,
+                    "tokens": t.seq_len * t.micro_batch_size,
+                    "accum": t.grad_accum,
+                    "offload": ds.offload_param != "none",
+                    "measured_gib": round(measured, 3),
+                    "planned_gib": round(plan, 3),
+                    "error": round(plan / measured - 1, 4),
+                    "needed": round(_needed(e, inputs, measured), 4),
+                }
+            )
+    return out
 
 
-def measured_rows(data: dict[str, Any]) -> list[tuple[Any, float, bool]]:
-    """(row definition, measured training peak in GiB, whether the trainer kept the dequant path's weights
-    for backward) for every row that ran and has a peak."""
-    from benchmarks.step_speed import MOE_LEAF, gpu_rows
+def fit(lines: list[dict[str, Any]]) -> float:
+    """WORKING_LAYERS_FAST: the largest factor an in-sample line needs, to two decimals, rounded up."""
+    return math.ceil(max(x["needed"] for x in lines) * 100 - 1e-9) / 100
+
+
+def step_lines(data: dict[str, Any], gpu: str, flash4: bool = True) -> list[dict[str, Any]]:
+    """One line per measured step_speed row (rows gathering expert blocks as their own ZeRO-3 leaves, a
+    lever dropped, left out): its configuration, the measured and planned peak (`flash4`: planned with
+    FlashAttention-4 where the GPU runs it)."""
+    from benchmarks.step_speed import EARLIER_OFFLOAD, EMB_HOST, MOE_LEAF, STORY_PROFILE, gpu_rows
+    from cockpit.profiles import load_profile
 
     results = {r["name"]: r["result"] for r in data["rows"] if r.get("result")}
-    return [
-        (row, results[row.name]["cuda_peak_gib"], results[row.name].get("keep_dequant", False))
-        for row in gpu_rows()
-        if results.get(row.name, {}).get("cuda_peak_gib") and not set(MOE_LEAF) & set(row.extra)
-    ]
-
-
-def table(data: dict[str, Any]) -> list[dict[str, Any]]:
-    """One line per measured row: its configuration, the measured and planned peak, in or out of sample."""
     out = []
-    for row, measured, keep in measured_rows(data):
-        e, _, profile = planned(row, keep)
+    for row in gpu_rows():
+        got = results.get(row.name, {})
+        if not got.get("cuda_peak_gib") or set(MOE_LEAF) & set(row.extra):
+            continue
+        overrides = row.overrides(gpu=True) + (list(EMB_HOST) if row.name in EARLIER_OFFLOAD else [])
+        profile, _ = load_profile(STORY_PROFILE, overrides)
+        e, _ = _estimate(profile, row.layers, gpu, got.get("keep_dequant", False), flash4)
         plan = e.train.gpu_peak / GiB
         out.append(
             {
@@ -89,58 +149,21 @@ def table(data: dict[str, Any]) -> list[dict[str, Any]]:
                 "tokens": row.seq * row.mb,
                 "accum": row.ga,
                 "offload": row.offload,
-                "prefetch": profile.deepspeed.prefetch_layers if row.offload else 0,
-                "embeddings": "gpu" if e.setup.keeps_embeddings or not row.offload else "host",
+                "checkpointing": e.setup.grad_ckpt,
                 "paths": "fast" if e.setup.fast_paths else "unfused",
-                "sample": "in" if row.name in IN_SAMPLE else "out",
-                "measured_gib": round(measured, 3),
+                "measured_gib": round(got["cuda_peak_gib"], 3),
                 "planned_gib": round(plan, 3),
-                "error": round(plan / measured - 1, 4),
+                "error": round(plan / got["cuda_peak_gib"] - 1, 4),
             }
         )
     return out
 
 
-def fit(data: dict[str, Any]) -> float:
-    """WORKING_LAYERS_FAST: the largest factor an in-sample row needs, to two decimals, rounded up."""
-    import math
-
-    needs = [
-        needed_working_layers(*measured) for measured in measured_rows(data) if measured[0].name in IN_SAMPLE
-    ]
-    return math.ceil(max(needs) * 100) / 100
-
-
-def report(constant: float, fitted: float, lines: list[dict[str, Any]]) -> str:
-    out = [
-        "# The planner's GPU training peak against measured (story geometry, one H200)",
-        "",
-        f"`WORKING_LAYERS_FAST` fitted on {', '.join(IN_SAMPLE)}: {fitted:.2f} "
-        f"(cockpit/plan/activations.py has {constant:.2f}). Measured: `torch.cuda.max_memory_allocated` over "
-        "the training steps of each step_speed row; planned: `cockpit.plan.estimate` for the row's profile "
-        "and overrides on the sliced geometry.",
-        "",
-        "| row | layers | tokens x accum | offload (prefetch, embeddings) | paths | sample | measured GiB "
-        "| planned GiB | error |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
-    for x in collapsed(lines):
-        off = f"param+opt ({x['prefetch']:g}, {x['embeddings']})" if x["offload"] else "none"
-        out.append(
-            f"| {x['row']} | {x['layers']} | {x['tokens']} x {x['accum']} | {off} | {x['paths']} | "
-            f"{x['sample']} | {x['measured_gib']:.2f} | {x['planned_gib']:.2f} | {x['error']:+.1%} |"
-        )
-    out += ["", *summary(lines)]
-    return "\n".join(out) + "\n"
-
-
-def collapsed(lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Rows of one configuration and one measured peak on one line, their names joined (many step_speed
-    rows differ only in what they time, not in what they hold)."""
-    keys = ("layers", "tokens", "accum", "offload", "prefetch", "embeddings", "paths", "sample")
+def _collapsed(lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Rows of one configuration and one measured peak on one line, their names joined."""
     merged: dict[tuple[Any, ...], dict[str, Any]] = {}
     for x in lines:
-        key = (*(x[k] for k in keys), round(x["measured_gib"], 2), round(x["planned_gib"], 2))
+        key = tuple(v for k, v in x.items() if k != "row")
         if key in merged:
             merged[key]["row"] += f", {x['row']}"
         else:
@@ -148,45 +171,102 @@ def collapsed(lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return list(merged.values())
 
 
-def summary(lines: list[dict[str, Any]]) -> list[str]:
-    """Error ranges by group: in sample, out of sample without and with offload, unfused paths."""
-    groups = {
-        "in sample": [x for x in lines if x["sample"] == "in"],
-        "out of sample, no offload": [
-            x for x in lines if x["sample"] == "out" and not x["offload"] and x["paths"] == "fast"
-        ],
-        "out of sample, parameter offload": [
-            x for x in lines if x["sample"] == "out" and x["offload"] and x["paths"] == "fast"
-        ],
-        "unfused paths (their own terms, not fitted here)": [x for x in lines if x["paths"] == "unfused"],
-    }
-    out = []
-    for name, xs in groups.items():
-        if not xs:
-            continue
-        errs = [x["error"] for x in xs]
-        within = sum(abs(e) <= 0.15 for e in errs)
-        under = sum(e < -0.0005 for e in errs)
-        out.append(
-            f"- {name}: {len(xs)} rows, error {min(errs):+.1%} to {max(errs):+.1%}; {within} within 15%; "
-            f"{under} under the measurement"
-        )
-    return out
+def _mode(line: dict[str, Any]) -> str:
+    return "param+opt" if line["offload"] else "none"
+
+
+def _peaks(line: dict[str, Any]) -> str:
+    return f"{line['measured_gib']:.2f} | {line['planned_gib']:.2f} | {line['error']:+.1%}"
+
+
+def summary(name: str, lines: list[dict[str, Any]]) -> str:
+    """The error range of a group of lines, how many within 15% and how many under the measurement."""
+    errs = [x["error"] for x in lines]
+    within = sum(abs(e) <= 0.15 for e in errs)
+    under = sum(e < -0.0005 for e in errs)
+    return (
+        f"- {name}: {len(lines)} lines, error {min(errs):+.1%} to {max(errs):+.1%}; {within} within 15%; "
+        f"{under} under the measurement"
+    )
+
+
+def report(
+    constant: float, fitted: float, records: list[dict[str, Any]], current: list, earlier: list
+) -> str:
+    from cockpit.plan.memory import LAGGING_LAYERS, LAGGING_LAYERS_ACCUM
+
+    out = [
+        "# The planner's GPU training peak against measured (story geometry)",
+        "",
+        f"`WORKING_LAYERS_FAST` fitted on the in-sample records: {fitted:.2f} (cockpit/plan/activations.py "
+        f"has {constant:.2f}); gathered layers lagging behind the window (cockpit/plan/memory.py): "
+        f"`LAGGING_LAYERS` {LAGGING_LAYERS}, with accumulation `LAGGING_LAYERS_ACCUM` "
+        f"{LAGGING_LAYERS_ACCUM}. "
+        "Measured: `torch.cuda.max_memory_allocated` over the training steps; planned: "
+        "`cockpit.plan.estimate` for the profile and overrides each ran with, on the sliced geometry, "
+        "one GPU.",
+        "",
+        "## In sample: the story profile's rehearsals on one H100 (FlashAttention-4, the kept experts)",
+        "",
+        "| record | layers | tokens x accum | offload | measured GiB | planned GiB | error | factor needed |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    out += [
+        f"| {x['record']} | {x['layers']} | {x['tokens']} x {x['accum']} | {_mode(x)} | {_peaks(x)} "
+        f"| {x['needed']:.3f} |"
+        for x in records
+    ]
+    for title, lines in (
+        ("Out of sample: step_speed rows on one H100, the same code (`step_speed_h100_refit.json`)", current),
+        (
+            "Earlier code: step_speed rows on one H200 before FlashAttention-4 (`step_speed_h200.json`), "
+            "planned as the varlen path of before (`WORKING_LAYERS_VARLEN`)",
+            earlier,
+        ),
+    ):
+        out += [
+            "",
+            f"## {title}",
+            "",
+            "| row | layers | tokens x accum | offload | checkpointing | paths | measured GiB | planned GiB "
+            "| error |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
+        out += [
+            f"| {x['row']} | {x['layers']} | {x['tokens']} x {x['accum']} | "
+            f"{_mode(x)} | {'yes' if x['checkpointing'] else 'no'} | {x['paths']} | {_peaks(x)} |"
+            for x in _collapsed(lines)
+        ]
+    fast = [x for x in earlier if x["paths"] == "fast"]
+    out += [
+        "",
+        summary("in sample (records)", records),
+        summary("out of sample, the same code", current),
+        *([summary("earlier code, fast paths, planned as the varlen path of before", fast)] if fast else []),
+    ]
+    return "\n".join(out) + "\n"
 
 
 def main() -> int:
     from cockpit.plan.activations import WORKING_LAYERS_FAST
 
-    data = json.loads(RESULTS.read_text())
-    fitted = fit(data)
-    lines = table(data)
-    text = report(WORKING_LAYERS_FAST, fitted, lines)
+    records = record_lines()
+    fitted = fit(records)
+    current = step_lines(json.loads(CURRENT.read_text()), "H100")
+    earlier = step_lines(json.loads(EARLIER.read_text()), "H200", flash4=False)
+    text = report(WORKING_LAYERS_FAST, fitted, records, current, earlier)
     print(text)
     out = Path(os.environ.get("OUT") or ROOT / "benchmarks/results")
     out.mkdir(parents=True, exist_ok=True)
     (out / "plan_memory_fit.md").write_text(text)
-    payload = {"working_layers_fast": fitted, "in_sample": list(IN_SAMPLE), "rows": lines}
-    (out / "plan_memory_fit.json").write_text(json.dumps(payload, indent=1))
+    payload = {
+        "working_layers_fast": fitted,
+        "in_sample": list(IN_SAMPLE),
+        "records": records,
+        "current": current,
+        "earlier": earlier,
+    }
+    (out / "plan_memory_fit.json").write_text(json.dumps(payload, indent=1) + "\n")
     return 0
 
 

@@ -1,13 +1,16 @@
-"""The planner's step-time coefficients, fitted to the speed benchmark's rows and checked out of sample.
+"""The planner's step-time coefficients, fitted to measured rows and checked out of sample.
 
-Reads `benchmarks/results/step_speed_h200.json` (`benchmarks/step_speed.py` on one H200) and fits
-`cockpit.plan.speed.MeasuredSpeed`: step = fixed + layers x per-layer + model FLOPs / (rate x
-efficiency), on the IN_SAMPLE rows (depths 1 and 2 at 4096 tokens, depth 4 at 1024 and 8192). The
-offload share of copy time not hidden is fitted on the offload rows of the story profile's own settings
-(3 layers prefetched, the embeddings on the GPU, the overlapped fetch) at 4 and 8 layers, its copy bytes
-the planner's (`Weights.moved_bytes`: each layer twice a micro-batch). Every other row of the present
-paths is predicted from the fit and set beside its measurement: those are out of sample. A row with
-gradient accumulation is predicted a micro-batch at a time, times its micro-batches.
+Fits `cockpit.plan.speed.MeasuredSpeed`: a micro-batch = fixed + layers x per-layer + model FLOPs / (rate x
+efficiency), on one H100 with the code as it runs now (FlashAttention-4, the kept experts): the rows
+`IN_SAMPLE` of `benchmarks/results/step_speed_h100_refit.json` (`benchmarks/step_speed.py`: depths 1 and 2
+at 4,096 tokens, depth 4 at 1,024 and 8,192) and the story profile's rehearsals without offload
+(`benchmarks/fit_memory.py`'s records: 4, 8 and 16 layers at 32,768 and 16,384 tokens a micro-batch).
+With parameter offload the step is at least `copy_factor` x its host-to-device copies at the measured
+link rate: fitted on the offload rows of the story profile's own settings (3 layers prefetched, the
+embeddings on the GPU, the overlapped fetch) at 4 and 8 layers and 4,096 tokens, which their copies
+bound, their copy bytes the planner's (`Weights.moved_bytes`: each layer twice a micro-batch). Out of
+sample: the story's rehearsals with offload, each predicted as max(compute, copies). A row with gradient
+accumulation is predicted a micro-batch at a time, times its micro-batches.
 
     python benchmarks/fit_speed.py            # prints the table and the constants for cockpit/plan/speed.py
 
@@ -26,7 +29,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-RESULTS = ROOT / "benchmarks/results/step_speed_h200.json"
+RESULTS = ROOT / "benchmarks/results/step_speed_h100_refit.json"
 STORY = "qwen3-235b-a22b-thinking-4xh100"
 IN_SAMPLE = ("after-4096-1L", "after-4096-2L", "after-1024", "after-full-8192")
 OFFLOAD_IN_SAMPLE = ("offload-prefetch3-4096", "offload-prefetch3-4096-8L")
@@ -81,6 +84,37 @@ def rows_by_name(data: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return out
 
 
+def record_rows() -> dict[str, dict[str, Any]]:
+    """The story profile's rehearsals on one H100 (`benchmarks/fit_memory.py`'s records: 4, 8 and 16
+    layers, offload and none, 8 rows a micro-batch and 4 rows x 2), a row a depth as `rows_by_name` gives
+    them, a micro-batch at a time: its model FLOPs as the planner counts them (`micro_batch_flops`, the
+    profile's data), its seconds the record's optimizer step over its micro-batches."""
+    from benchmarks.fit_memory import IN_SAMPLE as RECORDS
+    from benchmarks.fit_memory import record_profile
+    from benchmarks.forecast_consistency import measures_of
+    from cockpit.plan.estimator import micro_batch_flops
+    from cockpit.plan.hardware import Hardware
+    from cockpit.plan.inputs import inputs_for, resolve_geometry, setup_for
+
+    hw = Hardware(gpus=1, gpu_name="H100-80GB", gpu_mem_gib=80, host_ram_gib=128)
+    out = {}
+    for record in RECORDS:
+        profile = record_profile(record)
+        ga = profile.training.grad_accum
+        for layers, m in sorted(measures_of([record]).items()):
+            inputs = inputs_for(profile, resolve_geometry(profile).with_layers(layers))
+            _, flops = micro_batch_flops(inputs, setup_for(profile, hw))
+            out[f"{record} at {layers}"] = {
+                "layers": layers,
+                "offload": profile.deepspeed.offload_param != "none",
+                "flops": flops,
+                "step_s": m.step_s / ga,
+                "timed_steps": m.steps_timed,
+                "ga": 1,
+            }
+    return out
+
+
 def fit(data: dict[str, Any]) -> tuple[Any, list[dict[str, Any]]]:
     """The fitted MeasuredSpeed and a row a configuration: predicted beside measured."""
     from dataclasses import replace
@@ -93,34 +127,34 @@ def fit(data: dict[str, Any]) -> tuple[Any, list[dict[str, Any]]]:
         raise SystemExit(f"{RESULTS}: rows missing for the fit: {', '.join(missing)}")
     tflops = round(statistics.mean(r["tflops"] for r in rows.values()), 1)
     h2d = statistics.mean(r["h2d_gbps"] for r in rows.values())
+    records = record_rows()
+    fitted = [*IN_SAMPLE, *(n for n, r in records.items() if not r["offload"])]
+    rows.update(records)
     speed = fit_speed(
-        [(rows[n]["layers"], rows[n]["flops"], rows[n]["step_s"]) for n in IN_SAMPLE],
+        [(rows[n]["layers"], rows[n]["flops"], rows[n]["step_s"]) for n in fitted],
         data["ceilings"].get("gpu", "NVIDIA H200"),
         tflops,
-        f"benchmarks/results/{RESULTS.name} rows {', '.join(IN_SAMPLE + OFFLOAD_IN_SAMPLE)}",
+        f"benchmarks/results/{RESULTS.name} rows {', '.join(IN_SAMPLE + OFFLOAD_IN_SAMPLE)}; the story's "
+        "rehearsals without offload (forecast/records/none_4-16_fa4, none_4-16_mb4_fa4)",
     )
-    exposed = [
-        (
-            rows[n]["step_s"] / rows[n]["ga"]
-            - speed.compute_s(rows[n]["layers"], rows[n]["flops"] / rows[n]["ga"], tflops)
-        )
-        / (copy_bytes(rows[n]["layers"]) / (h2d * 1e9))
-        for n in OFFLOAD_IN_SAMPLE
-    ]
-    speed = replace(speed, offload_exposed=max(0.0, statistics.mean(exposed)))
+    copies = {n: copy_bytes(rows[n]["layers"]) / (h2d * 1e9) for n in OFFLOAD_IN_SAMPLE}
+    for n in OFFLOAD_IN_SAMPLE:  # the copies bound these rows: their compute alone is shorter
+        if speed.compute_s(rows[n]["layers"], rows[n]["flops"], tflops) >= rows[n]["step_s"]:
+            raise SystemExit(f"{RESULTS}: {n} is not bound by its copies; it cannot fit copy_factor")
+    speed = replace(speed, copy_factor=statistics.mean(rows[n]["step_s"] / copies[n] for n in copies))
     table = []
-    for name in IN_SAMPLE + OFFLOAD_IN_SAMPLE + OUT_OF_SAMPLE:
+    for name in [*fitted, *OFFLOAD_IN_SAMPLE, *OUT_OF_SAMPLE, *(n for n in records if n not in fitted)]:
         r = rows.get(name)
         if r is None:
             continue
         predicted = speed.compute_s(r["layers"], r["flops"] / r["ga"], tflops)
         if r["offload"]:
-            predicted += speed.offload_exposed * copy_bytes(r["layers"]) / (h2d * 1e9)
+            predicted = max(predicted, speed.copy_factor * copy_bytes(r["layers"]) / (h2d * 1e9))
         predicted *= r["ga"]
         table.append(
             {
                 "row": name,
-                "sample": "in (fitted)" if name in IN_SAMPLE + OFFLOAD_IN_SAMPLE else "out",
+                "sample": "in (fitted)" if name in fitted or name in OFFLOAD_IN_SAMPLE else "out",
                 "layers": r["layers"],
                 "offload": r["offload"],
                 "tflop_per_step": r["flops"] / 1e12,
@@ -138,17 +172,19 @@ def report(speed: Any, table: list[dict[str, Any]]) -> str:
         "# The planner's step time, fitted to measured rows",
         "",
         f"step = {speed.fixed_s:.4f} s + layers x {speed.layer_s:.4f} s + model FLOPs / "
-        f"({speed.measured_tflops} TFLOP/s x {speed.efficiency:.3f}); with parameter offload, plus "
-        f"{speed.offload_exposed:.2f} x the host-to-device copy time. Fitted on {speed.gpu} to "
+        f"({speed.measured_tflops} TFLOP/s x {speed.efficiency:.3f}); with parameter offload, the step is "
+        f"at least {speed.copy_factor:.2f} x the host-to-device copy time. Fitted on {speed.gpu} to "
         f"{speed.source}.",
         "",
-        "| row | sample | layers | offload | TFLOP a step | measured s (timed steps) | predicted s | error |",
+        "| row | sample | layers | offload | TFLOP a micro-batch | measured s (timed steps) | predicted s "
+        "| error |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for t in table:
         lines.append(
             f"| {t['row']} | {t['sample']} | {t['layers']} | {'param+opt' if t['offload'] else 'none'} | "
-            f"{t['tflop_per_step']:.1f} | {t['measured_s']:.3f} ({t['timed_steps']}) | "
+            f"{t['tflop_per_step']:.1f} | "
+            f"{t['measured_s']:.3f} ({t['timed_steps']}) | "
             f"{t['predicted_s']:.3f} | {t['error']:+.1%} |"
         )
     out = [r for r in table if r["sample"] == "out"]
@@ -166,7 +202,7 @@ def report(speed: Any, table: list[dict[str, Any]]) -> str:
         "",
         "```",
         f"fixed_s={speed.fixed_s:.6f}, layer_s={speed.layer_s:.6f}, efficiency={speed.efficiency:.6f}, "
-        f"offload_exposed={speed.offload_exposed:.6f}, measured_tflops={speed.measured_tflops}",
+        f"copy_factor={speed.copy_factor:.6f}, measured_tflops={speed.measured_tflops}",
         "```",
         "",
         f"Reproduce: `python benchmarks/fit_speed.py` (reads the committed {RESULTS.name}).",

@@ -9,7 +9,7 @@ predicts the whole 94-layer run on the story profile's own machine (4 x H100-80G
 count comes from the profile's data (3,600 examples of about 2,000 tokens, one epoch, as the story ran:
 an assumption, the data file is not here). Evaluation after training (the base and the tuned model on
 the held-out split) is in the wall clock: timed on the story's slices where `benchmarks/eval_speed.py`
-left its timings (`results/eval_speed_h200.json`, set on the depths it timed), else the plan's modelled
+left its timings (`results/eval_speed_h100.json`, set on the depths it timed), else the plan's modelled
 term, and the output says which. Beside it: what `cockpit plan` says for the same profile, and the story's
 26 hours. A second run loads from the NF4 cache (each forecast's line); the two configurations together
 tell the load's work apart (`load_split`): the one without offload builds and quantizes the same layers on
@@ -43,7 +43,7 @@ H100_RECORDS = (
     "the depths ran on one H100 (FlashAttention-4, the kept experts), scaled as the H200's: one chip"
 )
 RECORDS = {"offload": ["offload_4-16_fa4"], "none": ["none_4-16_fa4"]}
-EVAL_TIMINGS = ROOT / "benchmarks/results/eval_speed_h200.json"
+EVAL_TIMINGS = ROOT / "benchmarks/results/eval_speed_h100.json"
 
 
 def with_eval_timings(measures: list, path: Path = EVAL_TIMINGS) -> tuple[list, str]:
@@ -57,7 +57,7 @@ def with_eval_timings(measures: list, path: Path = EVAL_TIMINGS) -> tuple[list, 
 
     timings = json.loads(path.read_text()).get("timings", {}) if path.is_file() else {}
     if not timings:
-        return measures, "evaluation modelled (no eval_speed_h200.json timings: the plan's term)"
+        return measures, "evaluation modelled (no eval_speed_h100.json timings: the plan's term)"
     out = [replace(m, eval=timings.get(str(m.layers), {})) for m in measures]
     have = {m.layers for m in measures}
     out += [DepthMeasure(int(d), "ok", eval=t) for d, t in timings.items() if int(d) not in have and t]

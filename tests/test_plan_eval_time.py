@@ -153,8 +153,8 @@ def test_the_batch_is_what_the_gpus_hold_beside_the_weights_as_evaluation_choose
 
 def test_the_decode_constants_are_the_committed_measurement() -> None:
     """`DECODE_BANDWIDTH_SHARE` and `DECODE_FIXED_S` are what `benchmarks/eval_speed.py` measured on the
-    H200 (its line at batch 64 against the memory limit of a layer's bytes); after a new run, paste them."""
-    path = Path(__file__).parent.parent / "benchmarks/results/eval_speed_h200.json"
+    H100 (its line at batch 64 against the memory limit of a layer's bytes); after a new run, paste them."""
+    path = Path(__file__).parent.parent / "benchmarks/results/eval_speed_h100.json"
     result = json.loads(path.read_text())
     line = next(r for r in result["rows"] if r["figure"] == "decode_step_s")
     share = result["memory_limit_per_layer_s"]["batch"] / line["per_layer"]

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from cockpit.plan.speed import H200_STORY_SLICE, MeasuredSpeed, fit_speed
+from cockpit.plan.speed import STORY_SLICE, MeasuredSpeed, fit_speed
 
 
 def test_fit_recovers_known_costs():
@@ -31,7 +31,7 @@ def test_planner_constants_are_the_committed_fit():
     from benchmarks import fit_speed as script
 
     speed, table = script.fit(json.loads(script.RESULTS.read_text()))
-    for field in ("fixed_s", "layer_s", "efficiency", "offload_exposed"):
-        assert getattr(H200_STORY_SLICE, field) == pytest.approx(getattr(speed, field), abs=1e-5), field
-    assert H200_STORY_SLICE.measured_tflops == speed.measured_tflops
+    for field in ("fixed_s", "layer_s", "efficiency", "copy_factor"):
+        assert getattr(STORY_SLICE, field) == pytest.approx(getattr(speed, field), abs=1e-5), field
+    assert STORY_SLICE.measured_tflops == speed.measured_tflops
     assert {t["sample"] for t in table} == {"in (fitted)", "out"}

@@ -125,10 +125,11 @@ def test_story_fits_because_the_loader_goes_layer_by_layer(plan) -> None:
     assert "FITS as configured" in plan.verdict()
     required = " ".join(plan.requirements)
     assert "layer-by-layer loader" in required and "CPU offload" not in required
-    # Faster without parameter offload: partitions (a quarter of 115 GiB) fit on an 80 GiB GPU.
+    # Without parameter offload the partitions (a quarter of 115 GiB) fit on an 80 GiB GPU, and the step is
+    # no faster: the copies hide under compute.
     none = {o.label: o.estimate for o in plan.options}["no offload"]
     assert none.fits and none.setup.offload_param == "none"
-    assert none.tokens_per_s > e.tokens_per_s
+    assert none.tokens_per_s >= e.tokens_per_s
     assert whole_nf4 / 4 < none.train.gpu_peak < 80 * GiB
 
 
@@ -203,10 +204,10 @@ def test_sixteen_bit_experts_cost_four_times_the_copies(plan, plan16) -> None:
     """Offloaded steps move each layer's stored bytes: 16-bit experts about four times the 4-bit ones."""
     ratio = plan16.configured.transfer_s / plan.configured.transfer_s
     assert 3.4 < ratio < 4.0
-    # Host-to-device copies add to compute (measured on the H200), so the step is longer than either.
-    e = plan.configured
-    assert e.compute_s < e.step_s and e.transfer_s < e.step_s
-    assert e.step_s <= e.compute_s + e.transfer_s + 1e-9
+    # Host-to-device copies overlap compute (measured on one H100): the step is the longer of the two.
+    for e in (plan.configured, plan16.configured):
+        assert e.compute_s <= e.step_s <= max(e.compute_s, e.transfer_s)
+    assert plan16.configured.step_s >= plan.configured.step_s
 
 
 def test_step_time_comes_from_the_measured_costs() -> None:
@@ -231,15 +232,14 @@ def test_step_time_comes_from_the_measured_costs() -> None:
     ratio = datasheet_tflops("H100") / datasheet_tflops("A100")
     assert slower - (0.05 + 94 * 0.02) == pytest.approx((expected - 0.05 - 94 * 0.02) * ratio, rel=1e-9)
 
-    # Offloaded copies count at the measured exposed share.
-    def step(exposed: float) -> float:
-        return build_plan(
-            profile, hw, Assumptions(speed=replace(speed, offload_exposed=exposed))
-        ).configured.step_s
+    # Offloaded copies overlap compute: the step is the longer of compute and the copies at the measured
+    # factor of the link's rate.
+    def step(factor: float) -> float:
+        return build_plan(profile, hw, Assumptions(speed=replace(speed, copy_factor=factor))).configured.step_s
 
-    hidden = step(0.0)
-    assert plan.configured.step_s - hidden > 0.1
-    assert step(0.5) - hidden == pytest.approx((plan.configured.step_s - hidden) / 2, rel=1e-9)
+    assert step(0.0) == pytest.approx(expected, rel=1e-9)
+    bound = step(400.0)  # copies far longer than compute
+    assert bound > 2 * expected and step(800.0) == pytest.approx(2 * bound, rel=1e-9)
     tiny, _ = load_profile("tiny-cpu")
     assert build_plan(tiny, Hardware(0, "", 0, 24)).configured.compute_s is None  # no GPU: no speed
 
@@ -277,14 +277,20 @@ def test_the_fastest_configuration_is_taken_by_the_overrides_the_plan_prints(pla
 
 
 def test_the_story_as_shipped_is_its_fastest_that_fits_with_the_parameters_offloaded() -> None:
-    """The profile ships the plan's fastest (8 rows, one micro-batch a step): nothing left to take, and at
-    that micro-batch the activations need the parameters offloaded on an 80 GiB GPU."""
+    """The profile ships the plan's fastest (8 rows, one micro-batch a step): nothing left to take. At that
+    micro-batch the kept experts need the parameters offloaded on an 80 GiB GPU; without offload only the
+    experts dequantized again fit, at a speed the model cannot tell from the shipped one."""
+    from cockpit.plan.options import SPEED_TIE
+
     profile, _ = load_profile(STORY)
     shipped = build_plan(profile, Hardware(4, "H100-80GB", 80, 960))
     assert (profile.training.micro_batch_size, profile.training.grad_accum) == (8, 1)
     assert shipped.configured.fits and shipped.best.setup == shipped.configured.setup
     assert shipped.best_overrides() == []
-    assert any("CPU offload of the parameters" in r for r in shipped.requirements)
+    none, _ = load_profile(STORY, ['deepspeed.offload_param="none"', 'deepspeed.offload_optimizer="none"'])
+    kept = build_plan(none, Hardware(4, "H100-80GB", 80, 960))
+    assert not kept.configured.fits and kept.best is not None and not kept.best.setup.keep_dequant
+    assert kept.best.tokens_per_s <= shipped.configured.tokens_per_s * (1 + SPEED_TIE)
     earlier = story_plan()
     assert shipped.configured.train.gpu_peak > earlier.configured.train.gpu_peak  # twice the activations
 
@@ -320,10 +326,10 @@ def test_the_dequant_path_keeps_a_layers_expert_weights_through_the_backward(mon
 
 
 def test_where_only_the_kept_weights_do_not_fit_the_plan_gives_them_back() -> None:
-    """On GPUs of 60 GiB (55.2 usable) the story as shipped needs 57.0: its twin without the kept experts
+    """On GPUs of 50 GiB (46 usable) the story as shipped needs 48.5: its twin without the kept experts
     fits, and the plan recommends it by the override a user types; the options table says so."""
     profile, _ = load_profile(STORY)
-    plan = build_plan(profile, Hardware(4, "H100-80GB", 60, 960))
+    plan = build_plan(profile, Hardware(4, "H100-80GB", 50, 960))
     assert not plan.configured.fits
     assert plan.best is not None and plan.best.fits and not plan.best.setup.keep_dequant
     assert plan.best.setup.offload == plan.configured.setup.offload

@@ -56,7 +56,7 @@ def test_the_plans_forward_is_a_share_of_compute_and_one_fetch_of_the_exposed_tr
     assert modelled_forward(plain, 9.0, 9.0)[0] == pytest.approx(4.5)
     plan = build_plan(profile)
     c, v = plan.configured, plan.run.validation
-    assert c.step_s > c.compute_s > 0 and v is not None
+    assert c.step_s >= c.compute_s > 0 and v is not None  # the story is compute-bound: copies hide
     forward = modelled_forward(profile, c.compute_s, c.step_s)[0]
     assert v.pass_s == pytest.approx(v.rounds * forward) and v.forward_share < 1 / ZERO3_LAYER_FETCHES
 

@@ -2,7 +2,7 @@
 recompute and backward, and the logits with what the loss holds of them.
 
 Derived from the model's shapes, with two measured constants (`LOGITS_EXTRA_BYTES`, and
-`WORKING_LAYERS_FAST`, which `benchmarks/fit_memory.py` prints to paste here after a new speed run).
+`WORKING_LAYERS_FAST`, which `benchmarks/fit_memory.py` prints to paste here after new rehearsals).
 """
 
 from __future__ import annotations
@@ -19,14 +19,18 @@ from cockpit.plan.geometry import ModelGeometry
 # The earlier derived guess (12 bytes: fp32 copy, log-softmax, gradients) over-predicted by ~1 GiB.
 LOGITS_EXTRA_BYTES = 5.2
 # Measured, not derived: one layer's recompute and backward hold this many times what autograd saves for
-# it (`Activations.layer_saved`) on the trainer's fast paths (chunked loss, fused NF4 expert GEMMs, varlen
-# attention). Fitted by benchmarks/fit_memory.py on the H200 slices of step_speed (no offload, 4 layers,
-# 4,096 and 8,192 tokens) as the larger of the two, a bound rather than a mean: 4,096 tokens needs 1.06,
-# 8,192 needs 1.65 (benchmarks/results/plan_memory_fit.md, with the rows out of sample). The unfused path
-# keeps the derived 2 (recompute, and as much again in gradients), which its own measurements match
-# (experts4bit_h200.md at 1,024 tokens; before-4096 of step_speed: +1%).
-WORKING_LAYERS_FAST = 1.65
-MEASURED_TOKENS = 8192  # the most tokens a micro-batch WORKING_LAYERS_FAST was measured at
+# it (`Activations.layer_saved`) on the trainer's fast paths (chunked loss, fused NF4 expert GEMMs with the
+# kept dequantized experts, varlen attention). With FlashAttention-4 (Hopper): fitted by
+# benchmarks/fit_memory.py on the story's rehearsals on one H100 (4, 8 and 16 layers, offload and none,
+# 16,384 and 32,768 tokens a micro-batch) as the largest any needs: 0.80 to 0.87; the step_speed rows of
+# the same code at 1,024 to 8,192 tokens are out of sample, bounded within +10%
+# (benchmarks/results/plan_memory_fit.md).
+WORKING_LAYERS_FAST = 0.87
+# The varlen path of before (torch's kernels, and GPUs FlashAttention-4 does not run on): the bound fitted
+# on the H200 step_speed rows measured before FlashAttention-4 (4 layers, no offload, 4,096 tokens needs
+# 1.06, 8,192 needs 1.65), kept as measured then.
+WORKING_LAYERS_VARLEN = 1.65
+MEASURED_TOKENS = 32768  # the most tokens a micro-batch WORKING_LAYERS_FAST was measured at
 WORKING_LAYERS = 2.0
 
 
@@ -68,10 +72,12 @@ def activations(
     lora_r: int = 0,
     chunked_loss: bool = False,
     fast_paths: bool = False,
+    flash4: bool = False,
 ) -> Activations:
     """Activation bytes of one micro-batch; `chunked_loss`: the loss a chunk of rows at a time;
     `fast_paths` (`Setup.fast_paths`): a layer's recompute and backward hold their measured
-    WORKING_LAYERS_FAST, else the derived WORKING_LAYERS."""
+    WORKING_LAYERS_FAST with FlashAttention-4 (`flash4`), else WORKING_LAYERS_VARLEN; without the fast
+    paths the derived WORKING_LAYERS."""
     g, tokens = geometry, seq_len * micro_batch
     attention = act_bytes * (3 * g.hidden + 3 * g.q_dim + 4 * g.kv_dim + 4 * lora_r) + 8 * g.hidden
     dense = act_bytes * (g.hidden + 4 * g.intermediate)
@@ -86,5 +92,7 @@ def activations(
         logits=chunked_loss_bytes(g, tokens, act_bytes)
         if chunked_loss
         else int(tokens * g.vocab * (act_bytes + LOGITS_EXTRA_BYTES)),
-        working_layers=WORKING_LAYERS_FAST if fast_paths else WORKING_LAYERS,
+        working_layers=(WORKING_LAYERS_FAST if flash4 else WORKING_LAYERS_VARLEN)
+        if fast_paths
+        else WORKING_LAYERS,
     )

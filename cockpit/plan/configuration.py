@@ -30,6 +30,7 @@ class Setup:
     loader: str = "layerwise"  # model.loader: "layerwise" or "transformers" (from_pretrained)
     seq_len: int = 1024
     micro_batch: int = 1
+    grad_accum: int = 1  # micro-batches a step (training.grad_accum)
     grad_ckpt: bool = True
     gpu_mem_gib: float = 0.0
     host_ram_gib: float = 0.0
@@ -41,7 +42,10 @@ class Setup:
     embeddings_on_gpu: bool = False
     nodes: int = 1  # hosts, each with `gpus` GPUs (hardware.nodes)
     chunked_loss: bool = False  # training.chunked_loss: the logits a chunk of target rows at a time
-    attention: str = ""  # training.attention: "varlen" is the fast path WORKING_LAYERS_FAST was fitted on
+    attention: str = ""  # training.attention: "varlen" is the fast path the working memory was fitted on
+    # varlen attention by FlashAttention-4 (Hopper, trainer/layers/flash4.py), whose working memory is
+    # WORKING_LAYERS_FAST; elsewhere the varlen path of before, WORKING_LAYERS_VARLEN
+    flash4: bool = False
     # training.keep_dequantized_experts: the dequant path's expert weights kept from recompute to backward
     # (trainer/layers/frozen_experts.py); benchmarks/fit_memory.py plans rows measured before it existed as
     # False.

@@ -3,8 +3,9 @@
 Step time: a micro-batch's compute is `speed.MeasuredSpeed` over its model FLOPs (`flops.py`); an
 offloaded step moves each layer's weights host-to-device twice (forward, then recompute and backward
 share one gather), and the embeddings and lm_head once unless `deepspeed.embeddings_on_gpu` keeps them on
-the GPU (the default): `Weights.moved_bytes`. A fitted share of those copies is not hidden under compute
-(`MeasuredSpeed.offload_exposed`: 0.19 with the trainer's overlapped fetch and 3 layers prefetched).
+the GPU (the default): `Weights.moved_bytes`. The copies overlap compute; a step takes at least
+`MeasuredSpeed.copy_factor` times their bytes at the link's rate (measured with the trainer's overlapped
+fetch and 3 layers prefetched, where the copies bound the step).
 """
 
 from __future__ import annotations
@@ -125,19 +126,21 @@ def step_time(inputs: Inputs, setup: Setup) -> StepTime:
     rate = speed.measured_tflops * a.tflops(setup.gpu_name) / (datasheet_tflops(speed.gpu) or a.tflops(""))
     compute_s = speed.compute_s(inputs.geometry.layers, flops, rate)
     moved = inputs.weights.moved_bytes(setup)
-    offload_s = gather_s = 0.0
-    if setup.stage == 3 and setup.offload_param == "cpu":
-        offload_s = speed.offload_exposed * moved / n / (a.h2d_gbps * GB)
-    elif setup.stage == 3 and setup.offload_param == "nvme":
-        offload_s = moved / (a.nvme_gbps * GB) + speed.offload_exposed * moved / n / (a.h2d_gbps * GB)
+    gather_s = 0.0
+    copies_s = nvme_s = 0.0
+    if setup.stage == 3 and setup.offload_param in ("cpu", "nvme"):
+        copies_s = speed.copy_factor * moved / n / (a.h2d_gbps * GB)
+    if setup.stage == 3 and setup.offload_param == "nvme":
+        nvme_s = moved / (a.nvme_gbps * GB)
     if setup.stage == 3 and n > 1:
         gather_s = moved * (n - 1) / n / (a.nvlink_gbps * GB)
     if setup.stage == 3 and setup.nodes > 1:  # the other nodes' partitions come over the network
         gather_s += moved * (setup.nodes - 1) / setup.nodes / (a.internode_gbps * GB)
-    # Offloaded copies add the measured share not hidden under compute (speed.offload_exposed).
-    # All-gathers over NVLink and the network are not measured here: assumed to overlap compute.
-    step_s = max(compute_s, gather_s) + offload_s
-    return StepTime(compute_s, offload_s + gather_s, step_s, n * tokens / step_s)
+    # Host-to-device copies overlap compute and bound the step where longer (speed.copy_factor, measured);
+    # all-gathers over NVLink and the network are not measured here: assumed to overlap compute too. NVMe
+    # reads are not overlapped.
+    step_s = max(compute_s, gather_s, copies_s) + nvme_s
+    return StepTime(compute_s, copies_s + nvme_s + gather_s, step_s, n * tokens / step_s)
 
 
 def checks(setup: Setup, a: Assumptions, load: Phase, train: Phase) -> list[Check]:

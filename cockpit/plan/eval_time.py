@@ -41,13 +41,13 @@ from cockpit.contract import (
 from cockpit.plan.run_length import ASSUMED_LABELS, EvalSplit, from_data_file
 
 SYSTEMS = 2  # the base model and the tuned one
-# The decode step as `benchmarks/eval_speed.py` measured it on one H200 (the story's 2-, 8- and 16-layer
-# slices, batch 64, the fast decode path): its line's per-layer time against the memory limit of the bytes
-# a layer reads gives the share of the bandwidth it reaches; its fixed part a step (the head, sampling,
-# the loop's own work) is kept as measured.
-DECODE_BANDWIDTH_SHARE = 0.2638
-DECODE_FIXED_S = 0.000886
-DECODE_SOURCE = "benchmarks/results/eval_speed_h200.json (batch 64, one H200)"
+# The decode step as `benchmarks/eval_speed.py` measured it on one H100 (the story's 2-, 8- and 16-layer
+# slices, batch 64, the fast decode path with the decode layers of `trainer.model.configure_inference`):
+# its line's per-layer time against the memory limit of the bytes a layer reads gives the share of the
+# bandwidth it reaches; its fixed part a step (the head, sampling, the loop's own work) is kept as measured.
+DECODE_BANDWIDTH_SHARE = 0.3828
+DECODE_FIXED_S = 0.000722
+DECODE_SOURCE = "benchmarks/results/eval_speed_h100.json (batch 64, one H100)"
 # Where evaluation's model spans several GPUs, its decode step replays a CUDA graph on each
 # (`trainer/evaluation/decode_blocks.py`); each graph past the first costs this much, as
 # `benchmarks/decode_speed.py` measured on one H200: the story's 16-layer slice cut into 4 graphs, at batch

@@ -14,7 +14,7 @@ from cockpit.plan.activations import Activations, activations
 from cockpit.plan.configuration import Setup
 from cockpit.plan.geometry import GeometryError, ModelGeometry, geometry_from_config, load_geometry
 from cockpit.plan.hardware import Hardware
-from cockpit.plan.speed import H200_STORY_SLICE, MeasuredSpeed
+from cockpit.plan.speed import STORY_SLICE, MeasuredSpeed
 from cockpit.plan.weights import Precision, Weights
 from cockpit.profiles import BUILTIN_PREFIX, Profile
 
@@ -31,6 +31,16 @@ GPU_TFLOPS = {
     "A6000": 155.0,
     "4090": 165.0,
 }
+
+
+# GPUs FlashAttention-4 runs on (compute capability 9, trainer/layers/flash4.py's ARCHS), by name
+HOPPER = ("H200", "H100", "GH200", "H800", "H20")
+
+
+def runs_flash4(gpu_name: str) -> bool:
+    """Whether the trainer's varlen attention runs FlashAttention-4 on this GPU (a Hopper, by name)."""
+    upper = gpu_name.upper()
+    return any(k in upper for k in HOPPER)
 
 
 def datasheet_tflops(gpu_name: str) -> float:
@@ -54,7 +64,7 @@ class Assumptions:
     disk_gbps: float = 2.0
     # Step time from costs measured on a GPU (cockpit.plan.speed): fixed and per-layer seconds and the
     # efficiency of the model FLOPs, fitted to benchmarks/results/step_speed_h200.json.
-    speed: MeasuredSpeed = H200_STORY_SLICE
+    speed: MeasuredSpeed = STORY_SLICE
     target_fraction: float = 0.5  # share of tokens with a loss target (the head runs on those only)
     gpu_tflops: float = 0.0  # bf16 dense peak per GPU; 0 = from the GPU's name (default 300)
     process_rss_gib_gpu: float = (
@@ -94,6 +104,7 @@ class Inputs:
             self.lora_r,
             setup.chunked_loss,
             setup.fast_paths,
+            setup.flash4,
         )
 
     def with_experts_4bit(self, on: bool) -> Inputs:
@@ -153,6 +164,7 @@ def setup_for(profile: Profile, hw: Hardware) -> Setup:
         loader=loader_of(profile.model.loader, profile.model.trust_remote_code),
         seq_len=t.seq_len,
         micro_batch=t.micro_batch_size,
+        grad_accum=t.grad_accum,
         grad_ckpt=t.gradient_checkpointing,
         gpu_mem_gib=hw.gpu_mem_gib,
         host_ram_gib=hw.host_ram_gib,
@@ -163,5 +175,6 @@ def setup_for(profile: Profile, hw: Hardware) -> Setup:
         embeddings_on_gpu=ds.embeddings_on_gpu,
         chunked_loss=t.chunked_loss,
         attention=t.attention,
+        flash4=hw.gpus > 0 and runs_flash4(hw.gpu_name),
         keep_dequant=t.keep_dequantized_experts,
     )

@@ -318,7 +318,7 @@ def options_table(plan: Plan, measured: dict[str, Measured] | None = None) -> Ta
     table.caption = (
         f"{name} per GPU and for the whole host; {ref.setup.gpus} GPU(s) and seq {ref.setup.seq_len} unless "
         f"the option says. A micro-batch's step = max(compute, all-gathers at {a.nvlink_gbps:g} GB/s"
-        f"{network}) + {sp.offload_exposed:.2f} x host-to-device copies at {a.h2d_gbps:g} GB/s per GPU; "
+        f"{network}, {sp.copy_factor:.2f} x host-to-device copies at {a.h2d_gbps:g} GB/s per GPU); "
         f"compute = {sp.fixed_s * 1000:.0f} ms + {sp.layer_s * 1000:.1f} ms a layer + model FLOPs at "
         f"{sp.efficiency:.0%} of the bf16 rate, all measured on {sp.gpu} (benchmarks/fit_speed.py); each "
         "layer moves twice a step, the embeddings and lm_head "

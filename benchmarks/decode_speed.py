@@ -689,6 +689,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     from benchmarks.cards import card_tag
+
     tag = card_tag(name)
     (out / f"decode_speed_{tag}{args.name}.md").write_text(text)
     (out / f"decode_speed_{tag}{args.name}.json").write_text(json.dumps(result, indent=1) + "\n")

@@ -254,6 +254,7 @@ def main(argv: list[str] | None = None) -> int:
     text = render(result)
     print(text)
     from benchmarks.cards import card_tag
+
     name = card_tag(result.get("device"))
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"eval_speed_{name}.md").write_text(text)

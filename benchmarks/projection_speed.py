@@ -197,6 +197,7 @@ def main(argv: list[str] | None = None) -> int:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
         from benchmarks.cards import card_tag
+
         tag = card_tag(result["meta"]["device"])
         (out / f"projection_speed_{tag}.md").write_text(text)
         (out / f"projection_speed_{tag}.json").write_text(json.dumps(result, indent=1) + "\n")

@@ -276,6 +276,7 @@ def main() -> int:
     text = render(result)
     print(text)
     from benchmarks.cards import card_tag
+
     gpu = card_tag(result["device"])
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"scoring_speed_{gpu}.md").write_text(text)

@@ -35,15 +35,13 @@ STORY = "qwen3-235b-a22b-thinking-4xh100"
 # it). Both are the story profile as shipped (8 rows, one micro-batch a step, so without
 # `forecast_consistency.RAN_AT`'s 4 x 2; FlashAttention-4 and the kept dequantized experts) at depths 4, 8
 # and 16, in one call on one H100 (`rehearsal_accuracy.py --configs nf4-offload|nf4-none --depths 4,8,16
-# --records DIR`). The scaling below says H200: the two share one chip (the same dense bf16 rate, 1.00
-# between them) and their hosts' pinned copies measured 55 GB/s both; evaluation's timings are the H200's,
-# and its decode step is scaled by the H200's memory. The records before them (`offload_4-16_lean`,
+# --records DIR`). Evaluation's timings (`EVAL_TIMINGS`) ran on one H100 too, so nothing is scaled from
+# one card to another: `SCALING` is the H100's to 4 x H100. The records before them (`offload_4-16_lean`,
 # `none_1-16`, on an H200) ran without FlashAttention-4, with the experts dequantized again for backward.
-H100_RECORDS = (
-    "the depths ran on one H100 (FlashAttention-4, the kept experts), scaled as the H200's: one chip"
-)
+H100_RECORDS = "the depths and evaluation's timings ran on one H100 (FlashAttention-4, the kept experts)"
 RECORDS = {"offload": ["offload_4-16_fa4"], "none": ["none_4-16_fa4"]}
 EVAL_TIMINGS = ROOT / "benchmarks/results/eval_speed_h100.json"
+MEASURED_GPU = "NVIDIA H100 80GB HBM3"  # the card the records and the timings ran on
 
 
 def with_eval_timings(measures: list, path: Path = EVAL_TIMINGS) -> tuple[list, str]:
@@ -96,6 +94,8 @@ def load_split(summary: dict) -> dict | None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from dataclasses import replace
+
     from rich.console import Console
 
     from benchmarks.forecast_consistency import CONFIGS, RAN_AT, measures_of, scaling, story
@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
         by_depth = measures_of(records)
         measures = [m for d, m in sorted(by_depth.items()) if not chosen or d in chosen]
         measures, evaluation = with_eval_timings(measures)
-        result = forecast(measures, profile, plan, scaling())
+        result = forecast(measures, profile, plan, replace(scaling(), measured_gpu=MEASURED_GPU))
         data = result.to_dict()
         console.rule(
             f"{config}: the story profile, "

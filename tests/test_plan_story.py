@@ -235,7 +235,8 @@ def test_step_time_comes_from_the_measured_costs() -> None:
     # Offloaded copies overlap compute: the step is the longer of compute and the copies at the measured
     # factor of the link's rate.
     def step(factor: float) -> float:
-        return build_plan(profile, hw, Assumptions(speed=replace(speed, copy_factor=factor))).configured.step_s
+        a = Assumptions(speed=replace(speed, copy_factor=factor))
+        return build_plan(profile, hw, a).configured.step_s
 
     assert step(0.0) == pytest.approx(expected, rel=1e-9)
     bound = step(400.0)  # copies far longer than compute

@@ -3,7 +3,8 @@
 At the story's geometry a decoder layer's q, k, v and o projections are bitsandbytes `Linear4bit`s of
 [8192, 4096], [512, 4096] twice and [4096, 8192] (71M weights, 37 MB in NF4). Past 4 rows bitsandbytes
 (0.50, on Hopper, as its heuristic picks) dequantizes each weight to bf16 and multiplies;
-`trainer.layers.linear4bit_rows` sends 5 to 64 rows to the NF4 decode kernel instead. This times the four
+`trainer.layers.linear4bit_rows` sends 5 to 28 rows to the NF4 decode kernel instead (past that, its 64-row
+tile measured slower than bitsandbytes). This times the four
 projections of `LAYERS` layers in turn (their weights together exceed the L2 cache, as a step through the
 model's layers does), replayed as a CUDA graph as evaluation's decode step is, at batches of 1, 8 and 64
 rows:

@@ -102,3 +102,13 @@ def test_the_probe_passes_the_kernel_and_catches_a_wrong_product(kernels) -> Non
     packed["qstate"][:, :-1].mul_(-1)  # the kernel's copy only: bitsandbytes' state is untouched
     ok, _ = linear4bit_rows.probe(layer, x)
     assert not ok
+
+
+def test_the_kernel_stops_where_its_64_row_tile_begins() -> None:
+    """Past ROWS the kernel would take its 64-row tile, which one H100 measured slower than bitsandbytes'
+    dequantize and matmul (benchmarks/results/projection_speed_h100.md): those rows stay bitsandbytes'."""
+    from trainer.kernels import nf4_triton as k
+
+    assert linear4bit_rows.MIN_ROWS <= linear4bit_rows.ROWS == k.DECODE_ACC_WIDE_ROWS
+    assert linear4bit_rows.config_for(linear4bit_rows.ROWS).bm < 64
+    assert linear4bit_rows.config_for(linear4bit_rows.ROWS + 1).bm == 64

@@ -30,7 +30,11 @@ from trainer.fast_path import FastPath, swap_forwards
 
 # COCKPIT_NF4_LINEAR=0: bitsandbytes' own forward everywhere (the benchmarks' control).
 ENABLED = os.environ.get("COCKPIT_NF4_LINEAR", "1") != "0"
-MIN_ROWS, ROWS = 5, 64  # rows the kernel takes (fewer: bitsandbytes' own kernel; more: the prefill)
+# Rows the kernel takes: fewer go to bitsandbytes' own 4-bit kernel; more (the 64-row tile,
+# `nf4_triton.DECODE_ACC_TALL`, past `DECODE_ACC_WIDE_ROWS`) to bitsandbytes' dequantize and matmul, which
+# one H100 measured faster there: a layer's four projections at 64 rows 0.180 ms against the kernel's
+# 0.196, at 8 rows 0.185 against 0.129 (benchmarks/results/projection_speed_h100.md).
+MIN_ROWS, ROWS = 5, 28
 # Weight rows a tile: narrower than the experts' 128, as one weight alone must give every SM tiles
 # (the story's o_proj has 4,096 outputs: 64 tiles of 64).
 TILE_OUTPUTS = 64

@@ -13,7 +13,7 @@ fixed one are told apart. The records' peaks are `torch.cuda.max_memory_allocate
 steps; each depth is planned with the profile it ran (`run.json`) on its sliced geometry.
 
 Out of sample, the same code (`CURRENT`): `benchmarks/step_speed.py` rows on one H100 in the same session:
-1 and 2 layers, 1,024 and 4,096 tokens, offload at 4 and 8 layers, and a row without checkpointing.
+1 and 2 layers, 1,024, 4,096 and 8,192 tokens, offload at 4 and 8 layers.
 Shown apart, earlier code (`EARLIER`): the H200 rows of `step_speed` measured before FlashAttention-4,
 planned as the varlen path of before, whose bound they gave (`WORKING_LAYERS_VARLEN`: what the planner
 keeps for GPUs FlashAttention-4 does not run on).
@@ -193,15 +193,15 @@ def summary(name: str, lines: list[dict[str, Any]]) -> str:
 def report(
     constant: float, fitted: float, records: list[dict[str, Any]], current: list, earlier: list
 ) -> str:
-    from cockpit.plan.memory import LAGGING_LAYERS, LAGGING_LAYERS_ACCUM
+    from cockpit.contract import GATHERED_BEYOND_PREFETCH, GATHERED_BEYOND_PREFETCH_ONE
 
     out = [
         "# The planner's GPU training peak against measured (story geometry)",
         "",
         f"`WORKING_LAYERS_FAST` fitted on the in-sample records: {fitted:.2f} (cockpit/plan/activations.py "
-        f"has {constant:.2f}); gathered layers lagging behind the window (cockpit/plan/memory.py): "
-        f"`LAGGING_LAYERS` {LAGGING_LAYERS}, with accumulation `LAGGING_LAYERS_ACCUM` "
-        f"{LAGGING_LAYERS_ACCUM}. "
+        f"has {constant:.2f}); layers held gathered beyond the prefetch window on one rank with the "
+        f"overlapped fetch (cockpit/contract.py): {GATHERED_BEYOND_PREFETCH_ONE}, with accumulation "
+        f"{GATHERED_BEYOND_PREFETCH}. "
         "Measured: `torch.cuda.max_memory_allocated` over the training steps; planned: "
         "`cockpit.plan.estimate` for the profile and overrides each ran with, on the sliced geometry, "
         "one GPU.",

@@ -47,10 +47,22 @@ ZERO3_LAYER_FETCHES = 2
 # Layers kept gathered in training beyond the computing one and those prefetched, on one rank with the
 # overlapped fetch (`trainer/weights/zero3_fetch.py`): the host runs ahead to DeepSpeed's live-parameter
 # budget, and a released layer's memory is held until the kernels that read it are done. Measured on the
-# story's slice (one H200, prefetch 3): the training peak grows by a whole layer up to about 6 layers (1.30
-# GiB a layer from 1 to 4, 0.75 from 4 to 8), then by 0.159 GiB a layer (8 to 48 layers) - the rehearsal's
-# knee for the GPU peak (`cockpit.rehearse.figures.gathered_knee`).
+# story's slice (one H200, prefetch 3, 4 rows x accumulation 2): the training peak grows by a whole layer
+# up to about 6 layers (1.30 GiB a layer from 1 to 4, 0.75 from 4 to 8), then by 0.159 GiB a layer (8 to
+# 48 layers) - the rehearsal's knee for the GPU peak (`cockpit.rehearse.figures.gathered_knee`). On one
+# H100 with FlashAttention-4 (benchmarks/fit_memory.py's records), from 4 layers to 8: 2.55 GiB beyond the
+# checkpoints at 4 rows x accumulation 2 (two 1.2 GiB layers), 0.14 to 0.65 GiB with one micro-batch a
+# step (`GATHERED_BEYOND_PREFETCH_ONE`, a layer bounds it).
 GATHERED_BEYOND_PREFETCH = 2
+GATHERED_BEYOND_PREFETCH_ONE = 1
+
+
+def gathered_beyond_prefetch(ranks: int, offload_param: str, grad_accum: int) -> int:
+    """Layers held gathered beyond the computing one and those prefetched: only where the overlapped
+    fetch runs (one rank, parameter offload to the CPU), more with gradient accumulation."""
+    if ranks != 1 or offload_param != "cpu":
+        return 0
+    return GATHERED_BEYOND_PREFETCH if grad_accum > 1 else GATHERED_BEYOND_PREFETCH_ONE
 
 
 def keeps_embeddings(embeddings_on_gpu: bool, stage: int, offload_param: str, gpus: int) -> bool:

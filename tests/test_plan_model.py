@@ -154,11 +154,12 @@ def test_without_checkpointing_offload_keeps_every_gathered_layer() -> None:
 
 
 def test_prefetched_layers_are_gathered_beside_the_computing_one() -> None:
-    """deepspeed.prefetch_layers = 1 keeps the next layer gathered too, and with prefetch the measured
-    lagging layers stay gathered behind (more with gradient accumulation), never more than the slice has;
-    and the DeepSpeed config lets the prefetched elements be live (the story's 3 prefetched: 4 layers and
+    """deepspeed.prefetch_layers = 1 keeps the next layer gathered too; on one rank with parameter offload
+    (the overlapped fetch) the measured layers beyond the window stay gathered too, more with gradient
+    accumulation, never more than the slice has; several ranks (DeepSpeed's own fetch) hold none beyond.
+    And the DeepSpeed config lets the prefetched elements be live (the story's 3 prefetched: 4 layers and
     the head), or the prefetch would wait for this layer's release."""
-    from cockpit.plan.memory import LAGGING_LAYERS, LAGGING_LAYERS_ACCUM
+    from cockpit.contract import GATHERED_BEYOND_PREFETCH, GATHERED_BEYOND_PREFETCH_ONE
     from cockpit.profiles import load_profile
     from trainer.ds_config import deepspeed_config, layer_elements
 
@@ -169,10 +170,10 @@ def test_prefetched_layers_are_gathered_beside_the_computing_one() -> None:
         return estimate(inputs, replace(H200, **kw)).train.gpu["gathered layers + lm_head"]
 
     now = gathered()
-    assert gathered(prefetch_layers=1) - now == (1 + LAGGING_LAYERS) * layer
-    assert gathered(prefetch_layers=1, grad_accum=2) - now == (1 + LAGGING_LAYERS_ACCUM) * layer
+    assert gathered(prefetch_layers=1) - now == (1 + GATHERED_BEYOND_PREFETCH_ONE) * layer
+    assert gathered(prefetch_layers=1, grad_accum=2) - now == (1 + GATHERED_BEYOND_PREFETCH) * layer
     assert gathered(prefetch_layers=6, grad_accum=2) - now == 7 * layer  # the whole slice, no more
-    assert LAGGING_LAYERS < LAGGING_LAYERS_ACCUM
+    assert gathered(gpus=2, prefetch_layers=1, grad_accum=2) - gathered(gpus=2) == layer  # prefetched only
     profile, _ = load_profile("qwen3-235b-a22b-thinking-4xh100")
     assert profile.deepspeed.prefetch_layers == 3
     zero = deepspeed_config(profile)["zero_optimization"]

@@ -338,3 +338,41 @@ def test_where_only_the_kept_weights_do_not_fit_the_plan_gives_them_back() -> No
     assert any(not o.estimate.setup.keep_dequant for o in plan.options)
     shipped = build_plan(profile, Hardware(4, "H100-80GB", 80, 960))
     assert shipped.best is not None and shipped.best.setup.keep_dequant  # where both fit, kept
+
+
+def test_the_working_memory_follows_the_attention_kernel_the_gpu_runs() -> None:
+    """Hopper plans FlashAttention-4's measured working memory; an A100, or COCKPIT_VARLEN_KERNEL=torch,
+    the larger bound of torch's kernels; where only FlashAttention-4 fits, the plan requires it."""
+    from cockpit.plan.activations import WORKING_LAYERS_FAST, WORKING_LAYERS_VARLEN
+    from cockpit.plan.inputs import runs_flash4
+
+    assert runs_flash4("NVIDIA H100 80GB HBM3", "") and runs_flash4("H200", "auto")
+    assert not runs_flash4("A100-80GB", "") and not runs_flash4("H100-80GB", "torch")
+    assert WORKING_LAYERS_FAST < WORKING_LAYERS_VARLEN
+    profile, _ = load_profile(STORY)
+    hopper = build_plan(profile, Hardware(4, "H100-80GB", 80, 960)).configured
+    ampere = build_plan(profile, Hardware(4, "A100-80GB", 80, 960)).configured
+    assert hopper.setup.flash4 and not ampere.setup.flash4
+    assert ampere.train.gpu["layer recompute + backward"] > hopper.train.gpu["layer recompute + backward"]
+    tight = build_plan(profile, Hardware(4, "H100-80GB", 60, 960))
+    assert tight.configured.fits and any("FlashAttention-4" in r for r in tight.requirements)
+    roomy = build_plan(profile, Hardware(4, "H100-80GB", 80, 960))
+    assert not any("FlashAttention-4" in r for r in roomy.requirements)
+
+
+def test_a_change_is_advised_only_when_modelled_faster_than_the_tie() -> None:
+    """Where the copies hide under compute, no offload is modelled no faster than the shipped offload and
+    the plan keeps what is configured; where the copies bound the step (a slow link), dropping the offload
+    is modelled faster by more than SPEED_TIE and is advised."""
+    from cockpit.plan.inputs import Assumptions
+    from cockpit.plan.options import SPEED_TIE
+
+    profile, _ = load_profile(STORY)
+    hw = Hardware(4, "H100-80GB", 80, 960)
+    shipped = build_plan(profile, hw)
+    assert shipped.best.setup == shipped.configured.setup
+    slow = Assumptions(h2d_gbps=2.0)
+    plan = build_plan(profile, hw, slow)
+    assert plan.configured.step_s > plan.configured.compute_s  # the copies bound it
+    assert plan.best.setup.offload_param == "none"
+    assert plan.best.tokens_per_s > plan.configured.tokens_per_s * (1 + SPEED_TIE)

@@ -37,10 +37,15 @@ GPU_TFLOPS = {
 HOPPER = ("H200", "H100", "GH200", "H800", "H20")
 
 
-def runs_flash4(gpu_name: str) -> bool:
-    """Whether the trainer's varlen attention runs FlashAttention-4 on this GPU (a Hopper, by name)."""
+def runs_flash4(gpu_name: str, kernel: str | None = None) -> bool:
+    """Whether the trainer's varlen attention runs FlashAttention-4 on this GPU (a Hopper, by name), the
+    flash4 extra installed where it trains, unless `COCKPIT_VARLEN_KERNEL` (`kernel`; read from the
+    environment by default) asks for torch's kernels or none."""
+    import os
+
+    kernel = os.environ.get("COCKPIT_VARLEN_KERNEL", "") if kernel is None else kernel
     upper = gpu_name.upper()
-    return any(k in upper for k in HOPPER)
+    return kernel not in ("torch", "0") and any(k in upper for k in HOPPER)
 
 
 def datasheet_tflops(gpu_name: str) -> float:
@@ -63,7 +68,7 @@ class Assumptions:
     # assumed; the H200 host read the story slice's cache at 1.8 GB/s: results/load_cache_model.md).
     disk_gbps: float = 2.0
     # Step time from costs measured on a GPU (cockpit.plan.speed): fixed and per-layer seconds and the
-    # efficiency of the model FLOPs, fitted to benchmarks/results/step_speed_h200.json.
+    # efficiency of the model FLOPs, fitted by benchmarks/fit_speed.py (one H100, the story's slices).
     speed: MeasuredSpeed = STORY_SLICE
     target_fraction: float = 0.5  # share of tokens with a loss target (the head runs on those only)
     gpu_tflops: float = 0.0  # bf16 dense peak per GPU; 0 = from the GPU's name (default 300)

@@ -45,8 +45,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 
-from cockpit.contract import dequant_path
-from cockpit.plan.activations import MEASURED_TOKENS, Activations
+from cockpit.contract import dequant_path, gathered_beyond_prefetch
+from cockpit.plan.activations import MEASURED_TOKENS, MEASURED_TOKENS_VARLEN, Activations
 from cockpit.plan.configuration import Setup
 from cockpit.plan.formats import pow2_ceil
 from cockpit.plan.inputs import GiB, Inputs
@@ -55,15 +55,6 @@ from cockpit.plan.weights import Weights, lora_params
 # DeepSpeed NVMe offload defaults: 5 swap buffers of 1e8 elements; up to 1e9 elements kept in host RAM.
 NVME_BUFFERS = 5 * 100_000_000
 NVME_MAX_IN_CPU = 1_000_000_000
-# Measured, not derived: ZeRO-3 holds more decoder layers gathered at the training peak than the computing
-# layer and its prefetch window, once the slice is deeper than that window: the story's rehearsals and
-# step_speed rows with parameter offload on one H100 (benchmarks/fit_memory.py) step up from 4 layers (the
-# window holds the whole slice) to 8 by 0 to 0.65 GiB more than their checkpoints at accumulation 1
-# (a layer is 1.2 GiB packed), and by 2.48 GiB (before FlashAttention-4, forecast/records/offload_1-16) and
-# 2.55 GiB (after, offload_4-16_mb4_fa4) at 4 rows x accumulation 2. All ran with prefetch; without it
-# (experts4bit_h200, seq 1024) nothing lags. Layers held with prefetch, without and with accumulation:
-LAGGING_LAYERS = 1
-LAGGING_LAYERS_ACCUM = 2
 
 
 @dataclass
@@ -161,15 +152,16 @@ def _gathering(setup: Setup) -> bool:
 def memory_notes(setup: Setup) -> list[str]:
     """What the memory terms of `setup` read beyond what they were measured or derived for."""
     notes = []
-    if setup.fast_paths and setup.seq_len * setup.micro_batch > MEASURED_TOKENS:
+    measured = MEASURED_TOKENS if setup.flash4 else MEASURED_TOKENS_VARLEN
+    if setup.fast_paths and setup.seq_len * setup.micro_batch > measured:
         notes.append(
-            f"a layer's recompute and backward are measured up to {MEASURED_TOKENS:,} tokens a micro-batch "
+            f"a layer's recompute and backward are measured up to {measured:,} tokens a micro-batch "
             "(benchmarks/fit_memory.py); longer micro-batches are read off that bound, unmeasured"
         )
     if setup.fast_paths and setup.flash4:
         notes.append(
-            "attention planned as FlashAttention-4 (flash-attn-4 installed, a Hopper GPU); "
-            "without it a layer's backward holds up to twice as much (WORKING_LAYERS_VARLEN)"
+            "attention planned as FlashAttention-4, as the trainer runs it on Hopper with the flash4 extra "
+            "installed (`cockpit doctor` says); COCKPIT_VARLEN_KERNEL=torch plans torch's kernels"
         )
     if setup.gpus and _gathering(setup) and not setup.grad_ckpt:
         notes.append("without gradient checkpointing autograd keeps every gathered weight until backward")
@@ -305,9 +297,8 @@ def _gathered(w: Weights, setup: Setup, layers: int) -> tuple[int, int]:
         whole = w.embeddings_bytes()
         kept_embeddings = whole + (math.ceil(whole / n) if n > 1 else 0)
     if setup.grad_ckpt:  # this layer, those prefetched behind it, those lagging (measured), the lm_head
-        lagging = LAGGING_LAYERS_ACCUM if setup.grad_accum > 1 else LAGGING_LAYERS
-        lagging = lagging if setup.prefetch_layers else 0
-        ahead = math.ceil(setup.prefetch_layers) + lagging
+        lagging = gathered_beyond_prefetch(setup.ranks, setup.offload_param, setup.grad_accum)
+        ahead = math.ceil(setup.prefetch_layers) + (lagging if setup.prefetch_layers else 0)
         held = 1 + min(ahead, layers - 1)  # none beyond the last layer
         gathered = held * w.largest_layer()[1] + (0 if kept_embeddings else w.head_bytes())
     else:  # autograd keeps every gathered weight until backward (`memory_notes`)

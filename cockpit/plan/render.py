@@ -318,7 +318,8 @@ def options_table(plan: Plan, measured: dict[str, Measured] | None = None) -> Ta
     table.caption = (
         f"{name} per GPU and for the whole host; {ref.setup.gpus} GPU(s) and seq {ref.setup.seq_len} unless "
         f"the option says. A micro-batch's step = max(compute, all-gathers at {a.nvlink_gbps:g} GB/s"
-        f"{network}, {sp.copy_factor:.2f} x host-to-device copies at {a.h2d_gbps:g} GB/s per GPU); "
+        f"{network}, {sp.copy_factor:.2f} x host-to-device copies at {a.h2d_gbps:g} GB/s per GPU: overlapped "
+        "as measured on one rank, assumed on several); "
         f"compute = {sp.fixed_s * 1000:.0f} ms + {sp.layer_s * 1000:.1f} ms a layer + model FLOPs at "
         f"{sp.efficiency:.0%} of the bf16 rate, all measured on {sp.gpu} (benchmarks/fit_speed.py); each "
         "layer moves twice a step, the embeddings and lm_head "
@@ -387,7 +388,7 @@ def _fastest_lines(plan: Plan, measured: dict[str, Measured]) -> list[str]:
         f"{size(bs.train.gpu_peak)} in training; host {size(bs.load.host_peak)} at load, "
         f"{size(bs.train.host_peak)} in training; ~{bs.tokens_per_s:,.0f} tokens/s"
     )
-    lines.extend(f"  note: {n}" for n in bs.notes)
+    lines.extend(f"  note: {escape(n)}" for n in bs.notes)
     if sets and found is None:
         lines.append(_take_it(sets))
     return lines
@@ -404,7 +405,7 @@ def verdict_text(plan: Plan, measured: dict[str, Measured] | None = None) -> Tex
             'GPU before ZeRO-3 partitions it (model.loader = "layerwise" loads one layer at a time).'
         )
     for r in plan.requirements:
-        lines.append(f"[bold]Required:[/] {r}.")
+        lines.append(f"[bold]Required:[/] {escape(r)}.")
     if plan.best is not None:
         lines += _fastest_lines(plan, measured or {})
     elif e.setup.gpus and not e.fits:

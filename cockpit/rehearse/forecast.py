@@ -20,7 +20,7 @@ from cockpit.rehearse.evaluation import EvalForecast, forecast_eval
 from cockpit.rehearse.figures import fit_all, gathered_knee, terms_for
 from cockpit.rehearse.fit import Fit
 from cockpit.rehearse.measure import DepthMeasure
-from cockpit.rehearse.scaling import Scaling, gather_s, offload_step_target
+from cockpit.rehearse.scaling import Scaling, gather_s, offload_step_target, serial_fetch
 from cockpit.rehearse.serving import serving
 
 __all__ = ["LABELS", "Forecast", "ModelFacts", "Scaling", "forecast", "model_facts"]
@@ -178,6 +178,8 @@ def _step_target(fit: Fit, facts: ModelFacts, profile: Any, s: Scaling) -> tuple
 
     value = target(fit.fixed, fit.per_layer)
     ends = [value]
+    if fit.knee and serial_fetch(profile, s):  # the transfers not hidden: the range's far end
+        ends.append(offload_step_target(fit.fixed, fit.per_layer, facts, profile, s, overlap=False))
     if fit.used:
         anchor = max(fit.used, key=lambda p: p.layers)
         ends += [target(anchor.value - slope * anchor.layers, slope) for slope in fit.bounds]
@@ -282,6 +284,12 @@ def forecast(
                 f"at or past the prefetch window ({step_fit.knee} layers); its slope stands for compute when "
                 f"scaled (copy {terms.copy_s:.3f} s a layer an optimizer step here), an upper bound where "
                 "the copy sets it"
+            )
+        if step_fit.knee and serial_fetch(profile, scaling):
+            notes.append(
+                f"step on {nt} ranks: they fetch offloaded layers by DeepSpeed's own fetch, these depths "
+                "by the overlapped one (one rank); how much of the copies and gathers compute hides there "
+                "is not measured: the step's range reaches them added to compute"
             )
     _validation_target(here, here_range, target, target_range)
     tokens_step = statistics_tokens(done)

@@ -78,12 +78,15 @@ def gather_s(moved_bytes: float, scaling: Scaling) -> float:
     return seconds
 
 
-def _offload_parts(fixed: float, per_layer: float, facts: Any, profile: Any, machine: Scaling) -> float:
+def _offload_parts(
+    fixed: float, per_layer: float, facts: Any, profile: Any, machine: Scaling, overlap: bool = True
+) -> float:
     """The offloaded step part by part on `machine` (its target fields), from the line past the prefetch
     window measured on its measuring ranks: each rank copies its share of a layer over its own link and
     all-gathers the rest; compute scales by the bf16 rate; every layer costs the longer of its transfer
-    and its compute (the line's slope: compute's, or an upper bound on it where the copy set it). The
-    measuring ranks' all-gathers are taken out of the measured line first."""
+    and its compute (the line's slope: compute's, or an upper bound on it where the copy set it), or
+    both (`overlap` false: the transfers not hidden). The measuring ranks' all-gathers are taken out of
+    the measured line first."""
     nm = max(1, machine.measured_gpus or 1)
     micro = profile.training.grad_accum
     # the bytes a layer, and the embeddings and head beyond a layer's, move an optimizer step
@@ -97,12 +100,23 @@ def _offload_parts(fixed: float, per_layer: float, facts: Any, profile: Any, mac
     compute = max(0.0, per_layer - gather_s(layer_gather, measured)) * machine.compute_ratio
     rest = (fixed - other - gather_s(other_gather, measured)) * machine.compute_ratio
     rest += link * other + gather_s(other_gather, machine)
-    return rest + facts.layers * max(layer_move, compute)
+    return rest + facts.layers * (max(layer_move, compute) if overlap else layer_move + compute)
 
 
-def offload_step_target(fixed: float, per_layer: float, facts: Any, profile: Any, s: Scaling) -> float:
+def serial_fetch(profile: Any, s: Scaling) -> bool:
+    """Whether the target's ranks fetch offloaded layers by DeepSpeed's own fetch (several ranks; the
+    overlapped fetch, `trainer/weights/zero3_fetch.py`, runs on one) while these depths ran the
+    overlapped one: how much of the transfers compute hides there is not measured."""
+    one_here = (s.measured_gpus or 1) == 1
+    return profile.deepspeed.offload_param == "cpu" and one_here and (s.target_gpus or 1) > 1
+
+
+def offload_step_target(
+    fixed: float, per_layer: float, facts: Any, profile: Any, s: Scaling, overlap: bool = True
+) -> float:
     """The offloaded step on the target: the measured line at full depth plus what the modelled parts
-    change from this machine to the target (a rehearsal on the target itself predicts its own line)."""
+    change from this machine to the target (a rehearsal on the target itself predicts its own line);
+    `overlap` false: on the target the transfers add to compute."""
     here = replace(
         s,
         target_gpus=s.measured_gpus or 1,
@@ -110,7 +124,7 @@ def offload_step_target(fixed: float, per_layer: float, facts: Any, profile: Any
         compute_ratio=1.0,
         h2d_gbps_target=s.h2d_gbps_measured,
     )
-    change = _offload_parts(fixed, per_layer, facts, profile, s) - _offload_parts(
+    change = _offload_parts(fixed, per_layer, facts, profile, s, overlap) - _offload_parts(
         fixed, per_layer, facts, profile, here
     )
     return max(0.0, fixed + per_layer * facts.layers + change)

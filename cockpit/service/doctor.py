@@ -113,7 +113,8 @@ def check_flash4(profile: Profile, version: str | None) -> Check:
         return Check(name, "ok", "no packed attention on a GPU in this profile")
     if version is None:
         return Check(name, "warn", "flash-attn-4 missing: torch's FlashAttention-2 runs it, 1.7x slower on "
-                     "Hopper; pip install 'cockpit[flash4]'", {"flash_attn_4": None})  # fmt: skip
+                     "Hopper and holding more memory than `cockpit plan` counts there; pip install "
+                     "'cockpit[flash4]'", {"flash_attn_4": None})  # fmt: skip
     return Check(name, "ok", f"flash-attn-4 {version} on Hopper GPUs (checked at each run's start)",
                  {"flash_attn_4": version})  # fmt: skip
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from cockpit.contract import ZERO3_LAYER_FETCHES
 from cockpit.plan.inputs import GiB
 from cockpit.plan.run_length import data_size, run_steps
 from cockpit.plan.validation_time import validation_time
@@ -20,7 +19,7 @@ from cockpit.rehearse.evaluation import EvalForecast, forecast_eval
 from cockpit.rehearse.figures import fit_all, gathered_knee, terms_for
 from cockpit.rehearse.fit import Fit
 from cockpit.rehearse.measure import DepthMeasure
-from cockpit.rehearse.scaling import Scaling, gather_s, offload_step_target, serial_fetch
+from cockpit.rehearse.scaling import Scaling, serial_fetch, step_target
 from cockpit.rehearse.serving import serving
 
 __all__ = ["LABELS", "Forecast", "ModelFacts", "Scaling", "forecast", "model_facts"]
@@ -158,36 +157,6 @@ class Forecast:
         }
 
 
-def _step_target(fit: Fit, facts: ModelFacts, profile: Any, s: Scaling) -> tuple[float, Range]:
-    """The target's optimizer step and its range, from the step's fit."""
-    full = facts.layers
-    ds = profile.deepspeed
-    offload = ds.offload_param != "none"
-    nm, nt = s.measured_gpus or 1, s.target_gpus or 1
-    weights = facts.layer_bytes * full + facts.other_bytes
-
-    def target(fixed: float, per_layer: float) -> float:
-        if fit.knee:  # the offloaded step past its prefetch window
-            return offload_step_target(fixed, per_layer, facts, profile, s)
-        step = fixed + per_layer * full
-        moved = ZERO3_LAYER_FETCHES * profile.training.grad_accum * weights  # a step's gathered bytes
-        h2d_here = moved / nm / (s.h2d_gbps_measured * 1e9) if offload else 0.0
-        h2d_target = moved / nt / (s.h2d_gbps_target * 1e9) if offload else 0.0
-        compute = max(0.0, step - h2d_here) * s.compute_ratio
-        return max(compute, gather_s(moved, s)) + h2d_target
-
-    value = target(fit.fixed, fit.per_layer)
-    ends = [value]
-    if fit.knee and serial_fetch(profile, s):  # the transfers not hidden: the range's far end
-        ends.append(offload_step_target(fit.fixed, fit.per_layer, facts, profile, s, overlap=False))
-    if fit.used:
-        anchor = max(fit.used, key=lambda p: p.layers)
-        ends += [target(anchor.value - slope * anchor.layers, slope) for slope in fit.bounds]
-    here = fit.at(full)
-    band = fit.band(full) * (value / here if here > 0 else 1.0)
-    return value, (max(0.0, min(ends) - band), max(ends) + band)
-
-
 def _validation_target(
     here: dict[str, float | None],
     here_range: dict[str, Range],
@@ -277,7 +246,7 @@ def forecast(
         )
     step_fit = fits.get("step_s")
     if step_fit is not None:
-        target["step_s"], target_range["step_s"] = _step_target(step_fit, facts, profile, scaling)
+        target["step_s"], target_range["step_s"] = step_target(step_fit, facts, profile, scaling)
         if step_fit.knee and step_fit.says:
             notes.append(
                 f"step with offload: {step_fit.per_layer:.3f} s a further layer here, the line of the depths "

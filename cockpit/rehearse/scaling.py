@@ -1,5 +1,6 @@
 """From the machine a rehearsal ran on to the profile's: every assumption with its value (`Scaling`), and
-the offloaded step part by part on either (`offload_step_target`)."""
+the offloaded step part by part on either (`offload_step_target`), and the target's optimizer step from
+the step's fit (`step_target`)."""
 
 from __future__ import annotations
 
@@ -128,3 +129,33 @@ def offload_step_target(
         fixed, per_layer, facts, profile, here
     )
     return max(0.0, fixed + per_layer * facts.layers + change)
+
+
+def step_target(fit: Any, facts: Any, profile: Any, s: Scaling) -> tuple[float, tuple[float, float]]:
+    """The target's optimizer step and its range, from the step's fit."""
+    full = facts.layers
+    ds = profile.deepspeed
+    offload = ds.offload_param != "none"
+    nm, nt = s.measured_gpus or 1, s.target_gpus or 1
+    weights = facts.layer_bytes * full + facts.other_bytes
+
+    def target(fixed: float, per_layer: float) -> float:
+        if fit.knee:  # the offloaded step past its prefetch window
+            return offload_step_target(fixed, per_layer, facts, profile, s)
+        step = fixed + per_layer * full
+        moved = ZERO3_LAYER_FETCHES * profile.training.grad_accum * weights  # a step's gathered bytes
+        h2d_here = moved / nm / (s.h2d_gbps_measured * 1e9) if offload else 0.0
+        h2d_target = moved / nt / (s.h2d_gbps_target * 1e9) if offload else 0.0
+        compute = max(0.0, step - h2d_here) * s.compute_ratio
+        return max(compute, gather_s(moved, s)) + h2d_target
+
+    value = target(fit.fixed, fit.per_layer)
+    ends = [value]
+    if fit.knee and serial_fetch(profile, s):  # the transfers not hidden: the range's far end
+        ends.append(offload_step_target(fit.fixed, fit.per_layer, facts, profile, s, overlap=False))
+    if fit.used:
+        anchor = max(fit.used, key=lambda p: p.layers)
+        ends += [target(anchor.value - slope * anchor.layers, slope) for slope in fit.bounds]
+    here = fit.at(full)
+    band = fit.band(full) * (value / here if here > 0 else 1.0)
+    return value, (max(0.0, min(ends) - band), max(ends) + band)

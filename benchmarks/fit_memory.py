@@ -43,6 +43,16 @@ GPUS = {"H100": ("NVIDIA H100", 79.6), "H200": ("NVIDIA H200", 139.8)}
 GiB = 1024**3
 
 
+def slice_inputs(profile: Any, layers: int, gpu: str) -> tuple[Any, Any]:
+    """The planner's inputs and setup for `profile` sliced to `layers` on one `gpu` (GPUS)."""
+    from cockpit.plan.hardware import Hardware
+    from cockpit.plan.inputs import inputs_for, resolve_geometry, setup_for
+
+    name, mem = GPUS[gpu]
+    inputs = inputs_for(profile, resolve_geometry(profile).with_layers(layers))
+    return inputs, setup_for(profile, Hardware(gpus=1, gpu_name=name, gpu_mem_gib=mem, host_ram_gib=128))
+
+
 def _estimate(
     profile: Any, layers: int, gpu: str, keep_dequant: bool | None = None, flash4: bool = True
 ) -> tuple[Any, Any]:
@@ -51,12 +61,8 @@ def _estimate(
     from dataclasses import replace
 
     from cockpit.plan.estimator import estimate
-    from cockpit.plan.hardware import Hardware
-    from cockpit.plan.inputs import inputs_for, resolve_geometry, setup_for
 
-    name, mem = GPUS[gpu]
-    inputs = inputs_for(profile, resolve_geometry(profile).with_layers(layers))
-    setup = setup_for(profile, Hardware(gpus=1, gpu_name=name, gpu_mem_gib=mem, host_ram_gib=128))
+    inputs, setup = slice_inputs(profile, layers, gpu)
     setup = replace(setup, flash4=setup.flash4 and flash4)
     if keep_dequant is not None:
         setup = replace(setup, keep_dequant=keep_dequant)

@@ -55,15 +55,11 @@ OUT_OF_SAMPLE = (
 def copy_bytes(layers: int) -> float:
     """Host-to-device bytes of a micro-batch with parameter offload, as the planner counts them for the
     story profile on one GPU."""
-    from cockpit.plan.hardware import Hardware
-    from cockpit.plan.inputs import inputs_for, resolve_geometry, setup_for
-    from cockpit.plan.weights import Weights
+    from benchmarks.fit_memory import slice_inputs
     from cockpit.profiles import load_profile
 
-    profile, _ = load_profile(STORY)
-    inputs = inputs_for(profile, resolve_geometry(profile).with_layers(layers))
-    setup = setup_for(profile, Hardware(gpus=1, gpu_mem_gib=141, host_ram_gib=128, gpu_name="H200"))
-    return Weights.of(inputs.geometry, inputs.precision).moved_bytes(setup)
+    inputs, setup = slice_inputs(load_profile(STORY)[0], layers, "H200")
+    return inputs.weights.moved_bytes(setup)
 
 
 def rows_by_name(data: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -90,20 +86,16 @@ def record_rows() -> dict[str, dict[str, Any]]:
     them, a micro-batch at a time: its model FLOPs as the planner counts them (`micro_batch_flops`, the
     profile's data), its seconds the record's optimizer step over its micro-batches."""
     from benchmarks.fit_memory import IN_SAMPLE as RECORDS
-    from benchmarks.fit_memory import record_profile
+    from benchmarks.fit_memory import record_profile, slice_inputs
     from benchmarks.forecast_consistency import measures_of
     from cockpit.plan.estimator import micro_batch_flops
-    from cockpit.plan.hardware import Hardware
-    from cockpit.plan.inputs import inputs_for, resolve_geometry, setup_for
 
-    hw = Hardware(gpus=1, gpu_name="H100-80GB", gpu_mem_gib=80, host_ram_gib=128)
     out = {}
     for record in RECORDS:
         profile = record_profile(record)
         ga = profile.training.grad_accum
         for layers, m in sorted(measures_of([record]).items()):
-            inputs = inputs_for(profile, resolve_geometry(profile).with_layers(layers))
-            _, flops = micro_batch_flops(inputs, setup_for(profile, hw))
+            _, flops = micro_batch_flops(*slice_inputs(profile, layers, "H100"))
             out[f"{record} at {layers}"] = {
                 "layers": layers,
                 "offload": profile.deepspeed.offload_param != "none",

@@ -57,10 +57,16 @@ GATHERED_BEYOND_PREFETCH = 2
 GATHERED_BEYOND_PREFETCH_ONE = 1
 
 
+def overlapped_fetch(ranks: int, offload_param: str) -> bool:
+    """Whether offloaded layers come by the trainer's overlapped fetch (`trainer/weights/zero3_fetch.py`):
+    one rank, parameter offload to the CPU; several ranks use DeepSpeed's own."""
+    return ranks == 1 and offload_param == "cpu"
+
+
 def gathered_beyond_prefetch(ranks: int, offload_param: str, grad_accum: int) -> int:
     """Layers held gathered beyond the computing one and those prefetched: only where the overlapped
-    fetch runs (one rank, parameter offload to the CPU), more with gradient accumulation."""
-    if ranks != 1 or offload_param != "cpu":
+    fetch runs, more with gradient accumulation."""
+    if not overlapped_fetch(ranks, offload_param):
         return 0
     return GATHERED_BEYOND_PREFETCH if grad_accum > 1 else GATHERED_BEYOND_PREFETCH_ONE
 

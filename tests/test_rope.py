@@ -68,3 +68,5 @@ def test_install_swaps_the_modeling_files_function_once(monkeypatch) -> None:
         assert torch.equal(mine, theirs)
     ids = torch.arange(6)[None]
     assert torch.isfinite(model(input_ids=ids).logits).all()
+    assert rope.uninstall(model) and modeling.apply_rotary_pos_emb is original
+    assert not rope.uninstall(model)  # nothing swapped any more

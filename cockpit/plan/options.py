@@ -139,9 +139,10 @@ def options(inputs: Inputs, base: Setup, grad_accum: int = 1) -> OptionSet:
 
     groups = [here, *by_seq.values(), *by_gpus.values()]
     best = next((pick(group) for group in groups if any(e.fits for e in group)), None)
-    kept = next((e for e in here if e.setup == base and e.fits), None)
-    if best and kept and (best.tokens_per_s or 0) <= (kept.tokens_per_s or 0) * (1 + SPEED_TIE):
-        best = kept  # a change the model cannot tell apart from what is configured is no advice
+    configured = next((e for e in here if e.setup == base), None)
+    fits = configured is not None and configured.fits
+    if best and fits and (best.tokens_per_s or 0) <= (configured.tokens_per_s or 0) * (1 + SPEED_TIE):
+        best = configured  # a change the model cannot tell apart from what is configured is no advice
     closest = None if best else pick([e for group in groups for e in group])
 
     requirements = []
@@ -161,8 +162,7 @@ def options(inputs: Inputs, base: Setup, grad_accum: int = 1) -> OptionSet:
             f"CPU offload of the parameters in training: without it each GPU needs "
             f"{no_off / GiB:,.1f} GiB of {base.gpu_mem_gib:g} GiB"
         )
-    configured = next((e for e in here if e.setup == base), None)
-    if configured and configured.fits and base.flash4 and base.fast_paths:
+    if fits and base.flash4 and base.fast_paths:
         torch_kernels = estimate(inputs, replace(base, flash4=False))
         if not torch_kernels.fits:
             requirements.append(

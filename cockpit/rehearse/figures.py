@@ -12,7 +12,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Any
 
-from cockpit.contract import GATHERED_BEYOND_PREFETCH, ZERO3_LAYER_FETCHES
+from cockpit.contract import GATHERED_BEYOND_PREFETCH, ZERO3_LAYER_FETCHES, overlapped_fetch
 from cockpit.plan.inputs import GiB
 from cockpit.rehearse.fit import (
     PEAK_FLOOR,
@@ -52,7 +52,7 @@ def gathered_knee(profile: Any, ranks: int) -> int | None:
     if not gathers(profile, ranks):
         return None
     ahead = math.ceil(profile.deepspeed.prefetch_layers or 0)
-    overlapped = ranks == 1 and profile.deepspeed.offload_param == "cpu"
+    overlapped = overlapped_fetch(ranks, profile.deepspeed.offload_param)
     return 1 + ahead + (GATHERED_BEYOND_PREFETCH if overlapped else 0)
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from cockpit.contract import ZERO3_LAYER_FETCHES
+from cockpit.contract import ZERO3_LAYER_FETCHES, overlapped_fetch
 
 
 @dataclass(frozen=True)
@@ -108,8 +108,10 @@ def serial_fetch(profile: Any, s: Scaling) -> bool:
     """Whether the target's ranks fetch offloaded layers by DeepSpeed's own fetch (several ranks; the
     overlapped fetch, `trainer/weights/zero3_fetch.py`, runs on one) while these depths ran the
     overlapped one: how much of the transfers compute hides there is not measured."""
-    one_here = (s.measured_gpus or 1) == 1
-    return profile.deepspeed.offload_param == "cpu" and one_here and (s.target_gpus or 1) > 1
+    offload = profile.deepspeed.offload_param
+    return overlapped_fetch(s.measured_gpus or 1, offload) and not overlapped_fetch(
+        s.target_gpus or 1, offload
+    )
 
 
 def offload_step_target(

@@ -62,29 +62,30 @@ def _fused(original: Callable[..., Any]) -> Callable[..., Any]:
     return apply_rotary_pos_emb
 
 
+def _modeling(model: torch.nn.Module) -> Any:
+    """The modeling file of `model`'s attention (where `apply_rotary_pos_emb` lives), or None."""
+    attention = next((m for m in model.modules() if type(m).__name__.endswith("Attention")), None)
+    return None if attention is None else sys.modules.get(type(attention).__module__)
+
+
 def install(model: torch.nn.Module) -> bool:
     """Swap `apply_rotary_pos_emb` in the modeling file of `model`'s attention; whether it is in place."""
     if not ENABLED:
         return False
-    for module in model.modules():
-        if not type(module).__name__.endswith("Attention"):
-            continue
-        modeling = sys.modules.get(type(module).__module__)
-        current = getattr(modeling, "apply_rotary_pos_emb", None)
-        if current is None or not callable(current):
-            return False
-        if not hasattr(current, "cockpit_original"):
-            modeling.apply_rotary_pos_emb = _fused(current)
-        return True
-    return False
+    modeling = _modeling(model)
+    current = getattr(modeling, "apply_rotary_pos_emb", None)
+    if current is None or not callable(current):
+        return False
+    if not hasattr(current, "cockpit_original"):
+        modeling.apply_rotary_pos_emb = _fused(current)
+    return True
 
 
 def uninstall(model: torch.nn.Module) -> bool:
     """Put Transformers' own `apply_rotary_pos_emb` back (a benchmark's control); whether it was swapped."""
-    for module in model.modules():
-        modeling = sys.modules.get(type(module).__module__)
-        current = getattr(modeling, "apply_rotary_pos_emb", None)
-        if type(module).__name__.endswith("Attention") and hasattr(current, "cockpit_original"):
-            modeling.apply_rotary_pos_emb = current.cockpit_original
-            return True
-    return False
+    modeling = _modeling(model)
+    current = getattr(modeling, "apply_rotary_pos_emb", None)
+    if not hasattr(current, "cockpit_original"):
+        return False
+    modeling.apply_rotary_pos_emb = current.cockpit_original
+    return True
